@@ -1,0 +1,1 @@
+"""Operator agents (cluster ops, data curation, diagnostics, HarnessCritic, skill miner, lead); arrives with the swarm issue."""

@@ -1,0 +1,135 @@
+"""Harness spec: everything outside the weights that shapes trajectories and the learning signal.
+
+The prompt template, how the answer is written and extracted, sampling parameters, the reward
+configuration, the curriculum and data filters. A harness is versioned by the SHA-256 of its
+canonical JSON (`HarnessSpec.version`), so two runs with the same version saw the same harness.
+Only interventions change it (next issues); the trainer can switch versions at a safe point.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AnswerFormat(_Strict):
+    """How the answer sits in the completion. `regex` must have one capture group; the last match
+    wins. `stop` ends generation once emitted (the closing delimiter)."""
+
+    regex: str = Field(r"^\s*(\S+?)\s*$", description="regex with one group capturing the answer; last match wins")
+    stop: str | None = Field("\n", description="text that ends generation (e.g. the closing tag); None = only max_new_tokens")
+    reverse_digits: bool = Field(
+        False, description="the answer is written with its digits reversed (easier for small models on arithmetic)"
+    )
+
+    @field_validator("regex")
+    @classmethod
+    def _one_group(cls, v: str) -> str:
+        try:
+            pat = re.compile(v, re.S)
+        except re.error as e:
+            raise ValueError(f"answer.regex {v!r} does not compile: {e}") from None
+        if pat.groups != 1:
+            raise ValueError(f"answer.regex {v!r} must have exactly one capture group, has {pat.groups}")
+        return v
+
+    def extract(self, completion: str) -> str | None:
+        text = completion
+        if self.stop and self.stop in text:
+            text = text[: text.index(self.stop)]
+        matches = re.findall(self.regex, text, re.S)
+        if not matches:
+            return None
+        ans = matches[-1].strip()
+        if not ans:
+            return None
+        return ans[::-1] if self.reverse_digits else ans
+
+    def render(self, answer: str) -> str:
+        """The completion a perfect policy writes for `answer` (SFT targets)."""
+        body = answer[::-1] if self.reverse_digits else answer
+        return body + (self.stop or "")
+
+
+class Sampling(_Strict):
+    temperature: float = Field(1.0, ge=0.0, le=5.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(16, ge=1, le=4096)
+
+
+class RewardConfig(_Strict):
+    """`exact`: 1 for a correct answer. `partial`: the task's graded credit where it has one.
+    `format_bonus`: reward for a well-formed but wrong answer (shaping). `verifier` names the
+    verifier; `digits_any_order` is a deliberately exploitable one used by the reward_hack
+    perturbation (it accepts the right digits in any order)."""
+
+    kind: Literal["exact", "partial"] = "exact"
+    format_bonus: float = Field(0.0, ge=0.0, le=0.5)
+    verifier: Literal["task", "digits_any_order"] = "task"
+
+
+class Curriculum(_Strict):
+    """Difficulty schedule: linear from `start` to `end` over `ramp_steps` train steps (0 = fixed at
+    `start`). `pass_rate_filter`: drop prompts whose group pass rate is outside [min, max] from the
+    GRPO update (all-correct or all-wrong groups carry no advantage signal)."""
+
+    start: int = Field(3, ge=1, le=64)
+    end: int | None = Field(None, ge=1, le=64)
+    ramp_steps: int = Field(0, ge=0)
+    pass_rate_min: float = Field(0.0, ge=0.0, le=1.0)
+    pass_rate_max: float = Field(1.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Curriculum":
+        if self.pass_rate_min > self.pass_rate_max:
+            raise ValueError(
+                f"curriculum.pass_rate_min={self.pass_rate_min} > curriculum.pass_rate_max={self.pass_rate_max}"
+            )
+        return self
+
+    def difficulty_at(self, step: int) -> int:
+        end = self.end if self.end is not None else self.start
+        if self.ramp_steps <= 0 or end == self.start:
+            return self.start
+        frac = min(1.0, step / self.ramp_steps)
+        return int(round(self.start + frac * (end - self.start)))
+
+
+class DataFilters(_Strict):
+    max_prompt_chars: int = Field(512, ge=1, description="skip examples whose rendered prompt is longer")
+    dedupe: bool = Field(False, description="skip examples whose question was already seen in this run")
+
+
+class HarnessSpec(_Strict):
+    template: str = Field("{question}=", description="prompt template; must contain {question}")
+    answer: AnswerFormat = Field(default_factory=AnswerFormat)
+    sampling: Sampling = Field(default_factory=Sampling)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    curriculum: Curriculum = Field(default_factory=Curriculum)
+    filters: DataFilters = Field(default_factory=DataFilters)
+
+    @field_validator("template")
+    @classmethod
+    def _has_question(cls, v: str) -> str:
+        if "{question}" not in v:
+            raise ValueError(f"template {v!r} must contain the placeholder {{question}}")
+        try:
+            v.format(question="x")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"template {v!r} has placeholders other than {{question}}: {e}") from None
+        return v
+
+    def render(self, question: str) -> str:
+        return self.template.format(question=question)
+
+    @property
+    def version(self) -> str:
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]

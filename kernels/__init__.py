@@ -1,0 +1,1 @@
+"""Triton kernels for the trainer hot paths (fused log-prob, fused linear GRPO loss, RMSNorm)."""

@@ -1,0 +1,1 @@
+"""Vector memory (chromadb) of episodes, skills and reports; arrives with the memory issue."""

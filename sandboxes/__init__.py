@@ -1,0 +1,1 @@
+"""Sandboxes (Docker and local bubblewrap/rlimit) for untrusted code."""

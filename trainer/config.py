@@ -1,0 +1,173 @@
+"""Typed run configuration: model, recipe, task, harness, checkpoints, perturbations.
+
+YAML is only the serialisation (`RunConfig.from_yaml` / `to_yaml`). Every field has a default and
+a description; cross-field checks raise `ValueError`s that name the field and the value, which
+the CLI turns into one line and exit code 2.
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.spec import HarnessSpec
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message is one line naming the field and the value."""
+
+
+class ModelConfig(_Strict):
+    kind: Literal["builtin", "hf"] = Field("builtin", description="built-in transformer or a local HF causal LM")
+    path: str | None = Field(None, description="local directory of a Hugging Face causal LM (kind=hf)")
+    d_model: int = Field(128, ge=8, description="built-in: hidden size")
+    n_layers: int = Field(3, ge=1, le=64)
+    n_heads: int = Field(4, ge=1)
+    d_ff: int = Field(0, ge=0, description="built-in: SwiGLU hidden size; 0 = 8/3·d_model rounded to 8")
+    max_seq_len: int = Field(128, ge=8)
+    kernels: Literal["auto", "torch", "triton"] = Field(
+        "auto", description="log-prob/RMSNorm implementation: auto = triton on CUDA, torch elsewhere"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.kind == "hf" and not self.path:
+            raise ValueError("model.path is required when model.kind='hf'")
+        if self.kind == "builtin" and self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        if self.kind == "builtin" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"model head dim {self.d_model // self.n_heads} must be even for rotary embeddings")
+        return self
+
+
+class Recipe(_Strict):
+    algorithm: Literal["sft", "grpo", "distill"] = Field("sft", description="see trainer/algorithms")
+    lr: float = Field(3e-3, gt=0.0, le=10.0, description="peak learning rate (AdamW)")
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    warmup_steps: int = Field(10, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    batch_size: int = Field(64, ge=1, description="prompts per step (SFT: examples per step)")
+    group_size: int = Field(8, ge=1, description="GRPO/distill: completions sampled per prompt")
+    clip_eps: float = Field(0.2, gt=0.0, le=1.0, description="GRPO importance-ratio clip")
+    kl_coef: float = Field(0.0, ge=0.0, description="GRPO: weight of the k3 KL to the frozen reference")
+    advantage: str = Field("grpo", description="advantage estimator (registry in trainer/algorithms/core.py)")
+    loss: str = Field("grpo_clip", description="policy loss (registry in trainer/algorithms/core.py)")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "token_sum"] = "token_mean"
+    updates_per_batch: int = Field(1, ge=1, le=16, description="GRPO: optimiser steps per rollout batch")
+    grad_clip: float = Field(1.0, gt=0.0)
+    steps: int = Field(300, ge=0, description="total optimiser steps of the run")
+    eval_interval: int = Field(25, ge=0, description="held-out eval every N steps (0 = only at the end)")
+    eval_size: int = Field(200, ge=1, description="held-out examples per eval (greedy)")
+    on_nonfinite: Literal["skip", "stop"] = Field("skip", description="non-finite loss: skip the step or stop the run")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        if self.algorithm in ("grpo", "distill") and self.group_size < 2 and self.algorithm == "grpo":
+            raise ValueError(f"recipe.group_size={self.group_size} must be >= 2 for algorithm 'grpo'")
+        return self
+
+
+class TaskConfig(_Strict):
+    name: str = Field("addition", description="task family (trainer/tasks)")
+    options: dict[str, Any] = Field(default_factory=dict, description="family-specific options")
+
+
+class CheckpointConfig(_Strict):
+    interval: int = Field(50, ge=0, description="save every N steps (0 = only on command and at the end)")
+    keep_last: int = Field(3, ge=1, description="retention: newest N periodic checkpoints are kept")
+
+
+class Perturbation(_Strict):
+    """A fault injected for evaluation. Never visible in metrics, samples or logs the operators read.
+
+    kinds: `override` (set recipe/harness fields: `set`, dotted keys like `recipe.lr`,
+    `harness.sampling.temperature`), `kill` (SIGKILL the worker), `stall` (sleep `seconds` without
+    progress), `label_noise` (corrupt `fraction` of SFT labels), `corrupt_checkpoint` (damage the
+    newest checkpoint file). `shortcut` expands to one of these (see trainer/perturb.py)."""
+
+    kind: Literal["override", "kill", "stall", "label_noise", "corrupt_checkpoint"] | None = None
+    shortcut: str | None = None
+    at_step: int = Field(0, ge=0, description="apply when this step starts (0 = from the start)")
+    set: dict[str, Any] = Field(default_factory=dict)
+    seconds: float = Field(0.0, ge=0.0)
+    fraction: float = Field(0.0, ge=0.0, le=1.0)
+    once: bool = Field(True, description="kill/stall: only the first time the step is reached (not after a restart)")
+
+
+class RunConfig(_Strict):
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    out_dir: str = Field("runs", description="the run writes to OUT_DIR/NAME")
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    recipe: Recipe = Field(default_factory=Recipe)
+    harness: HarnessSpec = Field(default_factory=HarnessSpec)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    perturbations: list[Perturbation] = Field(default_factory=list)
+    samples_per_step: int = Field(4, ge=0, description="rollouts written to samples.jsonl per step")
+    num_workers: int = Field(1, ge=1, le=64, description=">1: data-parallel over Ray Train workers (gloo on CPU)")
+    threads: int = Field(0, ge=0, description="torch intra-op threads per worker (0 = torch default)")
+
+    @property
+    def run_dir(self) -> pathlib.Path:
+        return pathlib.Path(self.out_dir) / self.name
+
+    @classmethod
+    def from_yaml(cls, path: str | pathlib.Path) -> "RunConfig":
+        p = pathlib.Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        return cls.parse(data)
+
+    @classmethod
+    def parse(cls, data: Any) -> "RunConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e, data)) from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def format_validation_error(e: ValidationError, data: Any = None) -> str:
+    """One line per error: `field.path=value: message`."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "<config>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("value_error", "assertion_error") and not err["loc"][-1:] == ():
+            parts.append(f"{loc}: {msg}" if loc != "<config>" else msg)
+        elif err["type"] == "extra_forbidden":
+            parts.append(f"{loc}: unknown field")
+        else:
+            parts.append(f"{loc}={err.get('input')!r}: {msg}")
+    return "invalid config: " + "; ".join(parts)
+
+
+def set_dotted(cfg: RunConfig, key: str, value: Any) -> RunConfig:
+    """Return a copy of `cfg` with `recipe.lr`-style `key` set to `value`, fully re-validated."""
+    data = cfg.model_dump(mode="json")
+    node = data
+    parts = key.split(".")
+    for p in parts[:-1]:
+        if not isinstance(node, dict) or p not in node:
+            raise ConfigError(f"unknown config field {key!r}")
+        node = node[p]
+    if not isinstance(node, dict) or parts[-1] not in node:
+        raise ConfigError(f"unknown config field {key!r}")
+    node[parts[-1]] = value
+    return RunConfig.parse(data)

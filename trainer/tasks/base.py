@@ -1,0 +1,131 @@
+"""Task interface: procedural, verifiable task families.
+
+A task family generates `Example`s deterministically from (split, index, difficulty), so the train
+and held-out splits never overlap (they are drawn from disjoint seed streams) and any example can
+be regenerated from its cursor on resume. A verifier scores a completion with a reward in [0, 1]
+and a `Verdict`.
+
+How an answer is pulled out of a completion belongs to the harness (answer format); the task only
+compares a parsed answer with the ground truth. `Task.verify` is the one entry point the trainer
+calls: it receives the raw completion, whether generation hit the token limit, and the extractor
+the harness chose.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import hashlib
+import random
+from typing import Any, Callable, ClassVar
+
+
+class Verdict(str, enum.Enum):
+    CORRECT = "correct"
+    WRONG = "wrong"
+    MALFORMED = "malformed"   # no answer could be extracted / answer not in the expected form
+    TRUNCATED = "truncated"   # generation hit max_new_tokens before the answer was closed
+
+
+class Split(str, enum.Enum):
+    TRAIN = "train"
+    HELDOUT = "heldout"
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One problem. `question` is the bare problem text the harness template wraps; `answer` is
+    the canonical answer string; `solution` is the target completion body used for SFT (defaults
+    to the answer); `meta` carries what the verifier needs (e.g. countdown numbers)."""
+
+    uid: str
+    question: str
+    answer: str
+    solution: str | None = None
+    difficulty: int = 1
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyResult:
+    reward: float
+    verdict: Verdict
+    parsed: str | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        assert 0.0 <= self.reward <= 1.0, f"reward {self.reward} outside [0, 1]"
+
+
+Extractor = Callable[[str], "str | None"]
+
+
+def _split_seed(name: str, split: Split, index: int, difficulty: int, seed: int) -> int:
+    h = hashlib.sha256(f"{name}|{split.value}|{difficulty}|{seed}|{index}".encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+class Task(abc.ABC):
+    """A task family. Subclasses set `name`, implement `make` and `check`.
+
+    `difficulty` is an integer knob >= 1 whose meaning is task-specific (digits for arithmetic,
+    number count for countdown, list length for sorting).
+    """
+
+    name: ClassVar[str]
+    min_difficulty: ClassVar[int] = 1
+    max_difficulty: ClassVar[int] = 10
+
+    def __init__(self, seed: int = 0, **options: Any) -> None:
+        if options:
+            raise ValueError(f"task {self.name!r}: unknown options {sorted(options)}")
+        self.seed = seed
+
+    def check_difficulty(self, difficulty: int) -> int:
+        if not (self.min_difficulty <= difficulty <= self.max_difficulty):
+            raise ValueError(
+                f"task {self.name!r}: difficulty={difficulty} outside "
+                f"[{self.min_difficulty}, {self.max_difficulty}]"
+            )
+        return difficulty
+
+    def example(self, split: Split | str, index: int, difficulty: int) -> Example:
+        split = Split(split)
+        self.check_difficulty(difficulty)
+        rng = random.Random(_split_seed(self.name, split, index, difficulty, self.seed))
+        ex = self.make(rng, difficulty)
+        uid = f"{self.name}/{split.value}/d{difficulty}/{index}"
+        return dataclasses.replace(ex, uid=uid, difficulty=difficulty)
+
+    @abc.abstractmethod
+    def make(self, rng: random.Random, difficulty: int) -> Example:
+        """Generate one example from `rng` (uid/difficulty are filled in by `example`)."""
+
+    @abc.abstractmethod
+    def check(self, parsed: str, example: Example) -> VerifyResult:
+        """Score a parsed (extracted, stripped) answer against the example."""
+
+    def verify(self, completion: str, example: Example, extract: Extractor, truncated: bool = False) -> VerifyResult:
+        parsed = extract(completion)
+        if parsed is None:
+            verdict = Verdict.TRUNCATED if truncated else Verdict.MALFORMED
+            return VerifyResult(0.0, verdict, None, "no answer found in completion")
+        return self.check(parsed.strip(), example)
+
+
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    if cls.name in TASKS:
+        raise ValueError(f"task {cls.name!r} registered twice")
+    TASKS[cls.name] = cls
+    return cls
+
+
+def make_task(name: str, seed: int = 0, **options: Any) -> Task:
+    from trainer import tasks as _  # noqa: F401  (imports the built-in families)
+
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
+    return TASKS[name](seed=seed, **options)
