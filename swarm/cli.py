@@ -1,0 +1,223 @@
+"""The `swarm` command line.
+
+    swarm train CONFIG [--json] [--ray] [--address URL]   run a training job directly (no agents)
+    swarm control RUN_DIR CMD [k=v ...] [--wait]           send a control command to a running job
+    swarm status RUN_DIR                                   heartbeat, last metrics, recent commands
+
+Errors in input print one line and exit with code 2; nothing is started.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="swarmlab: autonomous model-training R&D")
+err = Console(stderr=True)
+out = Console()
+
+LIVE_KEYS = ("loss", "reward_mean", "pass_rate", "heldout_acc", "entropy", "grad_norm", "tokens_per_s")
+
+
+def fail(msg: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _load_config(path: str):
+    from trainer.config import ConfigError, RunConfig
+
+    try:
+        return RunConfig.from_yaml(path)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+@app.command()
+def train(
+    config: str = typer.Argument(..., help="run config (YAML)"),
+    json_out: bool = typer.Option(False, "--json", help="machine-readable output: one JSON line per step, then the summary"),
+    ray: bool = typer.Option(False, "--ray", help="submit as a Ray job (private local head unless --address)"),
+    address: Optional[str] = typer.Option(None, help="Ray dashboard/Jobs address of an existing cluster"),
+    out_dir: Optional[str] = typer.Option(None, help="override the config's out_dir"),
+    name: Optional[str] = typer.Option(None, help="override the run name"),
+) -> None:
+    """Run a training job directly, with a live progress bar and key metrics."""
+    from trainer.config import ConfigError
+
+    cfg = _load_config(config)
+    try:
+        if out_dir or name:
+            cfg = type(cfg).parse({**cfg.model_dump(mode="json"), **({"out_dir": out_dir} if out_dir else {}),
+                                   **({"name": name} if name else {})})
+    except ConfigError as e:
+        fail(str(e))
+    if ray or address or cfg.num_workers > 1:
+        _train_ray(cfg, config, address, json_out)
+        return
+    from trainer.loop import Trainer
+
+    try:
+        if json_out:
+            trainer = Trainer(cfg, on_step=lambda row: print(json.dumps(row), flush=True))
+            summary = trainer.run()
+            print(json.dumps({"summary": summary}), flush=True)
+        else:
+            summary = _train_live(cfg)
+    except ConfigError as e:
+        fail(str(e))
+    if summary["status"] not in ("completed", "stopped_by_command"):
+        raise typer.Exit(1)
+
+
+def _train_live(cfg) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from trainer.loop import Trainer
+
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
+                        console=out, transient=False)
+    state: dict[str, Any] = {}
+
+    def on_step(row: dict[str, Any]) -> None:
+        if "heldout_acc" in row:
+            state["heldout_acc"] = row["heldout_acc"]
+        shown = {k: row[k] for k in LIVE_KEYS if k in row}
+        if "heldout_acc" not in shown and "heldout_acc" in state:
+            shown["heldout_acc"] = state["heldout_acc"]
+        progress.update(tid, completed=row["step"], total=trainer.recipe.steps,
+                        metrics="  ".join(f"{k}={_fmt(v)}" for k, v in shown.items()))
+
+    trainer = Trainer(cfg, on_step=on_step)
+    out.print(f"run [bold]{cfg.name}[/] → {cfg.run_dir}  task={cfg.task.name} algorithm={cfg.recipe.algorithm} "
+              f"model={cfg.model.kind} params={sum(p.numel() for p in trainer.params):,} kernels={trainer.backend}")
+    with progress:
+        tid = progress.add_task(cfg.name, total=cfg.recipe.steps, metrics="")
+        summary = trainer.run()
+    out.print(f"[bold]{summary['status']}[/] at step {summary['step']}"
+              + (f"  held-out accuracy {summary['heldout_acc']:.3f}" if "heldout_acc" in summary else "")
+              + f"  (metrics: {cfg.run_dir / 'metrics.jsonl'})")
+    return summary
+
+
+def _train_ray(cfg, config_path: str, address: str | None, json_out: bool) -> None:
+    import tempfile
+
+    from trainer.launch import ensure_head, stop_head, submit_job, wait_job
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=None) as f:
+        f.write(cfg.to_yaml())
+        resolved = f.name
+    err.print(f"starting {'cluster connection' if address else 'a private Ray head on 127.0.0.1'} …")
+    head = ensure_head(address, num_cpus=max(2, cfg.num_workers + 1))
+    try:
+        job = submit_job(head, resolved)
+        err.print(f"submitted Ray job {job} ({head.dashboard_url}); metrics in {cfg.run_dir}")
+        status = _follow(cfg, head, job, json_out)
+    finally:
+        stop_head(head)
+        pathlib.Path(resolved).unlink(missing_ok=True)
+    if status != "SUCCEEDED":
+        fail(f"Ray job {job} ended {status}; see its logs above", code=1)
+
+
+def _follow(cfg, head, job: str, json_out: bool) -> str:
+    from ray.job_submission import JobStatus
+
+    from trainer.runlog import iter_jsonl
+
+    client, seen = head.client(), 0
+    while True:
+        rows = list(iter_jsonl(cfg.run_dir / "metrics.jsonl", seen))
+        seen += len(rows)
+        for row in rows:
+            if json_out:
+                print(json.dumps(row), flush=True)
+            else:
+                out.print(f"step {row['step']:>5}/{cfg.recipe.steps}  "
+                          + "  ".join(f"{k}={_fmt(row[k])}" for k in LIVE_KEYS if k in row))
+        st = client.get_job_status(job)
+        if st in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            if st != JobStatus.SUCCEEDED:
+                err.print(client.get_job_logs(job)[-3000:])
+            return str(st.value)
+        time.sleep(1.0)
+
+
+@app.command()
+def control(
+    run_dir: str = typer.Argument(..., help="the run's directory (OUT_DIR/NAME)"),
+    cmd: str = typer.Argument(..., help="set_recipe | set_harness | checkpoint | rollback | pause | resume | stop"),
+    args: list[str] = typer.Argument(None, help="key=value pairs: set_recipe lr=0.001; set_harness version=HASH; rollback name=CKPT"),
+    wait: float = typer.Option(0.0, help="wait up to this many seconds for the acknowledgement"),
+) -> None:
+    """Send a command to a running job; it is applied at the next safe point and acknowledged."""
+    from trainer.control import send_command, wait_for_ack
+
+    if not pathlib.Path(run_dir).is_dir():
+        fail(f"run directory {run_dir!r} not found")
+    payload: dict[str, Any] = {}
+    fields: dict[str, Any] = {}
+    for a in args or []:
+        if "=" not in a:
+            fail(f"argument {a!r} is not key=value")
+        k, v = a.split("=", 1)
+        try:
+            val = json.loads(v)
+        except json.JSONDecodeError:
+            val = v
+        if cmd == "set_recipe":
+            fields[k] = val
+        else:
+            payload[k] = val
+    if fields:
+        payload["fields"] = fields
+    cid = send_command(run_dir, cmd, **payload)
+    if wait <= 0:
+        out.print(cid)
+        return
+    try:
+        ack = wait_for_ack(run_dir, cid, timeout=wait)
+    except TimeoutError as e:
+        fail(str(e), code=1)
+    print(json.dumps(ack))
+    if ack["status"] != "applied":
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(run_dir: str = typer.Argument(..., help="the run's directory")) -> None:
+    """Heartbeat, last metrics and the last commands of a run."""
+    from trainer.runlog import read_heartbeat, read_jsonl
+
+    p = pathlib.Path(run_dir)
+    if not p.is_dir():
+        fail(f"run directory {run_dir!r} not found")
+    hb = read_heartbeat(p)
+    rows = read_jsonl(p / "metrics.jsonl")
+    acks = read_jsonl(p / "command_log.jsonl")
+    age = f"{time.time() - hb['time']:.1f}s ago" if hb else "never"
+    out.print(f"state: {hb['state'] if hb else 'unknown'}  step: {hb['step'] if hb else '-'}  heartbeat: {age}")
+    if rows:
+        last = rows[-1]
+        out.print("  ".join(f"{k}={_fmt(last[k])}" for k in ("step",) + LIVE_KEYS if k in last))
+    for a in acks[-5:]:
+        out.print(f"command {a['id']} {a['cmd']}: {a['status']} {a.get('result', a.get('reason'))}")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

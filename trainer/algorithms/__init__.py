@@ -1,0 +1,1 @@
+"""Training algorithms: SFT, GRPO, distill (rejection-sampling fine-tuning), and their registries."""

@@ -1,0 +1,41 @@
+"""SFT: maximise the log-likelihood of the reference solution (or, for distill, of the policy's own
+verified successes), token-mean over completion tokens."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from trainer.logprobs import batch_logprobs
+from trainer.policy import build_batch
+
+
+def sft_loss(trainer, prompts: list[list[int]], targets: list[list[int]]) -> tuple[torch.Tensor, dict[str, float]]:
+    t0 = time.perf_counter()
+    batch = build_batch(prompts, targets, trainer.policy.tok.pad_id)
+    logp, ent, mask = batch_logprobs(trainer.policy, batch, trainer.backend)
+    n = mask.sum().clamp_min(1.0)
+    loss = -(logp * mask).sum() / n
+    stats = {
+        "entropy": float((ent.detach() * mask).sum() / n),
+        "t_logprob": time.perf_counter() - t0,
+        "tokens": float(batch.attn.sum()),
+    }
+    return loss, stats
+
+
+def sft_step(trainer, examples) -> dict[str, float]:
+    """One SFT step on `examples` (targets rendered by the harness's answer format)."""
+    h = trainer.harness
+    noise = trainer.perturber.label_noise()
+    prompts, targets = [], []
+    for ex in examples:
+        prompts.append(trainer.prompt_ids(ex))
+        label = ex.solution or ex.answer
+        if noise > 0:
+            from trainer.perturb import noisy_label
+
+            label = noisy_label(label, ex.uid, noise)
+        targets.append(trainer.target_ids(h.answer.render(label)))
+    loss, stats = sft_loss(trainer, prompts, targets)
+    return trainer.optimise(loss, stats)

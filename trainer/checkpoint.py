@@ -1,0 +1,105 @@
+"""Atomic, checksummed checkpoints with retention.
+
+A checkpoint is `CKPT_DIR/<name>.pt` (torch.save of the full training state) plus a manifest
+`CKPT_DIR/<name>.json` holding its SHA-256, step and kind. Both are written to a temp file,
+fsync'd and renamed, the manifest last: a checkpoint without a manifest was never complete.
+Loading verifies the checksum; `load_latest_good` walks back from the newest to the first
+checkpoint that verifies, so a corrupt file costs progress, never the run.
+
+Periodic checkpoints (`step_000050`) are pruned to the newest `keep_last`; named ones (saved on a
+command, `name=…`) are kept until deleted.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pathlib
+import time
+from typing import Any
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _fsync_write(path: pathlib.Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class CheckpointManager:
+    def __init__(self, ckpt_dir: pathlib.Path, keep_last: int = 3) -> None:
+        self.dir = ckpt_dir
+        self.keep_last = keep_last
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+
+    def save(self, state: dict[str, Any], step: int, name: str | None = None) -> pathlib.Path:
+        kind = "named" if name else "periodic"
+        name = name or f"step_{step:07d}"
+        if not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise ValueError(f"checkpoint name {name!r} may only hold letters, digits, '_', '-', '.'")
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
+        path = self.dir / f"{name}.pt"
+        _fsync_write(path, data)
+        manifest = {"name": name, "step": step, "kind": kind, "sha256": hashlib.sha256(data).hexdigest(),
+                    "bytes": len(data), "time": time.time()}
+        _fsync_write(self.dir / f"{name}.json", json.dumps(manifest).encode())
+        if kind == "periodic":
+            self._prune()
+        return path
+
+    def manifests(self) -> list[dict[str, Any]]:
+        out = []
+        for m in self.dir.glob("*.json"):
+            try:
+                out.append(json.loads(m.read_text()))
+            except (json.JSONDecodeError, OSError):
+                continue
+        return sorted(out, key=lambda m: (m["step"], m["time"]))
+
+    def _prune(self) -> None:
+        periodic = [m for m in self.manifests() if m["kind"] == "periodic"]
+        for m in periodic[: -self.keep_last]:
+            for suffix in (".json", ".pt"):
+                (self.dir / f"{m['name']}{suffix}").unlink(missing_ok=True)
+
+    def load(self, name: str) -> dict[str, Any]:
+        mpath, ppath = self.dir / f"{name}.json", self.dir / f"{name}.pt"
+        if not mpath.exists() or not ppath.exists():
+            known = ", ".join(m["name"] for m in self.manifests()) or "none"
+            raise CheckpointError(f"no checkpoint named {name!r} (known: {known})")
+        manifest = json.loads(mpath.read_text())
+        data = ppath.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != manifest["sha256"]:
+            raise CheckpointError(f"checkpoint {name!r} is corrupt: sha256 {digest[:12]} != manifest {manifest['sha256'][:12]}")
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+    def load_latest_good(self, on_corrupt=None) -> dict[str, Any] | None:
+        """The newest checkpoint that verifies; `on_corrupt(name, error)` is called for each one skipped."""
+        for m in reversed(self.manifests()):
+            try:
+                return self.load(m["name"])
+            except (CheckpointError, OSError, RuntimeError, EOFError) as e:
+                if on_corrupt:
+                    on_corrupt(m["name"], str(e))
+        return None
+
+    def newest_path(self) -> pathlib.Path | None:
+        ms = self.manifests()
+        return self.dir / f"{ms[-1]['name']}.pt" if ms else None

@@ -1,0 +1,394 @@
+"""The trainer: one loop for SFT, GRPO and distill, with metrics, samples, checkpoints, control
+commands and perturbations handled between steps (the "safe points").
+
+    trainer = Trainer(RunConfig.from_yaml("run.yaml"))
+    summary = trainer.run()            # resumes from the newest good checkpoint if there is one
+
+Run it directly (`swarm train CONFIG`), as a Ray job (`trainer.launch`), or data-parallel on Ray
+Train workers (`num_workers > 1`, see `trainer.launch.run_ray_train`).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import pathlib
+import random
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from harness.spec import HarnessSpec
+from trainer.algorithms.core import ADVANTAGES, LOSSES
+from trainer.algorithms.distill import distill_step
+from trainer.algorithms.grpo import grpo_step
+from trainer.algorithms.sft import sft_step
+from trainer.checkpoint import CheckpointError, CheckpointManager
+from trainer.config import ConfigError, RunConfig, set_dotted
+from trainer.control import Command, CommandInbox
+from trainer.distributed import Dist
+from trainer.logprobs import batch_logprobs, select_backend
+from trainer.perturb import Perturber
+from trainer.policy import Batch, Policy
+from trainer.rollout import Rollout, prompt_ids, rollout, summarize, target_ids
+from trainer.runlog import RunLog, atomic_write_text
+from trainer.tasks.base import Example, Split, make_task
+
+STEPS: dict[str, Callable] = {"sft": sft_step, "grpo": grpo_step, "distill": distill_step}
+
+
+class StopRun(Exception):
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, dist: Dist | None = None,
+                 on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.dist = dist or Dist()
+        self.on_step = on_step
+        self.run_dir = cfg.run_dir
+        if cfg.recipe.advantage not in ADVANTAGES:
+            raise ConfigError(f"recipe.advantage={cfg.recipe.advantage!r}: unknown; known: {', '.join(sorted(ADVANTAGES))}")
+        if cfg.recipe.loss not in LOSSES:
+            raise ConfigError(f"recipe.loss={cfg.recipe.loss!r}: unknown; known: {', '.join(sorted(LOSSES))}")
+        try:
+            self.task = make_task(cfg.task.name, seed=cfg.seed, **cfg.task.options)
+            self.task.check_difficulty(cfg.harness.curriculum.start)
+            self.policy = Policy.build(cfg.model, seed=cfg.seed)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(str(e)) from None
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.recipe = cfg.recipe.model_copy(deep=True)
+        self.harness = cfg.harness.model_copy(deep=True)
+        self.eval_difficulty = cfg.harness.curriculum.end or cfg.harness.curriculum.start
+        self.backend, reason = select_backend(cfg.model.kernels, torch.device("cpu"))
+        self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=self.recipe.lr, weight_decay=self.recipe.weight_decay,
+                                     betas=(0.9, 0.95))
+        self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + 17 + self.dist.rank)
+        self.step, self.cursor, self.segment = 0, 0, 0
+        self.seen: set[str] = set()
+        self.ref_state: dict[str, torch.Tensor] | None = None
+        self.ref_policy: Policy | None = None
+        self.paused = False
+        self.last_eval: dict[str, float] = {}
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last)
+        private = pathlib.Path(cfg.out_dir) / ".perturb" / f"{cfg.name}.json"
+        self.perturber = Perturber(cfg.perturbations, private)
+        self.log = RunLog(self.run_dir) if self.dist.is_main else None
+        self.inbox = CommandInbox(self.run_dir) if self.dist.is_main else None
+        self._kernel_reason = reason
+        self._last_step_time = time.perf_counter()
+
+    # ---- helpers used by the algorithm steps ----------------------------------------------
+    def prompt_ids(self, ex: Example) -> list[int]:
+        return prompt_ids(self.policy, self.harness, ex)[1]
+
+    def target_ids(self, completion_text: str) -> list[int]:
+        return target_ids(self.policy, self.harness, completion_text)
+
+    def lr_at(self, step: int) -> float:
+        r = self.recipe
+        if r.warmup_steps and step < r.warmup_steps:
+            return r.lr * (step + 1) / r.warmup_steps
+        if r.schedule == "constant" or r.steps <= r.warmup_steps:
+            return r.lr
+        frac = min(1.0, (step - r.warmup_steps) / max(1, r.steps - r.warmup_steps))
+        decay = 0.5 * (1 + math.cos(math.pi * frac)) if r.schedule == "cosine" else 1.0 - frac
+        return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * decay)
+
+    def optimise(self, loss: torch.Tensor | None, stats: dict[str, float]) -> dict[str, float]:
+        """Backward, all-reduce, clip, step. A non-finite loss or grad norm skips the update."""
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=False)
+        loss_v = float(loss.detach()) if loss is not None else 0.0
+        finite = math.isfinite(loss_v)
+        if loss is not None and finite:
+            loss.backward()
+        self.dist.mean_grads(self.params)
+        gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.recipe.grad_clip))
+        out = {**stats, "loss": loss_v, "grad_norm": gn}
+        if not finite or not math.isfinite(gn):
+            out["skipped"] = 1.0
+            out["nonfinite"] = 1.0
+            self.opt.zero_grad(set_to_none=False)
+            if self.log:
+                self.log.event("nonfinite", self.step, loss=loss_v, grad_norm=gn, action=self.recipe.on_nonfinite)
+            if self.recipe.on_nonfinite == "stop":
+                raise StopRun("stopped_nonfinite")
+        else:
+            for g in self.opt.param_groups:
+                g["lr"] = self.lr_at(self.step)
+            self.opt.step()
+        out["t_update"] = time.perf_counter() - t0
+        return out
+
+    def ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        if self.ref_policy is None:
+            assert self.ref_state is not None, "reference weights are captured at run start"
+            self.ref_policy = Policy(self.policy.cfg, self.policy.tok, copy.deepcopy(self.policy.model))
+            self.ref_policy.model.load_state_dict(self.ref_state)
+            self.ref_policy.model.requires_grad_(False)
+        logp, _, _ = batch_logprobs(self.ref_policy, batch, self.backend)
+        return logp
+
+    def log_samples(self, rolls: list[Rollout]) -> None:
+        if not self.log or not self.cfg.samples_per_step:
+            return
+        for x in rolls[: self.cfg.samples_per_step]:
+            self.log.samples.write({"step": self.step, "segment": self.segment, "uid": x.example.uid,
+                                    "prompt": x.prompt, "completion": x.completion, "reward": x.reward,
+                                    "verdict": x.result.verdict.value, "truncated": x.truncated})
+
+    # ---- data -------------------------------------------------------------------------------
+    def next_examples(self) -> list[Example]:
+        """This rank's shard of the next batch from the train split. Every rank builds the same
+        filtered batch from the shared cursor, so the cursor stays identical across ranks."""
+        B, W = self.recipe.batch_size, self.dist.world
+        diff = self.harness.curriculum.difficulty_at(self.step)
+        diff = min(max(diff, self.task.min_difficulty), self.task.max_difficulty)
+        f = self.harness.filters
+        out: list[Example] = []
+        scanned = 0
+        while len(out) < B:
+            ex = self.task.example(Split.TRAIN, self.cursor, diff)
+            self.cursor += 1
+            scanned += 1
+            if scanned > 100 * B:
+                raise StopRun("data_filters_reject_everything")
+            if len(self.harness.render(ex.question)) > f.max_prompt_chars:
+                continue
+            if f.dedupe:
+                if ex.question in self.seen:
+                    continue
+                self.seen.add(ex.question)
+            out.append(ex)
+        per = max(1, B // W)
+        return out[self.dist.rank * per : (self.dist.rank + 1) * per]
+
+    # ---- evaluation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        exs = [self.task.example(Split.HELDOUT, i, self.eval_difficulty) for i in range(self.recipe.eval_size)]
+        exs = exs[self.dist.rank :: self.dist.world]
+        rolls: list[Rollout] = []
+        for i in range(0, len(exs), 256):
+            rolls += rollout(self.policy, self.task, self.harness, exs[i : i + 256], 1, None,
+                             greedy=True, for_training=False)
+        s = summarize(rolls)
+        return {"heldout_acc": s["pass_rate"], "heldout_malformed": s["malformed_rate"],
+                "heldout_truncated": s["truncation_rate"]}
+
+    # ---- state ------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.policy.model.state_dict(), "opt": self.opt.state_dict(),
+            "step": self.step, "cursor": self.cursor, "segment": self.segment, "seen": sorted(self.seen),
+            "recipe": self.recipe.model_dump(mode="json"), "harness": self.harness.model_dump(mode="json"),
+            "ref": self.ref_state,
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(), "gen": self.gen.get_state()},
+        }
+
+    def load_state(self, st: dict[str, Any]) -> None:
+        self.policy.model.load_state_dict(st["model"])
+        self.opt.load_state_dict(st["opt"])
+        self.step, self.cursor, self.segment = st["step"], st["cursor"], st["segment"]
+        self.seen = set(st["seen"])
+        self.recipe = type(self.recipe).model_validate(st["recipe"])
+        self.harness = HarnessSpec.model_validate(st["harness"])
+        self.ref_state, self.ref_policy = st["ref"], None
+        random.setstate(st["rng"]["python"])
+        np.random.set_state(st["rng"]["numpy"])
+        torch.set_rng_state(st["rng"]["torch"])
+        self.gen.set_state(st["rng"]["gen"])
+
+    def save(self, name: str | None = None) -> str:
+        if not self.dist.is_main:
+            return name or ""
+        path = self.ckpt.save(self.state(), self.step, name)
+        self.log.event("checkpoint", self.step, name=path.stem)
+        return path.stem
+
+    def store_harness(self) -> None:
+        if self.dist.is_main:
+            d = self.run_dir / "harnesses"
+            d.mkdir(exist_ok=True)
+            p = d / f"{self.harness.version}.yaml"
+            if not p.exists():
+                atomic_write_text(p, self.harness_yaml())
+
+    def harness_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.harness.model_dump(mode="json"), sort_keys=False)
+
+    def apply_overrides(self, fields: dict[str, Any], silent: bool = False) -> None:
+        """Set dotted `recipe.*` / `harness.*` fields on the live run, validated as a whole."""
+        cfg = self.cfg.model_copy(update={"recipe": self.recipe, "harness": self.harness})
+        for k, v in fields.items():
+            if not (k.startswith("recipe.") or k.startswith("harness.")):
+                raise ConfigError(f"can only change recipe.* or harness.* fields, not {k!r}")
+            cfg = set_dotted(cfg, k, v)
+        if cfg.recipe.algorithm != self.recipe.algorithm and cfg.recipe.algorithm == "grpo" and self.ref_state is None:
+            self.ref_state = copy.deepcopy(self.policy.model.state_dict())
+        self.recipe, self.harness = cfg.recipe, cfg.harness
+        if not silent:
+            self.store_harness()
+
+    # ---- control ----------------------------------------------------------------------------
+    def handle_commands(self) -> None:
+        cmds = self.inbox.poll() if self.inbox else []
+        cmds = self.dist.broadcast([c.model_dump() if isinstance(c, Command) else c for c in cmds])
+        for c in cmds:
+            if isinstance(c, (tuple, list)):
+                if self.inbox:
+                    self.inbox.ack(c[0], str(c[1].get("cmd", "?")), self.step, False, c[2])
+                continue
+            cmd = Command.model_validate(c)
+            try:
+                result = self.apply_command(cmd)
+                ok = True
+            except (ValueError, CheckpointError, KeyError) as e:
+                result, ok = str(e), False
+            if self.inbox:
+                self.inbox.ack(cmd.id, cmd.cmd, self.step, ok, result)
+            if ok and cmd.cmd == "stop":
+                raise StopRun("stopped_by_command")
+
+    def apply_command(self, cmd: Command) -> Any:
+        if cmd.cmd == "set_recipe":
+            if not cmd.fields:
+                raise ValueError("set_recipe needs non-empty 'fields'")
+            self.apply_overrides({f"recipe.{k}": v for k, v in cmd.fields.items()})
+            return {"recipe": {k: getattr(self.recipe, k) for k in cmd.fields}}
+        if cmd.cmd == "set_harness":
+            if cmd.harness is not None:
+                spec = HarnessSpec.model_validate(cmd.harness)
+            elif cmd.version:
+                p = self.run_dir / "harnesses" / f"{cmd.version}.yaml"
+                if not p.is_file():
+                    raise ValueError(f"unknown harness version {cmd.version!r} (none stored under harnesses/)")
+                import yaml
+
+                spec = HarnessSpec.model_validate(yaml.safe_load(p.read_text()))
+            else:
+                raise ValueError("set_harness needs 'version' or 'harness'")
+            self.task.check_difficulty(spec.curriculum.start)
+            self.harness = spec
+            self.store_harness()
+            return {"harness_version": spec.version}
+        if cmd.cmd == "checkpoint":
+            return {"checkpoint": self.save(cmd.name)}
+        if cmd.cmd == "rollback":
+            if not cmd.name:
+                raise ValueError("rollback needs 'name' (a checkpoint name)")
+            st = self.ckpt.load(cmd.name)
+            self.load_state(st)
+            self.segment += 1
+            return {"rolled_back_to": cmd.name, "step": self.step}
+        if cmd.cmd == "pause":
+            self.paused = True
+            return {"paused": True}
+        if cmd.cmd == "resume":
+            self.paused = False
+            return {"paused": False}
+        if cmd.cmd == "stop":
+            return {"stopping": True}
+        raise ValueError(f"unknown command {cmd.cmd!r}")
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _start(self) -> None:
+        resumed = None
+        if self.ckpt.manifests():
+            def corrupt(name: str, err: str) -> None:
+                if self.log:
+                    self.log.event("checkpoint_corrupt", self.step, name=name, error=err)
+            st = self.ckpt.load_latest_good(on_corrupt=corrupt)
+            if st is not None:
+                self.load_state(st)
+                self.segment += 1
+                resumed = self.step
+        if self.ref_state is None and (self.recipe.algorithm == "grpo" or self.recipe.kl_coef > 0):
+            self.ref_state = copy.deepcopy(self.policy.model.state_dict())
+        if self.log:
+            redacted = self.cfg.model_copy(update={"perturbations": []})
+            atomic_write_text(self.run_dir / "config.yaml", redacted.to_yaml())
+            self.store_harness()
+            self.log.event("resume" if resumed is not None else "start", self.step,
+                           params=sum(p.numel() for p in self.params), kernels=self.backend,
+                           kernels_reason=self._kernel_reason, world=self.dist.world)
+
+    def run(self, until: int | None = None) -> dict[str, Any]:
+        """Train to `recipe.steps` (or stop early at step `until`, for tests). Returns a summary."""
+        self._start()
+        status = "completed"
+        t_start = time.time()
+        try:
+            while True:
+                self.handle_commands()
+                while self.paused:
+                    if self.log:
+                        self.log.heartbeat(self.step, "paused")
+                    time.sleep(0.2)
+                    self.handle_commands()
+                if self.step >= self.recipe.steps or (until is not None and self.step >= until):
+                    break
+                self.perturber.before_step(self.step, self)
+                self.train_one_step()
+        except StopRun as e:
+            status = e.status
+        final = self.evaluate() if status in ("completed", "stopped_by_command") and self.recipe.steps else {}
+        if self.dist.is_main:
+            if until is None or status != "completed":
+                self.save(None)
+            if final:
+                self.log.metrics.write({"step": self.step, "segment": self.segment, "time": time.time(), "final": True, **final})
+            self.log.event("end", self.step, status=status, wall_s=time.time() - t_start, **final)
+            self.log.heartbeat(self.step, status)
+        summary = {"status": status, "step": self.step, "run_dir": str(self.run_dir), **final}
+        self.close()
+        return summary
+
+    def train_one_step(self) -> None:
+        t0 = time.perf_counter()
+        examples = self.next_examples()
+        stats = STEPS[self.recipe.algorithm](self, examples)
+        if self.recipe.algorithm == "sft" and self.log and self.cfg.samples_per_step:
+            t1 = time.perf_counter()
+            rolls = rollout(self.policy, self.task, self.harness, examples[: self.cfg.samples_per_step], 1,
+                            None, greedy=True)
+            self.log_samples(rolls)
+            stats.update(summarize(rolls))
+            stats["t_generate"] = time.perf_counter() - t1
+        stats = self.dist.mean_dict({k: float(v) for k, v in stats.items()})
+        self.step += 1
+        row: dict[str, Any] = {"step": self.step, "segment": self.segment, "time": time.time(),
+                               "lr": self.lr_at(self.step - 1), "difficulty": self.harness.curriculum.difficulty_at(self.step - 1),
+                               "harness_version": self.harness.version, "algorithm": self.recipe.algorithm, **stats}
+        if self.recipe.eval_interval and self.step % self.recipe.eval_interval == 0:
+            ev = self.dist.mean_dict(self.evaluate())
+            self.last_eval = ev
+            row.update(ev)
+        dt = time.perf_counter() - t0
+        row["step_time"] = dt
+        row["tokens_per_s"] = stats.get("tokens", 0.0) * self.dist.world / max(dt, 1e-9)
+        if self.dist.is_main:
+            self.log.metrics.write(row)
+            self.log.heartbeat(self.step, "running")
+            if self.cfg.checkpoint.interval and self.step % self.cfg.checkpoint.interval == 0:
+                self.save(None)
+        if self.on_step:
+            self.on_step(row)
+
+    def close(self) -> None:
+        if self.inbox:
+            self.inbox.close()
+        if self.log:
+            self.log.close()

@@ -1,0 +1,156 @@
+"""The built-in policy: a small decoder-only transformer trained from scratch.
+
+Pre-norm blocks with RMSNorm, rotary position embeddings and a SwiGLU MLP — the ops the kernels
+package fuses — plus a KV cache for generation. `forward(ids)` returns final hidden states
+(B, T, D); `lm_head` maps them to logits, so the trainer can compute token log-probs either from
+full logits (torch) or chunked from hidden states (fused kernels) without materialising
+(tokens × vocab).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainer.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary_tables(head_dim: int, max_len: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    t = torch.arange(max_len, dtype=torch.float32)
+    freqs = torch.outer(t, inv)  # (T, hd/2)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, H, T, hd); cos/sin: (T, hd/2)
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    y1 = x1 * cos - x2 * sin
+    y2 = x1 * sin + x2 * cos
+    return torch.stack((y1, y2), dim=-1).flatten(-2)
+
+
+class KVCache:
+    """Per-layer key/value buffers for incremental decoding; `pos` is the filled length."""
+
+    def __init__(self, n_layers: int, batch: int, n_heads: int, max_len: int, head_dim: int, device, dtype) -> None:
+        shape = (batch, n_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.pos = 0
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads, self.hd = n_heads, d // n_heads
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int) -> torch.Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.hd).permute(2, 0, 3, 1, 4)  # 3×(B, H, T, hd)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            p = cache.pos
+            cache.k[layer][:, :, p : p + T] = k
+            cache.v[layer][:, :, p : p + T] = v
+            k, v = cache.k[layer][:, :, : p + T], cache.v[layer][:, :, : p + T]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, T, hd)
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g, u = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(g) * u)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, n_heads: int, ff: int) -> None:
+        super().__init__()
+        self.n1, self.attn = RMSNorm(d), Attention(d, n_heads)
+        self.n2, self.mlp = RMSNorm(d), SwiGLU(d, ff)
+
+    def forward(self, x, cos, sin, attn_mask, cache, layer):
+        x = x + self.attn(self.n1(x), cos, sin, attn_mask, cache, layer)
+        return x + self.mlp(self.n2(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        d = cfg.d_model
+        ff = cfg.d_ff or int(math.ceil(8 * d / 3 / 8) * 8)
+        self.cfg, self.vocab_size = cfg, vocab_size
+        self.embed = nn.Embedding(vocab_size, d)
+        self.blocks = nn.ModuleList(Block(d, cfg.n_heads, ff) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab_size, bias=False)
+        cos, sin = rotary_tables(d // cfg.n_heads, cfg.max_seq_len)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.apply(self._init)
+        for b in self.blocks:  # scaled init of residual projections (GPT-2)
+            nn.init.normal_(b.attn.proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+            nn.init.normal_(b.mlp.down.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        c = self.cfg
+        p = next(self.parameters())
+        return KVCache(c.n_layers, batch, c.n_heads, max_len or c.max_seq_len, c.d_model // c.n_heads, p.device, p.dtype)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states (B, T, D) after the final norm.
+
+        `attention_mask` (B, T_total) marks real tokens (1) vs left padding (0); `positions` (B, T)
+        are rotary positions (left-padded rows start at 0 on their first real token)."""
+        B, T = ids.shape
+        start = cache.pos if cache is not None else 0
+        total = start + T
+        if total > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {total} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        if positions is None:
+            positions = torch.arange(start, total, device=ids.device).expand(B, T)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (B, 1, T, hd/2)
+        causal = torch.ones(T, total, dtype=torch.bool, device=ids.device).tril(diagonal=start)
+        mask = causal.unsqueeze(0).unsqueeze(0)  # (1, 1, T, total)
+        if attention_mask is not None:
+            mask = mask & attention_mask[:, None, None, :total].bool()
+            # a fully padded query row would give NaNs; let it attend to itself
+            diag = torch.zeros(T, total, dtype=torch.bool, device=ids.device)
+            r = torch.arange(T, device=ids.device)
+            diag[r, start + r] = True
+            mask = mask | diag
+        x = self.embed(ids)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, cos, sin, mask, cache, i)
+        if cache is not None:
+            cache.pos = total
+        return self.norm(x)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,111 @@
+"""Perturbations: faults injected for evaluation, applied by the trainer.
+
+Generic mechanisms (override any recipe/harness field, SIGKILL the worker, stall, corrupt SFT
+labels, corrupt the newest checkpoint) with readable shortcuts. The trainer applies them
+silently: nothing about them is written to metrics, samples, events, the command log or the logged
+config — the operators must find the problem from its effects. Which one-shot faults have fired is
+kept in `OUT_DIR/.perturb/NAME.json`, outside the run directory, so a restarted worker is not
+killed again by the same fault.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import signal
+import time
+from typing import Any
+
+from trainer.config import Perturbation
+
+# shortcut → (kind, defaults)
+SHORTCUTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "lr_spike": ("override", {"set": {"recipe.lr": 0.5}}),
+    "worker_kill": ("kill", {}),
+    "hang": ("stall", {"seconds": 60.0}),
+    "broken_template": ("override", {"set": {"harness.template": "{question}"}}),
+    "label_noise": ("label_noise", {"fraction": 0.4}),
+    "too_hard": ("override", {"set": {"harness.curriculum.start": 8, "harness.curriculum.end": 8}}),
+    "low_temperature": ("override", {"set": {"harness.sampling.temperature": 0.05}}),
+    "truncation": ("override", {"set": {"harness.sampling.max_new_tokens": 2}}),
+    "reward_hack": ("override", {"set": {"harness.reward.verifier": "digits_any_order"}}),
+    "corrupt_checkpoint": ("corrupt_checkpoint", {}),
+}
+
+
+def expand(p: Perturbation) -> Perturbation:
+    """Fill a shortcut's kind and defaults (explicit fields win)."""
+    if p.shortcut is None:
+        if p.kind is None:
+            raise ValueError("perturbation needs a kind or a shortcut")
+        return p
+    if p.shortcut not in SHORTCUTS:
+        raise ValueError(f"unknown perturbation shortcut {p.shortcut!r}; known: {', '.join(sorted(SHORTCUTS))}")
+    kind, defaults = SHORTCUTS[p.shortcut]
+    data = p.model_dump(exclude_unset=True)
+    data.pop("shortcut")
+    if p.kind is not None and p.kind != kind:
+        raise ValueError(f"perturbation shortcut {p.shortcut!r} is kind {kind!r}, not {p.kind!r}")
+    merged = {**defaults, **data, "kind": kind}
+    return Perturbation.model_validate(merged)
+
+
+def noisy_label(answer: str, uid: str, fraction: float) -> str:
+    """Deterministically corrupt `fraction` of labels (by uid hash): change one character."""
+    h = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "little")
+    if (h % 10_000) / 10_000 >= fraction or not answer:
+        return answer
+    i = (h >> 16) % len(answer)
+    c = answer[i]
+    repl = str((int(c) + 1 + (h >> 32) % 9) % 10) if c.isdigit() else ("x" if c != "x" else "y")
+    return answer[:i] + repl + answer[i + 1 :]
+
+
+class Perturber:
+    def __init__(self, perturbations: list[Perturbation], state_path: pathlib.Path) -> None:
+        self.items = [expand(p) for p in perturbations]
+        self.state_path = state_path
+        self.fired: set[int] = set()
+        if state_path.exists():
+            try:
+                self.fired = set(json.loads(state_path.read_text()).get("fired", []))
+            except (json.JSONDecodeError, OSError):
+                self.fired = set()
+
+    def _mark(self, i: int) -> None:
+        self.fired.add(i)
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"fired": sorted(self.fired)}))
+        os.replace(tmp, self.state_path)
+
+    def label_noise(self) -> float:
+        """Fraction of SFT labels to corrupt now (label_noise applies from its step on; see `active`)."""
+        return max((p.fraction for i, p in enumerate(self.items) if p.kind == "label_noise" and i in self.fired), default=0.0)
+
+    def before_step(self, step: int, trainer: Any) -> None:
+        """Apply what is due at `step`. Overrides mutate the trainer's live recipe/harness once."""
+        for i, p in enumerate(self.items):
+            if i in self.fired or step < p.at_step:
+                continue
+            if p.kind == "override":
+                trainer.apply_overrides(p.set, silent=True)
+                self._mark(i)
+            elif p.kind == "label_noise":
+                self._mark(i)
+            elif p.kind == "stall":
+                if p.once:
+                    self._mark(i)
+                time.sleep(p.seconds)  # no heartbeat, no progress: what a hung worker looks like
+            elif p.kind == "corrupt_checkpoint":
+                path = trainer.ckpt.newest_path()
+                if path is not None and path.exists():
+                    with open(path, "r+b") as f:
+                        f.seek(max(0, path.stat().st_size // 2))
+                        f.write(b"\x00corrupt\x00" * 8)
+                    self._mark(i)
+            elif p.kind == "kill":
+                if p.once:
+                    self._mark(i)
+                os.kill(os.getpid(), signal.SIGKILL)
