@@ -1,9 +1,12 @@
 """Task interface: procedural, verifiable task families.
 
-A task family generates `Example`s deterministically from (split, index, difficulty), so the train
-and held-out splits never overlap (they are drawn from disjoint seed streams) and any example can
-be regenerated from its cursor on resume. A verifier scores a completion with a reward in [0, 1]
-and a `Verdict`.
+A task family generates `Example`s deterministically from (split, index, difficulty), so any
+example can be regenerated from its cursor on resume. Train and held-out splits are drawn from
+disjoint seed streams and, because small difficulties have small question spaces (there are only
+100 one-digit additions), they are also partitioned by content: a question belongs to the held-out
+split iff a hash of its text falls in the held-out bucket (`HELDOUT_FRACTION`), and each split
+redraws until it gets one of its own. So no held-out question is ever trained on. A verifier scores
+a completion with a reward in [0, 1] and a `Verdict`.
 
 How an answer is pulled out of a completion belongs to the harness (answer format); the task only
 compares a parsed answer with the ground truth. `Task.verify` is the one entry point the trainer
@@ -60,9 +63,23 @@ class VerifyResult:
 Extractor = Callable[[str], "str | None"]
 
 
-def _split_seed(name: str, split: Split, index: int, difficulty: int, seed: int) -> int:
-    h = hashlib.sha256(f"{name}|{split.value}|{difficulty}|{seed}|{index}".encode()).digest()
+# Share of the question space reserved for held-out evaluation, and how many redraws a split may
+# take to land in its own part (at 1/8, failing 2000 held-out draws has odds of about 1e-116; it
+# happens only when the question space at that difficulty has no held-out question at all).
+HELDOUT_FRACTION = 1 / 8
+MAX_DRAWS = 2000
+
+
+def _split_seed(name: str, split: Split, index: int, difficulty: int, seed: int, draw: int = 0) -> int:
+    key = f"{name}|{split.value}|{difficulty}|{seed}|{index}" + (f"|{draw}" if draw else "")
+    h = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(h[:8], "little")
+
+
+def heldout_question(question: str) -> bool:
+    """Whether `question` belongs to the held-out part of its task's question space."""
+    h = hashlib.sha256(question.encode()).digest()
+    return int.from_bytes(h[:8], "little") < HELDOUT_FRACTION * 2**64
 
 
 class Task(abc.ABC):
@@ -92,10 +109,17 @@ class Task(abc.ABC):
     def example(self, split: Split | str, index: int, difficulty: int) -> Example:
         split = Split(split)
         self.check_difficulty(difficulty)
-        rng = random.Random(_split_seed(self.name, split, index, difficulty, self.seed))
-        ex = self.make(rng, difficulty)
-        uid = f"{self.name}/{split.value}/d{difficulty}/{index}"
-        return dataclasses.replace(ex, uid=uid, difficulty=difficulty)
+        want_heldout = split is Split.HELDOUT
+        for draw in range(MAX_DRAWS):
+            rng = random.Random(_split_seed(self.name, split, index, difficulty, self.seed, draw))
+            ex = self.make(rng, difficulty)
+            if heldout_question(ex.question) == want_heldout:
+                uid = f"{self.name}/{split.value}/d{difficulty}/{index}"
+                return dataclasses.replace(ex, uid=uid, difficulty=difficulty)
+        raise ValueError(
+            f"task {self.name!r}: no {split.value} question found at difficulty={difficulty} in "
+            f"{MAX_DRAWS} draws; the question space there is too small to split"
+        )
 
     @abc.abstractmethod
     def make(self, rng: random.Random, difficulty: int) -> Example:
@@ -104,6 +128,11 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def check(self, parsed: str, example: Example) -> VerifyResult:
         """Score a parsed (extracted, stripped) answer against the example."""
+
+    def partial_credit(self, parsed: str, example: Example) -> float:
+        """Graded credit in [0, 1] for a parsed answer (used when `reward.kind` is `partial`).
+        Families with a natural notion of closeness override this; the default is exact."""
+        return 1.0 if self.check(parsed.strip(), example).verdict is Verdict.CORRECT else 0.0
 
     def verify(self, completion: str, example: Example, extract: Extractor, truncated: bool = False) -> VerifyResult:
         parsed = extract(completion)

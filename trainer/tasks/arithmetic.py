@@ -1,0 +1,87 @@
+"""Integer addition and multiplication: `addition` ("123+456" -> "579") and `multiplication`
+("123*456" -> "56088").
+
+Difficulty is the number of digits of each operand (1..12); a one-digit operand may be 0, longer
+ones have no leading zero. The verifier compares integers written as plain decimal (an optional
+sign, digits, leading zeros tolerated); anything else is MALFORMED. Partial credit is the share of
+digits that match the truth aligned from the right (the units digit is learnt first), over the
+longer of the two.
+"""
+from __future__ import annotations
+
+import random
+import re
+from typing import ClassVar
+
+from trainer.tasks.base import Example, Task, Verdict, VerifyResult, register_task
+
+_INT = re.compile(r"([+-]?)(\d+)")
+
+
+def canonical_int(text: str) -> str | None:
+    """`text` as a canonical decimal integer string ("-012" -> "-12"), or None if it is not one.
+
+    Compares as strings, so an absurdly long answer costs no big-int conversion."""
+    m = _INT.fullmatch(text.strip())
+    if m is None:
+        return None
+    digits = m.group(2).lstrip("0") or "0"
+    return ("-" if m.group(1) == "-" and digits != "0" else "") + digits
+
+
+def right_aligned_match(parsed: str, truth: str) -> float:
+    """Share of positions, aligned from the right, where the strings agree (over the longer one)."""
+    n = max(len(parsed), len(truth))
+    if n == 0:
+        return 1.0
+    same = sum(a == b for a, b in zip(reversed(parsed), reversed(truth)))
+    return same / n
+
+
+class _BinaryArithmetic(Task):
+    op: ClassVar[str]
+    min_difficulty = 1
+    max_difficulty = 12
+    charset: ClassVar[str] = "0123456789+*-"  # '-' only ever in a (wrong) negative answer
+
+    def _apply(self, a: int, b: int) -> int:
+        raise NotImplementedError
+
+    def make(self, rng: random.Random, difficulty: int) -> Example:
+        lo = 0 if difficulty == 1 else 10 ** (difficulty - 1)
+        hi = 10**difficulty - 1
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        answer = str(self._apply(a, b))
+        return Example(uid="", question=f"{a}{self.op}{b}", answer=answer, meta={"a": a, "b": b})
+
+    def check(self, parsed: str, example: Example) -> VerifyResult:
+        got = canonical_int(parsed)
+        if got is None:
+            return VerifyResult(0.0, Verdict.MALFORMED, parsed, "answer is not an integer")
+        if got == example.answer:
+            return VerifyResult(1.0, Verdict.CORRECT, parsed)
+        return VerifyResult(0.0, Verdict.WRONG, parsed, f"{got} != {example.answer}")
+
+    def partial_credit(self, parsed: str, example: Example) -> float:
+        got = canonical_int(parsed)
+        if got is None:
+            return 0.0
+        return right_aligned_match(got, example.answer)
+
+
+@register_task
+class Addition(_BinaryArithmetic):
+    name = "addition"
+    op = "+"
+
+    def _apply(self, a: int, b: int) -> int:
+        return a + b
+
+
+@register_task
+class Multiplication(_BinaryArithmetic):
+    name = "multiplication"
+    op = "*"
+
+    def _apply(self, a: int, b: int) -> int:
+        return a * b

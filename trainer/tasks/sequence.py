@@ -1,0 +1,71 @@
+"""Digit-sequence transformations: `sort` ("s:312" -> "123", ascending) and `reverse`
+("r:312" -> "213").
+
+The sequence is a string of decimal digits (repeats allowed), written without separators so that
+one character is one token for the built-in model and the answer is a single word for the default
+answer format. Difficulty is the length of the sequence (2..12). An answer that is not all digits
+is MALFORMED; any other mismatch (a wrong length included) is WRONG. Partial credit is the share
+of positions that match, over the longer of answer and truth.
+"""
+from __future__ import annotations
+
+import random
+from typing import ClassVar
+
+from trainer.tasks.base import Example, Task, Verdict, VerifyResult, register_task
+
+
+def position_match(parsed: str, truth: str) -> float:
+    """Share of positions, aligned from the left, where the strings agree (over the longer one)."""
+    n = max(len(parsed), len(truth))
+    if n == 0:
+        return 1.0
+    return sum(a == b for a, b in zip(parsed, truth)) / n
+
+
+class _DigitSequence(Task):
+    prefix: ClassVar[str]
+    min_difficulty = 2
+    max_difficulty = 12
+    charset: ClassVar[str] = "0123456789sr:"
+
+    def _transform(self, digits: str) -> str:
+        raise NotImplementedError
+
+    def make(self, rng: random.Random, difficulty: int) -> Example:
+        digits = "".join(rng.choice("0123456789") for _ in range(difficulty))
+        return Example(uid="", question=f"{self.prefix}:{digits}", answer=self._transform(digits))
+
+    def check(self, parsed: str, example: Example) -> VerifyResult:
+        if not (parsed.isascii() and parsed.isdigit()):
+            return VerifyResult(0.0, Verdict.MALFORMED, parsed, "answer is not a digit sequence")
+        if parsed == example.answer:
+            return VerifyResult(1.0, Verdict.CORRECT, parsed)
+        if len(parsed) != len(example.answer):
+            return VerifyResult(0.0, Verdict.WRONG, parsed, f"length {len(parsed)} != {len(example.answer)}")
+        wrong = sum(a != b for a, b in zip(parsed, example.answer))
+        return VerifyResult(0.0, Verdict.WRONG, parsed, f"{wrong} of {len(parsed)} positions wrong")
+
+    def partial_credit(self, parsed: str, example: Example) -> float:
+        parsed = parsed.strip()
+        if not (parsed.isascii() and parsed.isdigit()):
+            return 0.0
+        return position_match(parsed, example.answer)
+
+
+@register_task
+class Sort(_DigitSequence):
+    name = "sort"
+    prefix = "s"
+
+    def _transform(self, digits: str) -> str:
+        return "".join(sorted(digits))
+
+
+@register_task
+class Reverse(_DigitSequence):
+    name = "reverse"
+    prefix = "r"
+
+    def _transform(self, digits: str) -> str:
+        return digits[::-1]
