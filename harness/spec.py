@@ -25,6 +25,7 @@ class AnswerFormat(_Strict):
 
     regex: str = Field(r"^\s*(\S+?)\s*$", description="regex with one group capturing the answer; last match wins")
     stop: str | None = Field("\n", description="text that ends generation (e.g. the closing tag); None = only max_new_tokens")
+    prefix: str = Field("", description="text a well-formed completion writes before the answer (e.g. the opening tag)")
     reverse_digits: bool = Field(
         False, description="the answer is written with its digits reversed (easier for small models on arithmetic)"
     )
@@ -43,7 +44,7 @@ class AnswerFormat(_Strict):
     def extract(self, completion: str) -> str | None:
         text = completion
         if self.stop and self.stop in text:
-            text = text[: text.index(self.stop)]
+            text = text[: text.index(self.stop) + len(self.stop)]  # the stop may close the pattern
         matches = re.findall(self.regex, text, re.S)
         if not matches:
             return None
@@ -55,7 +56,7 @@ class AnswerFormat(_Strict):
     def render(self, answer: str) -> str:
         """The completion a perfect policy writes for `answer` (SFT targets)."""
         body = answer[::-1] if self.reverse_digits else answer
-        return body + (self.stop or "")
+        return self.prefix + body + (self.stop or "")
 
 
 class Sampling(_Strict):

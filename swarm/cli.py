@@ -75,7 +75,7 @@ def train(
             summary = _train_live(cfg)
     except ConfigError as e:
         fail(str(e))
-    if summary["status"] not in ("completed", "stopped_by_command"):
+    if summary["status"] not in ("completed", "stopped_by_command", "target_reached"):
         raise typer.Exit(1)
 
 

@@ -65,6 +65,7 @@ class Recipe(_Strict):
     steps: int = Field(300, ge=0, description="total optimiser steps of the run")
     eval_interval: int = Field(25, ge=0, description="held-out eval every N steps (0 = only at the end)")
     eval_size: int = Field(200, ge=1, description="held-out examples per eval (greedy)")
+    stop_at_heldout: float | None = Field(None, ge=0.0, le=1.0, description="end early once held-out accuracy reaches this")
     on_nonfinite: Literal["skip", "stop"] = Field("skip", description="non-finite loss: skip the step or stop the run")
 
     @model_validator(mode="after")

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
 
         summary = Trainer(cfg).run()
     print(json.dumps(summary))
-    return 0 if summary.get("status", "completed") in ("completed", "stopped_by_command") else 1
+    return 0 if summary.get("status", "completed") in ("completed", "stopped_by_command", "target_reached") else 1
 
 
 if __name__ == "__main__":

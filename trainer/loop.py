@@ -78,6 +78,7 @@ class Trainer:
         self.ref_policy: Policy | None = None
         self.paused = False
         self.last_eval: dict[str, float] = {}
+        self.reached_target = False
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last)
         private = pathlib.Path(cfg.out_dir) / ".perturb" / f"{cfg.name}.json"
         self.perturber = Perturber(cfg.perturbations, private)
@@ -342,9 +343,12 @@ class Trainer:
                     break
                 self.perturber.before_step(self.step, self)
                 self.train_one_step()
+                if self.reached_target:
+                    status = "target_reached"
+                    break
         except StopRun as e:
             status = e.status
-        final = self.evaluate() if status in ("completed", "stopped_by_command") and self.recipe.steps else {}
+        final = self.evaluate() if status in ("completed", "stopped_by_command", "target_reached") and self.recipe.steps else {}
         if self.dist.is_main:
             if until is None or status != "completed":
                 self.save(None)
@@ -376,6 +380,9 @@ class Trainer:
             ev = self.dist.mean_dict(self.evaluate())
             self.last_eval = ev
             row.update(ev)
+            target = self.recipe.stop_at_heldout
+            if target is not None and ev["heldout_acc"] >= target:
+                self.reached_target = True
         dt = time.perf_counter() - t0
         row["step_time"] = dt
         row["tokens_per_s"] = stats.get("tokens", 0.0) * self.dist.world / max(dt, 1e-9)
