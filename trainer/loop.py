@@ -316,6 +316,8 @@ class Trainer:
                 self.load_state(st)
                 self.segment += 1
                 resumed = self.step
+        elif self.cfg.fork_from:
+            self.fork(pathlib.Path(self.cfg.fork_from))
         if self.ref_state is None and (self.recipe.algorithm == "grpo" or self.recipe.kl_coef > 0):
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())
         if self.log:
@@ -325,6 +327,22 @@ class Trainer:
             self.log.event("resume" if resumed is not None else "start", self.step,
                            params=sum(p.numel() for p in self.params), kernels=self.backend,
                            kernels_reason=self._kernel_reason, world=self.dist.world)
+
+    def fork(self, path: pathlib.Path) -> None:
+        """Start from another run's checkpoint (`fork_mode`): the basis of backtests and warm starts."""
+        if not path.is_file():
+            raise ConfigError(f"fork_from={str(path)!r}: checkpoint file not found")
+        try:
+            st = CheckpointManager(path.parent).load(path.stem)
+        except CheckpointError as e:
+            raise ConfigError(f"fork_from={str(path)!r}: {e}") from None
+        if self.cfg.fork_mode == "weights":
+            self.policy.model.load_state_dict(st["model"])
+            return
+        self.load_state(st)
+        self.recipe = self.cfg.recipe.model_copy(deep=True)
+        self.harness = self.cfg.harness.model_copy(deep=True)
+        self.segment = 0
 
     def run(self, until: int | None = None) -> dict[str, Any]:
         """Train to `recipe.steps` (or stop early at step `until`, for tests). Returns a summary."""
