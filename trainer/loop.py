@@ -67,7 +67,13 @@ class Trainer:
         self.recipe = cfg.recipe.model_copy(deep=True)
         self.harness = cfg.harness.model_copy(deep=True)
         self.eval_difficulty = cfg.harness.curriculum.end or cfg.harness.curriculum.start
-        self.backend, reason = select_backend(cfg.model.kernels, torch.device("cpu"))
+        device = next(self.policy.model.parameters()).device
+        try:
+            self.backend, reason = select_backend(cfg.model.kernels, device)
+        except ValueError as e:
+            raise ConfigError(f"model.kernels={cfg.model.kernels!r}: {e}") from None
+        if hasattr(self.policy.model, "use_kernels"):
+            self.policy.model.use_kernels(self.backend)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=self.recipe.lr, weight_decay=self.recipe.weight_decay,
                                      betas=(0.9, 0.95))

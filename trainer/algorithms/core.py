@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
+
+from kernels.reference import token_logprobs as token_logprobs_torch  # noqa: F401  (the torch log-prob reference)
 
 ADVANTAGES: dict[str, Callable] = {}
 LOSSES: dict[str, Callable] = {}
@@ -120,11 +121,3 @@ def reinforce_loss(logp, old_logp, ref_logp, adv, mask, clip_eps: float, kl_coef
         per_token = per_token + kl_coef * kl
         stats["kl"] = (kl * mask).sum() / mask.sum().clamp_min(1.0)
     return per_token, stats
-
-
-def token_logprobs_torch(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(…, V) logits, (…) targets → log-prob of each target and the entropy of each distribution."""
-    logp_all = F.log_softmax(logits.float(), dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
