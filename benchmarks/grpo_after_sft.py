@@ -15,14 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import tempfile
 import time
 
-from trainer.config import RunConfig
-from trainer.loop import Trainer
-from trainer.runlog import read_jsonl
-
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != HERE]  # benchmarks/kernels must not shadow kernels
+
+from trainer.config import RunConfig  # noqa: E402
+from trainer.loop import Trainer  # noqa: E402
+from trainer.runlog import read_jsonl  # noqa: E402
+
 BASE = {
     "seed": 0,
     "task": {"name": "countdown"},
