@@ -36,3 +36,4 @@ __all__ = [
     "make_task",
     "register_task",
 ]
+from trainer.tasks import code  # noqa: F401
