@@ -62,12 +62,16 @@ def iter_jsonl(path: str | os.PathLike, start: int = 0) -> Iterator[dict[str, An
                 continue
 
 
-def atomic_write_text(path: pathlib.Path, text: str) -> None:
+def atomic_write_text(path: pathlib.Path, text: str, durable: bool = True) -> None:
+    """Write via a temp file and rename, so readers never see a partial file. `durable=False`
+    skips the fsync (the heartbeat is rewritten every step; losing the last one in a power cut
+    is harmless, paying an fsync per step is not)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -84,7 +88,7 @@ class RunLog:
 
     def heartbeat(self, step: int, state: str, **data: Any) -> None:
         row = {"time": time.time(), "pid": os.getpid(), "step": step, "state": state, **data}
-        atomic_write_text(self.dir / "heartbeat.json", json.dumps(_clean(row)))
+        atomic_write_text(self.dir / "heartbeat.json", json.dumps(_clean(row)), durable=False)
 
     def close(self) -> None:
         for w in (self.metrics, self.samples, self.events):
