@@ -44,6 +44,7 @@ class PoolStats:
     latency_p50: float      # seconds per execution, as seen by the caller
     latency_p95: float
     reasons: dict[str, int]  # StopReason value -> count
+    latencies: tuple[float, ...] = dataclasses.field(default=(), repr=False)  # per run, in request order
 
     def line(self) -> str:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(self.reasons.items()))
@@ -91,6 +92,7 @@ class SandboxPool:
                 throughput=len(results) / elapsed if elapsed > 0 else float("inf"),
                 latency_p50=percentile(lat, 50), latency_p95=percentile(lat, 95),
                 reasons=dict(collections.Counter(r.reason.value for r in results)),
+                latencies=tuple(lat),
             )
             with self._lock:
                 self.last_stats = stats

@@ -300,6 +300,11 @@ def test_network_is_unreachable_loopback_included(isolating_sb, marker):
             "    except OSError as e:\n"
             "        print('blocked', host, type(e).__name__)\n"
             "try:\n    socket.getaddrinfo('example.com', 80); print('RESOLVED')\nexcept OSError:\n    print('no dns')\n"
+            "for path in ['/var/run/docker.sock', '/run/docker.sock']:\n"
+            "    try:\n"
+            "        u = socket.socket(socket.AF_UNIX); u.settimeout(1); u.connect(path); print('CONNECTED', path)\n"
+            "    except OSError:\n"
+            "        print('no socket', path)\n"
         )
         targets = ["127.0.0.1", "localhost", host_ip, "1.1.1.1"]
         res = isolating_sb.run_python(code, args=[str(port), *targets], limits=Limits(wall_seconds=10))
@@ -309,7 +314,7 @@ def test_network_is_unreachable_loopback_included(isolating_sb, marker):
         server.close()
     assert res.ok, res
     assert b"CONNECTED" not in res.stdout and b"RESOLVED" not in res.stdout, res.stdout
-    assert res.stdout.count(b"blocked") == len(targets)
+    assert res.stdout.count(b"blocked") == len(targets) and res.stdout.count(b"no socket") == 2
     assert accepted == []
 
 
