@@ -215,6 +215,38 @@ def status(run_dir: str = typer.Argument(..., help="the run's directory")) -> No
         out.print(f"command {a['id']} {a['cmd']}: {a['status']} {a.get('result', a.get('reason'))}")
 
 
+sandbox_app = typer.Typer(no_args_is_help=True, help="sandboxes for untrusted code")
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command("build-image")
+def sandbox_build_image(
+    name: str = typer.Option("swarmlab-sandbox:bookworm", help="image name:tag"),
+    force: bool = typer.Option(False, help="rebuild even if an image with the same recipe exists"),
+    cache_dir: str = typer.Option(str(pathlib.Path.home() / ".cache" / "swarmlab" / "sandbox"),
+                                  help="where the debootstrapped rootfs tarball is cached"),
+) -> None:
+    """Build the Docker sandbox's base image locally (debootstrap + docker import; nothing is pulled)."""
+    from sandboxes.base import SandboxError
+    from sandboxes.image import build_base_image
+
+    try:
+        info = build_base_image(name, force=force, cache_dir=cache_dir)
+    except SandboxError as e:
+        fail(str(e), code=1)
+    what = "built" if info.built else "already present"
+    out.print(f"{info.name} ({info.id[:19]}) {what} in {info.seconds:.1f}s")
+
+
+@sandbox_app.command("status")
+def sandbox_status() -> None:
+    """Which sandbox backends can run here."""
+    from sandboxes.docker_backend import docker_status
+
+    ok, why = docker_status()
+    out.print(f"docker: {'available' if ok else 'unavailable'} ({why})")
+
+
 def main() -> None:  # pragma: no cover
     app()
 

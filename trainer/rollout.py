@@ -58,15 +58,23 @@ def digits_any_order(parsed: str | None, ex: Example) -> VerifyResult | None:
     return None
 
 
-def score(task: Task, harness: HarnessSpec, ex: Example, completion: str, truncated: bool,
-          for_training: bool) -> tuple[VerifyResult, float]:
+def verify_all(task: Task, harness: HarnessSpec, examples: list[Example], completions: list[str],
+               truncated: list[bool]) -> list[VerifyResult]:
+    """The task's verdicts for a batch; tasks with `verify_many` (sandboxed code) score it concurrently."""
     extract = harness.answer.extract
-    res = task.verify(completion, ex, extract, truncated=truncated)
-    if for_training and harness.reward.verifier == "digits_any_order" and res.verdict != Verdict.CORRECT:
-        hacked = digits_any_order(extract(completion), ex)
-        res = hacked or res
+    if hasattr(task, "verify_many"):
+        return task.verify_many(completions, examples, extract, truncated)
+    return [task.verify(c, ex, extract, truncated=t) for c, ex, t in zip(completions, examples, truncated)]
+
+
+def shape_reward(task: Task, harness: HarnessSpec, ex: Example, res: VerifyResult, completion: str,
+                 for_training: bool) -> tuple[VerifyResult, float]:
+    """The training reward from a verdict under the harness's reward config. Held-out evaluation
+    (`for_training=False`) always takes the task's own verdict and reward."""
     if not for_training:
         return res, res.reward
+    if harness.reward.verifier == "digits_any_order" and res.verdict != Verdict.CORRECT:
+        res = digits_any_order(harness.answer.extract(completion), ex) or res
     if harness.reward.kind == "partial" and res.parsed is not None and res.verdict == Verdict.WRONG:
         reward = float(task.partial_credit(res.parsed, ex))
     else:
@@ -74,6 +82,13 @@ def score(task: Task, harness: HarnessSpec, ex: Example, completion: str, trunca
     if res.verdict == Verdict.WRONG:
         reward = max(reward, harness.reward.format_bonus)
     return res, min(1.0, max(0.0, reward))
+
+
+def score(task: Task, harness: HarnessSpec, ex: Example, completion: str, truncated: bool,
+          for_training: bool) -> tuple[VerifyResult, float]:
+    """Verdict and reward of one completion."""
+    res = verify_all(task, harness, [ex], [completion], [truncated])[0]
+    return shape_reward(task, harness, ex, res, completion, for_training)
 
 
 def rollout(policy: Policy, task: Task, harness: HarnessSpec, examples: list[Example], group: int,
@@ -84,11 +99,12 @@ def rollout(policy: Policy, task: Task, harness: HarnessSpec, examples: list[Exa
     comps, trunc = policy.generate([p for _, p in prompts], s.max_new_tokens,
                                    temperature=0.0 if greedy else s.temperature, top_p=s.top_p,
                                    stop_ids=stop_ids(policy, harness), generator=generator)
+    exs = [examples[k // group] for k in range(len(prompts))]
+    texts = [policy.tok.decode(c) for c in comps]
+    results = verify_all(task, harness, exs, texts, trunc)
     out = []
-    for k, ((ptxt, pids), cids, tr) in enumerate(zip(prompts, comps, trunc)):
-        ex = examples[k // group]
-        text = policy.tok.decode(cids)
-        res, reward = score(task, harness, ex, text, tr, for_training)
+    for (ptxt, pids), cids, tr, ex, text, res in zip(prompts, comps, trunc, exs, texts, results):
+        res, reward = shape_reward(task, harness, ex, res, text, for_training)
         out.append(Rollout(ex, ptxt, pids, text, cids, tr, res, reward))
     return out
 
