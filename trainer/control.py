@@ -11,6 +11,7 @@ command is rejected with its reason and training goes on.
 
 Commands:
     set_recipe   {"fields": {"lr": 1e-3, …}}
+    set_fields   {"fields": {"recipe.lr": 1e-3, "harness.sampling.temperature": 0.8}}  (dotted, both)
     set_harness  {"version": "<hash>"}  (a harness the run has stored under RUN_DIR/harnesses/)
                  or {"harness": {…full spec…}}
     checkpoint   {"name": "before-change"}  (name optional)
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainer.runlog import iter_jsonl, read_jsonl
 
-CommandName = Literal["set_recipe", "set_harness", "checkpoint", "rollback", "pause", "resume", "stop"]
+CommandName = Literal["set_recipe", "set_fields", "set_harness", "checkpoint", "rollback", "pause", "resume", "stop"]
 
 
 class Command(BaseModel):
@@ -93,10 +94,12 @@ class CommandInbox:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                out.append((f"line{i + 1}", {}, f"not JSON: {e.msg}"))
+                if f"line{i + 1}" not in self.done:  # rejected before a resume: not again
+                    out.append((f"line{i + 1}", {}, f"not JSON: {e.msg}"))
                 continue
             if not isinstance(row, dict):
-                out.append((f"line{i + 1}", {}, "command must be a JSON object"))
+                if f"line{i + 1}" not in self.done:
+                    out.append((f"line{i + 1}", {}, "command must be a JSON object"))
                 continue
             cid = str(row.get("id") or f"line{i + 1}")
             if cid in self.done:
@@ -104,7 +107,7 @@ class CommandInbox:
             try:
                 out.append(Command.model_validate(row))
             except ValidationError as e:
-                errs = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+                errs = "; ".join(f"{'.'.join(map(str, x['loc']))}={x.get('input')!r}: {x['msg']}" for x in e.errors())
                 out.append((cid, row, f"invalid command: {errs}"))
         return out
 

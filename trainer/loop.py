@@ -30,7 +30,7 @@ from trainer.config import ConfigError, RunConfig, set_dotted
 from trainer.control import Command, CommandInbox
 from trainer.distributed import Dist
 from trainer.logprobs import batch_logprobs, select_backend
-from trainer.perturb import Perturber
+from trainer.perturb import Perturber, expand
 from trainer.policy import Batch, Policy
 from trainer.rollout import Rollout, prompt_ids, rollout, summarize, target_ids
 from trainer.runlog import RunLog, atomic_write_text
@@ -72,7 +72,7 @@ class Trainer:
             self.backend, reason = select_backend(cfg.model.kernels, device)
         except ValueError as e:
             raise ConfigError(f"model.kernels={cfg.model.kernels!r}: {e}") from None
-        if hasattr(self.policy.model, "use_kernels"):
+        if not self.policy.is_hf:  # HF models have their own (boolean) `use_kernels` attribute
             self.policy.model.use_kernels(self.backend)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=self.recipe.lr, weight_decay=self.recipe.weight_decay,
@@ -85,9 +85,17 @@ class Trainer:
         self.paused = False
         self.last_eval: dict[str, float] = {}
         self.reached_target = False
-        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last)
         private = pathlib.Path(cfg.out_dir) / ".perturb" / f"{cfg.name}.json"
+        for i, p in enumerate(cfg.perturbations):  # a bad one is a config error now, not at its step
+            try:
+                for k, v in expand(p).set.items():
+                    if not k.startswith(("recipe.", "harness.")):
+                        raise ValueError(f"can only override recipe.* or harness.* fields, not {k!r}")
+                    set_dotted(cfg, k, v)
+            except ValueError as e:
+                raise ConfigError(f"perturbations[{i}]: {e}") from None
         self.perturber = Perturber(cfg.perturbations, private)
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last)
         self.log = RunLog(self.run_dir) if self.dist.is_main else None
         self.inbox = CommandInbox(self.run_dir) if self.dist.is_main else None
         self._kernel_reason = reason
@@ -245,8 +253,9 @@ class Trainer:
             cfg = set_dotted(cfg, k, v)
         if cfg.recipe.algorithm != self.recipe.algorithm and cfg.recipe.algorithm == "grpo" and self.ref_state is None:
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())
+        changed = cfg.harness != self.harness
         self.recipe, self.harness = cfg.recipe, cfg.harness
-        if not silent:
+        if changed and not silent:  # a recipe change must not store a (silently perturbed) live harness
             self.store_harness()
 
     # ---- control ----------------------------------------------------------------------------
@@ -275,6 +284,17 @@ class Trainer:
                 raise ValueError("set_recipe needs non-empty 'fields'")
             self.apply_overrides({f"recipe.{k}": v for k, v in cmd.fields.items()})
             return {"recipe": {k: getattr(self.recipe, k) for k in cmd.fields}}
+        if cmd.cmd == "set_fields":
+            if not cmd.fields:
+                raise ValueError("set_fields needs non-empty 'fields' (dotted recipe.*/harness.* keys)")
+            before = (self.recipe, self.harness)
+            self.apply_overrides(dict(cmd.fields))
+            try:
+                self.task.check_difficulty(self.harness.curriculum.start)
+            except ValueError:
+                self.recipe, self.harness = before
+                raise
+            return {"set": dict(cmd.fields), "harness_version": self.harness.version}
         if cmd.cmd == "set_harness":
             if cmd.harness is not None:
                 spec = HarnessSpec.model_validate(cmd.harness)
@@ -329,7 +349,8 @@ class Trainer:
         if self.log:
             redacted = self.cfg.model_copy(update={"perturbations": []})
             atomic_write_text(self.run_dir / "config.yaml", redacted.to_yaml())
-            self.store_harness()
+            if resumed is None:  # a resumed harness was stored when set, unless a perturbation set it
+                self.store_harness()
             self.log.event("resume" if resumed is not None else "start", self.step,
                            params=sum(p.numel() for p in self.params), kernels=self.backend,
                            kernels_reason=self._kernel_reason, world=self.dist.world)

@@ -1,0 +1,160 @@
+"""Domain objects of the swarm: goals, evidence, diagnoses, interventions and their lifecycle.
+
+One home each (see ../shared/ARCHITECTURE.md). Everything here is plain data (pydantic), so it
+round-trips through sqlite, the LangGraph checkpointer, git reports and LLM tool calls.
+
+Evidence is built only from what a run writes (metrics, samples, events, command log,
+heartbeat, job status): perturbations are never part of it. Trajectory text inside evidence is
+untrusted data — operators quote it, never obey it.
+"""
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Risk(str, enum.Enum):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+
+
+class InterventionKind(str, enum.Enum):
+    RECIPE_EDIT = "recipe_edit"        # changes: {"recipe.lr": 1e-3, ...}
+    HARNESS_EDIT = "harness_edit"      # changes: {"harness.template": "...", ...}
+    DATA_CHANGE = "data_change"        # changes: {"harness.curriculum.start": 2, "harness.filters.dedupe": true, ...}
+    RESTART = "restart"                # restart the job from the last good checkpoint (crash, stall)
+    ROLLBACK = "rollback"              # roll the run back to a checkpoint (divergence); changes may hold fixes to apply with it
+    DISTILL = "distill"                # switch to rejection-sampling fine-tuning for a while: {"recipe.algorithm": "distill"}
+
+
+class Status(str, enum.Enum):
+    PROPOSED = "proposed"
+    BACKTESTING = "backtesting"
+    REJECTED = "rejected"
+    VALIDATED = "validated"
+    AWAITING_APPROVAL = "awaiting_approval"
+    APPLIED = "applied"
+    EVALUATING = "evaluating"
+    KEPT = "kept"
+    ROLLED_BACK = "rolled_back"
+
+
+# the lifecycle: which status may follow which
+TRANSITIONS: dict[Status, set[Status]] = {
+    Status.PROPOSED: {Status.BACKTESTING, Status.VALIDATED, Status.REJECTED, Status.AWAITING_APPROVAL, Status.APPLIED},
+    Status.BACKTESTING: {Status.REJECTED, Status.VALIDATED},
+    Status.VALIDATED: {Status.AWAITING_APPROVAL, Status.APPLIED, Status.REJECTED},
+    Status.AWAITING_APPROVAL: {Status.APPLIED, Status.REJECTED},
+    Status.APPLIED: {Status.EVALUATING, Status.ROLLED_BACK, Status.KEPT},
+    Status.EVALUATING: {Status.KEPT, Status.ROLLED_BACK},
+    Status.KEPT: {Status.ROLLED_BACK},
+    Status.REJECTED: set(),
+    Status.ROLLED_BACK: set(),
+}
+
+
+class Target(_Strict):
+    metric: str = Field("heldout_acc", description="a metric the trainer writes on eval steps")
+    op: Literal[">=", "<="] = ">="
+    threshold: float = 0.95
+
+    def met(self, value: float | None) -> bool:
+        if value is None:
+            return False
+        return value >= self.threshold if self.op == ">=" else value <= self.threshold
+
+
+class Budget(_Strict):
+    wall_s: float = Field(3600.0, gt=0)
+    steps: int = Field(100_000, gt=0, description="total trainer steps over all segments")
+    worker_cpu_s: float = Field(7200.0, gt=0)
+    llm_usd: float = Field(1.0, ge=0)
+
+
+class ApprovalPolicy(_Strict):
+    auto: list[Risk] = Field(default_factory=lambda: [Risk.LOW, Risk.MEDIUM], description="risk levels applied automatically")
+
+    def needs_human(self, risk: Risk) -> bool:
+        return risk not in self.auto
+
+
+class LLMSettings(_Strict):
+    model: str | None = Field(None, description="litellm model string, e.g. openai/gpt-4o-mini; None = built-in policies")
+    api_base: str | None = None
+    api_key_env: str | None = Field(None, description="environment variable holding the API key")
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(2, ge=0, le=10, description="retries after a malformed reply before the built-in policy decides")
+    temperature: float = Field(0.0, ge=0, le=2)
+    record_dir: str | None = Field(None, description="record every exchange here (JSONL) for replay")
+    replay: bool = Field(False, description="answer from record_dir instead of calling the provider")
+
+
+class Diagnosis(_Strict):
+    name: str                              # e.g. "loss_spike", "stale_heartbeat"
+    summary: str
+    severity: Literal["info", "warning", "critical"] = "warning"
+    operator: str
+    policy: str                            # "builtin" or "llm:<model>"
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    step: int = 0
+
+
+class BacktestResult(_Strict):
+    metric: str
+    candidate: list[float]
+    control: list[float]
+    effect: float                          # mean(candidate) - mean(control), signed so that + is better
+    p_value: float
+    test: str                              # the statistical test used, stated
+    horizon_steps: int
+    seeds: list[int]
+    passed: bool
+    note: str = ""
+
+
+class Intervention(_Strict):
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
+    kind: InterventionKind
+    changes: dict[str, Any] = Field(default_factory=dict, description="dotted recipe.*/harness.* fields to set")
+    diagnosis: Diagnosis
+    rationale: str
+    risk: Risk = Risk.LOW
+    expected_effect: str = ""
+    operator: str
+    policy: str
+    skills_used: list[str] = Field(default_factory=list)
+    status: Status = Status.PROPOSED
+    backtest: BacktestResult | None = None
+    backtest_skipped: str | None = Field(None, description="why the backtest was skipped (crash restart, divergence rollback)")
+    checkpoint_before: str | None = None
+    applied_step: int | None = None
+    branch: str | None = None
+    outcome: dict[str, Any] = Field(default_factory=dict)
+    history: list[dict[str, Any]] = Field(default_factory=list)
+    created: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _changes_are_fields(self) -> "Intervention":
+        for k in self.changes:
+            if not (k.startswith("recipe.") or k.startswith("harness.")):
+                raise ValueError(f"intervention change {k!r}: only recipe.* and harness.* fields can change")
+        return self
+
+    def move(self, to: Status, note: str = "") -> None:
+        if to not in TRANSITIONS[self.status]:
+            raise ValueError(f"intervention {self.id}: cannot go from {self.status.value} to {to.value}")
+        self.history.append({"from": self.status.value, "to": to.value, "time": time.time(), "note": note})
+        self.status = to
+
+    def signature(self) -> str:
+        """What makes two interventions 'the same fix' (for dedupe and skill mining)."""
+        return f"{self.diagnosis.name}|{self.kind.value}|{','.join(sorted(self.changes))}"
