@@ -1,0 +1,73 @@
+"""Evidence: what the operators see of a run, built only from the files the run writes.
+
+    ev = collect(run_dir, job_status="RUNNING")
+
+Metrics of the current segment (after a resume or rollback the step counter repeats; only the
+newest segment's rows are kept, so a window never mixes timelines), the held-out eval history,
+recent samples (untrusted trajectory text), events, command acknowledgements, heartbeat age and
+the job's status. Perturbation settings are never in any of these files, so never in evidence.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from trainer.runlog import read_heartbeat, read_jsonl
+
+
+class Evidence(BaseModel):
+    run_dir: str
+    job_status: str = "UNKNOWN"          # RUNNING | SUCCEEDED | FAILED | STOPPED | PENDING | UNKNOWN
+    step: int = 0
+    metrics: list[dict[str, Any]] = Field(default_factory=list)   # newest last, current segment only
+    evals: list[dict[str, Any]] = Field(default_factory=list)     # rows with the target metric
+    samples: list[dict[str, Any]] = Field(default_factory=list)   # newest last; untrusted text
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    acks: list[dict[str, Any]] = Field(default_factory=list)
+    heartbeat_age_s: float | None = None
+    heartbeat_state: str | None = None
+    harness: dict[str, Any] | None = None                         # the harness the run last stored/was given
+    recipe: dict[str, Any] | None = None
+
+    def series(self, key: str) -> list[float]:
+        out = []
+        for r in self.metrics:
+            v = r.get(key)
+            if isinstance(v, (int, float)):
+                out.append(float(v))
+            elif isinstance(v, str) and v in ("nan", "inf", "-inf"):
+                out.append(float(v))
+        return out
+
+    def last(self, key: str) -> float | None:
+        s = self.series(key)
+        return s[-1] if s else None
+
+    def latest_eval(self, metric: str) -> float | None:
+        for r in reversed(self.evals):
+            v = r.get(metric)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                return float(v)
+        return None
+
+
+def collect(run_dir: str | pathlib.Path, job_status: str = "UNKNOWN", window: int = 200,
+            n_samples: int = 32, harness: dict | None = None, recipe: dict | None = None) -> Evidence:
+    p = pathlib.Path(run_dir)
+    rows = read_jsonl(p / "metrics.jsonl")
+    seg = max((r.get("segment", 0) for r in rows), default=0)
+    cur = [r for r in rows if r.get("segment", 0) == seg and not r.get("final")]
+    evals = [r for r in rows if any(k.startswith("heldout") for k in r)]
+    samples = read_jsonl(p / "samples.jsonl")[-n_samples:]
+    hb = read_heartbeat(p)
+    return Evidence(
+        run_dir=str(p), job_status=job_status, step=(cur[-1]["step"] if cur else 0),
+        metrics=cur[-window:], evals=evals[-50:], samples=samples,
+        events=read_jsonl(p / "events.jsonl")[-50:], acks=read_jsonl(p / "command_log.jsonl")[-20:],
+        heartbeat_age_s=(time.time() - hb["time"]) if hb else None,
+        heartbeat_state=hb.get("state") if hb else None, harness=harness, recipe=recipe,
+    )
