@@ -113,8 +113,10 @@ class RunConfig(_Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     perturbations: list[Perturbation] = Field(default_factory=list)
     fork_from: str | None = Field(None, description="start from this checkpoint file (.pt) of another run, verified by its checksum")
-    fork_mode: Literal["full", "weights"] = Field(
-        "full", description="full: weights, optimiser, step, data cursor and RNG (recipe/harness from this config); weights: weights only")
+    fork_mode: Literal["full", "state", "weights"] = Field(
+        "full", description="full: weights, optimiser, step, data cursor and RNG, recipe/harness from this config; "
+        "state: the same but recipe/harness from the checkpoint; weights: weights only")
+    fork_overrides: dict[str, Any] = Field(default_factory=dict, description="dotted recipe.*/harness.* fields set after the fork")
     samples_per_step: int = Field(4, ge=0, description="rollouts written to samples.jsonl per step")
     num_workers: int = Field(1, ge=1, le=64, description=">1: data-parallel over Ray Train workers (gloo on CPU)")
     threads: int = Field(0, ge=0, description="torch intra-op threads per worker (0 = torch default)")

@@ -365,11 +365,17 @@ class Trainer:
             raise ConfigError(f"fork_from={str(path)!r}: {e}") from None
         if self.cfg.fork_mode == "weights":
             self.policy.model.load_state_dict(st["model"])
-            return
-        self.load_state(st)
-        self.recipe = self.cfg.recipe.model_copy(deep=True)
-        self.harness = self.cfg.harness.model_copy(deep=True)
-        self.segment = 0
+        else:
+            self.load_state(st)
+            if self.cfg.fork_mode == "full":
+                self.recipe = self.cfg.recipe.model_copy(deep=True)
+                self.harness = self.cfg.harness.model_copy(deep=True)
+            # this run's seed picks its own sampling stream and data (same seed → same stream)
+            self.gen.manual_seed(self.cfg.seed * 1000 + 17 + self.dist.rank)
+            self.cursor += self.cfg.seed * 1_000_003
+            self.segment = 0
+        if self.cfg.fork_overrides:
+            self.apply_overrides(self.cfg.fork_overrides, silent=True)
 
     def run(self, until: int | None = None) -> dict[str, Any]:
         """Train to `recipe.steps` (or stop early at step `until`, for tests). Returns a summary."""

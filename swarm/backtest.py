@@ -1,0 +1,105 @@
+"""Backtests: does an intervention beat doing nothing, from the same checkpoint, on the same data?
+
+For each seed, two arms fork the live run's checkpoint with `fork_mode: state` (weights,
+optimiser, data cursor and the run's current recipe and harness): the control keeps them, the
+candidate applies the intervention's changes. Both train `horizon_steps` with the same seed
+(hence the same data and sampling stream) and end with a held-out eval of the target metric.
+
+Statistical test (stated in every result): one-sided paired t-test over seeds on
+candidate − control of the target metric (signed so that + is better). With zero variance of
+the differences the sign decides (p = 0 if all improve, 1 otherwise). When both arms score the
+same on the target metric for every seed (e.g. both 0 early in a run), the mean training pass rate
+over the horizon's second half breaks the tie, and the note says so.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+import time
+from typing import Any
+
+import yaml
+
+from swarm.domain import BacktestResult, Intervention, Target
+from swarm.jobs import Jobs
+from trainer.runlog import read_jsonl
+
+
+def paired_one_sided_p(diffs: list[float]) -> float:
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return 0.0 if mean > 0 else 1.0
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+    if var <= 1e-18:
+        return 0.0 if mean > 0 else 1.0
+    t = mean / math.sqrt(var / n)
+    from scipy.stats import t as student_t
+
+    return float(student_t.sf(t, df=n - 1))
+
+
+def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: int, step: int,
+               horizon: int, eval_size: int, changes: dict[str, Any], private: list[dict]) -> dict[str, Any]:
+    cfg = {k: v for k, v in base.items() if k not in ("perturbations", "fork_from", "fork_mode", "fork_overrides")}
+    overrides = {"recipe.steps": step + horizon, "recipe.eval_interval": horizon, "recipe.eval_size": eval_size,
+                 "recipe.stop_at_heldout": None, **changes}
+    return {**cfg, "name": name, "out_dir": out_dir, "seed": seed, "fork_from": ckpt, "fork_mode": "state",
+            "fork_overrides": overrides, "checkpoint": {"interval": 0, "keep_last": 1}, "samples_per_step": 1,
+            "perturbations": private}
+
+
+def arm_score(run_dir: pathlib.Path, metric: str, horizon: int) -> tuple[float | None, float]:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    final = [r for r in rows if metric in r and isinstance(r[metric], (int, float))]
+    train = [r.get("pass_rate", 0.0) for r in rows if "loss" in r and isinstance(r.get("pass_rate"), (int, float))]
+    half = train[len(train) // 2 :] or [0.0]
+    return (final[-1][metric] if final else None), sum(half) / len(half)
+
+
+def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, target: Target,
+                 horizon: int, seeds: list[int], eval_size: int, alpha: float, jobs: Jobs,
+                 workdir: pathlib.Path, private_perturbations: list[dict] | None = None,
+                 timeout_s: float = 1800.0) -> BacktestResult:
+    workdir.mkdir(parents=True, exist_ok=True)
+    handles: dict[tuple[str, int], tuple[str, pathlib.Path]] = {}
+    for seed in seeds:
+        for arm, changes in (("candidate", iv.changes), ("control", {})):
+            name = f"bt-{iv.id}-{arm}-s{seed}"
+            cfg = arm_config(base_config, name, str(workdir), ckpt, seed, step, horizon, eval_size, changes,
+                             private_perturbations or [])
+            path = workdir / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+            handles[(arm, seed)] = (jobs.start(name, path), workdir / name)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        states = {k: jobs.status(h) for k, (h, _) in handles.items()}
+        if all(s in ("SUCCEEDED", "FAILED", "STOPPED") for s in states.values()):
+            break
+        time.sleep(0.5)
+    else:
+        for h, _ in handles.values():
+            jobs.stop(h)
+    sign = 1.0 if target.op == ">=" else -1.0
+    cand, ctrl, cand_tb, ctrl_tb, failed = [], [], [], [], []
+    for seed in seeds:
+        c, ctb = arm_score(handles[("candidate", seed)][1], target.metric, horizon)
+        k, ktb = arm_score(handles[("control", seed)][1], target.metric, horizon)
+        if c is None:
+            failed.append(f"candidate seed {seed}")
+        if k is None:
+            failed.append(f"control seed {seed}")
+        cand.append(c if c is not None else (0.0 if sign > 0 else 1.0))
+        ctrl.append(k if k is not None else (0.0 if sign > 0 else 1.0))
+        cand_tb.append(ctb)
+        ctrl_tb.append(ktb)
+    diffs = [sign * (a - b) for a, b in zip(cand, ctrl)]
+    note = "; ".join(f"{f} produced no eval (counted as worst)" for f in failed)
+    test = "one-sided paired t-test over seeds on the target metric"
+    if all(abs(d) < 1e-12 for d in diffs):
+        diffs = [a - b for a, b in zip(cand_tb, ctrl_tb)]
+        test = "tie on the target metric → one-sided paired t-test on mean training pass rate (second half of the horizon)"
+    effect = sum(diffs) / len(diffs)
+    p = paired_one_sided_p(diffs)
+    return BacktestResult(metric=target.metric, candidate=cand, control=ctrl, effect=effect, p_value=p, test=test,
+                          horizon_steps=horizon, seeds=list(seeds), passed=(effect > 0 and p <= alpha), note=note)

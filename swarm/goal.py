@@ -1,0 +1,94 @@
+"""The goal file: what the user asks the swarm for.
+
+    goal: "a policy that adds 3-digit numbers with >= 95% exact match within 20 CPU minutes"
+    target: {metric: heldout_acc, op: ">=", threshold: 0.95}
+    run: {task: …, model: …, recipe: …, harness: …}        # the starting point (a RunConfig)
+    budget: {wall_s: 1200, steps: 4000, worker_cpu_s: 2400, llm_usd: 0.5}
+    approval: {auto: [low, medium]}                       # the rest waits for a human
+    llm: {model: null}                                    # null → built-in policies
+    perturbations: [{shortcut: lr_spike, at_step: 200}]   # evaluation only; handed to the trainer alone
+    swarm: {observe_every_s: 2, backtest: {...}}
+
+Validated up front: a malformed goal is one line naming the field, exit code 2.
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from swarm.domain import ApprovalPolicy, Budget, LLMSettings, Target
+from trainer.config import ConfigError, Perturbation, RunConfig, format_validation_error
+
+
+class BacktestSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    horizon_steps: int = Field(60, ge=1, description="steps each arm trains after the fork")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1, description="one candidate and one control per seed")
+    alpha: float = Field(0.2, gt=0, lt=1, description="one-sided significance level of the paired test")
+    eval_size: int = Field(200, ge=10)
+
+
+class SwarmSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    observe_every_s: float = Field(2.0, gt=0)
+    min_steps_between_interventions: int = Field(50, ge=0)
+    evaluate_window_steps: int = Field(100, ge=1, description="steps after applying before judging kept / rolled back")
+    stale_heartbeat_s: float = Field(20.0, gt=0)
+    max_restarts: int = Field(5, ge=0)
+    backtest: BacktestSettings = Field(default_factory=BacktestSettings)
+
+
+class Goal(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    goal: str = Field(..., min_length=1)
+    target: Target = Field(default_factory=Target)
+    run: dict[str, Any] = Field(default_factory=dict, description="the starting RunConfig (task, model, recipe, harness, …)")
+    budget: Budget = Field(default_factory=Budget)
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    perturbations: list[Perturbation] = Field(default_factory=list)
+    swarm: SwarmSettings = Field(default_factory=SwarmSettings)
+
+    def run_config(self, name: str, out_dir: str, with_perturbations: bool = False) -> RunConfig:
+        """The trainer config. Perturbations are included only for the job the trainer runs."""
+        data = {**self.run, "name": name, "out_dir": out_dir}
+        data.pop("perturbations", None)
+        if with_perturbations:
+            data["perturbations"] = [p.model_dump(exclude_unset=True) for p in self.perturbations]
+        return RunConfig.parse(data)
+
+    def public(self) -> dict[str, Any]:
+        """The goal as operators, prompts, reports and memory may see it: no perturbations."""
+        d = self.model_dump(mode="json")
+        d.pop("perturbations", None)
+        return d
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path) -> "Goal":
+        p = pathlib.Path(path)
+        if not p.is_file():
+            raise ConfigError(f"goal file {str(p)!r} not found")
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"goal file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        return cls.parse(data)
+
+    @classmethod
+    def parse(cls, data: Any) -> "Goal":
+        if not isinstance(data, dict):
+            raise ConfigError(f"goal must be a mapping, got {type(data).__name__}")
+        try:
+            goal = cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e).replace("invalid config", "invalid goal")) from None
+        try:
+            goal.run_config("check", "/tmp", with_perturbations=True)
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("invalid config: ", "invalid goal: run.")) from None
+        if goal.target.metric != "heldout_acc" and not goal.target.metric.startswith("heldout"):
+            raise ConfigError(f"invalid goal: target.metric={goal.target.metric!r}: must be a held-out metric (heldout_*)")
+        return goal

@@ -1,0 +1,147 @@
+"""Job launchers for the controller: Ray jobs (default) or plain local processes, one interface.
+
+    jobs = RayJobs(address=None)          # starts a private head on 127.0.0.1 on first use
+    h = jobs.start("train-0", cfg_path)   # the trainer's entrypoint: python -m trainer.entry CFG
+    jobs.status(h) -> "RUNNING" | "SUCCEEDED" | "FAILED" | "STOPPED" | "PENDING"
+
+Worker CPU seconds are metered from the trainer processes' pids (the heartbeat names its pid),
+so the same accounting works for both launchers.
+"""
+from __future__ import annotations
+
+import abc
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import psutil
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+class Jobs(abc.ABC):
+    @abc.abstractmethod
+    def start(self, name: str, config_path: str | os.PathLike) -> str: ...
+
+    @abc.abstractmethod
+    def status(self, handle: str) -> str: ...
+
+    @abc.abstractmethod
+    def stop(self, handle: str) -> None: ...
+
+    def close(self) -> None:
+        pass
+
+
+class ProcessJobs(Jobs):
+    """Each job is a child process of the controller (tests, or machines without Ray)."""
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        self.log_dir = pathlib.Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, config_path: str | os.PathLike) -> str:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        p = subprocess.Popen([sys.executable, "-m", "trainer.entry", str(config_path)], cwd=ROOT,
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = p
+        return name
+
+    def status(self, handle: str) -> str:
+        p = self.procs.get(handle)
+        if p is None:
+            return "UNKNOWN"
+        rc = p.poll()
+        if rc is None:
+            return "RUNNING"
+        return "SUCCEEDED" if rc == 0 else ("STOPPED" if rc in (-15,) else "FAILED")
+
+    def stop(self, handle: str) -> None:
+        p = self.procs.get(handle)
+        if p and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def close(self) -> None:
+        for h in list(self.procs):
+            self.stop(h)
+
+
+class RayJobs(Jobs):
+    """Jobs on a Ray cluster through the Jobs API; a private loopback head unless `address`."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
+        self.address, self.num_cpus = address, num_cpus
+        self.head = None
+
+    def _client(self):
+        if self.head is None:
+            from trainer.launch import ensure_head
+
+            self.head = ensure_head(self.address, num_cpus=self.num_cpus)
+        return self.head.client()
+
+    def start(self, name: str, config_path: str | os.PathLike) -> str:
+        from trainer.launch import submit_job
+
+        self._client()
+        import uuid
+
+        return submit_job(self.head, config_path, job_id=f"{name}-{uuid.uuid4().hex[:6]}")
+
+    def status(self, handle: str) -> str:
+        try:
+            return str(self._client().get_job_status(handle).value)
+        except Exception:  # an unknown job or an unreachable head is a status, not a crash
+            return "UNKNOWN"
+
+    def stop(self, handle: str) -> None:
+        try:
+            self._client().stop_job(handle)
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        if self.head is not None:
+            from trainer.launch import stop_head
+
+            stop_head(self.head)
+            self.head = None
+
+
+class CpuMeter:
+    """Sums CPU seconds of trainer processes (by pid, children included) as they are observed."""
+
+    def __init__(self, state: dict[str, float] | None = None) -> None:
+        self.by_pid: dict[str, float] = dict(state or {})
+
+    def observe(self, pid: int | None) -> None:
+        if not pid:
+            return
+        try:
+            p = psutil.Process(pid)
+            t = p.cpu_times()
+            total = t.user + t.system + t.children_user + t.children_system
+            for c in p.children(recursive=True):
+                try:
+                    ct = c.cpu_times()
+                    total += ct.user + ct.system
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            return
+        key = f"{pid}:{int(p.create_time())}"
+        self.by_pid[key] = max(self.by_pid.get(key, 0.0), total)
+
+    @property
+    def total(self) -> float:
+        return sum(self.by_pid.values())
+
+    def state(self) -> dict[str, Any]:
+        return dict(self.by_pid)
