@@ -1,0 +1,461 @@
+"""The swarm controller: drives one training job toward a goal through the LangGraph in
+`swarm.graph`, with operators (agents/), backtests, git PRs and human approvals.
+
+    ctrl = Controller.create(workspace, goal)   # or Controller.open(workspace) to resume
+    summary = ctrl.run()
+
+Workspace layout: WORKSPACE/ is a git repository (goal.yaml without perturbations, recipe.yaml,
+harness.yaml, skills/, reports/); WORKSPACE/.swarm/ (not in git) holds the sqlite state
+(interventions, timeline, LangGraph checkpoints), the live run's files under runs/, backtests
+under backtests/, and private/ (the trainer's job configs, the only place perturbations live).
+Training never waits on a human: interventions that need approval wait as open PRs while the
+job keeps running; `swarm approve ID` (any terminal) queues the approval, applied at the next tick.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Any
+
+import yaml
+
+from swarm.backtest import run_backtest
+from swarm.domain import Intervention, InterventionKind, Status
+from swarm.evidence import Evidence, collect
+from swarm.goal import Goal
+from swarm.graph import SwarmState, build_graph
+from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
+from trainer.control import send_command
+from trainer.runlog import iter_jsonl, read_heartbeat, read_jsonl
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
+
+
+class Controller:
+    def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None) -> None:
+        from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
+        from swarm.store import Store, acquire_lock
+        from swarm.workspace import Workspace
+
+        self.dir = pathlib.Path(workspace).resolve()
+        self.sdir = self.dir / ".swarm"
+        self.sdir.mkdir(parents=True, exist_ok=True)
+        self.lock = acquire_lock(self.dir)
+        self.goal = goal
+        self.store = Store(self.sdir / "state.db")
+        self.ws = Workspace.open(self.dir)
+        self.private = self.sdir / "private"
+        self.private.mkdir(exist_ok=True)
+        self.runs = self.sdir / "runs"
+        self.jobs: Jobs = ProcessJobs(self.sdir / "logs") if jobs == "process" else RayJobs(ray_address or self._saved_head())
+        self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic()]
+        self.lead = Lead()
+        self.llm = None
+        if goal.llm.model:
+            from agents.llm import LLMPolicy
+
+            self.llm = LLMPolicy(goal.llm, spend_cap_usd=goal.budget.llm_usd)
+        self.meter = CpuMeter()
+        self.graph, self._conn = build_graph(self, str(self.sdir / "graph.db"))
+        self.config = {"configurable": {"thread_id": "main"}, "recursion_limit": RECURSION_LIMIT}
+        self.base_cfg = goal.run_config("train", str(self.runs)).model_dump(mode="json")
+        self.base_cfg["recipe"]["steps"] = goal.budget.steps
+        if goal.target.op == ">=":
+            self.base_cfg["recipe"]["stop_at_heldout"] = goal.target.threshold
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, workspace: str | pathlib.Path, goal: Goal, **kw: Any) -> "Controller":
+        from swarm.workspace import Workspace
+
+        d = pathlib.Path(workspace)
+        if (d / ".swarm" / "graph.db").exists():
+            raise ValueError(f"workspace {str(d)!r} already holds a run; use `swarm resume --workspace {d}`")
+        cfg = goal.run_config("train", "runs")
+        Workspace.init(d, yaml.safe_dump(goal.public(), sort_keys=False), cfg.recipe.model_dump(mode="json"),
+                       cfg.harness.model_dump(mode="json"))
+        priv = d / ".swarm" / "private"
+        priv.mkdir(parents=True, exist_ok=True)
+        (priv / "goal.yaml").write_text(yaml.safe_dump(goal.model_dump(mode="json"), sort_keys=False))
+        return cls(d, goal, **kw)
+
+    @classmethod
+    def open(cls, workspace: str | pathlib.Path, **kw: Any) -> "Controller":
+        d = pathlib.Path(workspace)
+        p = d / ".swarm" / "private" / "goal.yaml"
+        if not p.is_file():
+            raise ValueError(f"no swarm run in workspace {str(d)!r} (missing .swarm/private/goal.yaml)")
+        return cls(d, Goal.parse(yaml.safe_load(p.read_text())), **kw)
+
+    def _saved_head(self) -> str | None:
+        p = self.sdir / "ray_head.json"
+        return json.loads(p.read_text())["dashboard_url"] if p.exists() else None
+
+    # ---- running ------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Run (or continue) the graph to the end; returns the summary."""
+        snap = self.graph.get_state(self.config)
+        inp = None if snap.next else SwarmState()
+        if snap.values and not snap.next:  # already finished
+            return self.summary(SwarmState(**snap.values))
+        try:
+            final = self.graph.invoke(inp, self.config)
+        finally:
+            self._conn.close()
+        return self.summary(SwarmState(**final))
+
+    @property
+    def run_dir(self) -> pathlib.Path:
+        return self.runs / "train"
+
+    def evidence(self, status: str) -> Evidence:
+        return collect(self.run_dir, status)
+
+    def context(self, ev: Evidence):
+        from agents.base import OperatorContext
+
+        cfg = self.base_cfg
+        return OperatorContext(
+            target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
+            eval_difficulty=cfg["harness"]["curriculum"].get("end") or cfg["harness"]["curriculum"]["start"],
+            history=self.store.list(), checkpoints=self.checkpoints(), skills=[],
+        )
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        out = []
+        for m in sorted((self.run_dir / "checkpoints").glob("*.json")):
+            try:
+                out.append(json.loads(m.read_text()))
+            except (OSError, json.JSONDecodeError):
+                continue
+        return sorted(out, key=lambda m: m["step"])
+
+    def command(self, cmd: str, cid: str, timeout: float = 60.0, **args: Any) -> dict[str, Any] | None:
+        """Send a command with a deterministic id (re-sending after a crash is a no-op: the trainer
+        acknowledges an id once) and wait for its acknowledgement while the job is alive."""
+        log = self.run_dir / "command_log.jsonl"
+        for row in iter_jsonl(log):
+            if row.get("id") == cid:
+                return row
+        sent = any(r.get("id") == cid for r in iter_jsonl(self.run_dir / "commands.jsonl"))
+        if not sent:
+            send_command(self.run_dir, cmd, id=cid, **args)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for row in iter_jsonl(log):
+                if row.get("id") == cid:
+                    return row
+            if self.jobs.status(self.state_job) in TERMINAL:
+                return None
+            time.sleep(0.2)
+        return None
+
+    state_job: str | None = None
+
+    # ---- nodes --------------------------------------------------------------------------------
+    def node_plan(self, s: SwarmState) -> dict[str, Any]:
+        if s.plan:
+            return {}
+        plan = self.lead.plan(self.goal.public())
+        policy = "built-in policies (no LLM configured)" if self.llm is None else f"LLM policy {self.goal.llm.model} with built-in fallback"
+        self.store.log("plan", plan=plan, policy=policy)
+        return {"plan": plan, "started": time.time(), "log": [f"plan: {policy}"]}
+
+    def write_job_config(self) -> pathlib.Path:
+        cfg = dict(self.base_cfg)
+        cfg["perturbations"] = [p.model_dump(exclude_unset=True) for p in self.goal.perturbations]
+        path = self.private / "train.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return path
+
+    def start_job(self) -> str:
+        handle = self.jobs.start("train", self.write_job_config())
+        if isinstance(self.jobs, RayJobs) and self.jobs.head is not None and self.jobs.head.owned:
+            (self.sdir / "ray_head.json").write_text(json.dumps({"dashboard_url": self.jobs.head.dashboard_url}))
+        self.store.log("job_started", handle=handle)
+        return handle
+
+    def node_launch(self, s: SwarmState) -> dict[str, Any]:
+        if s.job and self.jobs.status(s.job) in ("RUNNING", "PENDING"):
+            self.state_job = s.job
+            return {}
+        job = self.start_job()
+        self.state_job = job
+        return {"job": job, "job_status": "PENDING", "log": [f"launched {job}"]}
+
+    def node_observe(self, s: SwarmState) -> dict[str, Any]:
+        self.state_job = s.job
+        if s.tick:
+            time.sleep(self.goal.swarm.observe_every_s)
+        status = self.jobs.status(s.job) if s.job else "UNKNOWN"
+        if status == "UNKNOWN" and s.job:  # e.g. ProcessJobs after a controller restart: judge by heartbeat
+            hb = read_heartbeat(self.run_dir)
+            status = "RUNNING" if hb and _alive(hb.get("pid")) else ("SUCCEEDED" if hb and hb.get("state") in ("completed", "target_reached") else "FAILED")
+        self.meter = CpuMeter(s.cpu)
+        hb = read_heartbeat(self.run_dir)
+        if hb:
+            self.meter.observe(hb.get("pid"))
+        ev = self.evidence(status)
+        upd: dict[str, Any] = {"tick": s.tick + 1, "job_status": status, "step": ev.step, "cpu": self.meter.state()}
+        value = ev.latest_eval(self.goal.target.metric)
+        if value is not None:
+            upd["best"] = value if s.best is None else (max if self.goal.target.op == ">=" else min)(s.best, value)
+        b = self.goal.budget
+        done = None
+        if (self.sdir / "stop").exists():
+            done = "stopped_by_user"
+        elif status == "SUCCEEDED":
+            done = "target_met" if self.goal.target.met(value) else "steps_exhausted"
+        elif time.time() - s.started > b.wall_s:
+            done = "budget_wall_clock"
+        elif self.meter.total > b.worker_cpu_s:
+            done = "budget_worker_cpu"
+        if done:
+            upd["done"] = done
+        return upd
+
+    def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
+        ev = self.evidence(s.job_status)
+        ctx = self.context(ev)
+        proposals: list[Intervention] = []
+        for op in self.operators:
+            proposals += op.propose(ev, ctx, llm=self.llm)
+        self._proposals = proposals
+        return {}
+
+    _proposals: list[Intervention] = []
+
+    def node_propose(self, s: SwarmState) -> dict[str, Any]:
+        proposals, self._proposals = self._proposals, []
+        if not proposals:
+            return {}
+        ev = self.evidence(s.job_status)
+        ctx = self.context(ev)
+        in_flight = [iv for iv in self.store.list() if iv.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED,
+                                                                    Status.APPLIED, Status.EVALUATING)]
+        last_applied = max((iv.applied_step or 0 for iv in self.store.list() if iv.applied_step is not None), default=None)
+        chosen = []
+        for iv in self.lead.arbitrate(proposals, ctx):
+            urgent = iv.kind in (InterventionKind.RESTART, InterventionKind.ROLLBACK)
+            if in_flight and not urgent:
+                continue
+            if (not urgent and last_applied is not None
+                    and s.step - last_applied < self.goal.swarm.min_steps_between_interventions):
+                continue
+            if any(x.kind == iv.kind and x.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED) for x in in_flight):
+                continue
+            self.store.put(iv)
+            chosen.append(iv.id)
+            self.store.log("proposed", id=iv.id, kind=iv.kind.value, operator=iv.operator, policy=iv.policy,
+                           diagnosis=iv.diagnosis.name)
+        return {"proposed": s.proposed + chosen} if chosen else {}
+
+    def node_backtest(self, s: SwarmState) -> dict[str, Any]:
+        bt = self.goal.swarm.backtest
+        for iid in s.proposed:
+            iv = self.store.get(iid)
+            if iv.status not in (Status.PROPOSED, Status.BACKTESTING):
+                continue
+            if iv.kind == InterventionKind.RESTART or (iv.kind == InterventionKind.ROLLBACK and iv.diagnosis.severity == "critical"):
+                iv.backtest_skipped = ("restart after a crash/stall: nothing to compare against" if iv.kind == InterventionKind.RESTART
+                                       else "rollback of a diverged run: the control arm is the divergence")
+                self.store.put(iv)
+                self.store.transition(iid, Status.VALIDATED, iv.backtest_skipped)
+                continue
+            ack = self.command("checkpoint", f"{iid}-bt", name=f"bt-{iid}")
+            if not ack or ack.get("status") != "applied":
+                self.store.transition(iid, Status.REJECTED, "could not checkpoint the live job for a backtest")
+                continue
+            if iv.status == Status.PROPOSED:
+                self.store.transition(iid, Status.BACKTESTING, f"forked at step {ack['step']}")
+            res = run_backtest(
+                iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
+                target=self.goal.target, horizon=bt.horizon_steps, seeds=bt.seeds, eval_size=bt.eval_size, alpha=bt.alpha,
+                jobs=self.jobs, workdir=self.sdir / "backtests",
+                private_perturbations=[p.model_dump(exclude_unset=True) | {"at_step": 0}
+                                       for p in self.goal.perturbations if p.kind == "label_noise" or p.shortcut == "label_noise"],
+            )
+            iv = self.store.get(iid)
+            iv.backtest = res
+            self.store.put(iv)
+            self.store.transition(iid, Status.VALIDATED if res.passed else Status.REJECTED,
+                                  f"effect {res.effect:+.3f}, p={res.p_value:.3f}")
+        return {}
+
+    def node_gate(self, s: SwarmState) -> dict[str, Any]:
+        for iid in s.proposed:
+            iv = self.store.get(iid)
+            if iv.branch is None and iv.status in (Status.VALIDATED, Status.REJECTED):
+                self.open_pr(iv)
+                iv = self.store.get(iid)
+                if iv.status == Status.REJECTED:
+                    self.ws.reject(iid)
+            if iv.status == Status.VALIDATED and self.goal.approval.needs_human(iv.risk):
+                self.store.transition(iid, Status.AWAITING_APPROVAL, f"risk {iv.risk.value} needs a human: swarm approve {iid}")
+        return {}
+
+    def open_pr(self, iv: Intervention) -> None:
+        from swarm.report import intervention_report
+
+        md, pngs = intervention_report(iv, read_jsonl(self.run_dir / "metrics.jsonl"), read_jsonl(self.run_dir / "samples.jsonl")[-200:])
+        iv.branch = self.ws.open_pr(iv, md, pngs)
+        self.store.put(iv)
+
+    def human_decisions(self) -> dict[str, str]:
+        out = {}
+        for row in self.store.timeline():
+            if row.get("kind") in ("human_approve", "human_reject", "human_rollback"):
+                out.setdefault(row["id"], row["kind"])  # first decision wins
+        return out
+
+    def node_apply(self, s: SwarmState) -> dict[str, Any]:
+        upd: dict[str, Any] = {}
+        human = self.human_decisions()
+        remaining = []
+        for iid in s.proposed:
+            iv = self.store.get(iid)
+            decision = human.get(iid)
+            if iv.status == Status.AWAITING_APPROVAL and decision == "human_reject":
+                self.store.transition(iid, Status.REJECTED, "rejected by a human")
+                self.ws.reject(iid)
+                continue
+            if iv.status == Status.VALIDATED or (iv.status == Status.AWAITING_APPROVAL and decision == "human_approve"):
+                upd.update(self.apply(iv, s))
+                continue
+            if iv.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL):
+                remaining.append(iid)
+        upd["proposed"] = remaining
+        return upd
+
+    def apply(self, iv: Intervention, s: SwarmState) -> dict[str, Any]:
+        upd: dict[str, Any] = {}
+        if iv.kind == InterventionKind.RESTART:
+            if s.job and self.jobs.status(s.job) not in TERMINAL:
+                self.jobs.stop(s.job)
+            job = self.start_job()
+            self.state_job = job
+            upd = {"job": job, "restarts": s.restarts + 1, "job_status": "PENDING"}
+            step = s.step
+        else:
+            pre = self.command("checkpoint", f"{iv.id}-pre", name=f"pre-{iv.id}")
+            if iv.kind == InterventionKind.ROLLBACK:
+                target = self.rollback_target(iv)
+                if target:
+                    self.command("rollback", f"{iv.id}-rb", name=target)
+            if iv.changes:
+                ack = self.command("set_fields", f"{iv.id}-apply", fields=iv.changes)
+                if not ack or ack.get("status") != "applied":
+                    self.store.transition(iv.id, Status.REJECTED, f"the trainer refused the change: {ack and ack.get('reason')}")
+                    self.ws.reject(iv.id)
+                    return {}
+                step = ack["step"]
+            else:
+                step = pre["step"] if pre else s.step
+            iv = self.store.get(iv.id)
+            iv.checkpoint_before = f"pre-{iv.id}" if pre else None
+        iv.applied_step = step
+        ev = self.evidence(s.job_status)
+        iv.outcome["baseline"] = ev.latest_eval(self.goal.target.metric)
+        self.store.put(iv)
+        if iv.status == Status.AWAITING_APPROVAL or iv.status == Status.VALIDATED:
+            self.ws.approve(iv.id)
+        self.store.transition(iv.id, Status.APPLIED, f"applied at step {step}")
+        self.store.log("applied", id=iv.id, step=step)
+        return upd
+
+    def rollback_target(self, iv: Intervention) -> str | None:
+        """The newest checkpoint from before the problem's evidence window began."""
+        start = iv.diagnosis.evidence.get("window_start_step", iv.diagnosis.step)
+        good = [c for c in self.checkpoints() if c["step"] < start and not c["name"].startswith("bt-")]
+        return good[-1]["name"] if good else None
+
+    def node_evaluate(self, s: SwarmState) -> dict[str, Any]:
+        window = self.goal.swarm.evaluate_window_steps
+        human = self.human_decisions()
+        ev = None
+        for iv in self.store.list():
+            if iv.status == Status.APPLIED:
+                self.store.transition(iv.id, Status.EVALUATING, f"judged over the next {window} steps")
+                iv = self.store.get(iv.id)
+            if iv.status not in (Status.EVALUATING, Status.KEPT):
+                continue
+            if human.get(iv.id) == "human_rollback":
+                self.roll_back(iv, "rolled back by a human")
+                continue
+            if iv.status != Status.EVALUATING or iv.applied_step is None or s.step < iv.applied_step + window:
+                continue
+            ev = ev or self.evidence(s.job_status)
+            after = [r[self.goal.target.metric] for r in ev.evals if r.get("step", 0) > iv.applied_step
+                     and isinstance(r.get(self.goal.target.metric), (int, float))]
+            base = iv.outcome.get("baseline")
+            now = after[-1] if after else None
+            iv.outcome.update({"after": now, "window_steps": window,
+                               "rule": "kept unless the target metric after the window is worse than before applying"})
+            self.store.put(iv)
+            worse = now is not None and base is not None and (now < base - 0.02 if self.goal.target.op == ">=" else now > base + 0.02)
+            if worse:
+                self.roll_back(iv, f"{self.goal.target.metric} {base} → {now} over {window} steps")
+            else:
+                self.store.transition(iv.id, Status.KEPT, f"{self.goal.target.metric} {base} → {now}")
+        return {}
+
+    def roll_back(self, iv: Intervention, note: str) -> None:
+        # the checkpoint taken before applying holds the recipe and harness of that moment too
+        if iv.checkpoint_before:
+            self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
+        self.ws.rollback(iv.id)
+        self.store.transition(iv.id, Status.ROLLED_BACK, note)
+
+    def node_mine_skills(self, s: SwarmState) -> dict[str, Any]:
+        """Hook for the skill miner (skills issue): evaluated interventions become skills."""
+        return {}
+
+    def node_report(self, s: SwarmState) -> dict[str, Any]:
+        return {}
+
+    def node_finish(self, s: SwarmState) -> dict[str, Any]:
+        from swarm.report import final_report
+
+        if s.job and self.jobs.status(s.job) not in TERMINAL:
+            self.command("stop", "controller-stop", timeout=120)
+            self.jobs.stop(s.job)
+        summary = self.summary(s)
+        md, pngs = final_report(self.goal.public(), self.store.timeline(), self.store.list(),
+                                read_jsonl(self.run_dir / "metrics.jsonl"), summary)
+        path = self.ws.write_final_report(md, pngs)
+        (self.sdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        self.store.log("finished", reason=s.done, report=str(path))
+        self.jobs.close()
+        (self.sdir / "ray_head.json").unlink(missing_ok=True)
+        return {"log": [f"finished: {s.done}; report {path}"]}
+
+    def summary(self, s: SwarmState) -> dict[str, Any]:
+        ivs = self.store.list()
+        rows = read_jsonl(self.run_dir / "metrics.jsonl")
+        final = [r for r in rows if r.get("final")]
+        value = final[-1].get(self.goal.target.metric) if final else s.best
+        reached = self.goal.target.met(value)
+        t_target = next((r["time"] - s.started for r in rows if self.goal.target.met(r.get(self.goal.target.metric))), None)
+        return {
+            "reached": bool(reached), "reason": s.done, "final_metric": value, "metric": self.goal.target.metric,
+            "steps": s.step, "wall_s": time.time() - s.started if s.started else 0.0,
+            "worker_cpu_s": CpuMeter(s.cpu).total, "seconds_to_target": t_target, "restarts": s.restarts,
+            "report": str(self.dir / "reports" / "final" / "REPORT.md"),
+            "interventions": [{"id": iv.id, "kind": iv.kind.value, "operator": iv.operator, "policy": iv.policy,
+                               "diagnosis": iv.diagnosis.name, "status": iv.status.value,
+                               "effect": iv.backtest.effect if iv.backtest else None,
+                               "p_value": iv.backtest.p_value if iv.backtest else None,
+                               "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step} for iv in ivs],
+            "llm": self.llm.usage() if self.llm is not None else {"calls": 0, "tokens": 0, "cost_usd": 0.0, "policy": "built-in"},
+        }
+
+
+def _alive(pid: int | None) -> bool:
+    import psutil
+
+    try:
+        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

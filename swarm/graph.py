@@ -1,0 +1,57 @@
+"""The controller's state machine: a LangGraph `StateGraph` checkpointed to sqlite.
+
+    plan → launch → observe ─┬─> finish                       (target met / budget spent / stopped)
+                              └─> diagnose → propose → backtest → gate → apply → evaluate → mine_skills → report ─> observe
+
+Nodes are methods of `swarm.controller.Controller` and return partial state updates; routers are
+pure functions of the state. The graph is built once here. Every node is idempotent on re-entry
+(a node killed half-way re-runs on `swarm resume`): commands to the trainer carry deterministic
+ids that the trainer acknowledges once, and intervention statuses move only forward in the store.
+"""
+from __future__ import annotations
+
+import operator
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+
+
+@dataclass
+class SwarmState:
+    tick: int = 0
+    job: str | None = None             # the live job's handle
+    job_name: str = "train"
+    job_status: str = "PENDING"
+    restarts: int = 0
+    step: int = 0
+    best: float | None = None
+    started: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)
+    proposed: list[str] = field(default_factory=list)   # intervention ids waiting for the backtest/gate
+    done: str | None = None            # why the run ended
+    plan: str = ""
+    log: Annotated[list[str], operator.add] = field(default_factory=list)
+
+
+def route_after_observe(state: SwarmState) -> Literal["finish", "diagnose"]:
+    return "finish" if state.done else "diagnose"
+
+
+def build_graph(ctrl: Any, db_path: str):
+    g = StateGraph(SwarmState)
+    for name in ("plan", "launch", "observe", "diagnose", "propose", "backtest", "gate", "apply", "evaluate",
+                 "mine_skills", "report", "finish"):
+        g.add_node(name, getattr(ctrl, f"node_{name}"))
+    g.add_edge(START, "plan")
+    g.add_edge("plan", "launch")
+    g.add_edge("launch", "observe")
+    g.add_conditional_edges("observe", route_after_observe, {"finish": "finish", "diagnose": "diagnose"})
+    for a, b in (("diagnose", "propose"), ("propose", "backtest"), ("backtest", "gate"), ("gate", "apply"),
+                 ("apply", "evaluate"), ("evaluate", "mine_skills"), ("mine_skills", "report"), ("report", "observe")):
+        g.add_edge(a, b)
+    g.add_edge("finish", END)
+    conn = sqlite3.connect(db_path, check_same_thread=False)
+    return g.compile(checkpointer=SqliteSaver(conn)), conn
