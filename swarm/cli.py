@@ -21,6 +21,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="swarmlab: au
 err = Console(stderr=True)
 out = Console()
 
+WS_HELP = "workspace directory (a git repository; state in WORKSPACE/.swarm)"
+DEFAULT_WS = "workspace"
 LIVE_KEYS = ("loss", "reward_mean", "pass_rate", "heldout_acc", "entropy", "grad_norm", "tokens_per_s")
 
 
@@ -196,10 +198,15 @@ def control(
 
 
 @app.command()
-def status(run_dir: str = typer.Argument(..., help="the run's directory")) -> None:
-    """Heartbeat, last metrics and the last commands of a run."""
+def status(run_dir: Optional[str] = typer.Argument(None, help="a run's directory (default: the workspace's live run)"),
+           workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
+    """Heartbeat, last metrics and the last commands of a run (and the swarm's interventions)."""
     from trainer.runlog import read_heartbeat, read_jsonl
 
+    if run_dir is None:
+        run_dir = str(pathlib.Path(workspace) / ".swarm" / "runs" / "train")
+        if (pathlib.Path(workspace) / ".swarm" / "state.db").exists():
+            interventions(workspace)
     p = pathlib.Path(run_dir)
     if not p.is_dir():
         fail(f"run directory {run_dir!r} not found")
@@ -210,9 +217,174 @@ def status(run_dir: str = typer.Argument(..., help="the run's directory")) -> No
     out.print(f"state: {hb['state'] if hb else 'unknown'}  step: {hb['step'] if hb else '-'}  heartbeat: {age}")
     if rows:
         last = rows[-1]
+        if last.get("final"):  # the end-of-run eval row carries no training metrics: show both
+            last = {**next((r for r in reversed(rows) if not r.get("final")), {}), **last}
         out.print("  ".join(f"{k}={_fmt(last[k])}" for k in ("step",) + LIVE_KEYS if k in last))
     for a in acks[-5:]:
         out.print(f"command {a['id']} {a['cmd']}: {a['status']} {a.get('result', a.get('reason'))}")
+
+
+# ---- the swarm -------------------------------------------------------------------------------
+
+
+def _store(workspace: str):
+    from swarm.store import Store
+
+    db = pathlib.Path(workspace) / ".swarm" / "state.db"
+    if not db.exists():
+        fail(f"no swarm run in workspace {workspace!r} (no .swarm/state.db); start one with `swarm run GOAL --workspace {workspace}`")
+    return Store(db)
+
+
+def _run_controller(make, summary_path: str | None, json_out: bool) -> None:
+    from swarm.store import WorkspaceLocked
+    from trainer.config import ConfigError
+
+    try:
+        ctrl = make()
+    except WorkspaceLocked as e:
+        fail(str(e))
+    except (ConfigError, ValueError) as e:
+        fail(str(e))
+    err.print(f"swarm running in {ctrl.dir} (policies: {'LLM ' + ctrl.goal.llm.model if ctrl.llm else 'built-in, no LLM configured'}); "
+              f"follow with `swarm status --workspace {ctrl.dir}`")
+    summary = ctrl.run()
+    if summary_path:
+        pathlib.Path(summary_path).write_text(json.dumps(summary, indent=1, default=str))
+    if json_out:
+        print(json.dumps(summary, default=str))
+    else:
+        out.print(f"[bold]{summary['reason']}[/]: {summary['metric']}={summary['final_metric']} "
+                  f"(target {'reached' if summary['reached'] else 'not reached'}) after {summary['steps']} steps, "
+                  f"{summary['wall_s']:.0f}s wall, {summary['worker_cpu_s']:.0f} worker-CPU-s, "
+                  f"{len(summary['interventions'])} interventions")
+        out.print(f"report: {summary['report']}")
+    if not summary["reached"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def run(
+    goal: str = typer.Argument(..., help="goal file (YAML)"),
+    workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
+    summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
+    jobs: str = typer.Option("ray", help="ray (Ray Jobs on a private loopback head or --address) | process"),
+    address: Optional[str] = typer.Option(None, help="Ray dashboard address of an existing cluster"),
+    json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Drive training jobs toward GOAL with the operator swarm."""
+    from swarm.controller import Controller
+    from swarm.goal import Goal
+    from trainer.config import ConfigError
+
+    try:
+        g = Goal.load(goal)
+    except ConfigError as e:
+        fail(str(e))
+    if jobs not in ("ray", "process"):
+        fail(f"--jobs={jobs!r}: must be 'ray' or 'process'")
+    _run_controller(lambda: Controller.create(workspace, g, jobs=jobs, ray_address=address), summary, json_out)
+
+
+@app.command()
+def resume(
+    workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
+    summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
+    jobs: str = typer.Option("ray", help="ray | process (as the run was started)"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Continue a swarm run after the controller stopped or was killed."""
+    from swarm.controller import Controller
+
+    _run_controller(lambda: Controller.open(workspace, jobs=jobs), summary, json_out)
+
+
+@app.command()
+def interventions(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
+    """List interventions with their status."""
+    from rich.table import Table
+
+    st = _store(workspace)
+    t = Table("id", "kind", "operator", "policy", "diagnosis", "risk", "status", "effect", "p", "applied at")
+    for iv in st.list():
+        bt = iv.backtest
+        t.add_row(iv.id, iv.kind.value, iv.operator, iv.policy, iv.diagnosis.name, iv.risk.value, iv.status.value,
+                  f"{bt.effect:+.3f}" if bt else (iv.backtest_skipped and "skipped") or "-",
+                  f"{bt.p_value:.3f}" if bt else "-", str(iv.applied_step) if iv.applied_step is not None else "-")
+    out.print(t)
+
+
+def _get_iv(workspace: str, iid: str):
+    st = _store(workspace)
+    try:
+        return st, st.get(iid)
+    except KeyError:
+        fail(f"unknown intervention {iid!r} in workspace {workspace!r} (see `swarm interventions`)")
+
+
+@app.command()
+def review(iid: str = typer.Argument(..., help="intervention id"), workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
+    """Show an intervention's report and diff."""
+    from swarm.workspace import Workspace
+
+    _, iv = _get_iv(workspace, iid)
+    ws = Workspace.open(workspace)
+    rep = pathlib.Path(workspace) / "reports" / iid / "REPORT.md"
+    if iv.branch is None:
+        fail(f"intervention {iid} has no PR yet (status {iv.status.value})")
+    try:
+        out.print(ws.show(iv.branch, f"reports/{iid}/REPORT.md") if hasattr(ws, "show") else rep.read_text())
+    except Exception:
+        pass
+    out.print(ws.diff(iid))
+
+
+def _human(iid: str, workspace: str, kind: str, allowed: tuple[str, ...]) -> None:
+    st, iv = _get_iv(workspace, iid)
+    if iv.status.value not in allowed:
+        fail(f"intervention {iid} is {iv.status.value}; {kind.split('_')[1]} needs status {' or '.join(allowed)}")
+    if any(r.get("kind", "").startswith("human_") and r.get("id") == iid and r.get("kind") == kind for r in st.timeline()):
+        fail(f"intervention {iid}: {kind.split('_')[1]} already requested")
+    st.log(kind, id=iid)
+    out.print(f"{kind.split('_')[1]} of {iid} queued; the controller applies it at its next tick")
+
+
+@app.command()
+def approve(iid: str = typer.Argument(...), workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
+    """Approve an intervention waiting for a human: merge its PR and apply it."""
+    _human(iid, workspace, "human_approve", ("awaiting_approval",))
+
+
+@app.command()
+def reject(iid: str = typer.Argument(...), workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
+    """Reject an intervention waiting for a human: close its PR."""
+    _human(iid, workspace, "human_reject", ("awaiting_approval",))
+
+
+@app.command()
+def rollback(iid: str = typer.Argument(...), workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
+    """Roll back an applied intervention: revert its merge and restore the checkpoint taken before it."""
+    _human(iid, workspace, "human_rollback", ("applied", "evaluating", "kept"))
+
+
+@app.command()
+def stop(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
+    """Ask the controller to stop: it stops the job and writes the final report."""
+    d = pathlib.Path(workspace) / ".swarm"
+    if not d.is_dir():
+        fail(f"no swarm run in workspace {workspace!r}")
+    (d / "stop").write_text(str(time.time()))
+    out.print("stop requested")
+
+
+@app.command()
+def report(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
+    """Print the final report (or, while running, where things stand)."""
+    p = pathlib.Path(workspace) / "reports" / "final" / "REPORT.md"
+    if p.exists():
+        out.print(p.read_text())
+        return
+    interventions(workspace)
 
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="sandboxes for untrusted code")
