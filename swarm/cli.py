@@ -287,6 +287,30 @@ def run(
 
 
 @app.command()
+def demo(
+    workspace: Optional[str] = typer.Option(None, help="workspace (default: runs/demo-TIMESTAMP)"),
+    goal: str = typer.Option(str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "goals" / "truncation.yaml"),
+                             help="the goal to run"),
+    jobs: str = typer.Option("ray", help="ray | process"),
+    summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
+) -> None:
+    """A short run on the embedded defaults (local Ray, sqlite, local git, built-in policies unless
+    an LLM is configured): the run starts badly, the swarm diagnoses and fixes it, the goal is reached."""
+    from swarm.controller import Controller
+    from swarm.goal import Goal
+    from trainer.config import ConfigError
+
+    ws = workspace or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        g = Goal.load(goal)
+    except ConfigError as e:
+        fail(str(e))
+    out.print(f"[bold]demo[/]: {g.goal}\nworkspace {ws}; watch it from another terminal with "
+              f"`swarm status --workspace {ws}` and `swarm interventions --workspace {ws}`")
+    _run_controller(lambda: Controller.create(ws, g, jobs=jobs), summary, False)
+
+
+@app.command()
 def resume(
     workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
