@@ -57,6 +57,9 @@ class Controller:
             from agents.llm import LLMPolicy
 
             self.llm = LLMPolicy(goal.llm, spend_cap_usd=goal.budget.llm_usd)
+            saved = self.sdir / "llm_state.json"
+            if saved.exists():  # spend and token counts survive a controller restart
+                self.llm.load_state(json.loads(saved.read_text()))
         self.meter = CpuMeter()
         self.graph, self._conn = build_graph(self, str(self.sdir / "graph.db"))
         self.config = {"configurable": {"thread_id": "main"}, "recursion_limit": RECURSION_LIMIT}
@@ -223,6 +226,8 @@ class Controller:
         for op in self.operators:
             proposals += op.propose(ev, ctx, llm=self.llm)
         self._proposals = proposals
+        if self.llm is not None:
+            (self.sdir / "llm_state.json").write_text(json.dumps(self.llm.state(), default=str))
         return {}
 
     _proposals: list[Intervention] = []
@@ -448,7 +453,7 @@ class Controller:
                                "effect": iv.backtest.effect if iv.backtest else None,
                                "p_value": iv.backtest.p_value if iv.backtest else None,
                                "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step} for iv in ivs],
-            "llm": self.llm.usage() if self.llm is not None else {"calls": 0, "tokens": 0, "cost_usd": 0.0, "policy": "built-in"},
+            "llm": self.llm.summary() if self.llm is not None else {"calls": 0, "tokens": 0, "cost_usd": 0.0, "policy": "built-in"},
         }
 
 
