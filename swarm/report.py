@@ -1,0 +1,424 @@
+"""Reports: REPORT.md for each intervention's PR and the final report of a swarm run.
+
+    md, pngs = intervention_report(iv, metrics_rows, samples)   # pngs == {"metrics.png": b"\\x89PNG..."}
+    ws.open_pr(iv, md, pngs)
+    md, pngs = final_report(goal_dict, store.timeline(), store.list(), metrics_rows, outcome)
+
+Markdown is for a human reviewer; the PNGs sit beside it (`![...](metrics.png)`). Plots are drawn
+with matplotlib's Agg canvas directly (no pyplot global state, so it is safe in any thread).
+
+Text written by the policy being trained (prompts and completions in samples, strings in
+evidence) is untrusted: it only ever appears inside fenced code blocks, with backticks replaced,
+control characters removed and long text cut, so it cannot close the fence, inject HTML or
+links, or pass for the report's own words. Table cells are escaped the same way.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import json
+import math
+import re
+from typing import Any, Iterable
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from swarm.domain import Intervention
+
+PANELS: list[tuple[str, tuple[str, ...]]] = [
+    ("loss", ("loss",)),
+    ("train reward", ("reward_mean", "pass_rate")),
+    ("held-out", ("heldout_acc",)),
+]
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+# ---- escaping -------------------------------------------------------------------------------------
+def quote_untrusted(text: Any, limit: int = 800) -> str:
+    """Untrusted text made safe to place inside a ``` fence: no backticks (they become '),
+    no control or bidi characters, at most `limit` characters."""
+    s = _CTRL.sub("", str(text).replace("\r\n", "\n").replace("\r", "\n")).replace("`", "'")
+    if len(s) > limit:
+        s = s[:limit] + f"… [cut, {len(s) - limit} more characters]"
+    return s
+
+
+def _fence(text: str, info: str = "text") -> str:
+    return f"```{info}\n{text}\n```"
+
+
+def cell(v: Any, limit: int = 120) -> str:
+    """A value as one markdown table cell: one line, pipes, backticks and angle brackets escaped."""
+    if isinstance(v, float):
+        s = _num_str(v)
+    else:
+        s = str(v)
+    s = _CTRL.sub("", s).replace("\n", " ").replace("\r", " ").replace("`", "'")
+    s = s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return s if len(s) <= limit else s[:limit] + "…"
+
+
+def _code(text: Any) -> str:
+    """Inline code: shown literally, so only backticks and line breaks need removing."""
+    return "`" + _CTRL.sub("", str(text)).replace("`", "'").replace("\n", " ") + "`"
+
+
+def _prose(text: str) -> str:
+    """Text written by an operator (possibly an LLM): kept as markdown, but no raw HTML."""
+    return _CTRL.sub("", str(text)).replace("<", "&lt;").replace(">", "&gt;").strip()
+
+
+def _num_str(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}" if math.isfinite(v) else str(v)
+    return str(v)
+
+
+def _table(header: list[str], rows: Iterable[list[Any]]) -> str:
+    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# ---- numbers out of metric rows -------------------------------------------------------------------
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+        return float(v)
+    return None
+
+
+def _segments(rows: list[dict[str, Any]], key: str) -> list[tuple[list[int], list[float]]]:
+    """(steps, values) per run segment: after a resume or rollback the step counter repeats, and a
+    line drawn across that jump would be a lie."""
+    out: dict[int, tuple[list[int], list[float]]] = {}
+    for r in rows:
+        if r.get("final"):
+            continue
+        v, step = _num(r.get(key)), r.get("step")
+        if v is None or not isinstance(step, int):
+            continue
+        xs, ys = out.setdefault(int(r.get("segment", 0) or 0), ([], []))
+        xs.append(step)
+        ys.append(v)
+    return [out[k] for k in sorted(out)]
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig)
+    fig.savefig(buf, format="png", dpi=90)
+    return buf.getvalue()
+
+
+def metrics_plot(rows: list[dict[str, Any]], marks: list[tuple[int, str]] | None = None,
+                 target: tuple[str, float] | None = None, title: str = "") -> bytes:
+    """PNG of loss, train reward and held-out accuracy against step. `marks`: (step, label)
+    vertical lines (interventions); `target`: (metric, threshold) drawn as a horizontal line on
+    the panel holding that metric. Non-finite losses are marked with red crosses at the top."""
+    fig = Figure(figsize=(8, 7.5))
+    axes = fig.subplots(len(PANELS), 1, sharex=True)
+    any_data = False
+    for ax, (name, keys) in zip(axes, PANELS):
+        for ki, key in enumerate(keys):
+            color = f"C{ki}"
+            for si, (xs, ys) in enumerate(_segments(rows, key)):
+                finite = [(x, y) for x, y in zip(xs, ys) if math.isfinite(y)]
+                bad = [x for x, y in zip(xs, ys) if not math.isfinite(y)]
+                if finite:
+                    any_data = True
+                    fx, fy = zip(*finite)
+                    marker = "o" if key.startswith("heldout") or len(fx) == 1 else None
+                    ax.plot(fx, fy, color=color, marker=marker, ms=3, lw=1.2,
+                            label=key if si == 0 else None)
+                if bad:
+                    any_data = True
+                    ax.plot(bad, [1.0] * len(bad), "x", color="red", transform=ax.get_xaxis_transform(),
+                            clip_on=False, label=f"{key} non-finite" if si == 0 else None)
+        finite_vals = [y for k in keys for _, ys in _segments(rows, k) for y in ys if math.isfinite(y)]
+        if name == "loss" and finite_vals and min(finite_vals) > 0 and max(finite_vals) / min(finite_vals) > 1e3:
+            ax.set_yscale("log")   # a diverging run would flatten everything else to a line at zero
+        if target and target[0] in keys:
+            ax.axhline(target[1], color="green", ls="--", lw=1, label=f"target {target[1]:g}")
+        for step, label in marks or []:
+            ax.axvline(step, color="purple", ls=":", lw=1.2)
+            if ax is axes[0]:
+                ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                            va="top", ha="right", fontsize=7, color="purple")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize=7)
+    axes[-1].set_xlabel("step")
+    if not any_data:
+        axes[0].text(0.5, 0.5, "no metrics recorded yet", transform=axes[0].transAxes, ha="center")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _png(fig)
+
+
+# ---- evidence and samples -------------------------------------------------------------------------
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _short_list(v: list[Any], n: int = 4) -> str:
+    items = [_num_str(_num(x)) if _num(x) is not None else str(x) for x in v]
+    if len(items) <= 2 * n:
+        return "[" + ", ".join(items) + "]"
+    return "[" + ", ".join(items[:n]) + f", … ({len(items)} values) …, " + ", ".join(items[-n:]) + "]"
+
+
+def _evidence_section(evidence: dict[str, Any]) -> str:
+    if not evidence:
+        return "_No numeric evidence was recorded with the diagnosis._"
+    rows, texts = [], {}
+    for k, v in _flatten(evidence).items():
+        if v is None or isinstance(v, (bool, int, float)) or _num(v) is not None:
+            rows.append([k, _num_str(_num(v) if _num(v) is not None else v)])
+        elif isinstance(v, list) and all(_num(x) is not None for x in v):
+            rows.append([k, _short_list(v)])
+        elif isinstance(v, str) and len(v) <= 80 and "\n" not in v:
+            rows.append([k, v])
+        else:
+            texts[k] = v
+    parts = []
+    if rows:
+        parts.append(_table(["evidence", "value"], rows))
+    if texts:
+        body = json.dumps(texts, indent=1, default=str, ensure_ascii=False)
+        parts.append("Other evidence (may quote trajectories; untrusted):\n\n" + _fence(quote_untrusted(body, 2000), "json"))
+    return "\n\n".join(parts)
+
+
+def _failing(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def fails(s: dict[str, Any]) -> bool:
+        if "verdict" in s:
+            return s["verdict"] != "correct"
+        r = _num(s.get("reward"))
+        return r is not None and r <= 0
+    return [s for s in samples if fails(s)]
+
+
+def _samples_section(samples: list[dict[str, Any]], n: int) -> str:
+    bad = _failing(samples)[-n:]
+    if not bad:
+        return f"_No failing trajectory among the {len(samples)} most recent samples._"
+    parts = [f"{len(bad)} of the {len(_failing(samples))} failing trajectories among the {len(samples)} most "
+             "recent samples. Trajectory text is untrusted model output, quoted as data "
+             "(backticks replaced by ', control characters removed, long text cut)."]
+    for s in bad:
+        head = (f"**step {cell(s.get('step', '?'))}** · verdict `{cell(s.get('verdict', '?'), 20)}` · "
+                f"reward {cell(_num_str(_num(s.get('reward'))))}"
+                + (" · truncated" if s.get("truncated") else ""))
+        body = (f"prompt:\n{quote_untrusted(s.get('prompt', ''), 400)}\n\n"
+                f"completion:\n{quote_untrusted(s.get('completion', ''), 800)}")
+        parts.append(head + "\n\n" + _fence(body))
+    return "\n\n".join(parts)
+
+
+def _backtest_section(iv: Intervention) -> str:
+    bt = iv.backtest
+    if bt is None:
+        if iv.backtest_skipped:
+            return f"Skipped: {_prose(iv.backtest_skipped)}"
+        return f"Not run (status: {iv.status.value})."
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    rows = [
+        ["metric", bt.metric],
+        ["effect (candidate − control, + is better)", f"{bt.effect:+.4g}"],
+        ["p-value", _num_str(bt.p_value)],
+        ["test", bt.test],
+        ["seeds", ", ".join(map(str, bt.seeds))],
+        ["horizon (steps)", bt.horizon_steps],
+        ["candidate", f"mean {_num_str(mean(bt.candidate))} over {len(bt.candidate)}: {_short_list(bt.candidate)}"],
+        ["control", f"mean {_num_str(mean(bt.control))} over {len(bt.control)}: {_short_list(bt.control)}"],
+        ["verdict", "passed" if bt.passed else "failed"],
+    ]
+    if bt.note:
+        rows.append(["note", bt.note])
+    return _table(["backtest", ""], rows)
+
+
+def _history_rows(iv: Intervention) -> list[list[Any]]:
+    return [[_ts(h.get("time")), h.get("from", ""), h.get("to", ""), h.get("note", "")] for h in iv.history]
+
+
+def _ts(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return "—"
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# ---- the two reports ------------------------------------------------------------------------------
+def intervention_report(iv: Intervention, metrics_rows: list[dict[str, Any]], samples: list[dict[str, Any]],
+                        max_samples: int = 5) -> tuple[str, dict[str, bytes]]:
+    """REPORT.md of one intervention's PR and its PNGs (`metrics.png`)."""
+    d = iv.diagnosis
+    mark_step = iv.applied_step if iv.applied_step is not None else d.step
+    png = metrics_plot(metrics_rows, marks=[(mark_step, f"{iv.id} ({d.name})")],
+                       title=f"intervention {iv.id}: {iv.kind.value} after {d.name}")
+    changes = _table(["field", "new value"], [[k, json.dumps(v, default=str)] for k, v in iv.changes.items()]) \
+        if iv.changes else "_No recipe or harness field changes._"
+    skills = ", ".join(f"`{cell(s, 60)}`" for s in iv.skills_used) if iv.skills_used else "none"
+    md = f"""# Intervention {cell(iv.id)}: {iv.kind.value} — {cell(d.name)}
+
+| | |
+|---|---|
+| status | {iv.status.value} |
+| risk | {iv.risk.value} |
+| proposed by | {cell(iv.operator)} (policy: {cell(iv.policy)}) |
+| diagnosed by | {cell(d.operator)} (policy: {cell(d.policy)}) |
+| diagnosed at step | {d.step} |
+| applied at step | {_num_str(iv.applied_step)} |
+| branch | {cell(iv.branch or '—')} |
+
+## Diagnosis
+
+**{cell(d.name)}** ({d.severity}): {_prose(d.summary)}
+
+## Evidence
+
+{_evidence_section(d.evidence)}
+
+![metrics around the intervention](metrics.png)
+
+The dotted line marks step {mark_step}.
+
+### Sample failing trajectories
+
+{_samples_section(samples, max_samples)}
+
+## Change
+
+{changes}
+
+## Rationale
+
+{_prose(iv.rationale) or '_none given_'}
+
+Expected effect: {_prose(iv.expected_effect) or '_not stated_'}
+
+## Backtest
+
+{_backtest_section(iv)}
+
+## Risk
+
+{iv.risk.value} (the goal's approval policy decides whether this level is applied automatically or waits for a human)
+
+## Who decided
+
+- Proposal: operator **{cell(iv.operator)}**, policy **{cell(iv.policy)}**.
+- Diagnosis: operator **{cell(d.operator)}**, policy **{cell(d.policy)}**.
+- Skills used: {skills}.
+"""
+    if iv.history:
+        md += "\n### Lifecycle\n\n" + _table(["time", "from", "to", "note"], _history_rows(iv)) + "\n"
+    if iv.outcome:
+        md += "\n## Outcome\n\n" + _table(["measure", "value"], [[k, _num_str(v)] for k, v in _flatten(iv.outcome).items()]) + "\n"
+    return md, {"metrics.png": png}
+
+
+def _target(goal: dict[str, Any]) -> tuple[str, str, float] | None:
+    t = goal.get("target")
+    if isinstance(t, dict) and "threshold" in t:
+        return str(t.get("metric", "heldout_acc")), str(t.get("op", ">=")), float(t["threshold"])
+    return None
+
+
+def _event_summary(row: dict[str, Any]) -> str:
+    data = {k: v for k, v in row.items() if k not in ("seq", "time", "kind")}
+    return ", ".join(f"{k}={_num_str(v) if isinstance(v, (int, float)) else v}" for k, v in data.items())
+
+
+def final_report(goal: dict[str, Any], timeline: list[dict[str, Any]], interventions: list[Intervention],
+                 metrics_rows: list[dict[str, Any]], outcome: dict[str, Any],
+                 max_events: int = 200) -> tuple[str, dict[str, bytes]]:
+    """The run's summary: outcome against the target, curves with every applied intervention
+    marked, the interventions table and the timeline of decisions."""
+    tgt = _target(goal)
+    applied = [iv for iv in interventions if iv.applied_step is not None]
+    png = metrics_plot(metrics_rows, marks=[(iv.applied_step, f"{iv.id} {iv.kind.value}") for iv in applied],
+                       target=(tgt[0], tgt[2]) if tgt else None, title="run curves")
+
+    # outcome against the target
+    values = [v for xs_ys in _segments(metrics_rows, tgt[0]) for v in xs_ys[1] if math.isfinite(v)] if tgt else []
+    best = (max(values) if tgt[1] == ">=" else min(values)) if values else None
+    final = outcome.get("final_metric", values[-1] if values else None)
+    reached = outcome.get("reached")
+    if reached is None and tgt:
+        reached = final is not None and (final >= tgt[2] if tgt[1] == ">=" else final <= tgt[2])
+    verdict = "**reached**" if reached else "**not reached**"
+    target_line = f"{tgt[0]} {tgt[1]} {tgt[2]:g}" if tgt else "no target stated"
+    out_rows = [[k, _num_str(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str)]
+                for k, v in outcome.items() if k not in ("interventions",)]
+
+    iv_rows = []
+    for iv in interventions:
+        bt = iv.backtest
+        iv_rows.append([iv.id, iv.kind.value, iv.operator, iv.policy, iv.status.value, _num_str(iv.applied_step),
+                        f"{bt.effect:+.3g}" if bt else ("skipped" if iv.backtest_skipped else "—"),
+                        _num_str(bt.p_value) if bt else "—", iv.diagnosis.name])
+    by_status: dict[str, int] = {}
+    for iv in interventions:
+        by_status[iv.status.value] = by_status.get(iv.status.value, 0) + 1
+    policies = sorted({iv.policy for iv in interventions} | {iv.diagnosis.policy for iv in interventions})
+
+    events = timeline[-max_events:]
+    t0 = timeline[0]["time"] if timeline and isinstance(timeline[0].get("time"), (int, float)) else None
+    ev_rows = [[f"{r['time'] - t0:.1f}" if t0 is not None and isinstance(r.get("time"), (int, float)) else "—",
+                r.get("kind", ""), _event_summary(r)] for r in events]
+
+    goal_text = goal.get("goal") or goal.get("description") or goal.get("text") or ""
+    md = f"""# Swarm run report
+
+{('> ' + _prose(str(goal_text)).replace(chr(10), chr(10) + '> ')) if goal_text else ''}
+
+## Outcome
+
+Target {_code(target_line)}: {verdict}. Final {cell(tgt[0] if tgt else 'metric')}: {_num_str(final)}; best: {_num_str(best)}.
+
+{_table(["measure", "value"], out_rows) if out_rows else ''}
+
+![training curves](curves.png)
+
+Dotted lines: applied interventions; dashed: the target.
+
+## Interventions
+
+{len(interventions)} proposed; {', '.join(f'{n} {s}' for s, n in sorted(by_status.items())) or 'none'}.
+Decisions made by: {', '.join(cell(p) for p in policies) or '—'}.
+
+{_table(["id", "kind", "operator", "policy", "status", "applied step", "effect", "p", "diagnosis"], iv_rows) if iv_rows else '_No interventions._'}
+
+Each intervention's full report is `reports/<id>/REPORT.md` on its branch `iv/<id>-<kind>`.
+
+## Timeline
+
+{_table(["t (s)", "event", "details"], ev_rows) if ev_rows else '_No events recorded._'}
+"""
+    if len(timeline) > max_events:
+        md += f"\n_(showing the last {max_events} of {len(timeline)} events)_\n"
+    return md, {"curves.png": png}
+
+
+__all__ = ["intervention_report", "final_report", "metrics_plot", "quote_untrusted", "cell"]

@@ -1,0 +1,310 @@
+"""The swarm's durable state: interventions, controller runs and an append-only timeline, in sqlite.
+
+    store = Store(workspace_dir)            # or Store("path/to/state.db")
+    store.put(iv)
+    store.transition(iv.id, Status.VALIDATED, "backtest passed: +0.12, p=0.01")
+    store.log("diagnosis", name="loss_spike", step=120)
+    lock = acquire_lock(workspace_dir)      # one controller per workspace
+
+The database lives in the workspace's `.swarm/state.db` (not in git). It runs in WAL mode with a
+busy timeout, so the controller and CLI commands in other terminals (`swarm approve`,
+`swarm interventions`) read and write it concurrently. An intervention is stored whole, as the
+JSON of its pydantic model, beside indexed columns (id, status, kind) for listing. Every status
+change goes through `Intervention.move` inside one `BEGIN IMMEDIATE` transaction that also
+appends a timeline row, so a transition is either fully recorded or not at all.
+
+JSON here keeps non-finite floats (`NaN`, `Infinity`): diagnosis evidence often holds a NaN loss,
+and pydantic's own JSON would turn it into `null`.
+
+The controller lock is an `fcntl.flock` on `.swarm/controller.lock`: the kernel drops it when
+the holding process dies, SIGKILL included, so a killed controller never leaves a stale lock.
+The lock file's descriptor is not inherited by child processes (Ray workers, trainers), so a
+child that outlives the controller does not keep the workspace locked.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import json
+import os
+import pathlib
+import sqlite3
+import threading
+import time
+from typing import Any, Iterator
+
+from swarm.domain import Intervention, Status
+
+SWARM_DIR = ".swarm"
+DB_NAME = "state.db"
+LOCK_NAME = "controller.lock"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS interventions (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS interventions_status ON interventions(status);
+CREATE INDEX IF NOT EXISTS interventions_kind ON interventions(kind);
+CREATE TABLE IF NOT EXISTS controller_runs (
+    run_id TEXT PRIMARY KEY,
+    goal TEXT NOT NULL,
+    started REAL NOT NULL,
+    ended REAL,
+    status TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS timeline (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS timeline_kind ON timeline(kind);
+"""
+
+
+def _default(o: Any) -> Any:
+    if isinstance(o, enum.Enum):
+        return o.value
+    if hasattr(o, "item"):          # numpy / torch scalars
+        return o.item()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    if isinstance(o, pathlib.PurePath):
+        return str(o)
+    return repr(o)
+
+
+def dumps(obj: Any) -> str:
+    """JSON that keeps NaN/Infinity (Python's json reads them back)."""
+    return json.dumps(obj, default=_default, allow_nan=True, separators=(",", ":"))
+
+
+def intervention_json(iv: Intervention) -> str:
+    return dumps(iv.model_dump(mode="python"))
+
+
+def intervention_from_json(text: str) -> Intervention:
+    return Intervention.model_validate(json.loads(text))
+
+
+def state_db_path(workspace: str | os.PathLike) -> pathlib.Path:
+    return pathlib.Path(workspace) / SWARM_DIR / DB_NAME
+
+
+class Store:
+    """sqlite state of one workspace. `path` is the database file, or a workspace directory (then
+    the database is `<dir>/.swarm/state.db`). Safe to open from several processes at once and to
+    share between threads (calls on one `Store` are serialised)."""
+
+    def __init__(self, path: str | os.PathLike, timeout_s: float = 30.0) -> None:
+        p = pathlib.Path(path)
+        if p.is_dir():
+            p = state_db_path(p)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self.path = p
+        # isolation_level=None: autocommit, transactions are explicit (BEGIN IMMEDIATE below)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        with self._tx():
+            for stmt in filter(str.strip, _SCHEMA.split(";")):
+                self._db.execute(stmt)
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; the write lock is taken up front so read-modify-write is atomic
+        against other processes."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _rows(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- interventions ------------------------------------------------------------------------
+    def put(self, iv: Intervention) -> None:
+        """Insert or replace the intervention, stored whole."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO interventions(id, status, kind, created, updated, data) VALUES (?,?,?,?,?,?) "
+                "ON CONFLICT(id) DO UPDATE SET status=excluded.status, kind=excluded.kind, "
+                "updated=excluded.updated, data=excluded.data",
+                (iv.id, iv.status.value, iv.kind.value, iv.created, now, intervention_json(iv)),
+            )
+
+    def get(self, id: str) -> Intervention:
+        rows = self._rows("SELECT data FROM interventions WHERE id=?", (id,))
+        if not rows:
+            raise KeyError(f"unknown intervention {id!r} (in {self.path})")
+        return intervention_from_json(rows[0]["data"])
+
+    def __contains__(self, id: str) -> bool:
+        return bool(self._rows("SELECT 1 FROM interventions WHERE id=?", (id,)))
+
+    def list(self, status: Status | str | None = None) -> list[Intervention]:
+        """Interventions, oldest first; only those in `status` if given."""
+        if status is None:
+            rows = self._rows("SELECT data FROM interventions ORDER BY created, id")
+        else:
+            st = Status(status).value
+            rows = self._rows("SELECT data FROM interventions WHERE status=? ORDER BY created, id", (st,))
+        return [intervention_from_json(r["data"]) for r in rows]
+
+    def transition(self, id: str, to: Status | str, note: str = "", **updates: Any) -> Intervention:
+        """Move intervention `id` to status `to` (lifecycle rules in `swarm.domain.TRANSITIONS`) and
+        append a timeline row, atomically. `updates` set other fields in the same write
+        (e.g. `applied_step=120`, `branch=...`). An invalid move raises ValueError and writes
+        nothing; an unknown id raises KeyError."""
+        to = Status(to)
+        with self._tx() as db:
+            row = db.execute("SELECT data FROM interventions WHERE id=?", (id,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown intervention {id!r} (in {self.path})")
+            iv = intervention_from_json(row["data"])
+            frm = iv.status
+            iv.move(to, note)
+            if updates:
+                iv = Intervention.model_validate({**iv.model_dump(mode="python"), **updates})
+            now = time.time()
+            db.execute("UPDATE interventions SET status=?, updated=?, data=? WHERE id=?",
+                       (iv.status.value, now, intervention_json(iv), id))
+            db.execute("INSERT INTO timeline(time, kind, data) VALUES (?,?,?)",
+                       (now, "transition", dumps({"id": id, "from": frm.value, "to": to.value, "note": note})))
+        return iv
+
+    # ---- controller runs ----------------------------------------------------------------------
+    def start_run(self, run_id: str, goal: str, status: str = "running") -> None:
+        """Record a controller run (idempotent: a resumed run keeps its start time)."""
+        with self._tx() as db:
+            db.execute("INSERT INTO controller_runs(run_id, goal, started, ended, status) VALUES (?,?,?,NULL,?) "
+                       "ON CONFLICT(run_id) DO UPDATE SET status=excluded.status, ended=NULL",
+                       (run_id, goal, time.time(), status))
+
+    def end_run(self, run_id: str, status: str) -> None:
+        with self._tx() as db:
+            cur = db.execute("UPDATE controller_runs SET ended=?, status=? WHERE run_id=?",
+                             (time.time(), status, run_id))
+            if cur.rowcount == 0:
+                raise KeyError(f"unknown controller run {run_id!r} (in {self.path})")
+
+    def runs(self) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT * FROM controller_runs ORDER BY started")
+        return [dict(r) for r in rows]
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        rows = self._rows("SELECT * FROM controller_runs WHERE run_id=?", (run_id,))
+        if not rows:
+            raise KeyError(f"unknown controller run {run_id!r} (in {self.path})")
+        return dict(rows[0])
+
+    # ---- timeline -----------------------------------------------------------------------------
+    def log(self, kind: str, **data: Any) -> int:
+        """Append a decision/event to the timeline; returns its sequence number."""
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO timeline(time, kind, data) VALUES (?,?,?)",
+                             (time.time(), kind, dumps(data)))
+        return int(cur.lastrowid)
+
+    def timeline(self, kind: str | None = None, since: int = 0) -> list[dict[str, Any]]:
+        """Timeline rows oldest first, each `{"seq", "time", "kind", **data}`; `since` = only rows
+        with a larger sequence number (for tailing)."""
+        q, args = "SELECT * FROM timeline WHERE seq > ?", [since]
+        if kind is not None:
+            q += " AND kind = ?"
+            args.append(kind)
+        rows = self._rows(q + " ORDER BY seq", args)
+        return [{**json.loads(r["data"]), "seq": r["seq"], "time": r["time"], "kind": r["kind"]} for r in rows]
+
+
+# ---- the controller lock ------------------------------------------------------------------------
+class WorkspaceLocked(RuntimeError):
+    """Another live controller holds this workspace."""
+
+    def __init__(self, workspace: pathlib.Path, pid: int | None) -> None:
+        self.workspace, self.pid = workspace, pid
+        who = f"pid {pid}" if pid is not None else "another process (pid not yet written)"
+        super().__init__(f"workspace {str(workspace)!r} is locked by a running controller ({who}); "
+                         f"stop it with `swarm stop` or wait for it to finish")
+
+
+class ControllerLock:
+    """An exclusive flock held for the life of this object (or the process)."""
+
+    def __init__(self, path: pathlib.Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> "ControllerLock":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def lock_holder(workspace: str | os.PathLike) -> int | None:
+    """The pid written by the controller that holds (or last held) the lock, if any."""
+    try:
+        text = (pathlib.Path(_ws_dir(workspace)) / SWARM_DIR / LOCK_NAME).read_text().strip()
+        return int(text) if text else None
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _ws_dir(workspace: Any) -> pathlib.Path:
+    if isinstance(workspace, (str, os.PathLike)):
+        return pathlib.Path(workspace)
+    return pathlib.Path(workspace.root)   # a Workspace
+
+
+def acquire_lock(workspace: str | os.PathLike | Any) -> ControllerLock:
+    """Take the workspace's controller lock without blocking. `workspace` is a directory or a
+    `Workspace`. Raises `WorkspaceLocked` naming the holder's pid if another controller has it."""
+    ws = _ws_dir(workspace)
+    path = ws / SWARM_DIR / LOCK_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise WorkspaceLocked(ws, lock_holder(ws)) from None
+    # holding the lock: record who we are (readers tolerate the brief empty file)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return ControllerLock(path, fd)
