@@ -353,14 +353,10 @@ def review(iid: str = typer.Argument(..., help="intervention id"), workspace: st
 
     _, iv = _get_iv(workspace, iid)
     ws = Workspace.open(workspace)
-    rep = pathlib.Path(workspace) / "reports" / iid / "REPORT.md"
     if iv.branch is None:
         fail(f"intervention {iid} has no PR yet (status {iv.status.value})")
-    try:
-        out.print(ws.show(iv.branch, f"reports/{iid}/REPORT.md") if hasattr(ws, "show") else rep.read_text())
-    except Exception:
-        pass
-    out.print(ws.diff(iid))
+    out.print(ws.report(iid), markup=False, highlight=False)
+    out.print(ws.diff(iid), markup=False, highlight=False)
 
 
 def _human(iid: str, workspace: str, kind: str, allowed: tuple[str, ...]) -> None:

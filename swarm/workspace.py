@@ -482,6 +482,21 @@ class Workspace:
         self._push(f"refs/heads/{MAIN}", f"refs/heads/{br.name}", f"refs/tags/merged/{id}")
         return merge.hexsha
 
+    def write_final_report(self, report_md: str, attachments: dict[str, bytes] | None = None) -> pathlib.Path:
+        """Commit `reports/final/REPORT.md` (+ attachments) on main; returns the report's path."""
+        files = {"reports/final/REPORT.md": report_md.encode(),
+                 **{f"reports/final/{k}": v for k, v in (attachments or {}).items()}}
+        with self._git_lock():
+            self._require_clean_main()
+            for rel, data in files.items():
+                path = self.root / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            self.repo.index.add(list(files))
+            self.repo.index.commit("Final report")
+        self._push(f"refs/heads/{MAIN}")
+        return self.root / "reports" / "final" / "REPORT.md"
+
     def reject(self, id: str, note: str = "") -> str:
         """Close the PR: tag its tip `closed/<id>` (annotated with `note`) and delete the branch.
         Returns the tag name. Main is not touched."""
