@@ -52,6 +52,10 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # `ray start --node-ip-address=127.0.0.1` swaps loopback for the external address (and then
+    # binds to it and 0.0.0.0); with "cluster mode" off the node address stays 127.0.0.1 and every
+    # server binds to loopback (checked with `ss -ltn`, Ray 2.60).
+    env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     return env
 
 
@@ -81,10 +85,47 @@ def start_head(num_cpus: int | None = None, temp_dir: str | None = None, timeout
     raise RuntimeError(f"Ray Jobs API at {head.dashboard_url} did not answer within {timeout:.0f}s: {last}")
 
 
-def stop_head(head: RayHead) -> None:
+def _head_processes(head: RayHead) -> list:
+    """This head's processes: those naming its temp dir or its GCS address, and their descendants.
+    (`ray stop` would stop every Ray on the machine, other users' clusters included.)"""
+    import psutil
+
+    gcs = head.gcs_address
+    found: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter(["cmdline"]):
+        args = p.info["cmdline"] or []
+        if any((head.temp_dir and head.temp_dir in a) or (gcs and a.endswith(gcs)) for a in args):
+            if p.pid == os.getpid():
+                continue
+            found[p.pid] = p
+            try:
+                found.update({c.pid: c for c in p.children(recursive=True)})
+            except psutil.Error:
+                pass
+    return list(found.values())
+
+
+def stop_head(head: RayHead, timeout: float = 5.0) -> None:
+    """Stop a head this process started (SIGTERM, then SIGKILL), and remove its temp dir."""
     if not head.owned:
         return
-    subprocess.run([_ray_bin(), "stop", "--force"], env=_env(), capture_output=True, timeout=60)
+    import psutil
+
+    procs = _head_processes(head)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    if head.temp_dir:
+        shutil.rmtree(head.temp_dir, ignore_errors=True)
 
 
 def ensure_head(address: str | None = None, num_cpus: int | None = None) -> RayHead:
@@ -102,6 +143,8 @@ def submit_job(head: RayHead, config_path: str | os.PathLike, job_id: str | None
     root = pathlib.Path(__file__).resolve().parent.parent
     entry = f"cd {root} && {sys.executable} -m trainer.entry {cfg_path}"
     env = {"RAY_AUTH_MODE": _env()["RAY_AUTH_MODE"], "PYTHONUNBUFFERED": "1"}
+    if head.owned:  # the job's own ray.init must resolve this node as 127.0.0.1 too (see _env)
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = _env()["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
     if head.gcs_address:
         env["RAY_ADDRESS"] = head.gcs_address
     return head.client().submit_job(entrypoint=entry, submission_id=job_id, runtime_env={"env_vars": env})

@@ -415,7 +415,8 @@ class Trainer:
         t0 = time.perf_counter()
         examples = self.next_examples()
         stats = STEPS[self.recipe.algorithm](self, examples)
-        if self.recipe.algorithm == "sft" and self.log and self.cfg.samples_per_step:
+        # every rank, not only the one that logs: mean_dict below needs the same keys on all ranks
+        if self.recipe.algorithm == "sft" and self.cfg.samples_per_step:
             t1 = time.perf_counter()
             rolls = rollout(self.policy, self.task, self.harness, examples[: self.cfg.samples_per_step], 1,
                             None, greedy=True)

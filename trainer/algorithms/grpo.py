@@ -59,7 +59,7 @@ def grpo_step(trainer, examples) -> dict[str, float]:
         n = mask.sum().clamp_min(1.0)
         step_stats = {**stats, "entropy": float((ent.detach() * mask).sum() / n),
                       "t_logprob": t_lp + (time.perf_counter() - t2)}
-        step_stats.update({k: float(v) for k, v in lstats.items()})
+        step_stats.update({k: float(torch.as_tensor(v).detach()) for k, v in lstats.items()})
         if mask.sum() == 0:
             # every group all-correct or all-wrong: no advantage signal; no update, but logged
             out = {**step_stats, "loss": 0.0, "grad_norm": 0.0, "t_update": 0.0, "skipped": 1.0}

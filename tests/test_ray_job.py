@@ -1,0 +1,123 @@
+"""The trainer as a real Ray job on a private head (127.0.0.1, token auth off): metrics stream
+while it runs, a control command is acknowledged and obeyed; and data-parallel training on two
+Ray Train workers (gloo on CPU; about 40 s here, most of it Ray Train's start-up). Every head is
+stopped in a `finally`, by its own processes only (never `ray stop`, which stops every Ray)."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from trainer.config import RunConfig
+from trainer.control import send_command, wait_for_ack
+from trainer.launch import RayHead, _head_processes, start_head, stop_head, submit_job, wait_job
+from trainer.runlog import read_heartbeat, read_jsonl
+
+pytestmark = pytest.mark.ray
+
+
+def step_rows(run_dir):
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if not r.get("final")]
+
+
+def _wait(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _listening_beyond_loopback(head) -> list[str]:
+    pids = {str(p.pid) for p in _head_processes(head)}
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+    loopback = ("127.0.0.1", "[::ffff:127.0.0.1]", "[::1]")
+    return [line for line in out if any(f"pid={pid}," in line for pid in pids)
+            and line.split()[3].rsplit(":", 1)[0] not in loopback]
+
+
+def test_ray_job_streams_metrics_and_obeys_commands(make_cfg, tmp_path):
+    cfg = RunConfig.parse(make_cfg(recipe={"steps": 100_000, "batch_size": 2, "schedule": "constant",
+                                           "warmup_steps": 0, "eval_size": 4}, samples_per_step=1))
+    path = tmp_path / "job.yaml"
+    path.write_text(cfg.to_yaml())
+    head = start_head(num_cpus=2)  # its temp dir: short (AF_UNIX paths), removed by stop_head
+    try:
+        assert head.dashboard_url.startswith("http://127.0.0.1:") and head.gcs_address.startswith("127.0.0.1:")
+        assert not _listening_beyond_loopback(head)
+        job = submit_job(head, path)
+        _wait(lambda: len(step_rows(cfg.run_dir)) >= 3, 120, "the job's first metrics")
+        n = len(step_rows(cfg.run_dir))
+        _wait(lambda: len(step_rows(cfg.run_dir)) > n + 2, 60, "metrics to grow")
+        assert (read_heartbeat(cfg.run_dir) or {}).get("state") == "running"
+        ack = wait_for_ack(cfg.run_dir, send_command(cfg.run_dir, "set_recipe", fields={"lr": 1e-3}), timeout=60)
+        assert ack["status"] == "applied"
+        _wait(lambda: step_rows(cfg.run_dir)[-1]["lr"] == 1e-3, 60, "the new lr")
+        before = [r["lr"] for r in step_rows(cfg.run_dir) if r["step"] <= ack["step"]]
+        assert set(before) == {1e-2}
+        stop = wait_for_ack(cfg.run_dir, send_command(cfg.run_dir, "stop"), timeout=60)
+        assert stop["status"] == "applied"
+        assert wait_job(head, job, timeout=120) == "SUCCEEDED"
+        logs = head.client().get_job_logs(job)
+        assert '"status": "stopped_by_command"' in logs
+        assert read_heartbeat(cfg.run_dir)["state"] == "stopped_by_command"
+    finally:
+        stop_head(head)
+    assert not _head_processes(head), "head processes left running"
+
+
+def test_ray_train_data_parallel_two_workers(make_cfg, tmp_path):
+    cfg = RunConfig.parse(make_cfg(num_workers=2, recipe={"steps": 4, "batch_size": 8, "eval_interval": 4,
+                                                          "eval_size": 8}, checkpoint={"interval": 2}))
+    path = tmp_path / "dp.yaml"
+    path.write_text(cfg.to_yaml())
+    head = start_head(num_cpus=3)
+    try:
+        job = submit_job(head, path)
+        status = wait_job(head, job, timeout=400)
+        logs = head.client().get_job_logs(job)
+        assert status == "SUCCEEDED", logs[-4000:]
+    finally:
+        stop_head(head)
+    events = read_jsonl(cfg.run_dir / "events.jsonl")
+    assert events[0]["event"] == "start" and events[0]["world"] == 2
+    rows = step_rows(cfg.run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and "heldout_acc" in rows[-1]
+    # each rank took half of the batch of 8: tokens are averaged over ranks, so they match 4 examples
+    assert all(r["tokens"] > 0 for r in rows)
+    assert [m for m in events if m["event"] == "end"][0]["status"] == "completed"
+    assert (cfg.run_dir / "checkpoints" / "step_0000004.pt").exists()
+
+
+def test_swarm_train_ray_json(make_cfg, tmp_path):
+    """`swarm train --ray --json`: its own private head, the run as a job, rows streamed, head gone."""
+    import json
+    import pathlib
+    import sys
+
+    cfg = RunConfig.parse(make_cfg(recipe={"steps": 3}))
+    path = tmp_path / "cli.yaml"
+    path.write_text(cfg.to_yaml())
+    swarm = pathlib.Path(sys.executable).parent / "swarm"
+    proc = subprocess.Popen([str(swarm), "train", str(path), "--ray", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:  # timed out: kill the CLI, then the head it could not stop
+            proc.kill()
+            proc.wait()
+            for d in pathlib.Path("/tmp").glob(f"swarmlab-ray-{proc.pid}-*"):
+                stop_head(RayHead(None, "", str(d), owned=True))
+    assert proc.returncode == 0, stderr[-3000:]
+    rows = [json.loads(line) for line in stdout.strip().splitlines()]
+    assert [r["step"] for r in rows if not r.get("final")] == [1, 2, 3]
+    assert "private Ray head on 127.0.0.1" in stderr
+    # the CLI's head (temp dir /tmp/swarmlab-ray-<cli pid>-<port>) is stopped and its temp dir removed
+    import psutil
+
+    tag = f"/tmp/swarmlab-ray-{proc.pid}-"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if any(tag in a for a in p.info["cmdline"] or [])]
+    assert not list(pathlib.Path("/tmp").glob(f"swarmlab-ray-{proc.pid}-*"))
