@@ -9,7 +9,10 @@ Statistical test (stated in every result): one-sided paired t-test over seeds on
 candidate − control of the target metric (signed so that + is better). With zero variance of
 the differences the sign decides (p = 0 if all improve, 1 otherwise). When both arms score the
 same on the target metric for every seed (e.g. both 0 early in a run), the mean training pass rate
-over the horizon's second half breaks the tie, and the note says so.
+over the horizon's second half breaks the tie, and the note says so. A candidate that does not
+move the target significantly (but is no worse on any seed) is still validated when it
+significantly reduces the held-out format-failure rate (truncated + malformed answers): the
+symptom the harness fixes target.
 """
 from __future__ import annotations
 
@@ -49,12 +52,15 @@ def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: i
             "perturbations": private}
 
 
-def arm_score(run_dir: pathlib.Path, metric: str, horizon: int) -> tuple[float | None, float]:
+def arm_score(run_dir: pathlib.Path, metric: str, horizon: int) -> tuple[float | None, float, float]:
+    """(target metric at the end, mean train pass rate over the second half, held-out format
+    failure rate = truncated + malformed at the end)."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
     final = [r for r in rows if metric in r and isinstance(r[metric], (int, float))]
     train = [r.get("pass_rate", 0.0) for r in rows if "loss" in r and isinstance(r.get("pass_rate"), (int, float))]
     half = train[len(train) // 2 :] or [0.0]
-    return (final[-1][metric] if final else None), sum(half) / len(half)
+    fail = (final[-1].get("heldout_truncated", 0.0) + final[-1].get("heldout_malformed", 0.0)) if final else 1.0
+    return (final[-1][metric] if final else None), sum(half) / len(half), float(fail)
 
 
 def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, target: Target,
@@ -81,10 +87,12 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
         for h, _ in handles.values():
             jobs.stop(h)
     sign = 1.0 if target.op == ">=" else -1.0
-    cand, ctrl, cand_tb, ctrl_tb, failed = [], [], [], [], []
+    cand, ctrl, cand_tb, ctrl_tb, cand_ff, ctrl_ff, failed = [], [], [], [], [], [], []
     for seed in seeds:
-        c, ctb = arm_score(handles[("candidate", seed)][1], target.metric, horizon)
-        k, ktb = arm_score(handles[("control", seed)][1], target.metric, horizon)
+        c, ctb, cff = arm_score(handles[("candidate", seed)][1], target.metric, horizon)
+        k, ktb, kff = arm_score(handles[("control", seed)][1], target.metric, horizon)
+        cand_ff.append(cff)
+        ctrl_ff.append(kff)
         if c is None:
             failed.append(f"candidate seed {seed}")
         if k is None:
@@ -101,5 +109,18 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
         test = "tie on the target metric → one-sided paired t-test on mean training pass rate (second half of the horizon)"
     effect = sum(diffs) / len(diffs)
     p = paired_one_sided_p(diffs)
+    passed = effect > 0 and p <= alpha
+    if not passed and effect >= 0:
+        # the target did not move significantly (common early in a run, before the policy can
+        # score): accept a fix whose symptom — held-out answers truncated or malformed — is
+        # significantly reduced, provided the target is not worse on any seed
+        ff = [b - a for a, b in zip(cand_ff, ctrl_ff)]
+        p_ff = paired_one_sided_p(ff)
+        if min(diffs) >= 0 and sum(ff) / len(ff) > 0 and p_ff <= alpha:
+            passed = True
+            note = (note + "; " if note else "") + (
+                f"target not significantly better (p={p:.3f}); validated on the held-out format-failure rate "
+                f"(truncated + malformed) {sum(ctrl_ff) / len(ctrl_ff):.3f} → {sum(cand_ff) / len(cand_ff):.3f}, "
+                f"one-sided paired t-test p={p_ff:.3f}, target no worse on any seed")
     return BacktestResult(metric=target.metric, candidate=cand, control=ctrl, effect=effect, p_value=p, test=test,
-                          horizon_steps=horizon, seeds=list(seeds), passed=(effect > 0 and p <= alpha), note=note)
+                          horizon_steps=horizon, seeds=list(seeds), passed=passed, note=note)

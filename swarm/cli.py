@@ -248,7 +248,16 @@ def _run_controller(make, summary_path: str | None, json_out: bool) -> None:
         fail(str(e))
     err.print(f"swarm running in {ctrl.dir} (policies: {'LLM ' + ctrl.goal.llm.model if ctrl.llm else 'built-in, no LLM configured'}); "
               f"follow with `swarm status --workspace {ctrl.dir}`")
-    summary = ctrl.run()
+    try:
+        summary = ctrl.run()
+    except KeyboardInterrupt:
+        fail(f"interrupted; the run's state is kept: `swarm resume --workspace {ctrl.dir}` continues it", code=130)
+    except Exception as e:  # the boundary: the state is in sqlite/git, the error becomes one line
+        import traceback
+
+        (ctrl.sdir / "crash.log").write_text(traceback.format_exc())
+        fail(f"controller stopped on {type(e).__name__}: {e} (traceback in {ctrl.sdir / 'crash.log'}); "
+             f"state kept, `swarm resume --workspace {ctrl.dir}` continues", code=1)
     if summary_path:
         pathlib.Path(summary_path).write_text(json.dumps(summary, indent=1, default=str))
     if json_out:

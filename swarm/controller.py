@@ -121,7 +121,7 @@ class Controller:
 
         cfg = self.base_cfg
         return OperatorContext(
-            target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
+            goal=self.goal.goal, start_harness=cfg["harness"], target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
             eval_difficulty=cfg["harness"]["curriculum"].get("end") or cfg["harness"]["curriculum"]["start"],
             history=self.store.list(), checkpoints=self.checkpoints(), skills=[],
         )
@@ -253,13 +253,19 @@ class Controller:
                 continue
             self.store.put(iv)
             chosen.append(iv.id)
-            self.store.log("proposed", id=iv.id, kind=iv.kind.value, operator=iv.operator, policy=iv.policy,
+            self.store.log("proposed", id=iv.id, iv_kind=iv.kind.value, operator=iv.operator, policy=iv.policy,
                            diagnosis=iv.diagnosis.name)
-        return {"proposed": s.proposed + chosen} if chosen else {}
+        return {"proposed": self.pending()} if chosen else {}
+
+    def pending(self) -> list[str]:
+        """Interventions not yet decided, oldest first. The store, not the graph state, is the
+        source of truth, so nothing proposed is lost when the controller dies mid-node."""
+        return [iv.id for iv in self.store.list() if iv.status in (Status.PROPOSED, Status.BACKTESTING,
+                                                                  Status.VALIDATED, Status.AWAITING_APPROVAL)]
 
     def node_backtest(self, s: SwarmState) -> dict[str, Any]:
         bt = self.goal.swarm.backtest
-        for iid in s.proposed:
+        for iid in self.pending():
             iv = self.store.get(iid)
             if iv.status not in (Status.PROPOSED, Status.BACKTESTING):
                 continue
@@ -287,16 +293,17 @@ class Controller:
             self.store.put(iv)
             self.store.transition(iid, Status.VALIDATED if res.passed else Status.REJECTED,
                                   f"effect {res.effect:+.3f}, p={res.p_value:.3f}")
+            if not res.passed:  # a rejected intervention is still a PR: closed, with its report
+                self.open_pr(self.store.get(iid))
+                self.ws.reject(iid, note=f"backtest: effect {res.effect:+.3f}, p={res.p_value:.3f}")
         return {}
 
     def node_gate(self, s: SwarmState) -> dict[str, Any]:
-        for iid in s.proposed:
+        for iid in self.pending():
             iv = self.store.get(iid)
-            if iv.branch is None and iv.status in (Status.VALIDATED, Status.REJECTED):
+            if iv.branch is None and iv.status == Status.VALIDATED:
                 self.open_pr(iv)
                 iv = self.store.get(iid)
-                if iv.status == Status.REJECTED:
-                    self.ws.reject(iid)
             if iv.status == Status.VALIDATED and self.goal.approval.needs_human(iv.risk):
                 self.store.transition(iid, Status.AWAITING_APPROVAL, f"risk {iv.risk.value} needs a human: swarm approve {iid}")
         return {}
@@ -319,7 +326,7 @@ class Controller:
         upd: dict[str, Any] = {}
         human = self.human_decisions()
         remaining = []
-        for iid in s.proposed:
+        for iid in self.pending():
             iv = self.store.get(iid)
             decision = human.get(iid)
             if iv.status == Status.AWAITING_APPROVAL and decision == "human_reject":
