@@ -1,0 +1,188 @@
+"""The operator interface: one class per operator, two policies behind one method.
+
+    op = Diagnostics()
+    diagnoses = op.diagnose(ev, ctx)              # what its detectors see (info findings included)
+    proposals = op.propose(ev, ctx, llm=policy)   # LLM policy if given, built-in if it declines
+
+`builtin(ev, ctx)` is the heuristic policy that needs no model: it runs the operator's detectors
+(`agents/detectors.py`) and maps each finding to a typed Intervention. `propose` asks an LLM
+policy (`agents/llm.py`, anything with `propose(operator, ev, ctx)`) first and falls back to the
+built-in one when it returns None or fails. Every Intervention records the operator's name and
+the policy that made it ("builtin" or what the LLM policy wrote, e.g. "llm:<model>").
+
+Trajectory text is untrusted. The built-in policies never take a value from a sample's prompt or
+completion; what an LLM policy returns is filtered here too: a kind outside the operator's tools
+is dropped, and so is a change whose string value appears in the run's sampled text (unless it
+is the value the controller already knows for that field).
+"""
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.detectors import THRESHOLDS, Known, Thresholds, run_detectors
+from swarm.domain import Diagnosis, Intervention, InterventionKind, Status, Target
+from swarm.evidence import Evidence
+
+log = logging.getLogger(__name__)
+
+BUILTIN = "builtin"
+
+
+def _dotted(node: Any, path: str, default: Any = None) -> Any:
+    for part in path.split(".") if path else []:
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+class OperatorContext(BaseModel):
+    """What the controller knows beyond the run's files. Plain data (it goes into LLM prompts and
+    the checkpointed graph state); perturbation settings are never part of it."""
+
+    model_config = ConfigDict(extra="forbid")
+    goal: str = Field("", description="the user's free-text goal")
+    target: Target = Field(default_factory=Target)
+    recipe: dict[str, Any] = Field(default_factory=dict, description="the recipe as the controller last set it")
+    harness: dict[str, Any] = Field(default_factory=dict, description="the harness as the controller last set it")
+    start_harness: dict[str, Any] | None = Field(None, description="the goal's starting harness (template restores)")
+    eval_difficulty: int | None = Field(None, description="difficulty held-out evals run at")
+    min_difficulty: int = Field(1, ge=0, description="the task's lowest difficulty (curriculum edits stay above it)")
+    history: list[Intervention] = Field(default_factory=list, description="interventions so far, oldest first")
+    checkpoints: list[dict[str, Any]] = Field(
+        default_factory=list, description="checkpoints of the run: {'name': str, 'step': int}, any order")
+    skills: list[dict[str, Any]] = Field(default_factory=list, description="retrieved skills (front matter + body)")
+
+    def known(self) -> Known:
+        return Known(eval_difficulty=self.eval_difficulty, target_metric=self.target.metric,
+                     target_op=self.target.op, target_threshold=self.target.threshold,
+                     template=self.harness.get("template") if isinstance(self.harness.get("template"), str) else None)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """A known field by its dotted name (`recipe.lr`, `harness.sampling.max_new_tokens`)."""
+        head, _, rest = dotted.partition(".")
+        return _dotted({"recipe": self.recipe, "harness": self.harness}.get(head), rest, default)
+
+    def checkpoint_before(self, step: int) -> dict[str, Any] | None:
+        """The newest checkpoint taken at or before `step`."""
+        ok = [c for c in self.checkpoints if isinstance(c.get("step"), int) and c["step"] <= step and c.get("name")]
+        return max(ok, key=lambda c: c["step"]) if ok else None
+
+
+@runtime_checkable
+class LLMPolicyLike(Protocol):
+    """An LLM policy (agents/llm.py). Returns interventions, [] for 'nothing to do', or None to
+    hand the decision to the built-in policy (no model, spend cap reached, replies malformed)."""
+
+    def propose(self, operator: "Operator", ev: Evidence, ctx: OperatorContext) -> list[Intervention] | None: ...
+
+
+def rollback_target(iv: Intervention) -> str | None:
+    """The checkpoint a ROLLBACK intervention rolls back to (kept in its diagnosis' evidence)."""
+    v = iv.diagnosis.evidence.get("rollback_to")
+    return v if isinstance(v, str) else None
+
+
+def sampled_text(ev: Evidence) -> list[str]:
+    return [s[k] for s in ev.samples for k in ("prompt", "completion") if isinstance(s.get(k), str)]
+
+
+def tainted(iv: Intervention, ev: Evidence, ctx: OperatorContext, min_len: int = 6) -> str | None:
+    """The first change whose string value occurs in the run's sampled text (and is not what the
+    controller already knows for that field), or None. Such a value could only have come from the
+    trajectories, which are data, never instructions."""
+    texts = sampled_text(ev)
+    for k, v in iv.changes.items():
+        if not isinstance(v, str) or len(v) < min_len:
+            continue
+        if v in (ctx.get(k), _dotted(ctx.start_harness or {}, k.removeprefix("harness."))):
+            continue
+        if any(v in t for t in texts):
+            return k
+    return None
+
+
+class Operator(abc.ABC):
+    """An operator agent. Subclasses set `name`, `role`, `tools`, `detectors` and write `builtin`."""
+
+    name: ClassVar[str]
+    role: ClassVar[str]                                   # one paragraph for LLM prompts
+    tools: ClassVar[frozenset[InterventionKind]]          # the kinds it may propose
+    detectors: ClassVar[tuple[str, ...]] = ()             # names in agents.detectors.DETECTORS
+
+    def __init__(self, thresholds: Thresholds = THRESHOLDS) -> None:
+        self.thresholds = thresholds
+        self.last_llm_error: str | None = None
+
+    # ---- evidence -------------------------------------------------------------------------------
+    @staticmethod
+    def view(ev: Evidence, ctx: OperatorContext) -> Evidence:
+        """Evidence with the controller's harness/recipe filled in where the collector left them out."""
+        upd = {}
+        if ev.harness is None and ctx.harness:
+            upd["harness"] = ctx.harness
+        if ev.recipe is None and ctx.recipe:
+            upd["recipe"] = ctx.recipe
+        return ev.model_copy(update=upd) if upd else ev
+
+    def diagnose(self, ev: Evidence, ctx: OperatorContext) -> list[Diagnosis]:
+        """This operator's detector findings (informational ones too), stamped with its name."""
+        found = run_detectors(self.view(ev, ctx), self.detectors, self.thresholds, ctx.known())
+        return [d.model_copy(update={"operator": self.name, "policy": BUILTIN}) for d in found]
+
+    # ---- policies -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
+        """The heuristic policy: detectors → typed interventions. Never reads values from samples."""
+
+    def propose(self, ev: Evidence, ctx: OperatorContext, llm: LLMPolicyLike | None = None) -> list[Intervention]:
+        """The LLM policy's proposals when it gives any (filtered to this operator's tools, text from
+        trajectories refused), else the built-in policy's."""
+        self.last_llm_error = None
+        if llm is not None:
+            try:
+                out = llm.propose(self, ev, ctx)
+            except Exception as e:  # a boundary: a failing LLM policy becomes a recorded fallback
+                self.last_llm_error = f"{type(e).__name__}: {e}"
+                log.warning("%s: LLM policy failed, built-in policy decides: %s", self.name, self.last_llm_error)
+                out = None
+            if out is not None:
+                return self._accept_llm(out, ev, ctx)
+        return self.builtin(ev, ctx)
+
+    def _accept_llm(self, out: list[Intervention], ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
+        kept = []
+        for iv in out:
+            if iv.kind not in self.tools:
+                log.warning("%s: dropped an LLM proposal of kind %s (not one of its tools)", self.name, iv.kind.value)
+                continue
+            field = tainted(iv, ev, ctx)
+            if field is not None:
+                log.warning("%s: dropped an LLM proposal: %s takes its value from trajectory text", self.name, field)
+                continue
+            policy = iv.policy if iv.policy.startswith("llm") else "llm"
+            kept.append(iv.model_copy(update={
+                "operator": self.name, "policy": policy,
+                "diagnosis": iv.diagnosis.model_copy(update={"operator": self.name, "policy": policy})}))
+        return kept
+
+    # ---- building interventions -----------------------------------------------------------------
+    def intervention(self, kind: InterventionKind, diagnosis: Diagnosis, changes: dict[str, Any], *,
+                     rationale: str, risk, expected_effect: str, backtest_skipped: str | None = None,
+                     rollback_to: str | None = None) -> Intervention:
+        assert kind in self.tools, f"{self.name} may not propose {kind.value}"
+        d = diagnosis.model_copy(update={"operator": self.name, "policy": BUILTIN})
+        if rollback_to is not None:
+            d = d.model_copy(update={"evidence": {**d.evidence, "rollback_to": rollback_to}})
+        return Intervention(kind=kind, changes=changes, diagnosis=d, rationale=rationale, risk=risk,
+                            expected_effect=expected_effect, operator=self.name, policy=BUILTIN,
+                            backtest_skipped=backtest_skipped)
+
+
+PENDING = (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL)
+IN_EFFECT = (Status.APPLIED, Status.EVALUATING, Status.KEPT)
+FAILED = (Status.REJECTED, Status.ROLLED_BACK)

@@ -1,0 +1,417 @@
+"""Detectors: each fires on a synthetic evidence window built to show its problem and stays quiet on
+healthy windows (SFT and GRPO, job running with a fresh heartbeat); and on REAL short trainer runs
+(the built-in model on addition, perturbed by trainer/perturb.py) the right detector fires while a
+healthy run of the same config stays quiet.
+
+The synthetic windows are hand-built metric rows, shaped like the trainer's (`trainer/loop.py`).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+
+import pytest
+import torch
+
+from agents.detectors import (DETECTORS, THRESHOLDS, Known, Thresholds, run_detectors)
+from swarm.evidence import Evidence, collect
+
+HARNESS = {"template": "{question}=", "answer": {"reverse_digits": True, "stop": "\n"},
+           "sampling": {"temperature": 1.0, "max_new_tokens": 6}, "curriculum": {"start": 3}}
+KNOWN = Known(eval_difficulty=3, target_threshold=0.95)
+
+
+def sft_rows(n: int = 60, seed: int = 0) -> list[dict]:
+    """A healthy SFT run: loss falls from ~2 to ~0.1, pass rate climbs to 0.93, an eval every 10 steps."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        s = i + 1
+        pr = round(min(0.95, 0.1 + i / 45), 2)
+        row = {"step": s, "segment": 0, "time": 1000.0 + s, "lr": 3e-3, "difficulty": 3, "harness_version": "aaaa",
+               "algorithm": "sft", "loss": 0.05 + 2.0 * math.exp(-i / 15) + rng.uniform(-0.01, 0.01),
+               "grad_norm": 0.5 + rng.uniform(0, 0.2), "entropy": 0.3 * math.exp(-i / 20), "reward_mean": pr,
+               "reward_std": 0.3, "pass_rate": pr, "malformed_rate": 0.0, "truncation_rate": 0.0, "response_len": 5.0,
+               "tokens": 2000.0, "tokens_per_s": 8000 + rng.uniform(-300, 300), "step_time": 0.25}
+        if s % 10 == 0:
+            row.update(heldout_acc=max(0.0, pr - 0.03), heldout_malformed=0.0, heldout_truncated=0.0, step_time=1.5)
+        rows.append(row)
+    return rows
+
+
+def grpo_rows(n: int = 60, seed: int = 0) -> list[dict]:
+    """A healthy GRPO run: surrogate loss near 0, KL small and slowly rising, entropy ~0.5, pass rate 0.5 → 0.8."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        s = i + 1
+        pr = round(0.5 + 0.3 * i / n, 2)
+        row = {"step": s, "segment": 0, "time": 1000.0 + s, "lr": 5e-4, "difficulty": 3, "harness_version": "bbbb",
+               "algorithm": "grpo", "loss": rng.uniform(-0.05, 0.05), "grad_norm": 0.3 + rng.uniform(0, 0.1),
+               "entropy": 0.6 - 0.1 * i / n + rng.uniform(-0.02, 0.02), "kl": 0.005 + 0.02 * i / n,
+               "reward_mean": pr, "reward_std": 0.45, "pass_rate": pr, "malformed_rate": 0.02, "truncation_rate": 0.0,
+               "response_len": 6.0, "tokens": 3000.0, "tokens_per_s": 4000 + rng.uniform(-100, 100), "step_time": 0.8}
+        if s % 10 == 0:
+            row.update(heldout_acc=pr + 0.05, heldout_malformed=0.0, heldout_truncated=0.0, step_time=2.0)
+        rows.append(row)
+    return rows
+
+
+def samples(rows: list[dict], group: int = 1, prompt: str = "123+456=", completion: str = "975\n") -> list[dict]:
+    """Sampled rollouts for the last 4 steps: 4 per step, `group` completions per prompt (distinct digits)."""
+    out = []
+    for r in rows[-4:]:
+        for k in range(4):
+            uid = f"u{r['step']}-{k // group}"
+            comp = completion if group == 1 else f"{k % 10}{completion}"
+            out.append({"step": r["step"] - 1, "segment": 0, "uid": uid, "prompt": prompt, "completion": comp,
+                        "reward": 1.0, "verdict": "correct", "truncated": False})
+    return out
+
+
+def make_ev(rows: list[dict], smp: list[dict] | None = None, **kw) -> Evidence:
+    data = {"run_dir": "/nonexistent", "job_status": "RUNNING", "step": rows[-1]["step"] if rows else 0,
+            "metrics": rows, "evals": [r for r in rows if "heldout_acc" in r],
+            "samples": samples(rows) if smp is None else smp, "events": [{"event": "start", "step": 0}],
+            "heartbeat_age_s": 0.5, "heartbeat_state": "running", "harness": HARNESS}
+    data.update(kw)
+    return Evidence(**data)
+
+
+def healthy_sft() -> Evidence:
+    return make_ev(sft_rows())
+
+
+def healthy_grpo() -> Evidence:
+    rows = grpo_rows()
+    return make_ev(rows, samples(rows, group=4))
+
+
+def names(ev: Evidence, known: Known = KNOWN) -> set[str]:
+    return {d.name for d in run_detectors(ev, known=known)}
+
+
+# ---- healthy windows are quiet ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", [healthy_sft, healthy_grpo], ids=["sft", "grpo"])
+def test_healthy_windows_are_quiet(build):
+    ev = build()
+    assert run_detectors(ev, known=KNOWN) == []
+    assert run_detectors(ev) == []          # without the controller's knowledge too
+
+
+def test_job_states_that_are_fine_are_quiet():
+    rows = sft_rows()
+    for kw in ({"job_status": "PENDING", "heartbeat_age_s": None, "heartbeat_state": None},
+               {"job_status": "SUCCEEDED", "heartbeat_age_s": 500.0, "heartbeat_state": "completed",
+                "events": [{"event": "end", "step": 60}]},
+               {"job_status": "RUNNING", "heartbeat_age_s": 0.1, "heartbeat_state": "paused"},
+               {"job_status": "RUNNING", "heartbeat_age_s": 20.0}):
+        assert names(make_ev(rows, **kw)) == set(), kw
+
+
+def test_registry_and_thresholds():
+    assert len(DETECTORS) == 16
+    for name, fn in DETECTORS.items():
+        assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
+    with pytest.raises(ValueError, match="spike_z"):
+        Thresholds(spike_z=-1)
+    with pytest.raises(ValueError, match="unknown detector"):
+        run_detectors(healthy_sft(), names=["nope"])
+
+
+# ---- each detector fires on its problem ---------------------------------------------------------
+
+
+def fired(ev: Evidence, name: str, known: Known = KNOWN, th: Thresholds = THRESHOLDS):
+    d = DETECTORS[name](ev, th, known)
+    assert d is not None, f"{name} did not fire"
+    assert d.name == name and d.summary and d.evidence
+    return d
+
+
+def test_nonfinite_loss():
+    rows = sft_rows()
+    for r in rows[-3:]:
+        r.update(loss=float("nan"), grad_norm=float("nan"), nonfinite=1.0, skipped=1.0)
+    d = fired(make_ev(rows), "nonfinite_loss")
+    assert d.severity == "critical" and d.evidence["onset_step"] == 58
+    one = sft_rows()
+    one[-10].update(loss=float("nan"), nonfinite=1.0, skipped=1.0)  # one skipped step, then fine
+    assert DETECTORS["nonfinite_loss"](make_ev(one), THRESHOLDS, KNOWN) is None
+
+
+def test_loss_spike_reports_onset_and_lr_jump():
+    rows = sft_rows()
+    for r in rows[49:]:
+        r.update(loss=3.0 + random.Random(r["step"]).uniform(0, 0.5), lr=0.5)
+    d = fired(make_ev(rows), "loss_spike")
+    assert d.evidence["onset_step"] == 50
+    assert d.evidence["lr_before"] == pytest.approx(3e-3) and d.evidence["lr_now"] == 0.5
+    assert d.evidence["z"] >= THRESHOLDS.spike_z and d.evidence["threshold_z"] == THRESHOLDS.spike_z
+
+
+def test_loss_spike_ignores_recovered_spikes_curriculum_steps_and_grpo():
+    rows = sft_rows()
+    rows[50]["loss"] = 3.0  # one bad batch, then back on track
+    assert DETECTORS["loss_spike"](make_ev(rows), THRESHOLDS, KNOWN) is None
+    rows = sft_rows()
+    for r in rows[45:]:
+        r.update(difficulty=4, loss=r["loss"] + 1.0)  # harder problems cost more loss: not a spike
+    assert DETECTORS["loss_spike"](make_ev(rows), THRESHOLDS, Known(eval_difficulty=4)) is None
+    rows = grpo_rows()
+    for r in rows[50:]:
+        r["loss"] = 5.0
+    assert DETECTORS["loss_spike"](make_ev(rows), THRESHOLDS, KNOWN) is None
+
+
+def test_grad_norm_explosion():
+    rows = sft_rows()
+    for r in rows[50:]:
+        r["grad_norm"] = 40.0 + r["step"]
+    d = fired(make_ev(rows), "grad_norm_explosion")
+    assert d.evidence["onset_step"] == 51 and d.evidence["baseline_median"] < 1
+
+
+def test_grad_norm_after_zero_gradients_is_no_explosion():
+    rows = grpo_rows()
+    for r in rows:
+        r["grad_norm"] = 0.0   # all-agreeing groups: no advantage, no gradient
+    rows[-1]["grad_norm"] = 0.02
+    assert DETECTORS["grad_norm_explosion"](make_ev(rows, samples(rows, group=4)), THRESHOLDS, KNOWN) is None
+
+
+def test_plateau_on_evals_and_on_loss():
+    rows = sft_rows(80)
+    for r in rows:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.5 if r["step"] >= 30 else 0.2
+    d = fired(make_ev(rows), "plateau")
+    assert d.severity == "info" and d.evidence["metric"] == "heldout_acc"
+    reached = copy.deepcopy(rows)
+    for r in reached:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.97
+    assert DETECTORS["plateau"](make_ev(reached), THRESHOLDS, KNOWN) is None  # at target: not stuck
+    flat = [{k: v for k, v in r.items() if not k.startswith("heldout")} for r in sft_rows(80)]
+    for r in flat:
+        r["loss"] = 1.2
+    assert fired(make_ev(flat), "plateau").evidence["metric"] == "loss"
+
+
+def test_entropy_collapse():
+    rows = grpo_rows()
+    for r in rows[-6:]:
+        r.update(entropy=0.01, pass_rate=0.4)
+    d = fired(make_ev(rows, samples(rows, group=4)), "entropy_collapse")
+    assert d.evidence["entropy_early_median"] > 0.5
+    solved = grpo_rows()
+    for r in solved[-6:]:
+        r.update(entropy=0.01, pass_rate=0.97)  # confident and right: fine
+    assert DETECTORS["entropy_collapse"](make_ev(solved, samples(solved, group=4)), THRESHOLDS, KNOWN) is None
+
+
+def test_kl_blowup():
+    rows = grpo_rows()
+    for r in rows[-5:]:
+        r["kl"] = 0.9
+    assert fired(make_ev(rows, samples(rows, group=4)), "kl_blowup").evidence["kl_recent"] == [0.9] * 5
+    rows = grpo_rows()
+    for r in rows[-5:]:
+        r["kl"] = 0.3  # ~12× its trailing median and above kl_min
+    fired(make_ev(rows, samples(rows, group=4)), "kl_blowup")
+
+
+def test_truncation_and_its_lengths():
+    rows = sft_rows()
+    for r in rows[-8:]:
+        r.update(truncation_rate=1.0, response_len=2.0, pass_rate=0.0)
+    smp = samples(rows, completion="97")
+    for s in smp:
+        s.update(truncated=True, verdict="truncated", reward=0.0)
+    d = fired(make_ev(rows, smp), "truncation")
+    assert d.evidence["response_len_max"] == 2.0 and d.evidence["samples_truncated"] == len(smp)
+    # too-long training answers at a difficulty above the eval's, with untruncated evals: not the limit
+    for r in rows:
+        r["difficulty"] = 8
+    assert DETECTORS["truncation"](make_ev(rows, smp), THRESHOLDS, KNOWN) is None
+
+
+def test_malformed_rate_jump_and_persistent():
+    rows = sft_rows()
+    for r in rows[-5:]:
+        r["malformed_rate"] = 0.6
+    assert fired(make_ev(rows), "malformed_rate").evidence["malformed_best"] == 0.0
+    rows = sft_rows()
+    for r in rows:
+        r["malformed_rate"] = 0.9
+    fired(make_ev(rows), "malformed_rate")
+
+
+def test_reward_hacking():
+    rows = grpo_rows()
+    for r in rows[-12:]:
+        r.update(pass_rate=0.9, reward_mean=0.9)
+    rows[-1]["heldout_acc"] = 0.2
+    d = fired(make_ev(rows, samples(rows, group=4)), "reward_hacking")
+    assert d.evidence["gap"] == pytest.approx(0.7) and d.severity == "critical"
+    # training easier than the eval: a gap is expected
+    for r in rows:
+        r["difficulty"] = 2
+    assert DETECTORS["reward_hacking"](make_ev(rows, samples(rows, group=4)), THRESHOLDS, KNOWN) is None
+
+
+def test_throughput_drop():
+    rows = sft_rows()
+    for r in rows[-6:]:
+        if "heldout_acc" not in r:
+            r["tokens_per_s"] = 1500.0
+    d = fired(make_ev(rows), "throughput_drop")
+    assert d.severity == "info" and d.evidence["ratio"] < 0.5
+
+
+def test_stale_heartbeat_threshold_scales_with_step_time():
+    rows = sft_rows()
+    d = fired(make_ev(rows, heartbeat_age_s=120.0), "stale_heartbeat")
+    assert d.evidence["threshold_s"] == THRESHOLDS.stale_heartbeat_s
+    slow = sft_rows()
+    for r in slow:
+        r["step_time"] = 20.0  # 20 s steps: 120 s without a heartbeat is within 10 step times
+    assert DETECTORS["stale_heartbeat"](make_ev(slow, heartbeat_age_s=120.0), THRESHOLDS, KNOWN) is None
+
+
+def test_crashed_job():
+    rows = sft_rows()
+    assert fired(make_ev(rows, job_status="FAILED", heartbeat_age_s=5.0), "crashed_job").severity == "critical"
+    d = fired(make_ev(rows, job_status="UNKNOWN", heartbeat_age_s=300.0), "crashed_job")
+    assert d.evidence["end_event"] is False
+    ended = make_ev(rows, job_status="UNKNOWN", heartbeat_age_s=300.0, heartbeat_state="completed",
+                    events=[{"event": "end", "step": 60}])
+    assert DETECTORS["crashed_job"](ended, THRESHOLDS, KNOWN) is None
+
+
+def test_template_mismatch_from_prompt_shape():
+    rows = sft_rows()
+    d = fired(make_ev(rows, samples(rows, prompt="123+456")), "template_mismatch")
+    assert d.evidence["mode"] == "prompt_shape" and d.evidence["mismatch_fraction"] == 1.0
+    assert "123" not in str(d.model_dump())  # the prompt's text never enters a diagnosis
+
+
+def test_template_mismatch_from_malformed_after_harness_change():
+    rows = sft_rows()
+    for r in rows[50:]:
+        r.update(harness_version="cccc", malformed_rate=0.7)
+    d = fired(make_ev(rows, harness=None), "template_mismatch", known=Known(eval_difficulty=3))
+    assert d.evidence["mode"] == "malformed_after_harness_change" and d.evidence["change_step"] == 51
+
+
+def test_template_mismatch_ignores_samples_from_before_a_known_change():
+    rows = sft_rows()
+    for r in rows[-2:]:
+        r["harness_version"] = "dddd"                          # the controller set a new template at step 59
+    smp = [dict(s, prompt="Q:123+456\nA:") for s in samples(rows)]   # newest samples carry it
+    for s in smp[:8]:
+        s["prompt"] = "123+456="                                  # older ones the old template
+    known = Known(eval_difficulty=3, template="Q:{question}\nA:")
+    assert DETECTORS["template_mismatch"](make_ev(rows, smp), THRESHOLDS, known) is None
+
+
+def test_too_hard_curriculum_above_eval_and_jumped():
+    rows = sft_rows()
+    for r in rows:
+        r.update(difficulty=8, pass_rate=0.0, reward_mean=0.0)
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.0
+    d = fired(make_ev(rows), "too_hard_curriculum")
+    assert d.evidence["mode"] == "above_eval" and d.evidence["train_difficulty"] == 8
+    assert d.evidence["eval_difficulty"] == 3
+    rows = sft_rows()
+    for r in rows[40:]:
+        r.update(difficulty=7, pass_rate=0.0)
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.0
+    d = fired(make_ev(rows, harness=None), "too_hard_curriculum", known=Known())
+    assert d.evidence["mode"] == "jumped"
+    # pass rate 0 at the eval difficulty itself (a fresh model): not the curriculum's fault
+    fresh = sft_rows()
+    for r in fresh:
+        r["pass_rate"] = 0.0
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.0
+    assert DETECTORS["too_hard_curriculum"](make_ev(fresh), THRESHOLDS, KNOWN) is None
+
+
+def test_low_temperature_from_identical_groups():
+    rows = grpo_rows()
+    for r in rows[-5:]:
+        r["pass_rate"] = 0.3
+    smp = samples(rows, group=4)
+    for s in smp:
+        s.update(completion="57\n", verdict="wrong", reward=0.0)
+    d = fired(make_ev(rows, smp), "low_temperature")
+    assert d.evidence["identical_groups"] == d.evidence["groups"] == 4
+    assert DETECTORS["low_temperature"](make_ev(sft_rows(), smp), THRESHOLDS, KNOWN) is None  # SFT samples greedily
+    for s in smp:
+        s.update(verdict="correct", reward=1.0)  # solved prompts may well agree: not a sampling problem
+    assert DETECTORS["low_temperature"](make_ev(rows, smp), THRESHOLDS, KNOWN) is None
+
+
+def test_label_noise():
+    rows = sft_rows()
+    rng = random.Random(1)
+    for r in rows[-30:]:
+        r.update(loss=0.42 + rng.uniform(-0.02, 0.02), pass_rate=0.8)
+    d = fired(make_ev(rows), "label_noise")
+    assert d.evidence["loss_second_half_median"] > THRESHOLDS.label_noise_floor
+    for r in rows[-30:]:
+        r["pass_rate"] = 0.0  # stuck and wrong: not label noise
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.0
+    assert DETECTORS["label_noise"](make_ev(rows), THRESHOLDS, KNOWN) is None
+
+
+# ---- real trainer runs --------------------------------------------------------------------------
+
+
+def real_run(tmp_path, perturbations: list[dict], steps: int = 30):
+    """The built-in model (1 layer, width 32) on 3-digit addition, SFT, 30 steps, one thread."""
+    from trainer.config import RunConfig
+    from trainer.loop import Trainer
+
+    cfg = RunConfig.parse({
+        "name": "run", "out_dir": str(tmp_path / "runs"), "seed": 0, "threads": 1, "samples_per_step": 4,
+        "task": {"name": "addition"}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32},
+        "harness": HARNESS,
+        "recipe": {"algorithm": "sft", "lr": 1e-2, "schedule": "constant", "warmup_steps": 0, "steps": steps,
+                   "batch_size": 32, "eval_interval": 10, "eval_size": 64},
+        "checkpoint": {"interval": 5, "keep_last": 10}, "perturbations": perturbations})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        Trainer(cfg).run()
+    finally:
+        torch.set_num_threads(threads)
+    return collect(cfg.run_dir, job_status="SUCCEEDED", harness=HARNESS)
+
+
+@pytest.mark.parametrize("shortcut, expected", [
+    (None, set()),
+    ("truncation", {"truncation"}),
+    ("broken_template", {"template_mismatch"}),
+    ("too_hard", {"too_hard_curriculum"}),
+])
+def test_real_run(tmp_path, shortcut, expected):
+    ev = real_run(tmp_path, [{"shortcut": shortcut}] if shortcut else [])
+    # throughput depends on the wall clock of a shared machine: it may report, the rest may not
+    assert names(ev) - {"throughput_drop"} == expected
+
+
+def test_real_run_lr_spike(tmp_path):
+    ev = real_run(tmp_path, [{"shortcut": "lr_spike", "at_step": 15}])
+    found = {d.name: d for d in run_detectors(ev, known=KNOWN)}
+    assert "loss_spike" in found
+    spike = found["loss_spike"]
+    assert 16 <= spike.evidence["onset_step"] <= 18
+    assert spike.evidence["lr_before"] == pytest.approx(1e-2) and spike.evidence["lr_now"] == pytest.approx(0.5)
