@@ -119,25 +119,33 @@ class Trainer:
         return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * decay)
 
     def optimise(self, loss: torch.Tensor | None, stats: dict[str, float]) -> dict[str, float]:
-        """Backward, all-reduce, clip, step. A non-finite loss or grad norm skips the update."""
+        """Backward, all-reduce, clip, step. `loss=None` means this rank has nothing to learn
+        from this step (no verified success, every group filtered): it still joins the
+        all-reduce, so data-parallel ranks never wait on each other; every rank then takes the
+        same optimiser step (from the averaged gradient). A non-finite loss or gradient norm
+        skips the step (on every rank: the norm is global)."""
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=False)
         loss_v = float(loss.detach()) if loss is not None else 0.0
         finite = math.isfinite(loss_v)
         if loss is not None and finite:
             loss.backward()
+        elif not finite:
+            for p in self.params:  # the all-reduce carries the NaN to every rank: one global decision
+                p.grad.fill_(float("nan"))
         self.dist.mean_grads(self.params)
         gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.recipe.grad_clip))
-        out = {**stats, "loss": loss_v, "grad_norm": gn}
-        if not finite or not math.isfinite(gn):
-            out["skipped"] = 1.0
-            out["nonfinite"] = 1.0
+        nonfinite = not math.isfinite(gn)
+        idle = loss is None and self.dist.world == 1  # nothing to learn and no peer to keep in step with
+        out = {**stats, "loss": loss_v, "grad_norm": gn,
+               "skipped": 1.0 if (nonfinite or loss is None) else 0.0, "nonfinite": 1.0 if nonfinite else 0.0}
+        if nonfinite:
             self.opt.zero_grad(set_to_none=False)
             if self.log:
                 self.log.event("nonfinite", self.step, loss=loss_v, grad_norm=gn, action=self.recipe.on_nonfinite)
             if self.recipe.on_nonfinite == "stop":
                 raise StopRun("stopped_nonfinite")
-        else:
+        elif not idle:
             for g in self.opt.param_groups:
                 g["lr"] = self.lr_at(self.step)
             self.opt.step()

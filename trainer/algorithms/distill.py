@@ -25,7 +25,7 @@ def distill_step(trainer, examples) -> dict[str, float]:
             prompts.append(x.prompt_ids)
             targets.append(x.completion_ids)
     stats["distill_kept"] = float(len(prompts))
-    if not prompts:
-        return {**stats, "loss": 0.0, "grad_norm": 0.0, "t_update": 0.0, "t_logprob": 0.0, "skipped": 1.0}
+    if not prompts:  # nothing verified on this rank: no update from it (still joins the all-reduce)
+        return trainer.optimise(None, {**stats, "entropy": 0.0, "t_logprob": 0.0, "tokens": 0.0})
     loss, lstats = sft_loss(trainer, prompts, targets)
     return trainer.optimise(loss, {**stats, **lstats})

@@ -61,8 +61,9 @@ def grpo_step(trainer, examples) -> dict[str, float]:
                       "t_logprob": t_lp + (time.perf_counter() - t2)}
         step_stats.update({k: float(torch.as_tensor(v).detach()) for k, v in lstats.items()})
         if mask.sum() == 0:
-            # every group all-correct or all-wrong: no advantage signal; no update, but logged
-            out = {**step_stats, "loss": 0.0, "grad_norm": 0.0, "t_update": 0.0, "skipped": 1.0}
+            # every group all-correct or all-wrong: no advantage signal here; no update from this
+            # rank (optimise still joins the data-parallel all-reduce)
+            out = trainer.optimise(None, step_stats)
             break
         out = trainer.optimise(loss, step_stats)
         t_lp = 0.0
