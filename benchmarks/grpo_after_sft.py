@@ -33,7 +33,7 @@ BASE = {
     "harness": {"template": "{question}:", "answer": {"stop": "\n"},
                 "sampling": {"temperature": 1.0, "max_new_tokens": 20}, "curriculum": {"start": 3}},
     "checkpoint": {"interval": 0, "keep_last": 1},
-    "threads": 2,
+    "threads": 1,
     "samples_per_step": 2,
 }
 
@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=1500)
     ap.add_argument("--branch-steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--grpo-lr", type=float, default=2e-4)
+    ap.add_argument("--grpo-batch", type=int, default=32)
     a = ap.parse_args()
     out = pathlib.Path(tempfile.mkdtemp(prefix="grpo_after_sft_"))
     common = {"eval_interval": a.eval_every, "eval_size": 300, "schedule": "constant", "warmup_steps": 0}
@@ -60,17 +62,17 @@ def main() -> None:
     phase1, t1 = run(out, "sft", {**sft, "steps": a.sft_steps})
     ckpt = str(sorted((out / "sft" / "checkpoints").glob("*.pt"))[-1])
     control, t2 = run(out, "sft_more", {**sft, "steps": total}, fork=ckpt)
-    grpo = {**common, "algorithm": "grpo", "lr": 5e-4, "batch_size": 16, "group_size": 8,
+    grpo = {**common, "algorithm": "grpo", "lr": a.grpo_lr, "batch_size": a.grpo_batch, "group_size": 8,
             "kl_coef": 0.0, "steps": total, "eval_interval": max(1, a.eval_every // 4)}
     treat, t3 = run(out, "grpo", grpo, fork=ckpt)
     res = {
-        "task": "countdown difficulty 3", "sft_steps": a.sft_steps, "branch_steps": a.branch_steps,
+        "task": "countdown difficulty 3", "grpo": {"lr": a.grpo_lr, "batch_size": a.grpo_batch, "group_size": 8}, "sft_steps": a.sft_steps, "branch_steps": a.branch_steps,
         "phase1": [(r["step"], r["heldout_acc"]) for r in phase1],
         "control_sft": [(r["step"], r["heldout_acc"]) for r in control],
-        "grpo": [(r["step"], r["heldout_acc"]) for r in treat],
+        "grpo_curve": [(r["step"], r["heldout_acc"]) for r in treat],
         "wall_s": {"sft": t1, "control_sft": t2, "grpo": t3},
     }
-    res["final"] = {"sft_plateau": res["phase1"][-1][1], "control_sft": res["control_sft"][-1][1], "grpo": res["grpo"][-1][1]}
+    res["final"] = {"sft_plateau": res["phase1"][-1][1], "control_sft": res["control_sft"][-1][1], "grpo": res["grpo_curve"][-1][1]}
     rdir = HERE / "results"
     rdir.mkdir(exist_ok=True)
     (rdir / "grpo_after_sft.json").write_text(json.dumps(res, indent=1))
@@ -80,7 +82,7 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("phase1", "SFT"), ("control_sft", "SFT continued (control)"), ("grpo", "GRPO from the SFT checkpoint")):
+    for key, label in (("phase1", "SFT"), ("control_sft", "SFT continued (control)"), ("grpo_curve", "GRPO from the SFT checkpoint")):
         xs, ys = zip(*res[key])
         ax.plot(xs, ys, marker=".", label=label)
     ax.axvline(a.sft_steps, color="grey", lw=0.8, ls="--")
@@ -93,7 +95,7 @@ def main() -> None:
     f = res["final"]
     (rdir / "grpo_after_sft.md").write_text(
         f"# GRPO after SFT on countdown\n\nCommand: `python benchmarks/grpo_after_sft.py --sft-steps {a.sft_steps} "
-        f"--branch-steps {a.branch_steps}`\n\n| segment | held-out accuracy at the end |\n|---|---|\n"
+        f"--branch-steps {a.branch_steps} --grpo-lr {a.grpo_lr} --grpo-batch {a.grpo_batch}`\n\n| segment | held-out accuracy at the end |\n|---|---|\n"
         f"| SFT, {a.sft_steps} steps | {f['sft_plateau']:.3f} |\n| + {a.branch_steps} more SFT steps (control) | {f['control_sft']:.3f} |\n"
         f"| + {a.branch_steps} GRPO steps | {f['grpo']:.3f} |\n\nWall time (s): " + json.dumps({k: round(v) for k, v in res["wall_s"].items()})
         + "\n\n![curves](grpo_after_sft.png)\n")
