@@ -61,6 +61,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm 
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from swarm.evidence import as_number
 from swarm.domain import Diagnosis, Intervention, InterventionKind, LLMSettings, Risk
 from trainer.config import ConfigError, RunConfig, set_dotted
 
@@ -280,14 +281,7 @@ def _is_clock(key: str) -> bool:
     return key in CLOCK_KEYS or key.startswith("t_")
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
-        return float(v)
-    return None
+_num = as_number
 
 
 def _stats(xs: list[float]) -> dict[str, Any]:

@@ -19,6 +19,18 @@ from pydantic import BaseModel, Field
 from trainer.runlog import read_heartbeat, read_jsonl
 
 
+def as_number(v: Any) -> float | None:
+    """A metric value as a float: numbers, and the strings "nan"/"inf"/"-inf" the run log writes
+    for non-finite values (JSON has no literal for them); anything else (bools included) → None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+        return float(v)
+    return None
+
+
 class Evidence(BaseModel):
     run_dir: str
     job_status: str = "UNKNOWN"          # RUNNING | SUCCEEDED | FAILED | STOPPED | PENDING | UNKNOWN
@@ -34,14 +46,7 @@ class Evidence(BaseModel):
     recipe: dict[str, Any] | None = None
 
     def series(self, key: str) -> list[float]:
-        out = []
-        for r in self.metrics:
-            v = r.get(key)
-            if isinstance(v, (int, float)):
-                out.append(float(v))
-            elif isinstance(v, str) and v in ("nan", "inf", "-inf"):
-                out.append(float(v))
-        return out
+        return [x for x in (as_number(r.get(key)) for r in self.metrics) if x is not None]
 
     def last(self, key: str) -> float | None:
         s = self.series(key)

@@ -16,11 +16,10 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarm.domain import ApprovalPolicy, Budget, LLMSettings, Target
-from trainer.config import ConfigError, Perturbation, RunConfig, format_validation_error
+from trainer.config import ConfigError, Perturbation, RunConfig, format_validation_error, load_yaml
 
 
 class BacktestSettings(BaseModel):
@@ -68,14 +67,7 @@ class Goal(BaseModel):
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> "Goal":
-        p = pathlib.Path(path)
-        if not p.is_file():
-            raise ConfigError(f"goal file {str(p)!r} not found")
-        try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"goal file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
-        return cls.parse(data)
+        return cls.parse(load_yaml(path, "goal file"))
 
     @classmethod
     def parse(cls, data: Any) -> "Goal":

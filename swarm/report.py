@@ -24,6 +24,7 @@ from typing import Any, Iterable
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from swarm.evidence import as_number
 from swarm.domain import Intervention
 
 PANELS: list[tuple[str, tuple[str, ...]]] = [
@@ -88,14 +89,7 @@ def _table(header: list[str], rows: Iterable[list[Any]]) -> str:
 
 
 # ---- numbers out of metric rows -------------------------------------------------------------------
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
-        return float(v)
-    return None
+_num = as_number
 
 
 def _segments(rows: list[dict[str, Any]], key: str) -> list[tuple[list[int], list[float]]]:

@@ -127,14 +127,7 @@ class RunConfig(_Strict):
 
     @classmethod
     def from_yaml(cls, path: str | pathlib.Path) -> "RunConfig":
-        p = pathlib.Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} not found")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
-        return cls.parse(data)
+        return cls.parse(load_yaml(path, "config file") or {})
 
     @classmethod
     def parse(cls, data: Any) -> "RunConfig":
@@ -147,6 +140,17 @@ class RunConfig(_Strict):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def load_yaml(path: str | pathlib.Path, what: str) -> Any:
+    """Parse a YAML file; a missing or unparsable file is a ConfigError naming it."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} {str(p)!r} not found")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
 
 
 def format_validation_error(e: ValidationError, data: Any = None) -> str:
