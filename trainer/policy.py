@@ -116,16 +116,24 @@ class Policy:
         logits = state["logits"]
         next_pos = pos[:, -1] + 1
         stop_t = torch.tensor(sorted(stops), dtype=torch.long)
+        # Finished rows leave the decode batch (and the KV cache) once they are an eighth of it, so
+        # the remaining steps spend no compute on them. `rows`: the prompt index of each batch row.
+        rows = torch.arange(B)
         for t in range(max_new_tokens):
-            tok = sample_token(logits, temperature, top_p, generator)
-            tok = torch.where(done, torch.full_like(tok, self.tok.pad_id), tok)
-            out[:, t] = tok
-            newly = (~done) & torch.isin(tok, stop_t)
-            lengths[newly] = t + 1
-            done |= newly
+            tok = sample_token(logits, temperature, top_p, generator)  # (b,) for the b batch rows
+            live = ~done[rows]  # (b,) still generating before this token
+            tok = torch.where(live, tok, torch.full_like(tok, self.tok.pad_id))
+            out[rows, t] = tok
+            newly = live & torch.isin(tok, stop_t)
+            lengths[rows[newly]] = t + 1
+            done[rows[newly]] = True
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
-            attn[:, P + t] = (~done | newly).long()
+            if 8 * int((~live | newly).sum()) >= len(rows):
+                keep = (live & ~newly).nonzero().squeeze(-1)
+                rows, tok, attn, next_pos, live = rows[keep], tok[keep], attn[keep], next_pos[keep], live[keep]
+                self._select_rows(state, keep)
+            attn[:, P + t] = live.long()  # the token just sampled is real for rows live before it
             logits = self._decode(state, tok, attn[:, : P + t + 1], next_pos)
             next_pos = next_pos + 1
         if was_training:
@@ -145,6 +153,17 @@ class Policy:
             return {"cache": cache, "logits": self.model.lm_head(h[:, -1])}
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         return {"past": out.past_key_values, "logits": out.logits[:, -1]}
+
+    def _select_rows(self, state: dict, keep: torch.Tensor) -> None:
+        """Keep only batch rows `keep` (1-D indices) of the KV cache."""
+        if not self.is_hf:
+            cache = state["cache"]
+            cache.k = [k[keep] for k in cache.k]
+            cache.v = [v[keep] for v in cache.v]
+        elif isinstance(state["past"], tuple):  # legacy per-layer (key, value) tuples
+            state["past"] = tuple(tuple(x[keep] for x in layer) for layer in state["past"])
+        else:
+            state["past"].reorder_cache(keep)
 
     def _decode(self, state: dict, tok: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         if not self.is_hf:
