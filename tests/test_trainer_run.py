@@ -48,9 +48,10 @@ def test_sft_learns_and_changes_every_parameter(make_cfg, learn_recipe):
 
 
 def test_grpo_writes_every_metric_samples_and_heartbeat(make_cfg, warm_state):
-    cfg = RunConfig.parse(make_cfg(recipe={"algorithm": "grpo", "steps": 4, "batch_size": 4, "group_size": 4,
+    # a hot sampling temperature keeps the near-perfect warm policy's groups mixed (reward variance)
+    cfg = RunConfig.parse(make_cfg(recipe={"algorithm": "grpo", "steps": 4, "batch_size": 4, "group_size": 8,
                                            "kl_coef": 0.1, "eval_interval": 2, "lr": 3e-3},
-                                   samples_per_step=3))
+                                   harness={"sampling": {"temperature": 2.0}}, samples_per_step=3))
     tr = warm_trainer(cfg, warm_state)
     before = {n: p.detach().clone() for n, p in tr.policy.model.named_parameters()}
     beats = []
