@@ -38,7 +38,8 @@ def assert_hidden(cfg: RunConfig, *values: str) -> None:
     config is the run's config without its perturbations."""
     files = [cfg.run_dir / n for n in OBSERVED] + sorted((cfg.run_dir / "harnesses").glob("*.yaml"))
     pattern = re.compile("|".join([rf"\b{re.escape(s)}\b" for s in SHORTCUTS] + ["perturb"]
-                                  + [re.escape(v) for v in values]))
+                                  # a value counts only as a whole token (0.05 must not match 0.0523)
+                                  + [rf"(?<![\w.]){re.escape(v)}(?![\w.])" for v in values]))
     for f in files:
         if f.exists():
             text = f.read_text().replace(cfg.out_dir, "<out_dir>")  # the temp path holds the test's name
