@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import math
 import pathlib
+import shutil
 import time
 from typing import Any
 
+import psutil
 import yaml
 
 from swarm.domain import BacktestResult, Intervention, Target
 from swarm.jobs import Jobs
-from trainer.runlog import read_jsonl
+from trainer.runlog import read_heartbeat, read_jsonl
 
 
 def paired_one_sided_p(diffs: list[float]) -> float:
@@ -63,29 +65,53 @@ def arm_score(run_dir: pathlib.Path, metric: str, horizon: int) -> tuple[float |
     return (final[-1][metric] if final else None), sum(half) / len(half), float(fail)
 
 
+def leftover_arm(run_dir: pathlib.Path, cfg_path: pathlib.Path) -> psutil.Process | bool | None:
+    """An arm a previous controller started (arms outlive a killed controller): its process while
+    it still runs here, False when it finished (its files hold the result), None otherwise."""
+    for p in psutil.process_iter(["cmdline"]):
+        if str(cfg_path) in (p.info.get("cmdline") or []) and _running(p):
+            return p
+    return False if (read_heartbeat(run_dir) or {}).get("state") == "completed" else None
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, target: Target,
                  horizon: int, seeds: list[int], eval_size: int, alpha: float, jobs: Jobs,
                  workdir: pathlib.Path, private_perturbations: list[dict] | None = None,
                  timeout_s: float = 1800.0) -> BacktestResult:
     workdir.mkdir(parents=True, exist_ok=True)
-    handles: dict[tuple[str, int], tuple[str, pathlib.Path]] = {}
+    handles: dict[tuple[str, int], tuple[Any, pathlib.Path]] = {}   # a job handle, or a leftover arm
     for seed in seeds:
         for arm, changes in (("candidate", iv.changes), ("control", {})):
             name = f"bt-{iv.id}-{arm}-s{seed}"
             cfg = arm_config(base_config, name, str(workdir), ckpt, seed, step, horizon, eval_size, changes,
                              private_perturbations or [])
             path = workdir / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-            handles[(arm, seed)] = (jobs.start(name, path), workdir / name)
+            left = leftover_arm(workdir / name, path)   # after a controller restart: reuse, don't rerun
+            if left is None:
+                shutil.rmtree(workdir / name, ignore_errors=True)   # a partial arm's files would mix in
+                path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+                left = jobs.start(name, path)
+            handles[(arm, seed)] = (left, workdir / name)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        states = {k: jobs.status(h) for k, (h, _) in handles.items()}
+        states = {k: (jobs.status(h) if isinstance(h, str) else ("RUNNING" if h and _running(h) else "SUCCEEDED"))
+                  for k, (h, _) in handles.items()}
         if all(s in ("SUCCEEDED", "FAILED", "STOPPED") for s in states.values()):
             break
         time.sleep(0.5)
     else:
         for h, _ in handles.values():
-            jobs.stop(h)
+            if isinstance(h, str):
+                jobs.stop(h)
+            elif h:
+                h.kill()
     sign = 1.0 if target.op == ">=" else -1.0
     cand, ctrl, cand_tb, ctrl_tb, cand_ff, ctrl_ff, failed = [], [], [], [], [], [], []
     for seed in seeds:

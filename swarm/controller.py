@@ -65,7 +65,7 @@ class Controller:
         self.config = {"configurable": {"thread_id": "main"}, "recursion_limit": RECURSION_LIMIT}
         self.base_cfg = goal.run_config("train", str(self.runs)).model_dump(mode="json")
         self.base_cfg["recipe"]["steps"] = goal.budget.steps
-        if goal.target.op == ">=":
+        if goal.target.op == ">=" and goal.target.metric == "heldout_acc":   # the trainer's early stop is on accuracy
             self.base_cfg["recipe"]["stop_at_heldout"] = goal.target.threshold
 
     # ---- construction -------------------------------------------------------------------------
@@ -101,6 +101,7 @@ class Controller:
         """Run (or continue) the graph to the end; returns the summary."""
         snap = self.graph.get_state(self.config)
         inp = None if snap.next else SwarmState()
+        self.state_job = (snap.values or {}).get("job")   # resuming mid-node: commands need the live job
         if snap.values and not snap.next:  # already finished
             return self.summary(SwarmState(**snap.values))
         try:
@@ -150,12 +151,32 @@ class Controller:
             for row in iter_jsonl(log):
                 if row.get("id") == cid:
                     return row
-            if self.jobs.status(self.state_job) in TERMINAL:
+            if self.job_status(self.state_job) in TERMINAL:
                 return None
             time.sleep(0.2)
         return None
 
     state_job: str | None = None
+
+    def job_status(self, handle: str | None) -> str:
+        """The launcher's status; for a job it does not know (ProcessJobs after a controller restart:
+        the trainer outlives a killed controller), judged by the run's heartbeat."""
+        status = self.jobs.status(handle) if handle else "UNKNOWN"
+        if status == "UNKNOWN" and handle:
+            hb = read_heartbeat(self.run_dir)
+            status = "RUNNING" if hb and _alive(hb.get("pid")) else ("SUCCEEDED" if hb and hb.get("state") in ("completed", "target_reached") else "FAILED")
+        return status
+
+    def stop_job(self, handle: str) -> None:
+        self.jobs.stop(handle)
+        hb = read_heartbeat(self.run_dir)
+        if isinstance(self.jobs, ProcessJobs) and self.jobs.status(handle) == "UNKNOWN" and hb and _alive(hb.get("pid")):
+            import psutil   # a trainer started by the previous controller: this one has no handle on it
+
+            try:
+                psutil.Process(hb["pid"]).kill()
+            except psutil.Error:
+                pass
 
     # ---- nodes --------------------------------------------------------------------------------
     def node_plan(self, s: SwarmState) -> dict[str, Any]:
@@ -181,7 +202,7 @@ class Controller:
         return handle
 
     def node_launch(self, s: SwarmState) -> dict[str, Any]:
-        if s.job and self.jobs.status(s.job) in ("RUNNING", "PENDING"):
+        if s.job and self.job_status(s.job) in ("RUNNING", "PENDING"):
             self.state_job = s.job
             return {}
         job = self.start_job()
@@ -192,14 +213,12 @@ class Controller:
         self.state_job = s.job
         if s.tick:
             time.sleep(self.goal.swarm.observe_every_s)
-        status = self.jobs.status(s.job) if s.job else "UNKNOWN"
-        if status == "UNKNOWN" and s.job:  # e.g. ProcessJobs after a controller restart: judge by heartbeat
-            hb = read_heartbeat(self.run_dir)
-            status = "RUNNING" if hb and _alive(hb.get("pid")) else ("SUCCEEDED" if hb and hb.get("state") in ("completed", "target_reached") else "FAILED")
+        status = self.job_status(s.job)
         self.meter = CpuMeter(s.cpu)
-        hb = read_heartbeat(self.run_dir)
-        if hb:
-            self.meter.observe(hb.get("pid"))
+        self.meter.observe(self.run_dir)
+        for arm in (self.sdir / "backtests").glob("bt-*"):
+            if arm.is_dir():
+                self.meter.observe(arm)
         ev = self.evidence(status)
         upd: dict[str, Any] = {"tick": s.tick + 1, "job_status": status, "step": ev.step, "cpu": self.meter.state()}
         value = ev.latest_eval(self.goal.target.metric)
@@ -211,6 +230,8 @@ class Controller:
             done = "stopped_by_user"
         elif status == "SUCCEEDED":
             done = "target_met" if self.goal.target.met(value) else "steps_exhausted"
+        elif status == "FAILED" and s.restarts >= self.goal.swarm.max_restarts:
+            done = "job_failed"   # it crashed again after max_restarts restarts
         elif time.time() - s.started > b.wall_s:
             done = "budget_wall_clock"
         elif self.meter.total > b.worker_cpu_s:
@@ -318,8 +339,10 @@ class Controller:
     def human_decisions(self) -> dict[str, str]:
         out = {}
         for row in self.store.timeline():
-            if row.get("kind") in ("human_approve", "human_reject", "human_rollback"):
+            if row.get("kind") in ("human_approve", "human_reject"):
                 out.setdefault(row["id"], row["kind"])  # first decision wins
+            elif row.get("kind") == "human_rollback":
+                out[row["id"]] = row["kind"]   # comes after the approval it undoes
         return out
 
     def node_apply(self, s: SwarmState) -> dict[str, Any]:
@@ -330,8 +353,9 @@ class Controller:
             iv = self.store.get(iid)
             decision = human.get(iid)
             if iv.status == Status.AWAITING_APPROVAL and decision == "human_reject":
+                if self.ws.pr_state(iid) == "open":   # git first: a crash in between is redone on resume
+                    self.ws.reject(iid)
                 self.store.transition(iid, Status.REJECTED, "rejected by a human")
-                self.ws.reject(iid)
                 continue
             if iv.status == Status.VALIDATED or (iv.status == Status.AWAITING_APPROVAL and decision == "human_approve"):
                 upd.update(self.apply(iv, s))
@@ -344,8 +368,8 @@ class Controller:
     def apply(self, iv: Intervention, s: SwarmState) -> dict[str, Any]:
         upd: dict[str, Any] = {}
         if iv.kind == InterventionKind.RESTART:
-            if s.job and self.jobs.status(s.job) not in TERMINAL:
-                self.jobs.stop(s.job)
+            if s.job and self.job_status(s.job) not in TERMINAL:
+                self.stop_job(s.job)
             job = self.start_job()
             self.state_job = job
             upd = {"job": job, "restarts": s.restarts + 1, "job_status": "PENDING"}
@@ -371,8 +395,8 @@ class Controller:
         ev = self.evidence(s.job_status)
         iv.outcome["baseline"] = ev.latest_eval(self.goal.target.metric)
         self.store.put(iv)
-        if iv.status == Status.AWAITING_APPROVAL or iv.status == Status.VALIDATED:
-            self.ws.approve(iv.id)
+        if iv.status in (Status.AWAITING_APPROVAL, Status.VALIDATED) and self.ws.pr_state(iv.id) == "open":
+            self.ws.approve(iv.id)   # merged before a crash: not again
         self.store.transition(iv.id, Status.APPLIED, f"applied at step {step}")
         self.store.log("applied", id=iv.id, step=step)
         return upd
@@ -417,7 +441,8 @@ class Controller:
         # the checkpoint taken before applying holds the recipe and harness of that moment too
         if iv.checkpoint_before:
             self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
-        self.ws.rollback(iv.id)
+        if self.ws.pr_state(iv.id) == "merged":   # reverted before a crash: not again
+            self.ws.rollback(iv.id)
         self.store.transition(iv.id, Status.ROLLED_BACK, note)
 
     def node_mine_skills(self, s: SwarmState) -> dict[str, Any]:
@@ -430,9 +455,9 @@ class Controller:
     def node_finish(self, s: SwarmState) -> dict[str, Any]:
         from swarm.report import final_report
 
-        if s.job and self.jobs.status(s.job) not in TERMINAL:
+        if s.job and self.job_status(s.job) not in TERMINAL:
             self.command("stop", "controller-stop", timeout=120)
-            self.jobs.stop(s.job)
+            self.stop_job(s.job)
         summary = self.summary(s)
         md, pngs = final_report(self.goal.public(), self.store.timeline(), self.store.list(),
                                 read_jsonl(self.run_dir / "metrics.jsonl"), summary)

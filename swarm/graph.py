@@ -30,6 +30,7 @@ class SwarmState:
     best: float | None = None
     started: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
+    to_target: dict[str, float] = field(default_factory=dict)  # wall and worker-CPU seconds when first met
     proposed: list[str] = field(default_factory=list)   # intervention ids waiting for the backtest/gate
     done: str | None = None            # why the run ended
     plan: str = ""

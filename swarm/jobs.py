@@ -16,7 +16,6 @@ import subprocess
 import sys
 from typing import Any
 
-import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -116,32 +115,26 @@ class RayJobs(Jobs):
 
 
 class CpuMeter:
-    """Sums CPU seconds of trainer processes (by pid, children included) as they are observed."""
+    """Worker CPU seconds of every trainer process the swarm ran (the live job's segments and
+    backtest arms). Each trainer reports its own CPU time in its heartbeat (`cpu_s`); the meter
+    keeps the newest reading per process, so the total survives restarts and works the same for
+    Ray jobs and local processes."""
 
     def __init__(self, state: dict[str, float] | None = None) -> None:
-        self.by_pid: dict[str, float] = dict(state or {})
+        self.by_proc: dict[str, float] = dict(state or {})
 
-    def observe(self, pid: int | None) -> None:
-        if not pid:
+    def observe(self, run_dir: str | os.PathLike) -> None:
+        from trainer.runlog import read_heartbeat
+
+        hb = read_heartbeat(run_dir)
+        if not hb or "cpu_s" not in hb:
             return
-        try:
-            p = psutil.Process(pid)
-            t = p.cpu_times()
-            total = t.user + t.system + t.children_user + t.children_system
-            for c in p.children(recursive=True):
-                try:
-                    ct = c.cpu_times()
-                    total += ct.user + ct.system
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            return
-        key = f"{pid}:{int(p.create_time())}"
-        self.by_pid[key] = max(self.by_pid.get(key, 0.0), total)
+        key = f"{run_dir}:{hb.get('pid')}"
+        self.by_proc[key] = max(self.by_proc.get(key, 0.0), float(hb["cpu_s"]))
 
     @property
     def total(self) -> float:
-        return sum(self.by_pid.values())
+        return sum(self.by_proc.values())
 
-    def state(self) -> dict[str, Any]:
-        return dict(self.by_pid)
+    def state(self) -> dict[str, float]:
+        return dict(self.by_proc)

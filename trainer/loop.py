@@ -66,6 +66,8 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         self.recipe = cfg.recipe.model_copy(deep=True)
         self.harness = cfg.harness.model_copy(deep=True)
+        # the harness as config and commands set it, without silent perturbations: the only one stored
+        self.shown = self.harness
         self.eval_difficulty = cfg.harness.curriculum.end or cfg.harness.curriculum.start
         device = next(self.policy.model.parameters()).device
         try:
@@ -214,7 +216,7 @@ class Trainer:
             "model": self.policy.model.state_dict(), "opt": self.opt.state_dict(),
             "step": self.step, "cursor": self.cursor, "segment": self.segment, "seen": sorted(self.seen),
             "recipe": self.recipe.model_dump(mode="json"), "harness": self.harness.model_dump(mode="json"),
-            "ref": self.ref_state,
+            "shown": self.shown.model_dump(mode="json"), "ref": self.ref_state,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                     "torch": torch.get_rng_state(), "gen": self.gen.get_state()},
         }
@@ -226,6 +228,7 @@ class Trainer:
         self.seen = set(st["seen"])
         self.recipe = type(self.recipe).model_validate(st["recipe"])
         self.harness = HarnessSpec.model_validate(st["harness"])
+        self.shown = HarnessSpec.model_validate(st.get("shown", st["harness"]))
         self.ref_state, self.ref_policy = st["ref"], None
         random.setstate(st["rng"]["python"])
         np.random.set_state(st["rng"]["numpy"])
@@ -243,14 +246,14 @@ class Trainer:
         if self.dist.is_main:
             d = self.run_dir / "harnesses"
             d.mkdir(exist_ok=True)
-            p = d / f"{self.harness.version}.yaml"
+            p = d / f"{self.shown.version}.yaml"
             if not p.exists():
                 atomic_write_text(p, self.harness_yaml())
 
     def harness_yaml(self) -> str:
         import yaml
 
-        return yaml.safe_dump(self.harness.model_dump(mode="json"), sort_keys=False)
+        return yaml.safe_dump(self.shown.model_dump(mode="json"), sort_keys=False)
 
     def apply_overrides(self, fields: dict[str, Any], silent: bool = False) -> None:
         """Set dotted `recipe.*` / `harness.*` fields on the live run, validated as a whole."""
@@ -261,9 +264,15 @@ class Trainer:
             cfg = set_dotted(cfg, k, v)
         if cfg.recipe.algorithm != self.recipe.algorithm and cfg.recipe.algorithm == "grpo" and self.ref_state is None:
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())
-        changed = cfg.harness != self.harness
-        self.recipe, self.harness = cfg.recipe, cfg.harness
-        if changed and not silent:  # a recipe change must not store a (silently perturbed) live harness
+        shown = self.shown
+        if not silent:  # a command's change is shown; a silent perturbation's is not
+            c = self.cfg.model_copy(update={"recipe": cfg.recipe, "harness": self.shown})
+            for k, v in fields.items():
+                c = set_dotted(c, k, v) if k.startswith("harness.") else c
+            shown = c.harness
+        changed = shown != self.shown
+        self.recipe, self.harness, self.shown = cfg.recipe, cfg.harness, shown
+        if changed:
             self.store_harness()
 
     # ---- control ----------------------------------------------------------------------------
@@ -295,12 +304,12 @@ class Trainer:
         if cmd.cmd == "set_fields":
             if not cmd.fields:
                 raise ValueError("set_fields needs non-empty 'fields' (dotted recipe.*/harness.* keys)")
-            before = (self.recipe, self.harness)
+            before = (self.recipe, self.harness, self.shown)
             self.apply_overrides(dict(cmd.fields))
             try:
                 self.task.check_difficulty(self.harness.curriculum.start)
             except ValueError:
-                self.recipe, self.harness = before
+                self.recipe, self.harness, self.shown = before
                 raise
             return {"set": dict(cmd.fields), "harness_version": self.harness.version}
         if cmd.cmd == "set_harness":
@@ -316,7 +325,7 @@ class Trainer:
             else:
                 raise ValueError("set_harness needs 'version' or 'harness'")
             self.task.check_difficulty(spec.curriculum.start)
-            self.harness = spec
+            self.harness = self.shown = spec
             self.store_harness()
             return {"harness_version": spec.version}
         if cmd.cmd == "checkpoint":
@@ -377,7 +386,7 @@ class Trainer:
             self.load_state(st)
             if self.cfg.fork_mode == "full":
                 self.recipe = self.cfg.recipe.model_copy(deep=True)
-                self.harness = self.cfg.harness.model_copy(deep=True)
+                self.harness = self.shown = self.cfg.harness.model_copy(deep=True)
             # this run's seed picks its own sampling stream and data (same seed → same stream)
             self.gen.manual_seed(self.cfg.seed * 1000 + 17 + self.dist.rank)
             self.cursor += self.cfg.seed * 1_000_003

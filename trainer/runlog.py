@@ -87,12 +87,21 @@ class RunLog:
         self.events.write({"time": time.time(), "step": step, "event": kind, **data})
 
     def heartbeat(self, step: int, state: str, **data: Any) -> None:
-        row = {"time": time.time(), "pid": os.getpid(), "step": step, "state": state, **data}
+        row = {"time": time.time(), "pid": os.getpid(), "step": step, "state": state,
+               "cpu_s": process_cpu_seconds(), **data}
         atomic_write_text(self.dir / "heartbeat.json", json.dumps(_clean(row)), durable=False)
 
     def close(self) -> None:
         for w in (self.metrics, self.samples, self.events):
             w.close()
+
+
+def process_cpu_seconds() -> float:
+    """CPU seconds of this process (all threads) and its finished children: the worker-CPU meter."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def read_heartbeat(run_dir: str | os.PathLike) -> dict[str, Any] | None:
