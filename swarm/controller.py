@@ -224,6 +224,8 @@ class Controller:
         value = ev.latest_eval(self.goal.target.metric)
         if value is not None:
             upd["best"] = value if s.best is None else (max if self.goal.target.op == ">=" else min)(s.best, value)
+            if not s.to_target and self.goal.target.met(value):
+                upd["to_target"] = {"wall_s": time.time() - s.started, "worker_cpu_s": self.meter.total}
         b = self.goal.budget
         done = None
         if (self.sdir / "stop").exists():
@@ -478,7 +480,9 @@ class Controller:
         return {
             "reached": bool(reached), "reason": s.done, "final_metric": value, "metric": self.goal.target.metric,
             "steps": s.step, "wall_s": time.time() - s.started if s.started else 0.0,
-            "worker_cpu_s": CpuMeter(s.cpu).total, "seconds_to_target": t_target, "restarts": s.restarts,
+            "worker_cpu_s": CpuMeter(s.cpu).total, "seconds_to_target": t_target,
+            "worker_cpu_s_to_target": (s.to_target.get("worker_cpu_s", CpuMeter(s.cpu).total) if reached else None),
+            "restarts": s.restarts,
             "report": str(self.dir / "reports" / "final" / "REPORT.md"),
             "interventions": [{"id": iv.id, "kind": iv.kind.value, "operator": iv.operator, "policy": iv.policy,
                                "diagnosis": iv.diagnosis.name, "status": iv.status.value,
