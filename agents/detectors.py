@@ -92,13 +92,19 @@ class Thresholds:
     label_noise_floor: float = 0.15
     label_noise_rel: float = 0.05
     label_noise_pass_min: float = 0.3
+    label_noise_heldout_evals: int = 3  # ... and held-out accuracy has stopped improving over this many evals
+    # not learning: the loss has barely moved since the run began and held-out stays near zero
+    not_learning_rows: int = 100
+    not_learning_rel: float = 0.1
+    not_learning_heldout_max: float = 0.05
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"Thresholds.{f.name}={v!r}: must be a finite number >= 0")
-        for name in ("min_rows", "recent", "trailing", "scan", "plateau_evals", "label_noise_rows"):
+        for name in ("min_rows", "recent", "trailing", "scan", "plateau_evals", "label_noise_rows",
+                     "label_noise_heldout_evals", "not_learning_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name}={getattr(self, name)!r}: must be >= 1")
 
@@ -720,9 +726,11 @@ def low_temperature(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
 def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """SFT: the loss sits flat at a high floor (≥ `label_noise_floor` nats/token, < `label_noise_rel`
     relative improvement over `label_noise_rows` rows) although the policy's own greedy answers
-    are right a fair share of the time (pass rate or held-out ≥ `label_noise_pass_min`): the
-    targets disagree with correct answers, i.e. the labels are noisy. (No token-level accuracy is
-    logged; this is what the evidence allows.)"""
+    are right a fair share of the time (pass rate or held-out ≥ `label_noise_pass_min`), and
+    held-out accuracy has stopped improving over the last `label_noise_heldout_evals` evals (a
+    healthy run whose loss pauses while accuracy still climbs is not noisy): the targets disagree
+    with correct answers, i.e. the labels are noisy. (No token-level accuracy is logged; this is
+    what the evidence allows.)"""
     if algorithm(ev) != "sft":
         return None
     _, loss = _col(current_rows(ev), "loss", skip_skipped=True)
@@ -735,7 +743,10 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     _, pr = _col(ev.metrics[-th.label_noise_rows :], "pass_rate")
     held = ev.latest_eval("heldout_acc")
     right = max(_mean(pr) if pr else 0.0, held or 0.0)
-    if b >= th.label_noise_floor and rel < th.label_noise_rel and right >= th.label_noise_pass_min:
+    evals = [v for v in (_f(r.get("heldout_acc")) for r in ev.evals) if _finite(v)]
+    k = th.label_noise_heldout_evals
+    stalled = len(evals) > k and max(evals[-k:]) - max(evals[:-k]) < th.plateau_min_delta
+    if b >= th.label_noise_floor and rel < th.label_noise_rel and right >= th.label_noise_pass_min and stalled:
         return _diag(ev, "label_noise",
                      f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
                      "warning",
@@ -743,4 +754,30 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                       "pass_rate_recent": pr[-th.recent :], "heldout_acc": held,
                       "threshold_floor": th.label_noise_floor, "threshold_rel": th.label_noise_rel,
                       "threshold_pass": th.label_noise_pass_min})
+    return None
+
+
+@detector("not_learning")
+def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The run is not learning at all: after `not_learning_rows` steps the loss's recent median is
+    within `not_learning_rel` of its median at the start of the segment, and held-out accuracy is
+    still ≤ `not_learning_heldout_max`. With no spike to roll back to, the usual cause is a
+    learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr."""
+    rows = current_rows(ev)
+    steps, loss = _col(rows, "loss", skip_skipped=True)
+    loss = [v for v in loss if math.isfinite(v)]
+    if len(loss) < th.not_learning_rows:
+        return None
+    n = max(5, th.not_learning_rows // 5)
+    first, last = _median(loss[:n]), _median(loss[-n:])
+    rel = (first - last) / max(abs(first), 1e-12)
+    held = ev.latest_eval("heldout_acc")
+    if rel < th.not_learning_rel and (held is None or held <= th.not_learning_heldout_max):
+        _, lr = _col(rows, "lr")
+        return _diag(ev, "not_learning",
+                     f"loss {first:.3g} → {last:.3g} over {len(loss)} steps and held-out {held}: the run is not learning",
+                     "warning",
+                     {"loss_start_median": first, "loss_recent_median": last, "relative_improvement": rel,
+                      "heldout_acc": held, "lr_now": lr[-1] if lr else None, "rows": len(loss),
+                      "threshold_rel": th.not_learning_rel, "threshold_heldout": th.not_learning_heldout_max})
     return None

@@ -86,7 +86,7 @@ class Diagnostics(Operator):
             "stronger KL penalty; lost exploration gets the sampling temperature back to 1.0.")
     tools = frozenset({K.ROLLBACK, K.RECIPE_EDIT, K.HARNESS_EDIT})
     detectors = ("nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "entropy_collapse",
-                 "low_temperature", "plateau")
+                 "low_temperature", "plateau", "not_learning")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
@@ -94,6 +94,17 @@ class Diagnostics(Operator):
         diverged = [found[n] for n in ("nonfinite_loss", "loss_spike", "grad_norm_explosion") if n in found]
         if diverged:
             out.append(self._rollback(diverged, ctx))
+        elif "not_learning" in found:
+            d = found["not_learning"]
+            lr = _f(d.evidence.get("lr_now")) or _f(ctx.get("recipe.lr"))
+            if lr:
+                new_lr = float(f"{lr * LR_FACTOR:.6g}")
+                out.append(self.intervention(
+                    K.RECIPE_EDIT, d, {"recipe.lr": new_lr}, risk=Risk.MEDIUM,
+                    rationale=f"{d.summary}. No spike marks a divergence to roll back from; a learning rate of "
+                              f"{lr:.3g} that never let the loss fall is the likeliest cause, so it is lowered "
+                              f"×{LR_FACTOR} to {new_lr:.3g} (the backtest decides whether that helps).",
+                    expected_effect="loss falling within ~50 steps and held-out accuracy leaving zero"))
         if "kl_blowup" in found:
             out.append(self._kl(found["kl_blowup"], ctx))
         for n in ("low_temperature", "entropy_collapse"):

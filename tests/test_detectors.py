@@ -113,7 +113,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 16
+    assert len(DETECTORS) == 17
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -363,6 +363,11 @@ def test_label_noise():
     rng = random.Random(1)
     for r in rows[-30:]:
         r.update(loss=0.42 + rng.uniform(-0.02, 0.02), pass_rate=0.8)
+    rising = make_ev(rows)  # held-out still climbing (sft_rows' evals): a loss pause is not noise
+    assert DETECTORS["label_noise"](rising, THRESHOLDS, KNOWN) is None
+    for r in rows[-30:]:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.6  # ... held-out stalled below its earlier best
     d = fired(make_ev(rows), "label_noise")
     assert d.evidence["loss_second_half_median"] > THRESHOLDS.label_noise_floor
     for r in rows[-30:]:
@@ -415,3 +420,16 @@ def test_real_run_lr_spike(tmp_path):
     spike = found["loss_spike"]
     assert 16 <= spike.evidence["onset_step"] <= 18
     assert spike.evidence["lr_before"] == pytest.approx(1e-2) and spike.evidence["lr_now"] == pytest.approx(0.5)
+
+
+def test_not_learning():
+    """lr far too high from the start: the loss never leaves its starting level, held-out stays 0."""
+    rows = sft_rows(n=120)
+    rng = random.Random(2)
+    for r in rows:
+        r.update(loss=1.9 + rng.uniform(-0.05, 0.05), pass_rate=0.0, lr=0.3)
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.0
+    d = fired(make_ev(rows), "not_learning")
+    assert d.evidence["lr_now"] == 0.3 and d.evidence["relative_improvement"] < THRESHOLDS.not_learning_rel
+    assert DETECTORS["not_learning"](make_ev(sft_rows(n=120)), THRESHOLDS, KNOWN) is None  # healthy: quiet

@@ -185,6 +185,8 @@ def test_data_curation_curriculum_and_label_noise():
     rows = sft_rows()
     for r in rows[-30:]:
         r.update(loss=0.42, pass_rate=0.8)
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.6
     [iv] = op.builtin(make_ev(rows), ctx())
     assert iv.kind == K.DISTILL and iv.changes == {"recipe.algorithm": "distill"} and iv.risk == Risk.MEDIUM
 
@@ -408,3 +410,17 @@ def test_real_grpo_run_at_low_temperature_gets_its_temperature_back(tmp_path):
         assert [iv.diagnosis.name for iv in proposals] == expected
     [iv] = proposals
     assert (iv.operator, iv.kind, iv.changes) == ("diagnostics", K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0})
+
+
+def test_diagnostics_lowers_the_lr_of_a_run_that_never_learns():
+    import random
+
+    rows = sft_rows(n=120)
+    rng = random.Random(3)
+    for r in rows:
+        r.update(loss=1.9 + rng.uniform(-0.05, 0.05), pass_rate=0.0, lr=0.3)
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.0
+    ivs = [iv for iv in Diagnostics().builtin(make_ev(rows), ctx()) if iv.diagnosis.name == "not_learning"]
+    assert len(ivs) == 1 and ivs[0].kind == K.RECIPE_EDIT
+    assert ivs[0].changes == {"recipe.lr": pytest.approx(0.03)}

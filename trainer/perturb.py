@@ -43,8 +43,11 @@ def expand(p: Perturbation) -> Perturbation:
     if p.shortcut not in SHORTCUTS:
         raise ValueError(f"unknown perturbation shortcut {p.shortcut!r}; known: {', '.join(sorted(SHORTCUTS))}")
     kind, defaults = SHORTCUTS[p.shortcut]
-    data = p.model_dump(exclude_unset=True)
-    data.pop("shortcut")
+    # fields left at their defaults do not override the shortcut's settings — also after a
+    # round trip through a full dump (where every field counts as "set")
+    fields = type(p).model_fields
+    data = {k: v for k, v in p.model_dump().items()
+            if k != "shortcut" and v != fields[k].get_default(call_default_factory=True)}
     if p.kind is not None and p.kind != kind:
         raise ValueError(f"perturbation shortcut {p.shortcut!r} is kind {kind!r}, not {p.kind!r}")
     merged = {**defaults, **data, "kind": kind}
