@@ -313,3 +313,11 @@ def test_perturbed_harness_does_not_leak_through_commands_or_resume(make_cfg):
     assert read_jsonl(cfg.run_dir / "command_log.jsonl")[0]["status"] == "applied"
     Trainer(cfg).run()
     assert_hidden(cfg, "digits_any_order")
+
+
+def test_shortcut_survives_a_config_round_trip():
+    """A full dump marks every field as set; the shortcut's own settings must still apply."""
+    cfg = RunConfig.parse({"perturbations": [{"shortcut": "truncation", "at_step": 3}]})
+    again = RunConfig.parse(cfg.model_dump(mode="json"))
+    p = expand(again.perturbations[0])
+    assert p.kind == "override" and p.set == {"harness.sampling.max_new_tokens": 2} and p.at_step == 3
