@@ -100,9 +100,11 @@ class Controller:
     def run(self) -> dict[str, Any]:
         """Run (or continue) the graph to the end; returns the summary."""
         snap = self.graph.get_state(self.config)
-        inp = None if snap.next else SwarmState()
+        # any checkpoint: continue it. `snap.next` is empty also when the controller died after a
+        # node's writes were saved but before the next checkpoint, so only the store says "finished".
+        inp = None if snap.values else SwarmState()
         self.state_job = (snap.values or {}).get("job")   # resuming mid-node: commands need the live job
-        if snap.values and not snap.next:  # already finished
+        if snap.values and not snap.next and self.store.timeline("finished"):  # already finished
             return self.summary(SwarmState(**snap.values))
         try:
             final = self.graph.invoke(inp, self.config)

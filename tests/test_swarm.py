@@ -1,0 +1,619 @@
+"""The swarm end to end, with real trainer subprocesses (`jobs="process"`, no Ray), a real sqlite
+store and LangGraph checkpointer, and a real git workspace.
+
+Every run here is a tiny version of `examples/goals/truncation.yaml` (a 2-layer 64-wide model
+learning 2-digit addition while a perturbation cuts every answer at 2 tokens; target held-out
+accuracy 0.6), so one controller run takes about half a minute on 2 cores:
+
+- a failing goal reaches its target with the built-in policies; the summary holds every field the
+  issue lists; every intervention is a PR (branch or tag) with its report, and the final report is
+  on main; reports quote trajectory text inside code fences;
+- perturbations are never visible: not in git (any ref), reports, the store, the run's or the
+  backtests' files, nor in the Evidence / OperatorContext objects handed to operators;
+- the controller is SIGKILLed after launch, during a backtest and after applying, and
+  `swarm resume` finishes the run: nothing lost, nothing applied twice, no metrics lost;
+- approve / reject / rollback round trips through the CLI while a run is live; bad requests exit 2
+  and change nothing;
+- bad input: a malformed goal, a second controller on a live workspace, a trainer that crashes.
+
+    .venv/bin/python -m pytest tests/test_swarm.py -q
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import re
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import psutil
+import pytest
+import yaml
+
+from swarm.controller import Controller
+from swarm.goal import Goal
+from swarm.store import Store, WorkspaceLocked
+from trainer.runlog import read_heartbeat, read_jsonl
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "goals" / "truncation.yaml"
+DONE = {"rejected", "applied", "evaluating", "kept", "rolled_back"}   # decided: nothing left to do
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def tiny_goal(**over: Any) -> dict[str, Any]:
+    """examples/goals/truncation.yaml scaled down to ~30 s of 2 cores (measured: detected at step
+    ~25, backtest ~20 s, target 0.6 reached ~30 steps after the fix)."""
+    g = yaml.safe_load(EXAMPLE.read_text())
+    g = merge(g, {
+        "target": {"threshold": 0.6},
+        "run": {"model": {"d_model": 64, "n_layers": 2},
+                "recipe": {"lr": 0.005, "eval_interval": 25, "eval_size": 100},
+                "checkpoint": {"interval": 25, "keep_last": 4}},
+        "budget": {"wall_s": 150, "steps": 1500, "worker_cpu_s": 900},
+        "swarm": {"observe_every_s": 0.5, "min_steps_between_interventions": 20, "evaluate_window_steps": 30,
+                  "backtest": {"horizon_steps": 20, "eval_size": 50}},
+    })
+    return merge(g, over)
+
+
+def write_goal(path: pathlib.Path, goal: dict[str, Any]) -> pathlib.Path:
+    path.write_text(yaml.safe_dump(goal, sort_keys=False))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    """Git (in this process and in the controllers started here) sees an empty HOME: no global
+    identity, hooks or signing of the machine leak in; the workspace sets its own identity."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+
+
+def swarm(tmp_path: pathlib.Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The `swarm` CLI in a subprocess, as from another terminal."""
+    return subprocess.run([sys.executable, "-m", "swarm.cli", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def spawn(tmp_path: pathlib.Path, log: pathlib.Path, *args: str) -> subprocess.Popen:
+    """A long-running `swarm` command (a controller), output appended to `log`."""
+    with open(log, "ab") as f:
+        return subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], cwd=tmp_path, stdout=f,
+                                stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def wait_for(what: str, pred: Callable[[], Any], timeout: float, proc: subprocess.Popen | None = None,
+             log: pathlib.Path | None = None) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"controller exited ({proc.returncode}) while waiting for {what}:\n"
+                        + (log.read_text()[-3000:] if log else ""))
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}" + (f":\n{log.read_text()[-3000:]}" if log else ""))
+
+
+def ivs(ws: pathlib.Path) -> list:
+    if not (ws / ".swarm" / "state.db").exists():
+        return []
+    st = Store(ws)
+    try:
+        return st.list()
+    finally:
+        st.close()
+
+
+def timeline(ws: pathlib.Path) -> list[dict[str, Any]]:
+    st = Store(ws)
+    try:
+        return st.timeline()
+    finally:
+        st.close()
+
+
+def git(ws: pathlib.Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ws, capture_output=True, text=True, check=True).stdout
+
+
+def trainer_procs(ws: pathlib.Path) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if "trainer.entry" in cmd and str(ws) in cmd:
+            out.append(p)
+    return out
+
+
+@pytest.fixture
+def reap(tmp_path):
+    """Controllers the test started, killed at the end, and every trainer process (they run in
+    their own sessions, so they outlive a SIGKILLed controller) started under tmp_path."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for p in trainer_procs(tmp_path):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def check_metrics_continuous(run_dir: pathlib.Path) -> list[dict[str, Any]]:
+    """Training rows: within a segment the steps run on without a gap or a repeat (a new segment
+    starts at a checkpoint's step + 1 after a restart or rollback)."""
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if not r.get("final")]
+    assert rows, "no metrics"
+    seen: dict[int, int] = {}
+    for r in rows:
+        seg = r.get("segment", 0)
+        if seg in seen:
+            assert r["step"] == seen[seg] + 1, f"segment {seg}: step {seen[seg]} then {r['step']}"
+        seen[seg] = r["step"]
+    assert list(seen) == sorted(seen), f"segments out of order: {list(seen)}"
+    return rows
+
+
+def check_applied_once(run_dir: pathlib.Path, ids: list[str]) -> None:
+    acks = read_jsonl(run_dir / "command_log.jsonl")
+    sent = read_jsonl(run_dir / "commands.jsonl")
+    dup = {a["id"] for a in acks if sum(b["id"] == a["id"] for b in acks) > 1}
+    assert not dup, f"commands acknowledged more than once: {dup}"
+    dup = {c["id"] for c in sent if sum(b["id"] == c["id"] for b in sent) > 1}
+    assert not dup, f"commands sent more than once: {dup}"
+    for iid in ids:
+        applied = [a for a in acks if a["id"] == f"{iid}-apply" and a["cmd"] == "set_fields"]
+        assert len(applied) == 1 and applied[0]["status"] == "applied", (iid, applied)
+
+
+# ---- 1, 2, 6: end to end, perturbations invisible, reports fence trajectory text -------------
+
+# the perturbations' fingerprints: the shortcut's fields and the override values. ("truncation",
+# the shortcut's name, is also the name of the detector that finds its effect, so it is allowed.)
+SECRET = 4093
+LEAKS = [re.compile(p, re.I) for p in (
+    r"perturb", r"shortcut", r"at_step",
+    r"max_new_tokens\W{0,4}2(?![\d.])",            # the truncation override's value
+    rf"max_prompt_chars\W{{0,4}}{SECRET}",          # a harmless override, distinctive value
+)]
+# the trainer logs its config with the perturbations removed: `perturbations: []` says nothing
+REDACTED = re.compile(r"""["']?perturbations["']?\s*:\s*\[\]""")
+
+
+def leaks(text: str) -> list[str]:
+    text = REDACTED.sub("", text)
+    return [m.group(0) for rx in LEAKS for m in rx.finditer(text)]
+
+
+class Recording(Controller):
+    """The real controller; every Evidence and OperatorContext it builds for operators is kept."""
+
+    handed: list[str] = []
+
+    def evidence(self, status: str):
+        ev = super().evidence(status)
+        self.handed.append(ev.model_dump_json())
+        return ev
+
+    def context(self, ev):
+        ctx = super().context(ev)
+        self.handed.append(ctx.model_dump_json())
+        return ctx
+
+
+def test_failing_goal_reaches_target_and_perturbations_stay_private(tmp_path):
+    goal = Goal.parse(tiny_goal(perturbations=[
+        {"shortcut": "truncation", "at_step": 0},
+        {"kind": "override", "at_step": 0, "set": {"harness.filters.max_prompt_chars": SECRET}},
+    ]))
+    ws = tmp_path / "ws"
+    t0, r0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    Recording.handed = []
+    summary = Recording.create(ws, goal, jobs="process").run()
+    wall, r1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    children_cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)   # trainer, backtest arms (and git)
+
+    # 1. the target is reached, and the summary says everything the issue lists
+    assert summary["reached"] is True, summary
+    assert summary["reason"] == "target_met" and summary["final_metric"] >= 0.6
+    for key in ("reached", "final_metric", "steps", "wall_s", "worker_cpu_s", "seconds_to_target",
+                "worker_cpu_s_to_target", "restarts", "interventions", "llm"):
+        assert key in summary, f"summary lacks {key!r}: {sorted(summary)}"
+    assert 0 < summary["wall_s"] <= wall and summary["steps"] > 0 and summary["worker_cpu_s"] > 0
+    assert 0 < summary["seconds_to_target"] <= summary["wall_s"]
+    assert 0 < summary["worker_cpu_s_to_target"] <= summary["worker_cpu_s"]
+    assert summary["worker_cpu_s"] >= 0.8 * children_cpu, (summary["worker_cpu_s"], children_cpu)
+    assert summary["restarts"] == 0
+    assert summary["llm"]["calls"] == 0 and summary["llm"]["policy"] == "built-in"
+    assert summary["interventions"], "the truncation was not fixed by an intervention"
+    for row in summary["interventions"]:
+        for key in ("id", "kind", "operator", "policy", "diagnosis", "status", "effect", "p_value", "applied_step"):
+            assert key in row, (key, row)
+    fix = next(r for r in summary["interventions"] if r["diagnosis"] == "truncation")
+    assert fix["kind"] == "harness_edit" and fix["operator"] == "harness_critic" and fix["policy"] == "builtin"
+    assert fix["status"] in ("evaluating", "kept") and fix["applied_step"] > 0
+    assert fix["effect"] is not None and 0 <= fix["p_value"] <= 1
+    assert json.loads((ws / ".swarm" / "summary.json").read_text())["reached"] is True
+
+    # every intervention is a PR: a branch, or the tag it was merged / closed under, holding its report
+    refs = git(ws, "for-each-ref", "--format=%(refname:short)").split()
+    for iv in ivs(ws):
+        ref = next((r for r in refs if r.startswith(f"iv/{iv.id}-") or r in (f"merged/{iv.id}", f"closed/{iv.id}")), None)
+        assert ref, f"no branch or tag for intervention {iv.id}: {refs}"
+        assert f"# Intervention {iv.id}" in git(ws, "show", f"{ref}:reports/{iv.id}/REPORT.md")
+    assert f"merged/{fix['id']}" in refs
+    final = git(ws, "show", "main:reports/final/REPORT.md")
+    assert fix["id"] in final
+    assert pathlib.Path(summary["report"]).read_text() == final
+
+    # 6. trajectory text in reports is quoted as data: every prompt shown is inside a code fence
+    report = git(ws, "show", f"merged/{fix['id']}:reports/{fix['id']}/REPORT.md")
+    outside = "".join(report.split("```")[0::2])
+    inside = "".join(report.split("```")[1::2])
+    assert report.count("```") % 2 == 0 and re.search(r"\d+\+\d+=", inside), "no sample trajectory quoted"
+    assert not re.search(r"\d+\+\d+=", outside), "trajectory text outside a code fence"
+
+    # 2. the perturbations are nowhere but in the trainer's private files
+    private = (ws / ".swarm" / "private", ws / ".swarm" / "runs" / ".perturb", ws / ".swarm" / "backtests" / ".perturb")
+    assert "max_prompt_chars" in (ws / ".swarm" / "private" / "train.yaml").read_text()  # the fingerprints are right
+    found: dict[str, list[str]] = {}
+    for f in ws.rglob("*"):
+        if not f.is_file() or ".git" in f.relative_to(ws).parts or any(f.is_relative_to(p) for p in private):
+            continue
+        if f.suffix == ".pt":   # checkpoints: the trainer's own binary state, never read by the controller
+            continue
+        hit = leaks(f.read_bytes().decode("latin-1"))
+        if hit:
+            found[str(f.relative_to(ws))] = hit
+    for db in (".swarm/state.db", ".swarm/graph.db"):   # rows as text, whatever they are stored as
+        con = sqlite3.connect(ws / db)
+        hit = leaks("\n".join(con.iterdump()))
+        con.close()
+        if hit:
+            found[db] = hit
+    st = Store(ws)
+    store_text = json.dumps([iv.model_dump(mode="json") for iv in st.list()]) + json.dumps(st.timeline())
+    st.close()
+    if leaks(store_text):
+        found["store"] = leaks(store_text)
+    all_refs = git(ws, "for-each-ref", "--format=%(refname)").split()
+    tree = subprocess.run(["git", "grep", "-I", "-i", "-E", r"perturb|shortcut|at_step|max_prompt_chars|max_new_tokens", *all_refs],
+                          cwd=ws, capture_output=True, text=True).stdout
+    history = git(ws, "log", "--all", "--format=%B") + git(ws, "for-each-ref", "refs/tags", "--format=%(contents)")
+    for name, text in (("git tree", tree), ("git messages", history)):
+        if leaks(text):
+            found[name] = leaks(text)
+    assert not found, f"perturbation visible outside .swarm/private: {found}"
+
+    # ... nor in anything handed to an operator
+    assert Recording.handed, "no evidence was recorded"
+    bad = [leaks(h) for h in Recording.handed if leaks(h)]
+    assert not bad, f"perturbation visible to operators: {bad[:3]}"
+
+
+# ---- 3: SIGKILL the controller at each lifecycle stage, then `swarm resume` ------------------
+
+
+def test_sigkill_at_each_stage_then_resume_loses_nothing(tmp_path, reap):
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(perturbations=[{"shortcut": "truncation", "at_step": 0}]))
+    ws, log = tmp_path / "ws", tmp_path / "controller.log"
+    run_dir = ws / ".swarm" / "runs" / "train"
+    bt_dir = ws / ".swarm" / "backtests"
+    stages = [
+        ("after launch", lambda: (read_heartbeat(run_dir) or {}).get("step", 0) >= 5),
+        ("during a backtest", lambda: any(bt_dir.glob("bt-*-candidate-s0/metrics.jsonl"))
+         and any(iv.status.value == "backtesting" for iv in ivs(ws))),
+        ("after applying", lambda: any(iv.status.value in ("applied", "evaluating") for iv in ivs(ws))),
+    ]
+    args = ("run", str(goal), "--workspace", str(ws), "--jobs", "process")
+    for what, reached in stages:
+        proc = spawn(tmp_path, log, *args)
+        reap.append(proc)
+        wait_for(what, reached, 120, proc, log)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        with open(log, "a") as f:
+            f.write(f"\n--- SIGKILL {what} ---\n")
+        args = ("resume", "--workspace", str(ws), "--jobs", "process")
+    resume_to_the_end(tmp_path, ws, log, reap)
+
+
+def resume_to_the_end(tmp_path, ws, log, reap) -> dict[str, Any]:
+    """`swarm resume` finishes the run: target reached, no intervention lost, none applied twice,
+    no metrics lost."""
+    run_dir = ws / ".swarm" / "runs" / "train"
+    summary_path = tmp_path / "summary.json"
+    proc = spawn(tmp_path, log, "resume", "--workspace", str(ws), "--jobs", "process", "--summary", str(summary_path))
+    reap.append(proc)
+    try:
+        rc = proc.wait(180)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"resumed controller did not finish:\n{log.read_text()[-3000:]}")
+    assert rc == 0, log.read_text()[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["reached"] is True, summary
+
+    # no intervention lost: every proposal in the timeline is in the store, decided
+    proposed = [r["id"] for r in timeline(ws) if r["kind"] == "proposed"]
+    stored = {iv.id: iv for iv in ivs(ws)}
+    assert proposed and set(proposed) <= set(stored), (proposed, list(stored))
+    assert all(iv.status.value in DONE for iv in stored.values()), {i: iv.status.value for i, iv in stored.items()}
+    assert {r["id"] for r in summary["interventions"]} == set(stored)
+    # none applied twice
+    applied = [i for i, iv in stored.items() if iv.applied_step is not None and iv.changes]
+    assert applied, "nothing was applied"
+    check_applied_once(run_dir, applied)
+    assert len([r for r in timeline(ws) if r["kind"] == "applied"]) == len(applied)
+    # no metrics lost
+    rows = check_metrics_continuous(run_dir)
+    assert rows[-1]["step"] == summary["steps"]
+    assert "finished" in [r["kind"] for r in timeline(ws)]
+    assert (ws / "reports" / "final" / "REPORT.md").exists()
+    for iid in applied:   # merged into main once
+        assert len(git(ws, "log", "--merges", "--format=%H", f"--grep=Merge intervention {iid}", "main").split()) == 1
+    return summary
+
+
+# The controller SIGKILLs itself at an exact point inside a node (a wrapper around the real call),
+# where a timed kill from outside would rarely land.
+DRIVER = """
+import os, signal
+import swarm.controller, swarm.workspace
+
+def die_after(owner, name, when=lambda *a, **k: True):
+    real = getattr(owner, name)
+    def wrapped(*a, **k):
+        out = real(*a, **k)
+        if when(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+    setattr(owner, name, wrapped)
+
+point = os.environ["SWARM_TEST_KILL_AT"]
+if point == "merged":           # in apply: the PR is merged, the store does not say applied yet
+    die_after(swarm.workspace.Workspace, "approve")
+elif point == "set_fields_sent":  # in apply: the change is sent, its acknowledgement not yet seen
+    die_after(swarm.controller, "send_command", lambda run_dir, cmd, **k: cmd == "set_fields")
+elif point == "pr_opened":      # in gate: the PR exists, the intervention does not name its branch yet
+    die_after(swarm.workspace.Workspace, "open_pr")
+elif point == "apply_saved":    # after the apply node's writes are saved, before the next checkpoint
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    merged = []
+    die_after(swarm.workspace.Workspace, "approve", lambda *a, **k: merged.append(1) and False)
+    die_after(SqliteSaver, "put_writes", lambda self, config, writes, *a, **k: bool(merged) and any(
+        c == "branch:to:evaluate" for c, _ in writes))
+
+from swarm.cli import app
+app()
+"""
+
+
+@pytest.mark.parametrize("point", ["apply_saved"] + [pytest.param(p, marks=pytest.mark.slow) for p in
+                                                    ("pr_opened", "set_fields_sent", "merged")])
+def test_sigkill_inside_a_node_then_resume_applies_exactly_once(tmp_path, reap, point):
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(perturbations=[{"shortcut": "truncation", "at_step": 0}]))
+    ws, log = tmp_path / "ws", tmp_path / "controller.log"
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    with open(log, "ab") as f:
+        proc = subprocess.Popen([sys.executable, str(driver), "run", str(goal), "--workspace", str(ws), "--jobs", "process"],
+                                cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, SWARM_TEST_KILL_AT=point, PYTHONUNBUFFERED="1"))
+    reap.append(proc)
+    assert proc.wait(150) == -signal.SIGKILL, log.read_text()[-3000:]
+    resume_to_the_end(tmp_path, ws, log, reap)
+
+
+# ---- 4, 5: approve / reject / rollback through the CLI on a live run; bad input --------------
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr.strip()
+    assert err.startswith("error:") and "\n" not in err and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+def refs(ws: pathlib.Path) -> str:
+    return git(ws, "for-each-ref", "--format=%(refname) %(objectname)")
+
+
+def awaiting(ws: pathlib.Path, exclude: tuple[str, ...] = ()):
+    return next((iv for iv in ivs(ws) if iv.status.value == "awaiting_approval" and iv.id not in exclude), None)
+
+
+def human_rows(ws: pathlib.Path) -> list[dict[str, Any]]:
+    return [r for r in timeline(ws) if r["kind"].startswith("human_")]
+
+
+def status_of(ws: pathlib.Path, iid: str) -> str:
+    return next(iv.status.value for iv in ivs(ws) if iv.id == iid)
+
+
+def stop_and_wait(tmp_path, ws, proc, log) -> int:
+    assert swarm(tmp_path, "stop", "--workspace", str(ws)).returncode == 0
+    try:
+        return proc.wait(120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"controller did not stop:\n{log.read_text()[-3000:]}")
+
+
+def test_approve_then_rollback_through_the_cli_while_the_run_goes_on(tmp_path, reap):
+    # medium risk (the truncation fix) waits for a human. While answers are truncated the target is
+    # out of reach; the job is paused (`swarm control`, as a human would) from just before the
+    # approval until after the rollback, so the run stays live until it is stopped.
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(
+        approval={"auto": ["low"]}, budget={"wall_s": 240}, perturbations=[{"shortcut": "truncation", "at_step": 0}]))
+    ws, log = tmp_path / "ws", tmp_path / "controller.log"
+    run_dir = ws / ".swarm" / "runs" / "train"
+    proc = spawn(tmp_path, log, "run", str(goal), "--workspace", str(ws), "--jobs", "process")
+    reap.append(proc)
+    wait_for("the job to run", lambda: (read_heartbeat(run_dir) or {}).get("step", 0) > 0, 90, proc, log)
+
+    # 5. a second controller on the live workspace refuses: the lock names the holder
+    one_line_error(swarm(tmp_path, "resume", "--workspace", str(ws), "--jobs", "process"), "locked", str(proc.pid))
+    one_line_error(swarm(tmp_path, "run", str(goal), "--workspace", str(ws), "--jobs", "process"), "swarm resume")
+    with pytest.raises(WorkspaceLocked):
+        Controller.open(ws, jobs="process")
+
+    iv = wait_for("an intervention awaiting approval", lambda: awaiting(ws), 120, proc, log)
+    assert iv.diagnosis.name == "truncation" and iv.risk.value == "medium" and iv.backtest.passed
+    step_then = read_heartbeat(run_dir)["step"]
+    wait_for("training to go on while the intervention waits", lambda: read_heartbeat(run_dir)["step"] > step_then + 20, 30, proc, log)
+    review = swarm(tmp_path, "review", iv.id, "--workspace", str(ws))
+    assert review.returncode == 0 and f"Intervention {iv.id}" in review.stdout and "max_new_tokens" in review.stdout
+
+    # bad requests: exit 2, one clear line, nothing changes
+    before = (refs(ws), human_rows(ws), status_of(ws, iv.id))
+    one_line_error(swarm(tmp_path, "approve", "nope1234", "--workspace", str(ws)), "unknown intervention", "nope1234")
+    one_line_error(swarm(tmp_path, "rollback", iv.id, "--workspace", str(ws)), iv.id, "awaiting_approval")
+    assert (refs(ws), human_rows(ws), status_of(ws, iv.id)) == before
+
+    # approve → merged into main and applied at the trainer's next safe point
+    paused = swarm(tmp_path, "control", str(run_dir), "pause", "--wait", "30")
+    assert paused.returncode == 0, paused.stderr
+    ok = swarm(tmp_path, "approve", iv.id, "--workspace", str(ws))
+    assert ok.returncode == 0, ok.stderr
+    wait_for("the approved intervention to be applied", lambda: status_of(ws, iv.id) in ("applied", "evaluating", "kept"), 60, proc, log)
+    assert f"refs/tags/merged/{iv.id}" in refs(ws)
+    harness = yaml.safe_load(git(ws, "show", "main:harness.yaml"))
+    ((field, value),) = iv.changes.items()
+    assert field == "harness.sampling.max_new_tokens" and harness["sampling"]["max_new_tokens"] == value
+    applied = [a for a in read_jsonl(run_dir / "command_log.jsonl") if a["id"] == f"{iv.id}-apply"]
+    assert len(applied) == 1 and applied[0]["status"] == "applied"
+
+    # approving it again: exit 2, no change
+    before = (refs(ws), human_rows(ws), status_of(ws, iv.id))
+    one_line_error(swarm(tmp_path, "approve", iv.id, "--workspace", str(ws)), iv.id, "awaiting_approval")
+    assert (refs(ws), human_rows(ws), status_of(ws, iv.id)) == before
+
+    # rollback → the merge reverted on main and the trainer back on the checkpoint taken before it
+    ok = swarm(tmp_path, "rollback", iv.id, "--workspace", str(ws))
+    assert ok.returncode == 0, ok.stderr
+    wait_for("the rollback", lambda: status_of(ws, iv.id) == "rolled_back", 60, proc, log)
+    assert f"refs/tags/reverted/{iv.id}" in refs(ws)
+    assert f"This reverts commit {git(ws, 'rev-parse', f'merged/{iv.id}').strip()}" in git(ws, "log", "-1", "--format=%B", "main")
+    start = yaml.safe_load((ws / ".swarm" / "private" / "goal.yaml").read_text())["run"]["harness"]
+    assert yaml.safe_load(git(ws, "show", "main:harness.yaml"))["sampling"]["max_new_tokens"] == start["sampling"]["max_new_tokens"]
+    assert git(ws, "show", f"main:reports/{iv.id}/REPORT.md")   # the report stays
+    undo = [a for a in read_jsonl(run_dir / "command_log.jsonl") if a["cmd"] == "rollback"]
+    assert len(undo) == 1 and undo[0]["id"] == f"{iv.id}-undo" and undo[0]["status"] == "applied", undo
+    assert f"pre-{iv.id}" in json.dumps(undo[0]["result"])
+    pre = next(a for a in read_jsonl(run_dir / "command_log.jsonl") if a["id"] == f"{iv.id}-pre")
+    resumed = swarm(tmp_path, "control", str(run_dir), "resume", "--wait", "30")
+    assert resumed.returncode == 0, resumed.stderr
+    wait_for("training from the restored checkpoint", lambda: any(
+        r.get("segment", 0) > 0 and r["step"] == pre["step"] + 1 for r in read_jsonl(run_dir / "metrics.jsonl")), 30, proc, log)
+    one_line_error(swarm(tmp_path, "rollback", iv.id, "--workspace", str(ws)), iv.id, "rolled_back")
+
+    assert stop_and_wait(tmp_path, ws, proc, log) == 1   # stopped short of the target
+    assert "finished" in [r["kind"] for r in timeline(ws)] and (ws / "reports" / "final" / "REPORT.md").exists()
+    check_metrics_continuous(run_dir)
+    check_applied_once(run_dir, [iv.id])
+
+
+def test_reject_through_the_cli_while_a_crashed_trainer_is_restarted(tmp_path, reap):
+    """The trainer is SIGKILLed (perturbation) while the truncation fix waits for a human: the crash
+    is restarted without waiting, and the fix is rejected from another terminal."""
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(
+        approval={"auto": ["low"]}, target={"threshold": 0.99}, budget={"wall_s": 240},
+        perturbations=[{"shortcut": "truncation", "at_step": 0}, {"shortcut": "worker_kill", "at_step": 110}]))
+    ws, log = tmp_path / "ws", tmp_path / "controller.log"
+    run_dir = ws / ".swarm" / "runs" / "train"
+    proc = spawn(tmp_path, log, "run", str(goal), "--workspace", str(ws), "--jobs", "process")
+    reap.append(proc)
+    iv = wait_for("an intervention awaiting approval", lambda: awaiting(ws), 120, proc, log)
+
+    restart = wait_for("the crashed trainer to be restarted", lambda: next(
+        (x for x in ivs(ws) if x.kind.value == "restart" and x.status.value in ("applied", "evaluating", "kept")), None), 90, proc, log)
+    assert restart.diagnosis.name == "crashed_job" and restart.backtest_skipped and restart.risk.value == "low"
+    wait_for("training after the restart", lambda: (read_heartbeat(run_dir) or {}).get("step", 0) > 130, 60, proc, log)
+    assert status_of(ws, iv.id) == "awaiting_approval"   # training did not wait on the human
+
+    before = refs(ws)
+    ok = swarm(tmp_path, "reject", iv.id, "--workspace", str(ws))
+    assert ok.returncode == 0, ok.stderr
+    wait_for("the rejection", lambda: status_of(ws, iv.id) == "rejected", 60, proc, log)
+    after = refs(ws)
+    assert f"refs/tags/closed/{iv.id}" in after and f"refs/heads/iv/{iv.id}-" not in after
+    assert after.split("refs/heads/main ")[1][:40] == before.split("refs/heads/main ")[1][:40], "main changed"
+    assert not [a for a in read_jsonl(run_dir / "command_log.jsonl") if a["id"] == f"{iv.id}-apply"]
+    one_line_error(swarm(tmp_path, "approve", iv.id, "--workspace", str(ws)), iv.id, "rejected")
+
+    assert stop_and_wait(tmp_path, ws, proc, log) == 1
+    summary = json.loads((ws / ".swarm" / "summary.json").read_text())
+    assert summary["restarts"] >= 1 and summary["reason"] == "stopped_by_user"
+    assert {r["id"]: r["status"] for r in summary["interventions"]}[iv.id] == "rejected"
+    rows = check_metrics_continuous(run_dir)
+    assert max(r.get("segment", 0) for r in rows) >= 1 and rows[-1]["step"] > 110
+
+
+BAD_GOALS = [
+    ("unknown_field", {"targett": {}}, ["targett"]),
+    ("threshold_type", {"target": {"threshold": "high"}}, ["target.threshold", "high"]),
+    ("op", {"target": {"op": "=="}}, ["target.op"]),
+    ("accuracy_above_1", {"target": {"threshold": 1.5}}, ["target.threshold=1.5"]),
+    ("metric", {"target": {"metric": "loss"}}, ["target.metric", "loss"]),
+    ("run_field", {"run": {"recipe": {"lr": -1}}}, ["recipe.lr", "-1"]),
+    ("approval", {"approval": {"auto": ["sometimes"]}}, ["approval.auto", "sometimes"]),
+    ("budget", {"budget": {"wall_s": 0}}, ["budget.wall_s"]),
+    ("perturbation", {"perturbations": [{"shortcut": "meteor"}]}, ["perturbations[0]", "meteor"]),
+    ("perturbation_value", {"perturbations": [{"kind": "override", "set": {"recipe.lr": 0}}]},
+     ["perturbations[0]", "recipe.lr=0"]),
+]
+
+
+@pytest.mark.parametrize("case,over,needles", BAD_GOALS, ids=[b[0] for b in BAD_GOALS])
+def test_malformed_goal_is_one_line_naming_the_field_exit_2(tmp_path, case, over, needles):
+    from typer.testing import CliRunner
+
+    from swarm.cli import app
+
+    goal = tiny_goal()
+    goal = {**goal, **over} if case == "unknown_field" else merge(goal, over)
+    path = write_goal(tmp_path / "goal.yaml", goal)
+    res = CliRunner().invoke(app, ["run", str(path), "--workspace", str(tmp_path / "ws"), "--jobs", "process"])
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert err.startswith("error:") and "\n" not in err and "Traceback" not in res.output, err
+    for n in needles:
+        assert n in err, (n, err)
+    assert not (tmp_path / "ws").exists()
+
+
+def test_a_trainer_that_keeps_crashing_stops_cleanly_after_max_restarts(tmp_path, reap):
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(
+        swarm={"max_restarts": 1}, perturbations=[{"shortcut": "worker_kill", "at_step": 5, "once": False}]))
+    ws = tmp_path / "ws"
+    res = swarm(tmp_path, "run", str(goal), "--workspace", str(ws), "--jobs", "process", "--summary",
+                str(tmp_path / "s.json"), timeout=120)
+    assert res.returncode == 1, res.stderr   # ended, short of the target
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["reason"] == "job_failed" and summary["restarts"] == 1, summary
+    assert [r["kind"] for r in summary["interventions"]] == ["restart"]
+    assert "finished" in [r["kind"] for r in timeline(ws)] and (ws / "reports" / "final" / "REPORT.md").exists()
