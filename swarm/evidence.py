@@ -9,6 +9,7 @@ the job's status. Perturbation settings are never in any of these files, so neve
 """
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainer.runlog import read_heartbeat, read_jsonl
+from trainer.runlog import read_heartbeat
 
 
 def as_number(v: Any) -> float | None:
@@ -60,19 +61,55 @@ class Evidence(BaseModel):
         return None
 
 
+class _Tail:
+    """Incremental reader of an append-only JSONL file: each call parses only the bytes appended
+    since the last one (a torn last line waits for its newline), so observing a long run costs
+    per tick what the run wrote since the previous tick, not its whole history."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[int, int, list[dict[str, Any]]]] = {}  # path -> (inode, offset, rows)
+
+    def rows(self, path: pathlib.Path) -> list[dict[str, Any]]:
+        key = str(path)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self.files.pop(key, None)
+            return []
+        ino, off, rows = self.files.get(key, (st.st_ino, 0, []))
+        if ino != st.st_ino or st.st_size < off:  # replaced or truncated: start over
+            off, rows = 0, []
+        if st.st_size > off:
+            with open(path, "rb") as f:
+                f.seek(off)
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1
+            for line in chunk[:end].splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+            off += end
+        self.files[key] = (st.st_ino, off, rows)
+        return rows
+
+
+_TAIL = _Tail()
+
+
 def collect(run_dir: str | pathlib.Path, job_status: str = "UNKNOWN", window: int = 200,
             n_samples: int = 32, harness: dict | None = None, recipe: dict | None = None) -> Evidence:
     p = pathlib.Path(run_dir)
-    rows = read_jsonl(p / "metrics.jsonl")
+    rows = _TAIL.rows(p / "metrics.jsonl")
     seg = max((r.get("segment", 0) for r in rows), default=0)
     cur = [r for r in rows if r.get("segment", 0) == seg and not r.get("final")]
     evals = [r for r in rows if any(k.startswith("heldout") for k in r)]
-    samples = read_jsonl(p / "samples.jsonl")[-n_samples:]
+    samples = _TAIL.rows(p / "samples.jsonl")[-n_samples:]
     hb = read_heartbeat(p)
     return Evidence(
         run_dir=str(p), job_status=job_status, step=(cur[-1]["step"] if cur else 0),
         metrics=cur[-window:], evals=evals[-50:], samples=samples,
-        events=read_jsonl(p / "events.jsonl")[-50:], acks=read_jsonl(p / "command_log.jsonl")[-20:],
+        events=_TAIL.rows(p / "events.jsonl")[-50:], acks=_TAIL.rows(p / "command_log.jsonl")[-20:],
         heartbeat_age_s=(time.time() - hb["time"]) if hb else None,
         heartbeat_state=hb.get("state") if hb else None, harness=harness, recipe=recipe,
     )
