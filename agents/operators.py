@@ -98,12 +98,13 @@ class Diagnostics(Operator):
             d = found["not_learning"]
             lr = _f(d.evidence.get("lr_now")) or _f(ctx.get("recipe.lr"))
             if lr:
-                new_lr = float(f"{lr * LR_FACTOR:.6g}")
+                # Adam above ~1e-2 almost never trains a transformer: go at least to 1e-3 there
+                new_lr = float(f"{min(lr * LR_FACTOR, 1e-3) if lr > 1e-2 else lr * LR_FACTOR:.6g}")
                 out.append(self.intervention(
                     K.RECIPE_EDIT, d, {"recipe.lr": new_lr}, risk=Risk.MEDIUM,
                     rationale=f"{d.summary}. No spike marks a divergence to roll back from; a learning rate of "
                               f"{lr:.3g} that never let the loss fall is the likeliest cause, so it is lowered "
-                              f"×{LR_FACTOR} to {new_lr:.3g} (the backtest decides whether that helps).",
+                              f"to {new_lr:.3g} (the backtest decides whether that helps).",
                     expected_effect="loss falling within ~50 steps and held-out accuracy leaving zero"))
         if "kl_blowup" in found:
             out.append(self._kl(found["kl_blowup"], ctx))
