@@ -84,15 +84,19 @@ def _running(p: psutil.Process) -> bool:
 def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, target: Target,
                  horizon: int, seeds: list[int], eval_size: int, alpha: float, jobs: Jobs,
                  workdir: pathlib.Path, private_perturbations: list[dict] | None = None,
-                 timeout_s: float = 1800.0) -> BacktestResult:
+                 config_dir: pathlib.Path | None = None, timeout_s: float = 1800.0) -> BacktestResult:
+    """`config_dir` holds the arms' job configs (they may carry the evaluation's perturbations,
+    so the controller puts them under .swarm/private); the arms' run files go to `workdir`."""
     workdir.mkdir(parents=True, exist_ok=True)
+    config_dir = config_dir or workdir
+    config_dir.mkdir(parents=True, exist_ok=True)
     handles: dict[tuple[str, int], tuple[Any, pathlib.Path]] = {}   # a job handle, or a leftover arm
     for seed in seeds:
         for arm, changes in (("candidate", iv.changes), ("control", {})):
             name = f"bt-{iv.id}-{arm}-s{seed}"
             cfg = arm_config(base_config, name, str(workdir), ckpt, seed, step, horizon, eval_size, changes,
                              private_perturbations or [])
-            path = workdir / f"{name}.yaml"
+            path = config_dir / f"{name}.yaml"
             left = leftover_arm(workdir / name, path)   # after a controller restart: reuse, don't rerun
             if left is None:
                 shutil.rmtree(workdir / name, ignore_errors=True)   # a partial arm's files would mix in

@@ -309,7 +309,7 @@ class Controller:
             res = run_backtest(
                 iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
                 target=self.goal.target, horizon=bt.horizon_steps, seeds=bt.seeds, eval_size=bt.eval_size, alpha=bt.alpha,
-                jobs=self.jobs, workdir=self.sdir / "backtests",
+                jobs=self.jobs, workdir=self.sdir / "backtests", config_dir=self.private / "backtests",
                 private_perturbations=[p.model_dump(exclude_unset=True) | {"at_step": 0}
                                        for p in self.goal.perturbations if p.kind == "label_noise" or p.shortcut == "label_noise"],
             )
