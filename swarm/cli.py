@@ -426,13 +426,21 @@ def sandbox_build_image(
     force: bool = typer.Option(False, help="rebuild even if an image with the same recipe exists"),
     cache_dir: str = typer.Option(str(pathlib.Path.home() / ".cache" / "swarmlab" / "sandbox"),
                                   help="where the debootstrapped rootfs tarball is cached"),
+    suite: str = typer.Option("bookworm", help="Debian suite of the rootfs"),
+    include: str = typer.Option("python3", help="comma-separated Debian packages to include"),
+    mirror: Optional[str] = typer.Option(None, help="Debian mirror URL (default: the host's apt source)"),
 ) -> None:
-    """Build the Docker sandbox's base image locally (debootstrap + docker import; nothing is pulled)."""
+    """Build the Docker sandbox's base image locally (debootstrap + docker import; nothing is pulled).
+    Clusters with a registry can instead point the Docker backend at any image with python3."""
     from sandboxes.base import SandboxError
-    from sandboxes.image import build_base_image
+    from sandboxes.image import ImageRecipe, build_base_image
 
     try:
-        info = build_base_image(name, force=force, cache_dir=cache_dir)
+        recipe = ImageRecipe(suite=suite, include=tuple(x for x in include.split(",") if x), mirror=mirror)
+    except (ValueError, TypeError) as e:
+        fail(f"invalid image recipe: {e}")
+    try:
+        info = build_base_image(name, recipe, force=force, cache_dir=cache_dir)
     except SandboxError as e:
         fail(str(e), code=1)
     what = "built" if info.built else "already present"
