@@ -81,18 +81,13 @@ class Goal(BaseModel):
             goal.run_config("check", "/tmp", with_perturbations=True)
         except ConfigError as e:
             raise ConfigError(str(e).replace("invalid config: ", "invalid goal: run.")) from None
-        from trainer.config import set_dotted
-        from trainer.perturb import expand
+        from trainer.perturb import check_overrides
 
         cfg = goal.run_config("check", "/tmp")
-        for i, p in enumerate(goal.perturbations):  # checked as the trainer will, before anything starts
-            try:
-                for k, v in expand(p).set.items():
-                    if not k.startswith(("recipe.", "harness.")):
-                        raise ValueError(f"can only override recipe.* or harness.* fields, not {k!r}")
-                    set_dotted(cfg, k, v)
-            except ValueError as e:
-                raise ConfigError(f"invalid goal: perturbations[{i}]: {str(e).replace('invalid config: ', '')}") from None
+        try:  # checked as the trainer will, before anything starts
+            check_overrides(cfg, goal.perturbations)
+        except ValueError as e:
+            raise ConfigError(f"invalid goal: {e}") from None
         if goal.target.metric != "heldout_acc" and not goal.target.metric.startswith("heldout"):
             raise ConfigError(f"invalid goal: target.metric={goal.target.metric!r}: must be a held-out metric (heldout_*)")
         if goal.target.metric == "heldout_acc" and not 0.0 <= goal.target.threshold <= 1.0:

@@ -422,14 +422,18 @@ def test_real_run_lr_spike(tmp_path):
     assert spike.evidence["lr_before"] == pytest.approx(1e-2) and spike.evidence["lr_now"] == pytest.approx(0.5)
 
 
-def test_not_learning():
+def stuck_rows(n: int = 120, seed: int = 2) -> list[dict]:
     """lr far too high from the start: the loss never leaves its starting level, held-out stays 0."""
-    rows = sft_rows(n=120)
-    rng = random.Random(2)
+    rows = sft_rows(n=n)
+    rng = random.Random(seed)
     for r in rows:
         r.update(loss=1.9 + rng.uniform(-0.05, 0.05), pass_rate=0.0, lr=0.3)
         if "heldout_acc" in r:
             r["heldout_acc"] = 0.0
-    d = fired(make_ev(rows), "not_learning")
+    return rows
+
+
+def test_not_learning():
+    d = fired(make_ev(stuck_rows()), "not_learning")
     assert d.evidence["lr_now"] == 0.3 and d.evidence["relative_improvement"] < THRESHOLDS.not_learning_rel
     assert DETECTORS["not_learning"](make_ev(sft_rows(n=120)), THRESHOLDS, KNOWN) is None  # healthy: quiet

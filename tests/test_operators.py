@@ -413,14 +413,8 @@ def test_real_grpo_run_at_low_temperature_gets_its_temperature_back(tmp_path):
 
 
 def test_diagnostics_lowers_the_lr_of_a_run_that_never_learns():
-    import random
+    from test_detectors import stuck_rows
 
-    rows = sft_rows(n=120)
-    rng = random.Random(3)
-    for r in rows:
-        r.update(loss=1.9 + rng.uniform(-0.05, 0.05), pass_rate=0.0, lr=0.3)
-        if "heldout_acc" in r:
-            r["heldout_acc"] = 0.0
-    ivs = [iv for iv in Diagnostics().builtin(make_ev(rows), ctx()) if iv.diagnosis.name == "not_learning"]
+    ivs = [iv for iv in Diagnostics().builtin(make_ev(stuck_rows()), ctx()) if iv.diagnosis.name == "not_learning"]
     assert len(ivs) == 1 and ivs[0].kind == K.RECIPE_EDIT
     assert ivs[0].changes == {"recipe.lr": pytest.approx(1e-3)}  # Adam at 0.3: down to at most 1e-3

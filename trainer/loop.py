@@ -30,7 +30,7 @@ from trainer.config import ConfigError, RunConfig, set_dotted
 from trainer.control import Command, CommandInbox
 from trainer.distributed import Dist
 from trainer.logprobs import batch_logprobs, select_backend
-from trainer.perturb import Perturber, expand
+from trainer.perturb import Perturber, check_overrides
 from trainer.policy import Batch, Policy
 from trainer.rollout import Rollout, prompt_ids, rollout, summarize, target_ids
 from trainer.runlog import RunLog, atomic_write_text
@@ -88,14 +88,10 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.reached_target = False
         private = pathlib.Path(cfg.out_dir) / ".perturb" / f"{cfg.name}.json"
-        for i, p in enumerate(cfg.perturbations):  # a bad one is a config error now, not at its step
-            try:
-                for k, v in expand(p).set.items():
-                    if not k.startswith(("recipe.", "harness.")):
-                        raise ValueError(f"can only override recipe.* or harness.* fields, not {k!r}")
-                    set_dotted(cfg, k, v)
-            except ValueError as e:
-                raise ConfigError(f"perturbations[{i}]: {e}") from None
+        try:
+            check_overrides(cfg, cfg.perturbations)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.perturber = Perturber(cfg.perturbations, private)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last)
         self.log = RunLog(self.run_dir) if self.dist.is_main else None

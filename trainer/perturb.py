@@ -54,6 +54,21 @@ def expand(p: Perturbation) -> Perturbation:
     return Perturbation.model_validate(merged)
 
 
+def check_overrides(cfg: Any, perturbations: list[Perturbation]) -> None:
+    """Raise ValueError (naming the perturbation) unless every override would validate on `cfg`
+    (a RunConfig): a bad perturbation is a config error before anything starts, not at its step."""
+    from trainer.config import set_dotted
+
+    for i, p in enumerate(perturbations):
+        try:
+            for k, v in expand(p).set.items():
+                if not k.startswith(("recipe.", "harness.")):
+                    raise ValueError(f"can only override recipe.* or harness.* fields, not {k!r}")
+                set_dotted(cfg, k, v)
+        except ValueError as e:
+            raise ValueError(f"perturbations[{i}]: {str(e).replace('invalid config: ', '')}") from None
+
+
 def noisy_label(answer: str, uid: str, fraction: float) -> str:
     """Deterministically corrupt `fraction` of labels (by uid hash): change one character."""
     h = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "little")
