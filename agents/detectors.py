@@ -201,6 +201,18 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def _loss_halves(ev: Evidence, n: int) -> tuple[list[float], float, float, float] | None:
+    """The last `n` finite losses of the current segment, the medians of their two halves and the
+    relative improvement from the first half to the second; None with fewer than `n` rows."""
+    _, loss = _col(current_rows(ev), "loss", skip_skipped=True)
+    loss = [v for v in loss if math.isfinite(v)][-n:]
+    if len(loss) < n:
+        return None
+    half = len(loss) // 2
+    a, b = _median(loss[:half]), _median(loss[half:])
+    return loss, a, b, (a - b) / max(abs(a), 1e-12)
+
+
 def _diag(ev: Evidence, name: str, summary: str, severity: str, evidence: dict[str, Any]) -> Diagnosis:
     clean = {k: (_nums(v) if isinstance(v, list) else _num(v)) for k, v in evidence.items()}
     return Diagnosis(name=name, summary=summary, severity=severity, operator="detectors", policy="builtin",
@@ -387,13 +399,10 @@ def plateau(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -
         return None
     if ev.evals:
         return None
-    _, loss = _col(current_rows(ev), "loss", skip_skipped=True)
-    loss = [v for v in loss if math.isfinite(v)][-th.plateau_loss_rows :]
-    if len(loss) < th.plateau_loss_rows:
+    halves = _loss_halves(ev, th.plateau_loss_rows)
+    if halves is None:
         return None
-    half = len(loss) // 2
-    a, b = _median(loss[:half]), _median(loss[half:])
-    rel = (a - b) / max(abs(a), 1e-12)
+    loss, a, b, rel = halves
     if rel < th.plateau_loss_rel:
         return _diag(ev, "plateau", f"loss flat over {len(loss)} steps ({a:.3g} → {b:.3g})", "info",
                      {"metric": "loss", "first_half_median": a, "second_half_median": b, "relative_improvement": rel,
@@ -733,13 +742,10 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     what the evidence allows.)"""
     if algorithm(ev) != "sft":
         return None
-    _, loss = _col(current_rows(ev), "loss", skip_skipped=True)
-    loss = [v for v in loss if math.isfinite(v)][-th.label_noise_rows :]
-    if len(loss) < th.label_noise_rows:
+    halves = _loss_halves(ev, th.label_noise_rows)
+    if halves is None:
         return None
-    half = len(loss) // 2
-    a, b = _median(loss[:half]), _median(loss[half:])
-    rel = (a - b) / max(abs(a), 1e-12)
+    _, a, b, rel = halves
     _, pr = _col(ev.metrics[-th.label_noise_rows :], "pass_rate")
     held = ev.latest_eval("heldout_acc")
     right = max(_mean(pr) if pr else 0.0, held or 0.0)

@@ -343,13 +343,19 @@ def test_too_hard_curriculum_above_eval_and_jumped():
     assert DETECTORS["too_hard_curriculum"](make_ev(fresh), THRESHOLDS, KNOWN) is None
 
 
-def test_low_temperature_from_identical_groups():
+def identical_groups() -> tuple[list[dict], list[dict]]:
+    """A GRPO window whose failing groups all repeat one completion (near-greedy sampling)."""
     rows = grpo_rows()
     for r in rows[-5:]:
         r["pass_rate"] = 0.3
     smp = samples(rows, group=4)
     for s in smp:
         s.update(completion="57\n", verdict="wrong", reward=0.0)
+    return rows, smp
+
+
+def test_low_temperature_from_identical_groups():
+    rows, smp = identical_groups()
     d = fired(make_ev(rows, smp), "low_temperature")
     assert d.evidence["identical_groups"] == d.evidence["groups"] == 4
     assert DETECTORS["low_temperature"](make_ev(sft_rows(), smp), THRESHOLDS, KNOWN) is None  # SFT samples greedily
