@@ -27,7 +27,7 @@ from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
 from trainer.control import send_command
-from trainer.runlog import iter_jsonl, read_heartbeat, read_jsonl
+from trainer.runlog import atomic_write_text, iter_jsonl, read_heartbeat, read_jsonl
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
@@ -453,7 +453,18 @@ class Controller:
         """Hook for the skill miner (skills issue): evaluated interventions become skills."""
         return {}
 
+    _reported_seq: int = -1
+
     def node_report(self, s: SwarmState) -> dict[str, Any]:
+        """Keep `.swarm/status.json` (the summary so far: target, steps, CPU, every intervention and
+        its status) current for readers in other terminals. Per-intervention reports are written
+        where decisions are made (PRs at backtest/gate); this rewrites the status file only when
+        the timeline moved, so a quiet tick costs nothing."""
+        rows = self.store.timeline(since=max(self._reported_seq, 0))
+        seq = rows[-1]["seq"] if rows else self._reported_seq
+        if seq != self._reported_seq:
+            atomic_write_text(self.sdir / "status.json", json.dumps(self.summary(s), indent=1, default=str))
+            self._reported_seq = seq
         return {}
 
     def node_finish(self, s: SwarmState) -> dict[str, Any]:
