@@ -116,6 +116,13 @@ def test_round_trip_parse_write_parse(tmp_path):
     assert parse_skill_text(back.to_markdown()) == back
     assert {s.name for s in lib.load()[0]} == {src.name, "odd-one"} and not list(lib.root.glob(".*"))
 
+    # '---' inside values or the body cannot end the front matter early
+    tricky = Skill(name="a-b", description="x\n---\ny: z", body="---\nname: evil\n---\n", extra={"k": "---"})
+    assert parse_skill_text(tricky.to_markdown()) == tricky
+    for bad in ({"name": "Bad_Name"}, {"name": "a--b"}, {"name": "x" * 65}, {"description": " "}):
+        with pytest.raises(ValueError):
+            Skill(**{"name": "ok", "description": "fine", **bad})
+
 
 def test_write_validates_before_replacing(tmp_path):
     lib = SkillLibrary(tmp_path)
