@@ -1,0 +1,97 @@
+"""An episode: one evaluated intervention — what the swarm saw (diagnosis and the metric window),
+what it changed, and what that did — the unit the swarm learns from across runs.
+
+`document()` is the text that gets embedded (so "answers cut off … raise max_new_tokens" finds
+past truncation fixes); `metadata()` is the flat scalar view that `where` filters run on.
+JSON here keeps NaN/Infinity (`allow_nan=True`): a metric window may hold a NaN loss, and that is
+evidence, not an error.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+def dumps(obj: Any) -> str:
+    """Canonical JSON (sorted keys, NaN kept) — the log format and the identity of a record."""
+    return json.dumps(obj, allow_nan=True, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def signature(diagnosis: str, kind: str, changes: dict[str, Any]) -> str:
+    """`"<diagnosis>|<kind>|<sorted comma-joined change keys>"`: what kind of fix for what problem."""
+    return f"{diagnosis}|{kind}|{','.join(sorted(changes))}"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, allow_nan=True, sort_keys=True)[:200]
+    return str(v)
+
+
+class Episode(BaseModel, extra="forbid"):
+    id: str = Field(description='"<workspace>/<intervention id>"')
+    workspace: str
+    task: str = Field(description='task family, e.g. "addition"')
+    operator: str
+    policy: str
+    diagnosis: str = Field(description='detector name, e.g. "truncation"')
+    diagnosis_summary: str = ""
+    severity: str = "warning"
+    kind: str = Field(description='intervention kind, e.g. "harness_edit"')
+    changes: dict[str, Any] = {}
+    signature: str = Field(description='"<diagnosis>|<kind>|<sorted comma-joined change keys>"')
+    outcome: Literal["kept", "rolled_back", "rejected"]
+    effect: float | None = Field(None, description="backtest effect (+ = better) or measured effect after applying")
+    p_value: float | None = None
+    metric: str = "heldout_acc"
+    window: dict[str, Any] = Field({}, description="the evidence view at proposal time (any JSON; NaN allowed)")
+    skills_used: list[str] = []
+    worker_cpu_s: float | None = Field(None, description="CPU spent on this intervention's backtest, if known")
+    step: int = 0
+    time: float = Field(default_factory=time.time)
+
+    def won(self) -> bool:
+        return self.outcome == "kept"
+
+    def lost(self) -> bool:
+        """Rolled back, or rejected without a positive effect. A rejected backtest with a positive
+        effect (not significant, say) is inconclusive: neither won nor lost."""
+        if self.outcome == "rolled_back":
+            return True
+        if self.outcome == "rejected":
+            return self.effect is None or not self.effect > 0  # NaN counts as no effect
+        return False
+
+    def document(self) -> str:
+        changes = ", ".join(f"{k} = {_fmt(v)}" for k, v in sorted(self.changes.items())) or "no changes"
+        diag = f"Diagnosis: {self.diagnosis} ({self.severity})"
+        if self.diagnosis_summary:
+            diag += f": {self.diagnosis_summary}"
+        result = f"Outcome: {self.outcome.replace('_', ' ')}"
+        if self.effect is not None:
+            result += f", effect on {self.metric} {self.effect:+.4g}"
+        if self.p_value is not None:
+            result += f" (p = {self.p_value:.3g})"
+        return "\n".join([f"Task: {self.task}.", diag + ".", f"Intervention: {self.kind}: {changes}.",
+                          result + "."])
+
+    def metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "workspace": self.workspace, "task": self.task, "operator": self.operator,
+            "policy": self.policy, "diagnosis": self.diagnosis, "kind": self.kind,
+            "signature": self.signature, "outcome": self.outcome, "step": self.step,
+            "time": self.time, "skills_used": ",".join(self.skills_used),
+        }
+        if self.effect is not None and math.isfinite(self.effect):
+            meta["effect"] = self.effect
+        return meta
+
+    def dump(self) -> str:
+        """One log line (canonical JSON, NaN kept)."""
+        return dumps(self.model_dump())
