@@ -16,9 +16,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 
+def _plain(o: Any) -> Any:
+    """numpy scalars and arrays (common in metric windows) as Python values; anything else as str."""
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    return str(o)
+
+
 def dumps(obj: Any) -> str:
     """Canonical JSON (sorted keys, NaN kept) — the log format and the identity of a record."""
-    return json.dumps(obj, allow_nan=True, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(obj, allow_nan=True, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      default=_plain)
 
 
 def signature(diagnosis: str, kind: str, changes: dict[str, Any]) -> str:

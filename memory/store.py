@@ -349,8 +349,8 @@ class VectorStore(abc.ABC):
 def _check_query(text: str, n: int) -> None:
     if not isinstance(text, str):
         raise ValueError(f"query text must be a str, got {type(text).__name__}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"query: n={n!r} must be a positive int")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"query: n={n!r} must be an int >= 0")
 
 
 class InMemoryStore(VectorStore):
@@ -387,6 +387,8 @@ class InMemoryStore(VectorStore):
         col = self._col(collection)
         _check_query(text, n)
         w = normalize_where(where)
+        if n == 0:
+            return []
         rows = [(id_, d, m, v) for id_, (d, m, v) in col.items() if matches(w, m)]
         if not rows:
             return []
@@ -524,7 +526,7 @@ class ChromaStore(VectorStore):
         col = self._col(collection)
         _check_query(text, n)
         w = _where_to_chroma(normalize_where(where))
-        if self._guard("count", collection, col.count) == 0:
+        if n == 0 or self._guard("count", collection, col.count) == 0:
             return []
         q = _embed(self.embedder, [text])
         r = self._guard("query", collection, lambda: col.query(

@@ -318,12 +318,23 @@ def test_upsert_input_checks():
         s.upsert("recs", ["a", "a"], ["x", "y"], [{}, {}])
     with pytest.raises(ValueError, match="collection name"):
         s.upsert("a", ["a"], ["x"], [{}])
-    with pytest.raises(ValueError, match="n=0"):
-        s.query("recs", "x", n=0)
+    with pytest.raises(ValueError, match="n=-1"):
+        s.query("recs", "x", n=-1)
+    s.upsert("recs", ["a"], ["x"], [{}])
+    assert s.query("recs", "x", n=0) == []
 
 
 # ---------------------------------------------------------------------------------------------
 # Episodes and the log (in-memory index).
+
+
+def test_numpy_in_the_window_is_logged_as_plain_json(tmp_path):
+    np = pytest.importorskip("numpy")
+    with Memory.open(tmp_path / "mem", backend="memory") as mem:
+        assert mem.record_episode(make_ep(1, window={"acc": np.float32(0.5), "rows": np.arange(3), "n": np.int64(7)}))
+        assert not mem.record_episode(make_ep(1, window={"acc": np.float32(0.5), "rows": np.arange(3), "n": np.int64(7)}))
+    with Memory.open(tmp_path / "mem", backend="memory") as mem:
+        assert mem.episodes()[0].window == {"acc": 0.5, "rows": [0, 1, 2], "n": 7}
 
 
 def test_episode_validation_and_views():
