@@ -56,6 +56,8 @@ class OperatorContext(BaseModel):
     checkpoints: list[dict[str, Any]] = Field(
         default_factory=list, description="checkpoints of the run: {'name': str, 'step': int}, any order")
     skills: list[dict[str, Any]] = Field(default_factory=list, description="retrieved skills (front matter + body)")
+    episodes: list[dict[str, Any]] = Field(default_factory=list, description="past episodes of the fixes at hand "
+                                           "(agents.recall.episode_summaries), from this and earlier runs")
 
     def known(self) -> Known:
         return Known(eval_difficulty=self.eval_difficulty, target_metric=self.target.metric,

@@ -350,6 +350,10 @@ def summarize_evidence(ev: Any, ctx: Any = None) -> tuple[dict[str, Any], dict[s
     skills = getattr(ctx, "skills", None)
     if skills:
         summary["skills"] = [_short(_skill_line(s), 300) for s in list(skills)[:5]]
+    episodes = getattr(ctx, "episodes", None)
+    if episodes:   # what earlier runs (and this one) learnt about the fixes at hand
+        summary["past_episodes"] = [{k: _short(_field(e, k), 120) for k in ("task", "diagnosis", "kind", "changes", "outcome", "effect")}
+                                    for e in list(episodes)[-8:]]
     history = getattr(ctx, "history", None)
     if history:
         summary["interventions_so_far"] = [
@@ -691,6 +695,45 @@ class LLMPolicy:
             record["reason"] = str(e)
             return self._done(record, None)
 
+    def ask(self, op: str, system: str, user: str, tool: str, description: str,
+            args: type[BaseModel]) -> tuple[BaseModel | None, str]:
+        """One structured answer: the model must call `tool` with arguments valid under `args`
+        (a pydantic model). Malformed replies are sent back with the error and retried up to
+        `max_retries` times. Returns (arguments, "") or (None, why) when the caller's built-in
+        policy must decide. Recorded in `decisions` like a proposal."""
+        schema = [{"type": "function", "function": {"name": tool, "description": description,
+                                                    "parameters": args.model_json_schema()}}]
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        record: dict[str, Any] = {"time": time.time(), "operator": op, "policy": self.policy, "outcome": "fallback",
+                                  "retries": 0, "reason": "", "requests": [], "errors": []}
+        try:
+            for attempt in range(self.settings.max_retries + 1):
+                record["retries"] = attempt
+                if self.cap_reached():
+                    raise _Fallback(f"spend cap reached: ${self.spent_usd:.4f} of ${self.spend_cap_usd}")
+                resp, key = self._call(op, messages, messages, schema)
+                record["requests"].append(key)
+                calls = [c for c in resp.get("tool_calls") or []]
+                try:
+                    if len(calls) != 1 or calls[0]["name"] != tool:
+                        raise ToolCallError(f"answer with exactly one call of {tool}")
+                    out = args.model_validate(json.loads(calls[0]["arguments"]))
+                except (ToolCallError, json.JSONDecodeError, TypeError) as e:
+                    err = str(e)
+                except ValidationError as e:
+                    err = _errors(e)
+                else:
+                    record.update(outcome="answered")
+                    self._done(record, None)
+                    return out, ""
+                record["errors"].append(err)
+                messages = messages + self._rejection(resp, err, f"Reply again by calling {tool}.")
+            raise _Fallback(f"malformed output after {self.settings.max_retries} retries: {record['errors'][-1]}")
+        except _Fallback as e:
+            record["reason"] = str(e)
+            self._done(record, None)
+            return None, str(e)
+
     def _done(self, record: dict[str, Any], out: list[Intervention] | None) -> list[Intervention] | None:
         with self._lock:
             self.decisions.append(record)
@@ -758,12 +801,13 @@ class LLMPolicy:
         return out
 
     @staticmethod
-    def _rejection(resp: dict[str, Any], error: str) -> list[dict[str, Any]]:
+    def _rejection(resp: dict[str, Any], error: str,
+                   again: str = "Reply again by calling propose_intervention or no_action.") -> list[dict[str, Any]]:
         """The assistant turn echoed back, then the error for the model to correct."""
         calls = resp.get("tool_calls") or []
         if not calls:
             return [{"role": "assistant", "content": resp.get("content") or ""},
-                    {"role": "user", "content": f"Rejected: {error}. Reply again by calling propose_intervention or no_action."}]
+                    {"role": "user", "content": f"Rejected: {error}. {again}"}]
         out: list[dict[str, Any]] = [{"role": "assistant", "content": resp.get("content"), "tool_calls": [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]}]
         for c in calls:

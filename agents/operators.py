@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
+from agents.recall import avoid_reason
 from swarm.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.evidence import Evidence
 
@@ -304,8 +305,9 @@ class Lead:
             "per kind at a time, no two conflicting edits of one field, nothing that was already rejected or "
             "rolled back), and writes the reports.")
 
-    def __init__(self, recent: int = RECENT_HISTORY) -> None:
+    def __init__(self, recent: int = RECENT_HISTORY, avoid_after_losses: int = 0) -> None:
         self.recent = recent
+        self.avoid_after_losses = avoid_after_losses     # memory: see agents.recall.avoid_reason
         self.dropped: list[tuple[Intervention, str]] = []   # last arbitration's rejects and why
 
     def arbitrate(self, proposals: list[Intervention], ctx: OperatorContext) -> list[Intervention]:
@@ -315,7 +317,9 @@ class Lead:
         - none identical to a recent rejected or rolled-back one, or to one still pending or in effect
           (a restart may repeat: a job can crash twice);
         - none touching a field that a chosen or pending intervention sets to another value;
-        - with a rollback chosen, no non-critical edit (its evidence comes from the damaged run).
+        - with a rollback chosen, no non-critical edit (its evidence comes from the damaged run);
+        - none whose fix lost in past episodes (ctx.episodes) `avoid_after_losses` times and never won;
+        - among equals, a proposal a skill backs goes first.
         `self.dropped` says why each other proposal was left out."""
         self.dropped = []
         recent = ctx.history[-self.recent :]
@@ -324,7 +328,7 @@ class Lead:
             if h.status in PENDING:
                 pending_fields.update(h.changes)
         order = sorted(enumerate(proposals), key=lambda p: (SEVERITY_RANK.get(p[1].diagnosis.severity, 3),
-                                                             KIND_RANK.get(p[1].kind, 9), p[0]))
+                                                             KIND_RANK.get(p[1].kind, 9), not p[1].skills_used, p[0]))
         chosen: list[Intervention] = []
         sigs: set[str] = set()
         fields: dict[str, Any] = {}
@@ -335,6 +339,10 @@ class Lead:
         for _, iv in order:
             if iv.signature() in sigs:
                 drop(iv, "duplicate signature")
+                continue
+            why = avoid_reason(iv, ctx, self.avoid_after_losses)
+            if why is not None:
+                drop(iv, why)
                 continue
             prior = next((h for h in reversed(recent) if _same(h, iv)), None)
             if prior is not None and prior.status in FAILED:

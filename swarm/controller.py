@@ -51,7 +51,7 @@ class Controller:
         self.runs = self.sdir / "runs"
         self.jobs: Jobs = ProcessJobs(self.sdir / "logs") if jobs == "process" else RayJobs(ray_address or self._saved_head())
         self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic()]
-        self.lead = Lead()
+        self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)
         self.llm = None
         if goal.llm.model:
             from agents.llm import LLMPolicy
@@ -61,6 +61,11 @@ class Controller:
             if saved.exists():  # spend and token counts survive a controller restart
                 self.llm.load_state(json.loads(saved.read_text()))
         self.meter = CpuMeter()
+        from swarm.knowledge import Knowledge
+
+        self.knowledge = Knowledge(self.ws, goal.memory, task=(goal.run.get("task") or {}).get("name"), timeline=self.store.log)
+        self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
+        self.windows.mkdir(exist_ok=True)
         self.graph, self._conn = build_graph(self, str(self.sdir / "graph.db"))
         self.config = {"configurable": {"thread_id": "main"}, "recursion_limit": RECURSION_LIMIT}
         self.base_cfg = goal.run_config("train", str(self.runs)).model_dump(mode="json")
@@ -79,6 +84,9 @@ class Controller:
         cfg = goal.run_config("train", "runs")
         Workspace.init(d, yaml.safe_dump(goal.public(), sort_keys=False), cfg.recipe.model_dump(mode="json"),
                        cfg.harness.model_dump(mode="json"))
+        from swarm.knowledge import seed_workspace
+
+        seed_workspace(Workspace.open(d), goal.memory)
         priv = d / ".swarm" / "private"
         priv.mkdir(parents=True, exist_ok=True)
         (priv / "goal.yaml").write_text(yaml.safe_dump(goal.model_dump(mode="json"), sort_keys=False))
@@ -110,6 +118,7 @@ class Controller:
             final = self.graph.invoke(inp, self.config)
         finally:
             self._conn.close()
+            self.knowledge.close()
         return self.summary(SwarmState(**final))
 
     @property
@@ -126,8 +135,10 @@ class Controller:
         return OperatorContext(
             goal=self.goal.goal, start_harness=cfg["harness"], target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
             eval_difficulty=cfg["harness"]["curriculum"].get("end") or cfg["harness"]["curriculum"]["start"],
-            history=self.store.list(), checkpoints=self.checkpoints(), skills=[],
+            history=self.store.list(), checkpoints=self.checkpoints(), skills=self._recall[0], episodes=self._recall[1],
         )
+
+    _recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])   # the last diagnose's skills, episodes
 
     def checkpoints(self) -> list[dict[str, Any]]:
         out = []
@@ -245,17 +256,45 @@ class Controller:
         return upd
 
     def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
+        from agents.base import Operator
+        from agents.detectors import run_detectors
+        from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
+
         ev = self.evidence(s.job_status)
+        self._recall = ([], [])
         ctx = self.context(ev)
+        findings = run_detectors(Operator.view(ev, ctx), known=ctx.known())
+        wrong = [d for d in findings if d.severity != "info"]
+        ranked = self.knowledge.retrieve(wrong) if wrong else []
+        if wrong:   # skills and past episodes only when something is wrong: a healthy tick costs nothing
+            util = self.knowledge.utility()
+            self._recall = ([skill_summary(sk, util.get(sk.name), sc) for sk, sc in ranked],
+                            episode_summaries(self.knowledge.relevant_episodes(wrong)))
+            ctx = self.context(ev)
         proposals: list[Intervention] = []
         for op in self.operators:
             proposals += op.propose(ev, ctx, llm=self.llm)
+        view = evidence_view(ev, findings, ctx, task=self.knowledge.task)
+        if ranked:
+            fired = firing_skills([sk for sk, _ in ranked], view, self.knowledge.sandbox, self.goal.memory.program_timeout_s)
+            now = {sk.name for sk, _, err in fired if err is None}
+            for sk, _, err in fired:   # edge-triggered: a skill that keeps firing is logged once per episode of firing
+                if err is not None or sk.name not in self._firing:
+                    self.store.log("skill_fired" if err is None else "skill_failed", name=sk.name, step=ev.step,
+                                   **({"error": err} if err else {}))
+            self._firing = now
+            proposals = apply_skills(proposals, fired, self.operators, findings, ctx)
+        else:
+            self._firing = set()
+        self._view = view
         self._proposals = proposals
         if self.llm is not None:
             (self.sdir / "llm_state.json").write_text(json.dumps(self.llm.state(), default=str))
         return {}
 
     _proposals: list[Intervention] = []
+    _view: dict[str, Any] = {}
+    _firing: set[str] = set()
 
     def node_propose(self, s: SwarmState) -> dict[str, Any]:
         proposals, self._proposals = self._proposals, []
@@ -276,10 +315,14 @@ class Controller:
                 continue
             if any(x.kind == iv.kind and x.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED) for x in in_flight):
                 continue
+            (self.windows / f"{iv.id}.json").write_text(json.dumps(self._view, default=str))
             self.store.put(iv)
             chosen.append(iv.id)
             self.store.log("proposed", id=iv.id, iv_kind=iv.kind.value, operator=iv.operator, policy=iv.policy,
-                           diagnosis=iv.diagnosis.name)
+                           diagnosis=iv.diagnosis.name, skills=iv.skills_used)
+        for iv, why in self.lead.dropped:
+            if why.startswith("memory:"):
+                self.store.log("avoided", signature=iv.signature(), operator=iv.operator, reason=why, step=s.step)
         return {"proposed": self.pending()} if chosen else {}
 
     def pending(self) -> list[str]:
@@ -299,6 +342,12 @@ class Controller:
                                        else "rollback of a diverged run: the control arm is the divergence")
                 self.store.put(iv)
                 self.store.transition(iid, Status.VALIDATED, iv.backtest_skipped)
+                continue
+            trust = self.knowledge.trusted(iv.skills_used) if iv.status == Status.PROPOSED else None
+            if trust is not None:
+                iv.backtest_skipped = trust
+                self.store.put(iv)
+                self.store.transition(iid, Status.VALIDATED, trust)
                 continue
             ack = self.command("checkpoint", f"{iid}-bt", name=f"bt-{iid}")
             if not ack or ack.get("status") != "applied":
@@ -450,7 +499,20 @@ class Controller:
         self.store.transition(iv.id, Status.ROLLED_BACK, note)
 
     def node_mine_skills(self, s: SwarmState) -> dict[str, Any]:
-        """Hook for the skill miner (skills issue): evaluated interventions become skills."""
+        """Evaluated interventions become episodes in memory; when there are new ones, the skill
+        miner distils, updates or retires skills (swarm/knowledge.py, agents/miner.py)."""
+        done = {(r.get("id"), r.get("status")) for r in self.store.timeline("episode")}
+        new = 0
+        for iv in self.store.list():
+            if iv.status not in (Status.KEPT, Status.ROLLED_BACK, Status.REJECTED) or (iv.id, iv.status.value) in done:
+                continue
+            p = self.windows / f"{iv.id}.json"
+            window = json.loads(p.read_text()) if p.exists() else {}
+            recorded = self.knowledge.record(iv, window)
+            self.store.log("episode", id=iv.id, status=iv.status.value, recorded=recorded)
+            new += recorded
+        if new and self.goal.memory.mine:
+            self.knowledge.mine(llm=self.llm)
         return {}
 
     _reported_seq: int = -1
@@ -480,6 +542,7 @@ class Controller:
         (self.sdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         self.store.log("finished", reason=s.done, report=str(path))
         self.jobs.close()
+        self.knowledge.export()
         (self.sdir / "ray_head.json").unlink(missing_ok=True)
         return {"log": [f"finished: {s.done}; report {path}"]}
 
@@ -502,8 +565,29 @@ class Controller:
                                "effect": iv.backtest.effect if iv.backtest else None,
                                "p_value": iv.backtest.p_value if iv.backtest else None,
                                "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step} for iv in ivs],
+            "backtests": sum(1 for iv in ivs if iv.backtest is not None),
+            "rejected_by_backtest": sum(1 for iv in ivs if iv.status == Status.REJECTED and iv.backtest is not None),
+            "skills": self.skill_summary(),
             "llm": self.llm.summary() if self.llm is not None else {"calls": 0, "tokens": 0, "cost_usd": 0.0, "policy": "built-in"},
         }
+
+
+    def skill_summary(self) -> dict[str, Any]:
+        """What skills did in this run, from the timeline."""
+        out: dict[str, Any] = {"library": [sk.name for sk in self.knowledge.skills if sk.active],
+                               "fired": {}, "used": {}, "added": [], "updated": [], "retired": [], "refused": [], "avoided": 0}
+        for r in self.store.timeline():
+            k = r.get("kind")
+            if k == "skill_fired":
+                out["fired"][r["name"]] = out["fired"].get(r["name"], 0) + 1
+            elif k in ("skill_added", "skill_updated", "skill_retired", "skill_refused"):
+                out[k.removeprefix("skill_")].append({"name": r.get("name"), "reason": r.get("reason")})
+            elif k == "avoided":
+                out["avoided"] += 1
+        for iv in self.store.list():
+            for name in iv.skills_used:
+                out["used"].setdefault(name, []).append(f"{iv.id} ({iv.status.value})")
+        return out
 
 
 def _alive(pid: int | None) -> bool:

@@ -8,13 +8,14 @@
     llm: {model: null}                                    # null → built-in policies
     perturbations: [{shortcut: lr_spike, at_step: 200}]   # evaluation only; handed to the trainer alone
     swarm: {observe_every_s: 2, backtest: {...}}
+    memory: {library: ~/swarm-library, seed_skills: true}   # skills + episodes shared across workspaces
 
 Validated up front: a malformed goal is one line naming the field, exit code 2.
 """
 from __future__ import annotations
 
 import pathlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,6 +41,30 @@ class SwarmSettings(BaseModel):
     backtest: BacktestSettings = Field(default_factory=BacktestSettings)
 
 
+class MemorySettings(BaseModel):
+    """Vector memory and the skill library (memory/, skills/, agents/miner.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    library: str | None = Field(None, description="a user-level library folder shared across workspaces (skills/, "
+                                                  "episodes, chroma index); None: $SWARMLAB_LIBRARY, else the workspace's .swarm/memory")
+    backend: Literal["chroma", "memory"] = Field("chroma", description="the episode index: chromadb on disk, or an "
+                                                                       "in-process index rebuilt from the episode log at each start")
+    seed_skills: bool = Field(True, description="start the workspace's skills/ with the seed library shipped with swarmlab")
+    retrieve_skills: int = Field(5, ge=0, le=50, description="skills retrieved into the operators' context per diagnosis")
+    retrieve_episodes: int = Field(8, ge=0, le=100, description="past episodes retrieved into the operators' context")
+    avoid_after_losses: int = Field(1, ge=0, description="a fix (diagnosis, kind, fields) that lost this many times "
+                                                         "in memory and never won is not proposed again; 0 = never avoid")
+    trust_after_wins: int = Field(1, ge=0, description="a fix backed by a skill with this many wins (the episodes it "
+                                                       "was mined from + its applications) and no loss skips the "
+                                                       "backtest; it is still judged after applying and rolled back "
+                                                       "if worse (a loss that ends the trust). 0 = always backtest")
+    mine: bool = Field(True, description="run the skill miner after interventions are evaluated")
+    min_support: int = Field(1, ge=1, description="wins of one fix needed before the miner writes a skill for it")
+    retire_after_losses: int = Field(2, ge=1, description="a skill whose applications lost this many times, and more "
+                                                          "often than they won, is retired")
+    program_timeout_s: float = Field(5.0, gt=0, description="sandbox wall time for one skill program run")
+
+
 class Goal(BaseModel):
     model_config = ConfigDict(extra="forbid")
     goal: str = Field(..., min_length=1)
@@ -50,6 +75,7 @@ class Goal(BaseModel):
     llm: LLMSettings = Field(default_factory=LLMSettings)
     perturbations: list[Perturbation] = Field(default_factory=list)
     swarm: SwarmSettings = Field(default_factory=SwarmSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
 
     def run_config(self, name: str, out_dir: str, with_perturbations: bool = False) -> RunConfig:
         """The trainer config. Perturbations are included only for the job the trainer runs."""

@@ -344,6 +344,26 @@ def _event_summary(row: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_num_str(v) if isinstance(v, (int, float)) else v}" for k, v in data.items())
 
 
+def _skills_section(sk: Any) -> str:
+    """Which skills fired, were used by interventions, and what the miner changed."""
+    if not isinstance(sk, dict):
+        return "_No skill library in this run._"
+    lines = [f"Library at the end: {len(sk.get('library') or [])} active skill(s)."]
+    rows = [[cell(n, 60), c, ", ".join(cell(x, 40) for x in (sk.get("used") or {}).get(n, [])) or "—"]
+            for n, c in sorted((sk.get("fired") or {}).items())]
+    rows += [[cell(n, 60), 0, ", ".join(cell(x, 40) for x in used)] for n, used in sorted((sk.get("used") or {}).items())
+             if n not in (sk.get("fired") or {})]
+    lines.append(_table(["skill", "times fired", "interventions that used it (status)"], rows) if rows else "No skill fired.")
+    for what in ("added", "updated", "retired", "refused"):
+        items = sk.get(what) or []
+        if items:
+            lines.append(f"**{what.capitalize()} by the skill miner:** " + "; ".join(
+                f"`{cell(i.get('name'), 60)}` ({cell(i.get('reason'), 160)})" for i in items))
+    if sk.get("avoided"):
+        lines.append(f"Proposals not made again because memory says they lost before: {sk['avoided']}.")
+    return "\n\n".join(lines)
+
+
 def final_report(goal: dict[str, Any], timeline: list[dict[str, Any]], interventions: list[Intervention],
                  metrics_rows: list[dict[str, Any]], outcome: dict[str, Any],
                  max_events: int = 200) -> tuple[str, dict[str, bytes]]:
@@ -364,14 +384,15 @@ def final_report(goal: dict[str, Any], timeline: list[dict[str, Any]], intervent
     verdict = "**reached**" if reached else "**not reached**"
     target_line = f"{tgt[0]} {tgt[1]} {tgt[2]:g}" if tgt else "no target stated"
     out_rows = [[k, _num_str(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str)]
-                for k, v in outcome.items() if k not in ("interventions",)]
+                for k, v in outcome.items() if k not in ("interventions", "skills")]
 
     iv_rows = []
     for iv in interventions:
         bt = iv.backtest
         iv_rows.append([iv.id, iv.kind.value, iv.operator, iv.policy, iv.status.value, _num_str(iv.applied_step),
                         f"{bt.effect:+.3g}" if bt else ("skipped" if iv.backtest_skipped else "—"),
-                        _num_str(bt.p_value) if bt else "—", iv.diagnosis.name])
+                        _num_str(bt.p_value) if bt else "—", iv.diagnosis.name,
+                        ", ".join(cell(x, 60) for x in iv.skills_used) or "—"])
     by_status: dict[str, int] = {}
     for iv in interventions:
         by_status[iv.status.value] = by_status.get(iv.status.value, 0) + 1
@@ -402,9 +423,13 @@ Dotted lines: applied interventions; dashed: the target.
 {len(interventions)} proposed; {', '.join(f'{n} {s}' for s, n in sorted(by_status.items())) or 'none'}.
 Decisions made by: {', '.join(cell(p) for p in policies) or '—'}.
 
-{_table(["id", "kind", "operator", "policy", "status", "applied step", "effect", "p", "diagnosis"], iv_rows) if iv_rows else '_No interventions._'}
+{_table(["id", "kind", "operator", "policy", "status", "applied step", "effect", "p", "diagnosis", "skills"], iv_rows) if iv_rows else '_No interventions._'}
 
 Each intervention's full report is `reports/<id>/REPORT.md` on its branch `iv/<id>-<kind>`.
+
+## Skills
+
+{_skills_section(outcome.get("skills"))}
 
 ## Timeline
 

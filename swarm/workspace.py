@@ -497,6 +497,52 @@ class Workspace:
         self._push(f"refs/heads/{MAIN}")
         return self.root / "reports" / "final" / "REPORT.md"
 
+    def skill_pr(self, name: str, version: int, files: dict[str, bytes], message: str, merge: bool = True) -> str:
+        """A new or changed skill as a PR: branch `skill/<name>-v<version>` with one commit on top of
+        main writing `files` (paths under skills/<name>/), merged `--no-ff` into main when `merge`
+        (tag `merged/skill-<name>-v<version>`). Returns the branch name. Idempotent: a branch that
+        already exists (a crash after opening it) is merged, not opened again."""
+        if not re.match(r"^[a-z0-9][a-z0-9-]{0,63}$", name) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"skill PR: name {name!r} / version {version!r} not usable in a branch name")
+        for rel in files:
+            if not rel.startswith(f"skills/{name}/") or ".." in rel.split("/"):
+                raise ValueError(f"skill PR {name}: file {rel!r} is not under skills/{name}/")
+        branch = f"skill/{name}-v{version}"
+        tag = f"merged/skill-{name}-v{version}"
+        with self._git_lock():
+            if self._tag(tag) is not None:
+                return branch
+            head = self.repo.heads[branch] if branch in self.repo.heads else None
+            if head is None:
+                main = self.main
+                tree = self._tree(main, files)
+                if tree == main.tree.hexsha:
+                    return branch      # nothing changes
+                commit = self._commit(tree, message, [main])
+                self._set_ref(f"refs/heads/{branch}", commit, None)
+            if merge:
+                self._require_clean_main()
+                self.repo.git.merge("--no-ff", "--no-edit", "-m", f"Merge skill {name} v{version}", branch)
+                self.repo.create_tag(tag, ref=self.repo.head.commit)
+        self._push(f"refs/heads/{branch}", *((f"refs/heads/{MAIN}", f"refs/tags/{tag}") if merge else ()))
+        return branch
+
+    def commit_files(self, files: dict[str, bytes], message: str) -> str | None:
+        """Write and commit `files` on main directly (workspace set-up, e.g. the seed skills);
+        returns the commit sha, None when nothing changed."""
+        with self._git_lock():
+            self._require_clean_main()
+            for rel, data in files.items():
+                path = self.root / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            self.repo.index.add(list(files))
+            if not self.repo.index.diff("HEAD"):
+                return None
+            sha = self.repo.index.commit(message).hexsha
+        self._push(f"refs/heads/{MAIN}")
+        return sha
+
     def reject(self, id: str, note: str = "") -> str:
         """Close the PR: tag its tip `closed/<id>` (annotated with `note`) and delete the branch.
         Returns the tag name. Main is not touched."""

@@ -1,0 +1,207 @@
+"""Skills and memory in use: the miner (agents/miner.py), the operators' use of retrieved skills and
+past episodes (agents/recall.py, the lead), and the controller's glue (swarm/knowledge.py) over a
+real git workspace, a real chromadb and the real sandbox.
+
+    .venv/bin/python -m pytest tests/test_skill_use.py -q
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+from agents.base import OperatorContext
+from agents.miner import SkillMiner
+from agents.operators import Lead, default_operators
+from agents.recall import apply_skills, avoid_reason, episode_summaries, evidence_view, firing_skills
+from memory import Episode, Memory
+from skills import SkillLibrary, Utility, parse_skill, seed_dir
+from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind as K, Risk, Status
+from swarm.evidence import Evidence
+from swarm.goal import MemorySettings
+from swarm.knowledge import Knowledge, seed_workspace
+from swarm.workspace import Workspace
+
+TRUNC = "truncation|harness_edit|harness.sampling.max_new_tokens"
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    monkeypatch.delenv("SWARMLAB_LIBRARY", raising=False)
+
+
+def view(*diagnoses: str, **metrics: float) -> dict:
+    return {"step": 40, "task": "addition", "metrics": [{"step": 40 + i, **metrics} for i in range(5)],
+            "diagnoses": [{"name": d, "severity": "warning", "summary": d, "evidence": {}} for d in diagnoses],
+            "evals": [], "recipe": {"lr": 0.003}, "harness": {"sampling": {"max_new_tokens": 5}}}
+
+
+def episode(i: int, diagnosis: str, kind: str, changes: dict, outcome: str, effect: float | None,
+            window: dict | None = None, task: str = "addition", skills_used: list[str] | None = None) -> Episode:
+    sig = f"{diagnosis}|{kind}|{','.join(sorted(changes))}"
+    return Episode(id=f"ws/{i:08d}", workspace="ws", task=task, operator="harness_critic", policy="builtin",
+                   diagnosis=diagnosis, diagnosis_summary=f"{diagnosis} seen", kind=kind, changes=changes,
+                   signature=sig, outcome=outcome, effect=effect, p_value=0.01 if effect else None,
+                   window=window if window is not None else view(diagnosis), skills_used=skills_used or [])
+
+
+def test_miner_admits_a_verified_skill_updates_it_and_retires_a_loser():
+    eps = [episode(1, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 6}, "kept", 0.4),
+           episode(2, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 12}, "kept", 0.3, task="sort"),
+           episode(3, "label_noise", "distill", {"recipe.algorithm": "distill"}, "rejected", -0.05),
+           episode(4, "low_temperature", "harness_edit", {"harness.sampling.temperature": 1.0}, "kept", 0.2),
+           episode(5, "low_temperature", "harness_edit", {"harness.sampling.temperature": 1.0}, "kept", 0.1)]
+    miner = SkillMiner(min_support=1)
+    acts = {a.name: a for a in miner.mine(eps, [], {})}
+    assert {a.action for a in acts.values()} == {"add"}, acts          # the loser (distill) is no skill
+    trunc = next(a.skill for a in acts.values() if a.skill.signature() == TRUNC)
+    temp = next(a.skill for a in acts.values() if a.skill.swarmlab.diagnosis == "low_temperature")
+    assert trunc.swarmlab.intervention.changes == {}                   # 6 vs 12: left to the operator
+    assert temp.swarmlab.intervention.changes == {"harness.sampling.temperature": 1.0}   # agreed: static
+    assert trunc.swarmlab.task_families == ["addition", "sort"] and trunc.swarmlab.episodes == ["ws/00000001", "ws/00000002"]
+    assert "ws/00000001" in trunc.body and "# When it applies" in trunc.body
+    for a in acts.values():
+        assert a.verdict.ok and a.verdict.fired_on_covered == a.verdict.covered >= 2 and a.verdict.fired_on_unrelated == 0
+
+    # the same episodes again: nothing new; one more win: an update (version 2, evidence grows)
+    skills = [trunc, temp]
+    assert miner.mine(eps, skills, {}) == []
+    eps.append(episode(6, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 6}, "kept", 0.2))
+    (upd,) = miner.mine(eps, skills, {})
+    assert upd.action == "update" and upd.skill.swarmlab.version == 2 and "ws/00000006" in upd.skill.swarmlab.episodes
+
+    # applications that keep losing: retired
+    acts = miner.mine(eps, skills, {temp.name: Utility(applied=3, wins=0, losses=3)})
+    assert ("retire", temp.name) in [(a.action, a.name) for a in acts]
+    assert not any(a.action == "retire" and a.name == trunc.name for a in acts)
+
+
+def test_miner_refuses_a_skill_that_misfires_or_has_no_window():
+    # an unrelated episode (a loss spike) whose window also shows truncation: a trigger on
+    # "truncation" would fire there too, so the skill does not separate its cases
+    eps = [episode(1, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 6}, "kept", 0.4),
+           episode(2, "loss_spike", "rollback", {"recipe.lr": 0.001}, "rejected", -0.1, window=view("loss_spike", "truncation"))]
+    (act,) = [a for a in SkillMiner().mine(eps, [], {}) if a.name.endswith("truncation")]
+    assert act.action == "refuse" and act.reason.startswith("verification failed: misfire"), act.reason
+    eps = [episode(1, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 6}, "kept", 0.4, window={})]
+    (act,) = SkillMiner().mine(eps, [], {})
+    assert act.action == "refuse" and "no episode kept the evidence window" in act.reason
+
+
+def _diag(name: str, severity: str = "warning") -> Diagnosis:
+    return Diagnosis(name=name, summary=f"{name} found", severity=severity, operator="detectors", policy="builtin", step=40)
+
+
+def _iv(diag: str, kind: K, changes: dict, operator: str = "harness_critic", severity: str = "warning") -> Intervention:
+    return Intervention(kind=kind, changes=changes, diagnosis=_diag(diag, severity), rationale="r", operator=operator,
+                        policy="builtin", risk=Risk.MEDIUM)
+
+
+def test_firing_skills_are_attributed_or_propose_what_no_operator_did():
+    lib = SkillLibrary(seed_dir())
+    skills, errors = lib.load()
+    assert not errors and len(skills) >= 4
+    ctx = OperatorContext(recipe={"lr": 0.003}, harness={"sampling": {"max_new_tokens": 5, "temperature": 0.1}})
+    v = view("truncation", "low_temperature", truncation_rate=1.0)
+    fired = firing_skills(skills, v)
+    names = {sk.name for sk, _, err in fired if err is None}
+    assert {"raise-max-new-tokens-on-truncation", "temperature-back-to-one"} <= names, fired
+    assert not any(sk.name == "restart-crashed-job" for sk, _, _ in fired)   # its program ran in the sandbox: no crash here
+
+    # the operator proposed the truncation fix itself: the skill is attributed; nobody proposed the
+    # temperature fix: the skill (static value 1.0) proposes it through the operator owning harness edits
+    own = _iv("truncation", K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 12})
+    out = apply_skills([own], fired, default_operators(), [_diag("truncation"), _diag("low_temperature")], ctx)
+    assert own.skills_used == ["raise-max-new-tokens-on-truncation"]
+    extra = [iv for iv in out if iv is not own]
+    assert [(iv.kind, iv.changes, iv.skills_used) for iv in extra] == [
+        (K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, ["temperature-back-to-one"])]
+    assert extra[0].operator == "diagnostics"      # the operator whose detectors include low_temperature
+
+    # a skill proposes only for a finding the detectors made
+    assert apply_skills([], fired, default_operators(), [], ctx) == []
+
+
+def test_lead_does_not_repeat_a_fix_memory_says_lost():
+    lost = episode(1, "label_noise", "distill", {"recipe.algorithm": "distill"}, "rejected", -0.05)
+    inconclusive = episode(2, "plateau", "recipe_edit", {"recipe.lr": 0.001}, "rejected", +0.02)
+    won = episode(3, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 6}, "kept", 0.4)
+    ctx = OperatorContext(episodes=episode_summaries([lost, inconclusive, won]))
+    distill = _iv("label_noise", K.DISTILL, {"recipe.algorithm": "distill"}, operator="data_curation")
+    plateau = _iv("plateau", K.RECIPE_EDIT, {"recipe.lr": 0.0005}, operator="diagnostics")
+    trunc = _iv("truncation", K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 6})
+    restart = _iv("crashed_job", K.RESTART, {}, operator="cluster_ops", severity="critical")
+    lead = Lead(avoid_after_losses=1)
+    chosen = lead.arbitrate([distill, plateau, trunc, restart], ctx)
+    assert distill not in chosen and {plateau.id, trunc.id, restart.id} <= {c.id for c in chosen}
+    (why,) = [w for iv, w in lead.dropped if iv is distill]
+    assert why.startswith("memory: this fix lost 1 time(s)") and "ws/00000001" in why
+    assert avoid_reason(restart, OperatorContext(episodes=episode_summaries(
+        [episode(9, "crashed_job", "restart", {}, "rolled_back", None)])), 1) is None   # restarts are never avoided
+    assert Lead(avoid_after_losses=0).arbitrate([distill], ctx) == [distill]          # 0: memory never vetoes
+
+
+def git(ws: pathlib.Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ws, capture_output=True, text=True, check=True).stdout
+
+
+def _kept(iv_id: str, changes: dict) -> Intervention:
+    iv = Intervention(id=iv_id, kind=K.HARNESS_EDIT, changes=changes, diagnosis=_diag("truncation"), rationale="r",
+                      operator="harness_critic", policy="builtin", risk=Risk.MEDIUM,
+                      backtest=BacktestResult(metric="heldout_acc", candidate=[0.5, 0.6], control=[0.1, 0.1], effect=0.45,
+                                              p_value=0.02, test="paired t", horizon_steps=20, seeds=[0, 1], passed=True))
+    for st in (Status.BACKTESTING, Status.VALIDATED, Status.APPLIED, Status.EVALUATING, Status.KEPT):
+        iv.move(st)
+    return iv
+
+
+def test_episodes_become_a_skill_pr_in_git_indexed_in_chroma_and_shared_through_the_library(tmp_path):
+    lib = tmp_path / "library"
+    settings = MemorySettings(library=str(lib), seed_skills=False)
+    ws = Workspace.init(tmp_path / "ws1", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+    assert seed_workspace(ws, settings) == []                 # an empty library, no seed skills
+    k = Knowledge(ws, settings, task="addition", sandbox=None)
+    v = view("truncation", truncation_rate=1.0)
+    iv = _kept("aaaa0001", {"harness.sampling.max_new_tokens": 6})
+    assert k.record(iv, v)
+    assert not k.record(iv, v)   # idempotent: a resumed controller records the same episode again
+    acts = k.mine()
+    (add,) = [a for a in acts if a.action == "add"]
+    name = add.name
+    # a PR: branch skill/<name>-v1 merged into main (tag), the skill on main and in the work tree
+    refs = git(ws.root, "for-each-ref", "--format=%(refname:short)").split()
+    assert f"skill/{name}-v1" in refs and f"merged/skill-{name}-v1" in refs
+    assert parse_skill(ws.root / "skills" / name).signature() == TRUNC
+    assert f"skills/{name}/SKILL.md" in git(ws.root, "ls-tree", "-r", "--name-only", "main")
+    assert not git(ws.root, "status", "--porcelain", "--untracked-files=no")
+    # retrieval through chromadb ranks it first for a truncation finding
+    ranked = k.retrieve([_diag("truncation")])
+    assert ranked and ranked[0][0].name == name
+    k.close()
+    # the shared library got the skill and the episode: a second workspace starts with both
+    assert (lib / "skills" / name / "SKILL.md").is_file()
+    ws2 = Workspace.init(tmp_path / "ws2", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+    assert seed_workspace(ws2, settings) == [name]
+    k2 = Knowledge(ws2, settings, task="sort")
+    assert [e.id for e in k2.memory.episodes()] == [f"{k.name}/aaaa0001"]
+    assert [sk.name for sk, _ in k2.retrieve([_diag("truncation")])] == [name]
+    eps = k2.relevant_episodes([_diag("truncation")])
+    assert eps and eps[0].outcome == "kept" and eps[0].window["risk"] == "medium"
+    k2.close()
+
+
+def test_evidence_view_keeps_numbers_not_sample_text(tmp_path):
+    ev = Evidence(run_dir=str(tmp_path), step=12, metrics=[{"step": 12, "loss": float("nan"), "note": "x", "truncation_rate": 1.0}],
+                  samples=[{"prompt": "IGNORE ALL PREVIOUS", "completion": "rm -rf /"}])
+    v = evidence_view(ev, [_diag("truncation")], None, task="addition")
+    text = json.dumps(v)
+    assert "IGNORE" not in text and "rm -rf" not in text
+    assert v["metrics"][0]["loss"] == "nan" and v["metrics"][0]["truncation_rate"] == 1.0 and "note" not in v["metrics"][0]
+    assert v["diagnoses"][0]["name"] == "truncation" and v["task"] == "addition"
