@@ -777,8 +777,14 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     n = max(5, th.not_learning_rows // 5)
     first, last = _median(loss[:n]), _median(loss[-n:])
     rel = (first - last) / max(abs(first), 1e-12)
-    held = ev.latest_eval("heldout_acc")
-    if rel < th.not_learning_rel and (held is None or held <= th.not_learning_heldout_max):
+    # held-out accuracy measured in this segment: an eval from before a harness change (e.g. the
+    # truncation just fixed) says nothing about whether the run learns now
+    seg_start = steps[0] if steps else 0
+    held = next((float(r["heldout_acc"]) for r in reversed(ev.evals) if r.get("step", -1) >= seg_start
+                 and isinstance(r.get("heldout_acc"), (int, float)) and math.isfinite(r["heldout_acc"])), None)
+    if held is None:
+        return None
+    if rel < th.not_learning_rel and held <= th.not_learning_heldout_max:
         _, lr = _col(rows, "lr")
         return _diag(ev, "not_learning",
                      f"loss {first:.3g} → {last:.3g} over {len(loss)} steps and held-out {held}: the run is not learning",

@@ -460,7 +460,9 @@ class Controller:
         good = [c for c in self.checkpoints() if c["step"] < start and not c["name"].startswith("bt-")]
         return good[-1]["name"] if good else None
 
-    def node_evaluate(self, s: SwarmState) -> dict[str, Any]:
+    def node_evaluate(self, s: SwarmState, final: bool = False) -> dict[str, Any]:
+        """Judge applied interventions once `evaluate_window_steps` have passed (with `final`, at the
+        end of the run, on whatever window there is)."""
         window = self.goal.swarm.evaluate_window_steps
         human = self.human_decisions()
         ev = None
@@ -473,21 +475,25 @@ class Controller:
             if human.get(iv.id) == "human_rollback":
                 self.roll_back(iv, "rolled back by a human")
                 continue
-            if iv.status != Status.EVALUATING or iv.applied_step is None or s.step < iv.applied_step + window:
+            if iv.status != Status.EVALUATING or iv.applied_step is None or (s.step < iv.applied_step + window and not final):
                 continue
             ev = ev or self.evidence(s.job_status)
             after = [r[self.goal.target.metric] for r in ev.evals if r.get("step", 0) > iv.applied_step
                      and isinstance(r.get(self.goal.target.metric), (int, float))]
+            if final and not after:
+                continue     # nothing measured after it: stays evaluating, no episode
             base = iv.outcome.get("baseline")
             now = after[-1] if after else None
-            iv.outcome.update({"after": now, "window_steps": window,
-                               "rule": "kept unless the target metric after the window is worse than before applying"})
+            steps = min(window, max(s.step - iv.applied_step, 0))
+            iv.outcome.update({"after": now, "window_steps": steps,
+                               "rule": "kept unless the target metric after the window is worse than before applying"
+                                       + (" (judged at the end of the run, before the full window)" if steps < window else "")})
             self.store.put(iv)
             worse = now is not None and base is not None and (now < base - 0.02 if self.goal.target.op == ">=" else now > base + 0.02)
             if worse:
-                self.roll_back(iv, f"{self.goal.target.metric} {base} → {now} over {window} steps")
+                self.roll_back(iv, f"{self.goal.target.metric} {base} → {now} over {steps} steps")
             else:
-                self.store.transition(iv.id, Status.KEPT, f"{self.goal.target.metric} {base} → {now}")
+                self.store.transition(iv.id, Status.KEPT, f"{self.goal.target.metric} {base} → {now} over {steps} steps")
         return {}
 
     def roll_back(self, iv: Intervention, note: str) -> None:
@@ -535,6 +541,8 @@ class Controller:
         if s.job and self.job_status(s.job) not in TERMINAL:
             self.command("stop", "controller-stop", timeout=120)
             self.stop_job(s.job)
+        self.node_evaluate(s, final=True)    # what was applied is judged on the window it got,
+        self.node_mine_skills(s)             # so the run's episodes and skills are not lost
         summary = self.summary(s)
         md, pngs = final_report(self.goal.public(), self.store.timeline(), self.store.list(),
                                 read_jsonl(self.run_dir / "metrics.jsonl"), summary)

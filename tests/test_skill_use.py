@@ -205,3 +205,33 @@ def test_evidence_view_keeps_numbers_not_sample_text(tmp_path):
     assert "IGNORE" not in text and "rm -rf" not in text
     assert v["metrics"][0]["loss"] == "nan" and v["metrics"][0]["truncation_rate"] == 1.0 and "note" not in v["metrics"][0]
     assert v["diagnoses"][0]["name"] == "truncation" and v["task"] == "addition"
+
+
+def test_second_run_with_the_first_runs_library_skips_the_backtest_the_first_needed(tmp_path):
+    """The small scenario of the issue: the tiny truncation goal of tests/test_swarm.py, run twice
+    over one (initially empty) library with real trainer processes. The first run backtests its
+    fix and the miner turns the kept fix into a skill; the second run's operator proposes the same
+    fix, the skill fires and is attributed, and its record (one win, no loss) lets the fix skip the
+    backtest. benchmarks/skills_second_run.py measures the same over seeds, with CPU seconds."""
+    from swarm.controller import Controller
+    from swarm.goal import Goal
+    from test_swarm import tiny_goal
+
+    goal = Goal.parse(tiny_goal(perturbations=[{"shortcut": "truncation", "at_step": 0}],
+                                memory={"library": str(tmp_path / "library"), "seed_skills": False}))
+    first = Controller.create(tmp_path / "ws1", goal, jobs="process").run()
+    assert first["reached"], first
+    fix1 = next(r for r in first["interventions"] if r["diagnosis"] == "truncation")
+    assert fix1["status"] == "kept" and fix1["backtest_skipped"] is None and first["backtests"] >= 1
+    (added,) = [a["name"] for a in first["skills"]["added"] if "truncation" in a["name"]]
+
+    second = Controller.create(tmp_path / "ws2", goal, jobs="process").run()
+    assert second["reached"], second
+    fix2 = next(r for r in second["interventions"] if r["diagnosis"] == "truncation")
+    assert fix2["backtest_skipped"].startswith(f"skill {added!r} won 1 time(s) and never lost"), fix2
+    assert added in second["skills"]["fired"] and any(x.startswith(fix2["id"]) for x in second["skills"]["used"][added])
+    # (other proposals, e.g. a plateau, may be backtested in either run: the dynamics differ once the fix lands earlier)
+    # the second run's win joins the skill's evidence: version 2, in the library shared by both
+    assert [u["name"] for u in second["skills"]["updated"]] == [added]
+    lib_skill = parse_skill(tmp_path / "library" / "skills" / added)
+    assert lib_skill.swarmlab.version == 2 and len(lib_skill.swarmlab.episodes) == 2
