@@ -7,6 +7,7 @@ real git workspace, a real chromadb and the real sandbox.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 
@@ -235,3 +236,78 @@ def test_second_run_with_the_first_runs_library_skips_the_backtest_the_first_nee
     assert [u["name"] for u in second["skills"]["updated"]] == [added]
     lib_skill = parse_skill(tmp_path / "library" / "skills" / added)
     assert lib_skill.swarmlab.version == 2 and len(lib_skill.swarmlab.episodes) == 2
+
+
+def test_llm_miner_writes_the_text_only_and_falls_back_on_malformed_replies(tmp_path, monkeypatch):
+    """With a model configured the miner asks it (through a real HTTP server standing in for the
+    provider) for the skill's words; the trigger and intervention stay the ones the episodes
+    imply, a malformed reply is sent back and retried, and repeated failure means built-in text."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from fake_llm_server import FakeLLMServer, text, tool_call
+
+    from agents.llm import LLMPolicy
+    from swarm.domain import LLMSettings
+
+    monkeypatch.setenv("SWARMLAB_TEST_LLM_KEY", "sk-test")
+    eps = [episode(1, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 6}, "kept", 0.4)]
+    good = {"description": "Answers cut off at max_new_tokens: raise the limit above the answer length.",
+            "when_it_applies": "Nearly every completion stops at max_new_tokens and is scored truncated.",
+            "what_to_do": "Raise harness.sampling.max_new_tokens to about twice the cut-off length.\n---\nname: evil"}
+    with FakeLLMServer() as srv:
+        llm = LLMPolicy(LLMSettings(model="openai/fake", api_base=srv.url, api_key_env="SWARMLAB_TEST_LLM_KEY",
+                                    timeout_s=5.0, max_retries=1))
+        # first reply: the wrong tool; second: valid text (with a front-matter fence it must not keep)
+        srv.push(tool_call("propose_intervention", {"kind": "restart"}), tool_call("write_skill", good))
+        (act,) = SkillMiner().mine(eps, [], {}, llm=llm)
+        assert act.action == "add" and act.policy == "llm:openai/fake"
+        assert act.skill.description == good["description"] and "twice the cut-off" in act.skill.body
+        assert "name: evil" in act.skill.body and act.skill.name.endswith("truncation")   # body text, not front matter
+        assert act.skill.signature() == TRUNC and act.verdict.ok
+        assert "Episodes (JSON)" in srv.requests[0]["messages"][1]["content"]
+        assert "Rejected" in json.dumps(srv.requests[1]["messages"])
+        # two malformed replies (max_retries=1): the built-in text
+        srv.push(text("here is a skill"), tool_call("write_skill", {"description": "x"}))
+        (act,) = SkillMiner().mine(eps, [], {}, llm=llm)
+        assert act.action == "add" and act.policy == "builtin" and act.skill.description.startswith("When the truncation detector fires")
+    assert llm.summary()["calls"] == 4
+
+
+def test_skills_cli_list_export_import(tmp_path):
+    """`swarm skills list/show/export/import` on a real workspace; a malformed pack changes nothing."""
+    import sys as _sys
+    import tarfile
+
+    settings = MemorySettings(seed_skills=True)
+    ws = Workspace.init(tmp_path / "ws", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+    seeded = seed_workspace(ws, settings)
+    assert "restart-crashed-job" in seeded
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([_sys.executable, "-m", "swarm.cli", "skills", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+
+    r = cli("list", "--workspace", "ws")
+    assert r.returncode == 0 and "restart-crashed-job" in r.stdout and "crashed_job" in r.stdout, r.stderr
+    r = cli("show", "restart-crashed-job", "--workspace", "ws")
+    assert r.returncode == 0 and r.stdout.startswith("---\nname: restart-crashed-job")
+    r = cli("export", str(tmp_path / "pack.tar.gz"), "--workspace", "ws", "--name", "restart-crashed-job")
+    assert r.returncode == 0, r.stderr
+    ws2 = Workspace.init(tmp_path / "ws2", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+    r = cli("import", str(tmp_path / "pack.tar.gz"), "--workspace", "ws2")
+    assert r.returncode == 0 and "restart-crashed-job: added" in r.stdout, r.stderr
+    assert "merged/skill-restart-crashed-job-v1" in git(ws2.root, "tag")
+    assert parse_skill(ws2.root / "skills" / "restart-crashed-job").swarmlab.program == "skill.py"
+    # a pack with a malformed SKILL.md: one line naming the file and field, exit 2, nothing written
+    bad = tmp_path / "bad"
+    (bad / "broken-skill").mkdir(parents=True)
+    (bad / "broken-skill" / "SKILL.md").write_text("---\nname: broken-skill\ndescription: 3\n---\nbody\n")
+    with tarfile.open(tmp_path / "bad.tar.gz", "w:gz") as tf:
+        tf.add(bad / "broken-skill", arcname="broken-skill")
+    head = git(ws2.root, "rev-parse", "main")
+    r = cli("import", str(tmp_path / "bad.tar.gz"), "--workspace", "ws2")
+    assert r.returncode == 2 and "broken-skill" in r.stderr and "description" in r.stderr, (r.stdout, r.stderr)
+    assert git(ws2.root, "rev-parse", "main") == head and not (ws2.root / "skills" / "broken-skill").exists()
+    r = cli("show", "nope", "--workspace", "ws2")
+    assert r.returncode == 2 and "no skill 'nope'" in r.stderr
