@@ -31,6 +31,8 @@ from trainer.runlog import atomic_write_text, iter_jsonl, read_heartbeat, read_j
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
+PRUNE_EVERY_TICKS = 50        # graph.db keeps the newest KEEP_CHECKPOINTS LangGraph checkpoints
+KEEP_CHECKPOINTS = 200
 
 
 class Controller:
@@ -372,7 +374,27 @@ class Controller:
                 self.ws.reject(iid, note=f"backtest: effect {res.effect:+.3f}, p={res.p_value:.3f}")
         return {}
 
+    _closed: set[str] = set()
+
+    def close_rejected(self) -> None:
+        """Every rejected intervention is a closed PR with its report. A controller killed between
+        recording a rejection and closing its PR (or before opening one) finishes the job here."""
+        for iv in self.store.list():
+            if iv.status != Status.REJECTED or iv.id in self._closed:
+                continue
+            try:
+                state = self.ws.pr_state(iv.id)
+            except ValueError:
+                self.open_pr(iv)
+                state = "open"
+            if state == "open":
+                note = f"backtest: effect {iv.backtest.effect:+.3f}, p={iv.backtest.p_value:.3f}" if iv.backtest else \
+                    (iv.history[-1]["note"] if iv.history else "")
+                self.ws.reject(iv.id, note=note)
+            self._closed = self._closed | {iv.id}
+
     def node_gate(self, s: SwarmState) -> dict[str, Any]:
+        self.close_rejected()
         for iid in self.pending():
             iv = self.store.get(iid)
             if iv.branch is None and iv.status == Status.VALIDATED:
@@ -388,6 +410,7 @@ class Controller:
         md, pngs = intervention_report(iv, read_jsonl(self.run_dir / "metrics.jsonl"), read_jsonl(self.run_dir / "samples.jsonl")[-200:])
         iv.branch = self.ws.open_pr(iv, md, pngs)
         self.store.put(iv)
+        self.knowledge.record_report(iv.id, md, kind=iv.kind.value, diagnosis=iv.diagnosis.name, status=iv.status.value)
 
     def human_decisions(self) -> dict[str, str]:
         out = {}
@@ -528,6 +551,10 @@ class Controller:
         its status) current for readers in other terminals. Per-intervention reports are written
         where decisions are made (PRs at backtest/gate); this rewrites the status file only when
         the timeline moved, so a quiet tick costs nothing."""
+        if s.tick % PRUNE_EVERY_TICKS == 0:
+            from swarm.graph import prune_checkpoints
+
+            prune_checkpoints(self.graph.checkpointer, "main", KEEP_CHECKPOINTS)
         rows = self.store.timeline(since=max(self._reported_seq, 0))
         seq = rows[-1]["seq"] if rows else self._reported_seq
         if seq != self._reported_seq:
@@ -547,6 +574,7 @@ class Controller:
         md, pngs = final_report(self.goal.public(), self.store.timeline(), self.store.list(),
                                 read_jsonl(self.run_dir / "metrics.jsonl"), summary)
         path = self.ws.write_final_report(md, pngs)
+        self.knowledge.record_report("final", md, kind="final", reached=bool(summary["reached"]), reason=str(s.done))
         (self.sdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         self.store.log("finished", reason=s.done, report=str(path))
         self.jobs.close()

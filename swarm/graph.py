@@ -41,6 +41,25 @@ def route_after_observe(state: SwarmState) -> Literal["finish", "diagnose"]:
     return "finish" if state.done else "diagnose"
 
 
+def prune_checkpoints(saver: SqliteSaver, thread_id: str, keep: int) -> int:
+    """Delete all but the newest `keep` checkpoints of a thread (and their pending writes), so a
+    run of days does not grow graph.db by a checkpoint per superstep forever. Resuming needs only
+    the newest one; checkpoint ids are time-ordered (uuid6), so the order is chronological.
+    Returns how many checkpoints were deleted."""
+    if keep < 1:
+        raise ValueError(f"keep={keep} must be >= 1")
+    with saver.cursor() as cur:
+        cur.execute("SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' "
+                    "ORDER BY checkpoint_id DESC LIMIT 1 OFFSET ?", (thread_id, keep - 1))
+        row = cur.fetchone()
+        if row is None:
+            return 0
+        oldest_kept = row[0]
+        cur.execute("DELETE FROM writes WHERE thread_id = ? AND checkpoint_id < ?", (thread_id, oldest_kept))
+        cur.execute("DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_id < ?", (thread_id, oldest_kept))
+        return cur.rowcount
+
+
 def build_graph(ctrl: Any, db_path: str):
     g = StateGraph(SwarmState)
     for name in ("plan", "launch", "observe", "diagnose", "propose", "backtest", "gate", "apply", "evaluate",

@@ -74,6 +74,26 @@ def seed_workspace(ws: Any, settings: Any) -> list[str]:
     return names
 
 
+def _lock_library(root: pathlib.Path) -> int:
+    """One controller at a time per memory root (chromadb's files take no cross-process lock): an
+    flock the kernel drops when the holder dies. Raises ValueError naming the holder."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "memory.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = path.read_text().strip() or "?"
+        os.close(fd)
+        raise ValueError(f"memory library {str(root)!r} is in use by another controller (pid {holder}); "
+                         "runs that share a library take turns (or give this goal its own memory.library)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class Knowledge:
     def __init__(self, ws: Any, settings: Any, task: str | None, timeline: Callable[..., None] | None = None,
                  sandbox: Any = None) -> None:
@@ -86,6 +106,7 @@ class Knowledge:
         self.timeline = timeline or (lambda kind, **kw: None)
         self.shared = shared_library(settings)
         self.root = library_root(ws.root, self.shared)
+        self._lock = _lock_library(self.root)
         self.memory = Memory.open(self.root, backend=settings.backend)
         self.library = SkillLibrary(ws.root / "skills")
         self.name = _workspace_name(ws.root)
@@ -120,6 +141,9 @@ class Knowledge:
         self.memory.close()
         if self._sandbox is not None:
             self._sandbox.close()
+        if self._lock is not None:
+            os.close(self._lock)      # releases the flock
+            self._lock = None
 
     # ---- use ------------------------------------------------------------------------------------
     def utility(self) -> dict[str, Any]:
@@ -208,6 +232,10 @@ class Knowledge:
             step=iv.applied_step or iv.diagnosis.step,
             time=iv.history[-1]["time"] if iv.history else iv.created)   # deterministic: re-recording is a no-op
         return self.memory.record_episode(ep)
+
+    def record_report(self, id: str, text: str, **metadata: Any) -> None:
+        """A report (an intervention's PR report, the final report) into the memory's reports collection."""
+        self.memory.record_report(f"{self.name}/{id}", text, {"workspace": self.name, "task": self.task or "", **metadata})
 
     def mine(self, llm: Any = None) -> list[Any]:
         """Run the miner over every episode in memory; admitted skills become merged skill PRs,

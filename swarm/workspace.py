@@ -653,12 +653,12 @@ def _pr_message(iv: Intervention, update: bool = False) -> str:
 
 
 def _ensure_identity(repo: git.Repo) -> None:
-    """Commits need an author; a machine without a global git identity gets a local one."""
-    r = repo.config_reader()
-    if r.has_option("user", "name") and r.has_option("user", "email"):
-        return
-    with repo.config_writer() as w:
-        if not r.has_option("user", "name"):
-            w.set_value("user", "name", _IDENTITY[0])
-        if not r.has_option("user", "email"):
-            w.set_value("user", "email", _IDENTITY[1])
+    """Commits need an author; a machine without a git identity gets a local one. Asked through
+    `git config` itself, so every source git reads counts (system, $GIT_CONFIG_GLOBAL or
+    ~/.gitconfig, XDG, the repository, $GIT_CONFIG_* overrides) — gitpython's own reader
+    misses some of them."""
+    for key, value in zip(("user.name", "user.email"), _IDENTITY):
+        try:
+            repo.git.config("--get", key)
+        except git.GitCommandError:      # exit 1: not set anywhere git looks
+            repo.git.config("--local", key, value)

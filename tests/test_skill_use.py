@@ -185,6 +185,10 @@ def test_episodes_become_a_skill_pr_in_git_indexed_in_chroma_and_shared_through_
     # retrieval through chromadb ranks it first for a truncation finding
     ranked = k.retrieve([_diag("truncation")])
     assert ranked and ranked[0][0].name == name
+    # one controller at a time per library: a second one is refused with the holder named
+    ws_other = Workspace.init(tmp_path / "other", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+    with pytest.raises(ValueError, match=r"in use by another controller \(pid \d+\)"):
+        Knowledge(ws_other, settings, task="addition")
     k.close()
     # the shared library got the skill and the episode: a second workspace starts with both
     assert (lib / "skills" / name / "SKILL.md").is_file()

@@ -1,0 +1,103 @@
+"""The controller's upkeep, without running a trainer: LangGraph checkpoints pruned so graph.db
+stays bounded over days, rejected interventions always end as closed PRs (also after a kill
+between the rejection and the close), and the workspace's git identity respects every place git
+reads its config from.
+
+    .venv/bin/python -m pytest tests/test_controller_upkeep.py -q
+"""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+
+import pytest
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+
+from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Status
+from swarm.goal import Goal
+from swarm.graph import prune_checkpoints
+from test_swarm import tiny_goal
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    monkeypatch.delenv("SWARMLAB_LIBRARY", raising=False)
+
+
+def test_prune_keeps_the_newest_checkpoints_and_the_graph_resumes_from_them(tmp_path):
+    def step(s: dict) -> dict:
+        return {"n": s["n"] + 1}
+
+    g = StateGraph(dict)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_edge("step", END)
+    conn = sqlite3.connect(tmp_path / "graph.db", check_same_thread=False)
+    graph = g.compile(checkpointer=SqliteSaver(conn))
+    cfg = {"configurable": {"thread_id": "main"}}
+    state = {"n": 0}
+    for _ in range(30):
+        state = graph.invoke(state, cfg)
+    count = lambda: conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]   # noqa: E731
+    before = count()
+    assert before >= 60
+    assert prune_checkpoints(graph.checkpointer, "main", keep=5) == before - 5
+    assert count() == 5 and prune_checkpoints(graph.checkpointer, "main", keep=5) == 0
+    assert graph.get_state(cfg).values == {"n": 30}            # the newest state is intact
+    assert graph.invoke(graph.get_state(cfg).values, cfg) == {"n": 31}
+    with pytest.raises(ValueError, match="keep=0"):
+        prune_checkpoints(graph.checkpointer, "main", keep=0)
+    conn.close()
+
+
+def test_a_rejection_whose_pr_was_never_closed_is_closed_on_the_next_tick(tmp_path):
+    """The state a SIGKILL between `transition(REJECTED)` and `ws.reject` leaves: the store says
+    rejected, git still has the PR open (or none at all)."""
+    from swarm.controller import Controller
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    d = Diagnosis(name="plateau", summary="flat", operator="diagnostics", policy="builtin")
+    bt = BacktestResult(metric="heldout_acc", candidate=[0.1, 0.1], control=[0.2, 0.2], effect=-0.1, p_value=0.9,
+                        test="paired t", horizon_steps=20, seeds=[0, 1], passed=False)
+    opened = Intervention(kind=InterventionKind.RECIPE_EDIT, changes={"recipe.lr": 0.001}, diagnosis=d, rationale="r",
+                          operator="diagnostics", policy="builtin", backtest=bt)
+    never = Intervention(kind=InterventionKind.RECIPE_EDIT, changes={"recipe.lr": 0.002}, diagnosis=d, rationale="r",
+                         operator="diagnostics", policy="builtin")
+    for iv in (opened, never):
+        ctrl.store.put(iv)
+        ctrl.store.transition(iv.id, Status.BACKTESTING)
+        ctrl.store.transition(iv.id, Status.REJECTED, "killed right after this")
+    ctrl.open_pr(ctrl.store.get(opened.id))
+    assert ctrl.ws.pr_state(opened.id) == "open"
+    ctrl.close_rejected()
+    assert ctrl.ws.pr_state(opened.id) == "closed" and ctrl.ws.pr_state(never.id) == "closed"
+    tags = subprocess.run(["git", "tag", "-n1"], cwd=ctrl.dir, capture_output=True, text=True).stdout
+    assert f"closed/{opened.id}" in tags and "effect -0.100" in tags
+    ctrl.close_rejected()                                       # idempotent
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
+def test_git_identity_from_git_config_global_is_respected(tmp_path, monkeypatch):
+    from swarm.workspace import Workspace
+
+    cfg = tmp_path / "gitconfig"
+    cfg.write_text("[user]\n\tname = Ada Lovelace\n\temail = ada@example.org\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
+    ws = Workspace.init(tmp_path / "ws", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+    author = subprocess.run(["git", "log", "-1", "--format=%an <%ae>"], cwd=ws.root, capture_output=True, text=True).stdout
+    assert author.strip() == "Ada Lovelace <ada@example.org>"
+    local = subprocess.run(["git", "config", "--local", "--get", "user.name"], cwd=ws.root, capture_output=True, text=True)
+    assert local.returncode == 1      # nothing written to the repository: the global identity is used
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL")
+    ws2 = Workspace.init(tmp_path / "ws2", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+    author = subprocess.run(["git", "log", "-1", "--format=%an"], cwd=ws2.root, capture_output=True, text=True).stdout
+    assert author.strip() == "swarmlab"
