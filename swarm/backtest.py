@@ -9,7 +9,9 @@ Statistical test (stated in every result): one-sided paired t-test over seeds on
 candidate − control of the target metric (signed so that + is better). With zero variance of
 the differences the sign decides (p = 0 if all improve, 1 otherwise). When both arms score the
 same on the target metric for every seed (e.g. both 0 early in a run), the mean training pass rate
-over the horizon's second half breaks the tie, and the note says so. A candidate that does not
+over the horizon's second half breaks the tie; when that ties too (nothing scores in either arm)
+and both arms train SFT on the same data under the same harness, the mean training loss over the
+second half does (lower is better). The result's `test` names the one used. A candidate that does not
 move the target significantly (but is no worse on any seed) is still validated when it
 significantly reduces the held-out format-failure rate (truncated + malformed answers): the
 symptom the harness fixes target.
@@ -54,15 +56,26 @@ def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: i
             "perturbations": private}
 
 
-def arm_score(run_dir: pathlib.Path, metric: str, horizon: int) -> tuple[float | None, float, float]:
+def arm_score(run_dir: pathlib.Path, metric: str, horizon: int) -> tuple[float | None, float, float, float | None]:
     """(target metric at the end, mean train pass rate over the second half, held-out format
-    failure rate = truncated + malformed at the end)."""
+    failure rate = truncated + malformed at the end, mean training loss over the second half —
+    None when any loss there is not finite)."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
     final = [r for r in rows if metric in r and isinstance(r[metric], (int, float))]
     train = [r.get("pass_rate", 0.0) for r in rows if "loss" in r and isinstance(r.get("pass_rate"), (int, float))]
     half = train[len(train) // 2 :] or [0.0]
     fail = (final[-1].get("heldout_truncated", 0.0) + final[-1].get("heldout_malformed", 0.0)) if final else 1.0
-    return (final[-1][metric] if final else None), sum(half) / len(half), float(fail)
+    losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) or r.get("loss") in ("nan", "inf")]
+    lh = [float(x) for x in losses[len(losses) // 2 :]]
+    loss = sum(lh) / len(lh) if lh and all(math.isfinite(x) for x in lh) else None
+    return (final[-1][metric] if final else None), sum(half) / len(half), float(fail), loss
+
+
+def sft_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
+    """Both arms train SFT on the same data, so their training losses compare: the run's algorithm
+    is sft and the intervention changes neither the algorithm nor what the loss is computed on."""
+    algo = ((base.get("recipe") or {}).get("algorithm") or "sft")
+    return algo == "sft" and not any(k == "recipe.algorithm" or k.startswith("harness.") for k in changes)
 
 
 def leftover_arm(run_dir: pathlib.Path, cfg_path: pathlib.Path) -> psutil.Process | bool | None:
@@ -118,9 +131,12 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
                 h.kill()
     sign = 1.0 if target.op == ">=" else -1.0
     cand, ctrl, cand_tb, ctrl_tb, cand_ff, ctrl_ff, failed = [], [], [], [], [], [], []
+    cand_loss, ctrl_loss = [], []
     for seed in seeds:
-        c, ctb, cff = arm_score(handles[("candidate", seed)][1], target.metric, horizon)
-        k, ktb, kff = arm_score(handles[("control", seed)][1], target.metric, horizon)
+        c, ctb, cff, cl = arm_score(handles[("candidate", seed)][1], target.metric, horizon)
+        k, ktb, kff, kl = arm_score(handles[("control", seed)][1], target.metric, horizon)
+        cand_loss.append(cl)
+        ctrl_loss.append(kl)
         cand_ff.append(cff)
         ctrl_ff.append(kff)
         if c is None:
@@ -137,6 +153,13 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
     if all(abs(d) < 1e-12 for d in diffs):
         diffs = [a - b for a, b in zip(cand_tb, ctrl_tb)]
         test = "tie on the target metric → one-sided paired t-test on mean training pass rate (second half of the horizon)"
+        if all(abs(d) < 1e-12 for d in diffs) and sft_comparable(base_config, iv.changes) \
+                and None not in cand_loss and None not in ctrl_loss:
+            # nothing scores yet in either arm (e.g. a run that never learnt): the SFT loss on the
+            # same data is comparable between the arms, and lower is better
+            diffs = [b - a for a, b in zip(cand_loss, ctrl_loss)]
+            test = ("tie on the target metric and the training pass rate → one-sided paired t-test on the mean "
+                    "SFT training loss (second half of the horizon; control − candidate)")
     effect = sum(diffs) / len(diffs)
     p = paired_one_sided_p(diffs)
     passed = effect > 0 and p <= alpha

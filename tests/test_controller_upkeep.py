@@ -101,3 +101,58 @@ def test_git_identity_from_git_config_global_is_respected(tmp_path, monkeypatch)
     ws2 = Workspace.init(tmp_path / "ws2", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
     author = subprocess.run(["git", "log", "-1", "--format=%an"], cwd=ws2.root, capture_output=True, text=True).stdout
     assert author.strip() == "swarmlab"
+
+
+class ScriptedArms:
+    """A launcher for backtest arms that writes the metrics an arm would (tests only): every arm
+    scores 0 held-out and 0 pass rate; the loss is `loss(arm_config)`."""
+
+    def __init__(self, loss):
+        self.loss = loss
+
+    def start(self, name, config_path):
+        import json
+        import pathlib
+
+        import yaml
+
+        cfg = yaml.safe_load(pathlib.Path(config_path).read_text())
+        d = pathlib.Path(cfg["out_dir"]) / name
+        d.mkdir(parents=True, exist_ok=True)
+        rows = [{"step": s, "loss": self.loss(cfg, s), "pass_rate": 0.0} for s in range(1, 41)]
+        rows.append({"step": 40, "heldout_acc": 0.0, "heldout_truncated": 0.0, "heldout_malformed": 0.0})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return name
+
+    def status(self, handle):
+        return "SUCCEEDED"
+
+    def stop(self, handle):
+        pass
+
+
+@pytest.mark.parametrize("changes,passes", [({"recipe.lr": 0.001}, True), ({"harness.template": "{question}=?"}, False)])
+def test_backtest_breaks_a_double_tie_on_the_sft_loss_only_when_it_compares(tmp_path, changes, passes):
+    """A run that never learnt (lr far too high): both arms score 0 held-out and 0 pass rate over a
+    short horizon. The candidate whose SFT loss falls wins on the loss; a harness edit (another
+    prompt: losses do not compare) does not."""
+    from swarm.backtest import run_backtest
+    from swarm.domain import Target
+
+    iv = Intervention(kind=InterventionKind.RECIPE_EDIT if "recipe.lr" in changes else InterventionKind.HARNESS_EDIT,
+                      changes=changes, diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics",
+                                                           policy="builtin"), rationale="r", operator="diagnostics", policy="builtin")
+    seed_noise = {0: 0.01, 1: -0.02, 2: 0.005}
+
+    def loss(cfg, step):
+        cand = "candidate" in cfg["name"]
+        return (1.9 - (0.02 * step if cand else 0.0)) + seed_noise[cfg["seed"]]
+
+    res = run_backtest(iv, base_config={"recipe": {"algorithm": "sft"}}, ckpt="x.pt", step=100, target=Target(threshold=0.9),
+                       horizon=40, seeds=[0, 1, 2], eval_size=50, alpha=0.2, jobs=ScriptedArms(loss), workdir=tmp_path / "bt")
+    assert res.candidate == [0.0, 0.0, 0.0] == res.control
+    assert res.passed is passes
+    if passes:
+        assert "SFT training loss" in res.test and res.effect == pytest.approx(0.02 * 30.5, rel=1e-6) and res.p_value < 0.01
+    else:
+        assert "pass rate" in res.test and res.effect == 0.0
