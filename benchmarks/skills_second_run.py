@@ -27,7 +27,6 @@ import importlib.util
 import json
 import pathlib
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,40 +47,15 @@ _spec.loader.exec_module(svt)
 
 def run(label: str, goal_name: str, seed: int, library: pathlib.Path, cap_s: float, work: pathlib.Path,
         src: pathlib.Path) -> dict[str, Any]:
-    d = work / f"{label}-{goal_name}-s{seed}"
-    d.mkdir(parents=True, exist_ok=True)
     goal = yaml.safe_load((GOALS / f"{goal_name}.yaml").read_text())
     goal["run"]["seed"] = seed
     goal["memory"] = {**(goal.get("memory") or {}), "library": str(library), "seed_skills": False}
-    goal_path, ws, summ, ru = d / "goal.yaml", d / "ws", d / "summary.json", d / "rusage.json"
-    goal_path.write_text(yaml.safe_dump(goal, sort_keys=False))
-    cmd = [sys.executable, "-c", svt.WRAPPER, str(ru), "run", str(goal_path), "--workspace", str(ws),
-           "--jobs", "process", "--summary", str(summ)]
-    t0 = time.time()
-    with open(d / "controller.log", "wb") as logf:
-        p = subprocess.Popen(cmd, cwd=src, env=svt.env_for(src), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-    poller = svt.TrainerPoller(p.pid)
-    capped = False
-    while p.poll() is None:
-        poller.poll()
-        if not capped and time.time() - t0 > cap_s:
-            capped = True
-            (ws / ".swarm").mkdir(parents=True, exist_ok=True)
-            (ws / ".swarm" / "stop").write_text(str(time.time()))
-            svt.log(f"{label} {goal_name} s{seed}: cap {cap_s:.0f}s reached, `swarm stop` requested")
-        if capped and time.time() - t0 > cap_s + 90:
-            svt.kill_tree(p, poller.descendants())
-            p.wait()
-            break
-        time.sleep(svt.POLL_S)
-    wall = time.time() - t0
-    for q in poller.descendants():
-        svt.kill_tree(p, [q])
-    s = json.loads(summ.read_text()) if summ.exists() else None
-    reached = bool(s and s.get("reached")) and not capped
+    run = svt.launch_swarm(goal, work / f"{label}-{goal_name}-s{seed}", cap_s, src, f"{label} {goal_name} s{seed}")
+    s, poller, wall = run["summary"], run["poller"], run["wall_s"]
+    reached = bool(s and s.get("reached")) and not run["capped"]
     sk = (s or {}).get("skills") or {}
     row = {
-        "label": label, "goal": goal_name, "seed": seed, "rc": p.returncode, "reached": reached, "wall_s": wall,
+        "label": label, "goal": goal_name, "seed": seed, "rc": run["rc"], "reached": reached, "wall_s": wall,
         "steps": s.get("steps") if s else None,
         "backtests": s.get("backtests") if s else None,
         "rejected_by_backtest": s.get("rejected_by_backtest") if s else None,
@@ -91,7 +65,7 @@ def run(label: str, goal_name: str, seed: int, library: pathlib.Path, cap_s: flo
         "seconds_to_target": s.get("seconds_to_target") if s and reached else None,
         "interventions": [{k: iv.get(k) for k in ("kind", "diagnosis", "status", "effect", "p_value")}
                           for iv in (s.get("interventions", []) if s else [])],
-        "log_tail": None if s else (d / "controller.log").read_text(errors="replace")[-1500:],
+        "log_tail": None if s else run["log_tail"],
     }
     svt.log(f"{label} {goal_name} s{seed}: reached={reached} backtests={row['backtests']} rejected={row['rejected_by_backtest']} "
             f"avoided={row['avoided']} cpu={poller.total:.0f}s wall={wall:.0f}s")

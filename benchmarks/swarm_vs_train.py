@@ -194,11 +194,13 @@ def kill_tree(root: subprocess.Popen, extra: list[psutil.Process]) -> None:
 
 # ---- the two arms ---------------------------------------------------------------------------
 
-def run_swarm(goal_name: str, seed: int, cap_s: float, work: pathlib.Path, src: pathlib.Path) -> dict[str, Any]:
-    d = work / f"swarm-{goal_name}-s{seed}"
+def launch_swarm(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathlib.Path, tag: str) -> dict[str, Any]:
+    """`swarm run` of `goal` in the CPU-recording wrapper, its trainers polled, `swarm stop` at the
+    cap (a kill 90 s later). Returns rc, capped, wall_s, the summary (None if none), the
+    wrapper's rusage, the poller and the workspace path."""
     d.mkdir(parents=True, exist_ok=True)
     goal_path, ws, summ, ru = d / "goal.yaml", d / "ws", d / "summary.json", d / "rusage.json"
-    goal_path.write_text(yaml.safe_dump(load_goal(goal_name, seed), sort_keys=False))
+    goal_path.write_text(yaml.safe_dump(goal, sort_keys=False))
     cmd = [sys.executable, "-c", WRAPPER, str(ru), "run", str(goal_path), "--workspace", str(ws),
            "--jobs", "process", "--summary", str(summ)]
     t0 = time.time()
@@ -212,26 +214,34 @@ def run_swarm(goal_name: str, seed: int, cap_s: float, work: pathlib.Path, src: 
             capped = True
             (ws / ".swarm").mkdir(parents=True, exist_ok=True)
             (ws / ".swarm" / "stop").write_text(str(time.time()))  # what `swarm stop` does
-            log(f"swarm {goal_name} s{seed}: cap {cap_s:.0f}s reached, `swarm stop` requested")
+            log(f"{tag}: cap {cap_s:.0f}s reached, `swarm stop` requested")
         if capped and time.time() - t0 > cap_s + 90:
-            log(f"swarm {goal_name} s{seed}: did not stop within 90 s of `swarm stop`; killing it")
+            log(f"{tag}: did not stop within 90 s of `swarm stop`; killing it")
             kill_tree(p, poller.descendants())
             p.wait()
             break
         time.sleep(POLL_S)
     wall = time.time() - t0
     for q in poller.descendants():  # jobs left behind by the controller (there should be none)
-        log(f"swarm {goal_name} s{seed}: left-over process {q.pid} {' '.join(q.cmdline())[:120]}; stopping it")
+        log(f"{tag}: left-over process {q.pid} {' '.join(q.cmdline())[:120]}; stopping it")
         kill_tree(p, [q])
-    s = json.loads(summ.read_text()) if summ.exists() else None
-    r = json.loads(ru.read_text()) if ru.exists() else {}
+    return {"rc": p.returncode, "capped": capped, "wall_s": wall, "poller": poller, "ws": ws,
+            "summary": json.loads(summ.read_text()) if summ.exists() else None,
+            "rusage": json.loads(ru.read_text()) if ru.exists() else {},
+            "log_tail": (d / "controller.log").read_text(errors="replace")[-1500:]}
+
+
+def run_swarm(goal_name: str, seed: int, cap_s: float, work: pathlib.Path, src: pathlib.Path) -> dict[str, Any]:
+    d = work / f"swarm-{goal_name}-s{seed}"
+    run = launch_swarm(load_goal(goal_name, seed), d, cap_s, src, f"swarm {goal_name} s{seed}")
+    s, r, poller, ws, capped, wall = run["summary"], run["rusage"], run["poller"], run["ws"], run["capped"], run["wall_s"]
     worker = poller.total
     children = r.get("children_cpu_s")
     ctrl_cpu = None if not r else r["self_cpu_s"] + max(0.0, children - worker)
     reached = bool(s and s.get("reached")) and wall <= cap_s + 1e-9 and not capped
-    tail = (d / "controller.log").read_text(errors="replace")[-1500:]
+    tail = run["log_tail"]
     return {
-        "goal": goal_name, "seed": seed, "arm": "swarm", "rc": p.returncode, "capped": capped,
+        "goal": goal_name, "seed": seed, "arm": "swarm", "rc": run["rc"], "capped": capped,
         "reached": reached, "wall_s": wall, "steps": s.get("steps") if s else None,
         "final_metric": s.get("final_metric") if s else None, "reason": s.get("reason") if s else None,
         "seconds_to_target": s.get("seconds_to_target") if s and reached else None,

@@ -484,17 +484,8 @@ class Workspace:
 
     def write_final_report(self, report_md: str, attachments: dict[str, bytes] | None = None) -> pathlib.Path:
         """Commit `reports/final/REPORT.md` (+ attachments) on main; returns the report's path."""
-        files = {"reports/final/REPORT.md": report_md.encode(),
-                 **{f"reports/final/{k}": v for k, v in (attachments or {}).items()}}
-        with self._git_lock():
-            self._require_clean_main()
-            for rel, data in files.items():
-                path = self.root / rel
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
-            self.repo.index.add(list(files))
-            self.repo.index.commit("Final report")
-        self._push(f"refs/heads/{MAIN}")
+        self.commit_files({"reports/final/REPORT.md": report_md.encode(),
+                           **{f"reports/final/{k}": v for k, v in (attachments or {}).items()}}, "Final report")
         return self.root / "reports" / "final" / "REPORT.md"
 
     def skill_pr(self, name: str, version: int, files: dict[str, bytes], message: str, merge: bool = True) -> str:

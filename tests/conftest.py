@@ -129,3 +129,18 @@ def tiny_hf_dir(tmp_path_factory) -> pathlib.Path:
     LlamaForCausalLM(mcfg).save_pretrained(d)
     fast.save_pretrained(d)
     return d
+
+
+@pytest.fixture
+def clean_git_home(tmp_path, monkeypatch):
+    """Git (here and in processes started by the test) sees an empty HOME and no system config:
+    no identity, hooks or signing of the machine leak in; the workspace sets its own identity.
+    No shared skill library from the environment either."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    monkeypatch.delenv("SWARMLAB_LIBRARY", raising=False)
+    for k in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_DIR", "GIT_WORK_TREE"):
+        monkeypatch.delenv(k, raising=False)

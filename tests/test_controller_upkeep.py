@@ -21,13 +21,8 @@ from test_swarm import tiny_goal
 
 
 @pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
-    monkeypatch.delenv("SWARMLAB_LIBRARY", raising=False)
+def _home(clean_git_home):
+    """Every test here runs with a clean git HOME (conftest.clean_git_home)."""
 
 
 def test_prune_keeps_the_newest_checkpoints_and_the_graph_resumes_from_them(tmp_path):

@@ -29,13 +29,8 @@ TRUNC = "truncation|harness_edit|harness.sampling.max_new_tokens"
 
 
 @pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
-    monkeypatch.delenv("SWARMLAB_LIBRARY", raising=False)
+def _home(clean_git_home):
+    """Every test here runs with a clean git HOME (conftest.clean_git_home)."""
 
 
 def view(*diagnoses: str, **metrics: float) -> dict:

@@ -76,14 +76,8 @@ def write_goal(path: pathlib.Path, goal: dict[str, Any]) -> pathlib.Path:
 
 
 @pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    """Git (in this process and in the controllers started here) sees an empty HOME: no global
-    identity, hooks or signing of the machine leak in; the workspace sets its own identity."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+def _home(clean_git_home):
+    """Every test here runs with a clean git HOME (conftest.clean_git_home)."""
 
 
 def swarm(tmp_path: pathlib.Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

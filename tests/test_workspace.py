@@ -26,14 +26,8 @@ GOAL = "goal: add 3-digit numbers\ntarget: {metric: heldout_acc, op: '>=', thres
 
 
 @pytest.fixture(autouse=True)
-def _git_home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
-    for k in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_DIR", "GIT_WORK_TREE"):
-        monkeypatch.delenv(k, raising=False)
+def _git_home(clean_git_home):
+    """Every test here runs with a clean git HOME (conftest.clean_git_home)."""
 
 
 @pytest.fixture
