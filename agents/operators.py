@@ -32,6 +32,7 @@ import yaml
 
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
 from agents.recall import avoid_reason
+from trainer.runlog import INIT_CHECKPOINT
 from swarm.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.evidence import Evidence
 
@@ -98,9 +99,24 @@ class Diagnostics(Operator):
         elif "not_learning" in found:
             d = found["not_learning"]
             lr = _f(d.evidence.get("lr_now")) or _f(ctx.get("recipe.lr"))
-            if lr:
-                # Adam above ~1e-2 almost never trains a transformer: go at least to 1e-3 there
-                new_lr = float(f"{min(lr * LR_FACTOR, 1e-3) if lr > 1e-2 else lr * LR_FACTOR:.6g}")
+            # Adam above ~1e-2 almost never trains a transformer: go at least to 1e-3 there
+            new_lr = float(f"{min(lr * LR_FACTOR, 1e-3) if lr > 1e-2 else lr * LR_FACTOR:.6g}") if lr else None
+            init = next((c for c in ctx.checkpoints if c.get("name") == INIT_CHECKPOINT), None)
+            best = max((v for v in (_f(r.get("heldout_acc")) for r in ev.evals) if v is not None), default=None)
+            never = best is not None and best <= self.thresholds.not_learning_heldout_max
+            if new_lr and init is not None and never:
+                # it never learnt: the weights trained at this lr are no better than the start (often
+                # worse: saturated units, Adam moments sized for the wrong lr), so start over
+                out.append(self.intervention(
+                    K.ROLLBACK, d, {"recipe.lr": new_lr}, risk=Risk.MEDIUM, rollback_to=INIT_CHECKPOINT,
+                    rationale=f"{d.summary}. It never learnt (best held-out {best:.3g}) and no spike marks a "
+                              f"divergence: a learning rate of {lr:.3g} is the likeliest cause. The weights trained "
+                              f"at it are no better than the start, so the run restarts from its untrained "
+                              f"checkpoint {INIT_CHECKPOINT!r} at lr {new_lr:.3g} (the backtest compares that with "
+                              "carrying on).",
+                    expected_effect="loss falling within ~40 steps of the restart and held-out accuracy leaving "
+                                    "zero within a few hundred"))
+            elif new_lr:
                 out.append(self.intervention(
                     K.RECIPE_EDIT, d, {"recipe.lr": new_lr}, risk=Risk.MEDIUM,
                     rationale=f"{d.summary}. No spike marks a divergence to roll back from; a learning rate of "

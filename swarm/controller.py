@@ -357,8 +357,12 @@ class Controller:
                 continue
             if iv.status == Status.PROPOSED:
                 self.store.transition(iid, Status.BACKTESTING, f"forked at step {ack['step']}")
+            target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
+            cand = next((c for c in self.checkpoints() if c["name"] == target), None)
             res = run_backtest(
                 iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
+                candidate_ckpt=str(self.run_dir / "checkpoints" / f"{target}.pt") if cand else None,
+                candidate_step=cand["step"] if cand else None,
                 target=self.goal.target, horizon=bt.horizon_steps, seeds=bt.seeds, eval_size=bt.eval_size, alpha=bt.alpha,
                 jobs=self.jobs, workdir=self.sdir / "backtests", config_dir=self.private / "backtests",
                 private_perturbations=[p.model_dump(exclude_unset=True) | {"at_step": 0}
@@ -478,7 +482,13 @@ class Controller:
         return upd
 
     def rollback_target(self, iv: Intervention) -> str | None:
-        """The newest checkpoint from before the problem's evidence window began."""
+        """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else
+        the newest checkpoint from before the problem's evidence window began."""
+        from agents.base import rollback_target
+
+        named = rollback_target(iv)
+        if named and any(c["name"] == named for c in self.checkpoints()):
+            return named
         start = iv.diagnosis.evidence.get("window_start_step", iv.diagnosis.step)
         good = [c for c in self.checkpoints() if c["step"] < start and not c["name"].startswith("bt-")]
         return good[-1]["name"] if good else None
@@ -498,16 +508,21 @@ class Controller:
             if human.get(iv.id) == "human_rollback":
                 self.roll_back(iv, "rolled back by a human")
                 continue
-            if iv.status != Status.EVALUATING or iv.applied_step is None or (s.step < iv.applied_step + window and not final):
+            if iv.status != Status.EVALUATING or iv.applied_step is None:
                 continue
+            # the live step and evals of the timeline it created: a rollback moved the step counter
+            # back, so the graph state's step (from before it) and older evals say nothing about it
             ev = ev or self.evidence(s.job_status)
+            if ev.step < iv.applied_step + window and not final:
+                continue
+            t_applied = next((h["time"] for h in iv.history if h.get("to") == Status.APPLIED.value), 0.0)
             after = [r[self.goal.target.metric] for r in ev.evals if r.get("step", 0) > iv.applied_step
-                     and isinstance(r.get(self.goal.target.metric), (int, float))]
+                     and r.get("time", t_applied) >= t_applied and isinstance(r.get(self.goal.target.metric), (int, float))]
             if final and not after:
                 continue     # nothing measured after it: stays evaluating, no episode
             base = iv.outcome.get("baseline")
             now = after[-1] if after else None
-            steps = min(window, max(s.step - iv.applied_step, 0))
+            steps = min(window, max(ev.step - iv.applied_step, 0))
             iv.outcome.update({"after": now, "window_steps": steps,
                                "rule": "kept unless the target metric after the window is worse than before applying"
                                        + (" (judged at the end of the run, before the full window)" if steps < window else "")})

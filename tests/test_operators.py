@@ -7,6 +7,8 @@ Evidence windows are the hand-built ones of test_detectors.py; the LLM policy is
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -361,9 +363,9 @@ def test_operator_interface():
 ])
 def test_real_run_gets_the_right_fix(tmp_path, perturbation, operator, kind, changes):
     ev = real_run(tmp_path, [perturbation])
-    names = sorted(p.stem for p in (tmp_path / "runs" / "run" / "checkpoints").glob("*.json"))
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "run" / "checkpoints").glob("*.json")]
     c = ctx(recipe={"algorithm": "sft", "lr": 1e-2}, eval_difficulty=3,
-            checkpoints=[{"name": n, "step": int(n.split("_")[1])} for n in names])
+            checkpoints=[{"name": m["name"], "step": m["step"]} for m in manifests])
     chosen = Lead().arbitrate([iv for op in default_operators() for iv in op.propose(ev, c)], c)
     assert chosen, "no proposal"
     iv = chosen[0]
@@ -413,3 +415,19 @@ def test_diagnostics_lowers_the_lr_of_a_run_that_never_learns():
     ivs = [iv for iv in Diagnostics().builtin(make_ev(stuck_rows()), ctx()) if iv.diagnosis.name == "not_learning"]
     assert len(ivs) == 1 and ivs[0].kind == K.RECIPE_EDIT
     assert ivs[0].changes == {"recipe.lr": pytest.approx(1e-3)}  # Adam at 0.3: down to at most 1e-3
+
+
+def test_a_run_that_never_learnt_restarts_from_its_untrained_checkpoint_at_a_lower_lr():
+    """With the fresh run's `init` checkpoint known and held-out never above the not-learning
+    level, the fix is a rollback to `init` with the lr lowered (the weights trained at lr 0.3 are
+    no better than the start); once it had learnt something, only the lr is lowered."""
+    from test_detectors import stuck_rows
+
+    cps = [{"name": "init", "step": 0}, {"name": "step_0000050", "step": 50}, {"name": "step_0000100", "step": 100}]
+    (iv,) = [iv for iv in Diagnostics().builtin(make_ev(stuck_rows()), ctx(checkpoints=cps)) if iv.diagnosis.name == "not_learning"]
+    assert (iv.kind, iv.changes, rollback_target(iv), iv.risk) == (K.ROLLBACK, {"recipe.lr": pytest.approx(1e-3)}, "init", Risk.MEDIUM)
+    assert iv.backtest_skipped is None            # a warning-level rollback is backtested (from `init`)
+    rows = stuck_rows()
+    rows[next(i for i, r in enumerate(rows) if "heldout_acc" in r)]["heldout_acc"] = 0.4   # it once scored
+    (iv,) = [iv for iv in Diagnostics().builtin(make_ev(rows), ctx(checkpoints=cps)) if iv.diagnosis.name == "not_learning"]
+    assert iv.kind == K.RECIPE_EDIT

@@ -132,7 +132,9 @@ def test_run_retention_and_atomic_writes_leave_no_temp_files(make_cfg):
     tr.run()
     ck = cfg.run_dir / "checkpoints"
     kinds = {m["name"]: m["kind"] for m in tr.ckpt.manifests()}
-    assert kinds == {"first": "named", "step_0000005": "periodic", "step_0000006": "periodic"}
+    # "init": the untrained start of a fresh run (a run that never learnt can restart from it)
+    assert kinds == {"init": "named", "first": "named", "step_0000005": "periodic", "step_0000006": "periodic"}
+    assert tr.ckpt.load("init")["step"] == 0
     leftovers = [p for p in cfg.run_dir.rglob("*") if p.name.startswith(".") or ".tmp" in p.name]
     assert not leftovers, leftovers
     for m in tr.ckpt.manifests():
@@ -147,3 +149,14 @@ def test_checkpoint_without_manifest_is_ignored(tmp_path):
     (tmp_path / "ck" / "step_0000009.pt").write_bytes(b"half-written")
     assert [m["name"] for m in mgr.manifests()] == ["step_0000001"]
     assert mgr.load_latest_good()["step"] == 1
+
+
+def test_latest_checkpoint_is_the_last_written_not_the_highest_step(tmp_path):
+    """After a rollback the run goes on from a lower step; a crash then must resume from what the
+    new timeline saved, not from the abandoned timeline's higher-step checkpoint."""
+    mgr = CheckpointManager(tmp_path / "ck", keep_last=5)
+    mgr.save({"step": 6, "timeline": "abandoned"}, 6)
+    mgr.save({"step": 2, "timeline": "after rollback"}, 2, name="pre-abc")
+    mgr.save({"step": 3, "timeline": "after rollback"}, 3)
+    assert mgr.load_latest_good()["timeline"] == "after rollback" and mgr.load_latest_good()["step"] == 3
+    assert [m["name"] for m in mgr.manifests()][-1] == "step_0000003"

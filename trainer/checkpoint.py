@@ -3,8 +3,9 @@
 A checkpoint is `CKPT_DIR/<name>.pt` (torch.save of the full training state) plus a manifest
 `CKPT_DIR/<name>.json` holding its SHA-256, step and kind. Both are written to a temp file,
 fsync'd and renamed, the manifest last: a checkpoint without a manifest was never complete.
-Loading verifies the checksum; `load_latest_good` walks back from the newest to the first
-checkpoint that verifies, so a corrupt file costs progress, never the run.
+Loading verifies the checksum; `load_latest_good` walks back from the newest (the last written:
+after a rollback, a later checkpoint of the abandoned timeline is older) to the first checkpoint
+that verifies, so a corrupt file costs progress, never the run.
 
 Periodic checkpoints (`step_000050`) are pruned to the newest `keep_last`; named ones (saved on a
 command, `name=…`) are kept until deleted.
@@ -70,7 +71,9 @@ class CheckpointManager:
                 out.append(json.loads(m.read_text()))
             except (json.JSONDecodeError, OSError):
                 continue
-        return sorted(out, key=lambda m: (m["step"], m["time"]))
+        # in the order they were written: after a rollback the newest state is the one saved last,
+        # not the one with the highest step (that belongs to the abandoned timeline)
+        return sorted(out, key=lambda m: (m["time"], m["step"]))
 
     def _prune(self) -> None:
         periodic = [m for m in self.manifests() if m["kind"] == "periodic"]

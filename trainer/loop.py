@@ -33,7 +33,7 @@ from trainer.logprobs import batch_logprobs, select_backend
 from trainer.perturb import Perturber, check_overrides
 from trainer.policy import Batch, Policy
 from trainer.rollout import Rollout, prompt_ids, rollout, summarize, target_ids
-from trainer.runlog import RunLog, atomic_write_text
+from trainer.runlog import INIT_CHECKPOINT, RunLog, atomic_write_text
 from trainer.tasks.base import Example, Split, make_task
 
 STEPS: dict[str, Callable] = {"sft": sft_step, "grpo": grpo_step, "distill": distill_step}
@@ -357,6 +357,8 @@ class Trainer:
                 resumed = self.step
         elif self.cfg.fork_from:
             self.fork(pathlib.Path(self.cfg.fork_from))
+        elif self.cfg.checkpoint.interval and self.step == 0 and self.log:
+            self.save(INIT_CHECKPOINT)   # the untrained start: a run that never learnt restarts from it
         if self.ref_state is None and (self.recipe.algorithm == "grpo" or self.recipe.kl_coef > 0):
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())
         if self.log:

@@ -18,6 +18,8 @@ import pathlib
 import time
 from typing import Any, Iterator
 
+INIT_CHECKPOINT = "init"      # the checkpoint a fresh run saves before its first update (checkpoints/init.pt)
+
 
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
