@@ -447,6 +447,7 @@ class Controller:
 
     def apply(self, iv: Intervention, s: SwarmState) -> dict[str, Any]:
         upd: dict[str, Any] = {}
+        began, pre = time.time(), None
         if iv.kind == InterventionKind.RESTART:
             if s.job and self.job_status(s.job) not in TERMINAL:
                 self.stop_job(s.job)
@@ -474,6 +475,9 @@ class Controller:
         iv.applied_step = step
         ev = self.evidence(s.job_status)
         iv.outcome["baseline"] = ev.latest_eval(self.goal.target.metric)
+        # rows written after this moment belong to the timeline the intervention created (the
+        # trainer's acknowledgement of the checkpoint taken just before applying, else now)
+        iv.outcome["since_time"] = pre["time"] if pre and "time" in pre else began
         self.store.put(iv)
         if iv.status in (Status.AWAITING_APPROVAL, Status.VALIDATED) and self.ws.pr_state(iv.id) == "open":
             self.ws.approve(iv.id)   # merged before a crash: not again
@@ -515,7 +519,7 @@ class Controller:
             ev = ev or self.evidence(s.job_status)
             if ev.step < iv.applied_step + window and not final:
                 continue
-            t_applied = next((h["time"] for h in iv.history if h.get("to") == Status.APPLIED.value), 0.0)
+            t_applied = iv.outcome.get("since_time", 0.0)
             after = [r[self.goal.target.metric] for r in ev.evals if r.get("step", 0) > iv.applied_step
                      and r.get("time", t_applied) >= t_applied and isinstance(r.get(self.goal.target.metric), (int, float))]
             if final and not after:
@@ -589,7 +593,8 @@ class Controller:
         md, pngs = final_report(self.goal.public(), self.store.timeline(), self.store.list(),
                                 read_jsonl(self.run_dir / "metrics.jsonl"), summary)
         path = self.ws.write_final_report(md, pngs)
-        self.knowledge.record_report("final", md, kind="final", reached=bool(summary["reached"]), reason=str(s.done))
+        if self.knowledge.opened:   # a run that needed memory: its report joins it (a quiet run does not load it)
+            self.knowledge.record_report("final", md, kind="final", reached=bool(summary["reached"]), reason=str(s.done))
         (self.sdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         self.store.log("finished", reason=s.done, report=str(path))
         self.jobs.close()

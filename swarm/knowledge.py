@@ -97,7 +97,7 @@ def _lock_library(root: pathlib.Path) -> int:
 class Knowledge:
     def __init__(self, ws: Any, settings: Any, task: str | None, timeline: Callable[..., None] | None = None,
                  sandbox: Any = None) -> None:
-        from memory import Memory, library_root
+        from memory import library_root
         from skills import SkillLibrary
 
         self.ws = ws
@@ -107,14 +107,29 @@ class Knowledge:
         self.shared = shared_library(settings)
         self.root = library_root(ws.root, self.shared)
         self._lock = _lock_library(self.root)
-        self.memory = Memory.open(self.root, backend=settings.backend)
+        self._memory: Any = None
         self.library = SkillLibrary(ws.root / "skills")
         self.name = _workspace_name(ws.root)
         self._sandbox = sandbox
         self.skills: list[Any] = []
         self.reload()
-        if self.memory.rebuilt:
-            self.timeline("memory_rebuilt", reason=self.memory.rebuilt, root=str(self.root))
+
+    @property
+    def memory(self) -> Any:
+        """The memory, opened at first use: a run where nothing goes wrong never loads chromadb or
+        the embedding model (seconds of CPU for the controller)."""
+        if self._memory is None:
+            from memory import Memory
+
+            self._memory = Memory.open(self.root, backend=self.settings.backend)
+            if self._memory.rebuilt:
+                self.timeline("memory_rebuilt", reason=self._memory.rebuilt, root=str(self.root))
+            self._index_skills()
+        return self._memory
+
+    @property
+    def opened(self) -> bool:
+        return self._memory is not None
 
     @property
     def sandbox(self) -> Any:
@@ -131,14 +146,19 @@ class Knowledge:
             log.warning("%s", e)
             self.timeline("skill_invalid", error=str(e))
         self.skills = skills
-        gone = self.memory.skill_names() - {s.name for s in skills}
+        if self._memory is not None:
+            self._index_skills()
+
+    def _index_skills(self) -> None:
+        gone = self._memory.skill_names() - {s.name for s in self.skills}
         if gone:
-            self.memory.drop_skills(sorted(gone))
-        if skills:
-            self.memory.index_skills([(s.name, s.document(), s.metadata()) for s in skills])
+            self._memory.drop_skills(sorted(gone))
+        if self.skills:
+            self._memory.index_skills([(s.name, s.document(), s.metadata()) for s in self.skills])
 
     def close(self) -> None:
-        self.memory.close()
+        if self._memory is not None:
+            self._memory.close()
         if self._sandbox is not None:
             self._sandbox.close()
         if self._lock is not None:
