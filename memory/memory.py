@@ -228,7 +228,8 @@ class Memory:
 
     def record_episodes(self, eps: list[Episode]) -> int:
         """`record_episode` for many at once (one log append, batched embedding); returns how many
-        were new or changed."""
+        were new or changed. The log is written first: if indexing then fails, the error propagates
+        and the next `open` finds the index short of the log and rebuilds it."""
         fresh: dict[str, tuple[Episode, str]] = {}
         for ep in eps:
             if not isinstance(ep, Episode):
