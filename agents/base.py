@@ -21,7 +21,7 @@ import abc
 import logging
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from agents.detectors import THRESHOLDS, Known, Thresholds, run_detectors
 from swarm.domain import Diagnosis, Intervention, InterventionKind, Status, Target
@@ -58,6 +58,17 @@ class OperatorContext(BaseModel):
     skills: list[dict[str, Any]] = Field(default_factory=list, description="retrieved skills (front matter + body)")
     episodes: list[dict[str, Any]] = Field(default_factory=list, description="past episodes of the fixes at hand "
                                            "(agents.recall.episode_summaries), from this and earlier runs")
+
+    _findings: list[Diagnosis] | None = PrivateAttr(None)   # not data for prompts: a per-tick cache
+
+    @property
+    def findings(self) -> list[Diagnosis] | None:
+        """Every detector's findings on this tick's evidence, when the controller computed them."""
+        return self._findings
+
+    def with_findings(self, findings: list[Diagnosis]) -> "OperatorContext":
+        self._findings = list(findings)
+        return self
 
     def known(self) -> Known:
         return Known(eval_difficulty=self.eval_difficulty, target_metric=self.target.metric,
@@ -132,8 +143,15 @@ class Operator(abc.ABC):
         return ev.model_copy(update=upd) if upd else ev
 
     def diagnose(self, ev: Evidence, ctx: OperatorContext) -> list[Diagnosis]:
-        """This operator's detector findings (informational ones too), stamped with its name."""
-        found = run_detectors(self.view(ev, ctx), self.detectors, self.thresholds, ctx.known())
+        """This operator's detector findings (informational ones too), stamped with its name. When
+        the controller already ran every detector on this evidence (`ctx.findings`, same default
+        thresholds), those findings are used instead of running them again."""
+        pre = ctx.findings if self.thresholds is THRESHOLDS else None
+        if pre is not None:
+            by = {d.name: d for d in pre}
+            found = [by[n] for n in self.detectors if n in by]
+        else:
+            found = run_detectors(self.view(ev, ctx), self.detectors, self.thresholds, ctx.known())
         return [d.model_copy(update={"operator": self.name, "policy": BUILTIN}) for d in found]
 
     # ---- policies -------------------------------------------------------------------------------

@@ -265,18 +265,19 @@ class Controller:
         ev = self.evidence(s.job_status)
         self._recall = ([], [])
         ctx = self.context(ev)
-        findings = run_detectors(Operator.view(ev, ctx), known=ctx.known())
+        findings = run_detectors(Operator.view(ev, ctx), known=ctx.known())   # once: the operators reuse them
+        ctx.with_findings(findings)
         wrong = [d for d in findings if d.severity != "info"]
         ranked = self.knowledge.retrieve(wrong) if wrong else []
         if wrong:   # skills and past episodes only when something is wrong: a healthy tick costs nothing
             util = self.knowledge.utility()
             self._recall = ([skill_summary(sk, util.get(sk.name), sc) for sk, sc in ranked],
                             episode_summaries(self.knowledge.relevant_episodes(wrong)))
-            ctx = self.context(ev)
+            ctx = self.context(ev).with_findings(findings)
         proposals: list[Intervention] = []
         for op in self.operators:
             proposals += op.propose(ev, ctx, llm=self.llm)
-        view = evidence_view(ev, findings, ctx, task=self.knowledge.task)
+        view = evidence_view(ev, findings, ctx, task=self.knowledge.task) if (proposals or ranked) else {}
         if ranked:
             fired = firing_skills([sk for sk, _ in ranked], view, self.knowledge.sandbox, self.goal.memory.program_timeout_s)
             now = {sk.name for sk, _, err in fired if err is None}

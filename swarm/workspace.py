@@ -156,6 +156,7 @@ class Workspace:
         _ensure_identity(self.repo)
         self.push = push
         self.push_errors: list[str] = []
+        self._parsed: dict[tuple[str, str], dict[str, Any]] = {}
         self.swarm_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- creation -----------------------------------------------------------------------------
@@ -223,8 +224,13 @@ class Workspace:
             return None
 
     def _yaml_at(self, commit: git.Commit, path: str) -> dict[str, Any]:
-        raw = self._read(commit, path)
-        return (yaml.safe_load(raw) or {}) if raw is not None else {}
+        key = (commit.hexsha, path)       # a commit's files never change: parse each once
+        if key not in self._parsed:
+            raw = self._read(commit, path)
+            self._parsed[key] = (yaml.safe_load(raw) or {}) if raw is not None else {}
+            if len(self._parsed) > 64:
+                self._parsed.pop(next(iter(self._parsed)))
+        return copy.deepcopy(self._parsed[key])
 
     def current_recipe(self) -> dict[str, Any]:
         """recipe.yaml as committed on main (not the work tree)."""
