@@ -88,11 +88,12 @@ def skill_summary(skill: Any, utility: Any = None, score: float | None = None) -
     return out
 
 
-def firing_skills(skills: list[Any], view: dict[str, Any], sandbox: Any = None,
-                  timeout_s: float = 5.0) -> list[tuple[Any, dict[str, Any] | None, str | None]]:
+def firing_skills(skills: list[Any], view: dict[str, Any], sandbox: Any = None, timeout_s: float = 5.0,
+                  cache: dict[str, Any] | None = None) -> list[tuple[Any, dict[str, Any] | None, str | None]]:
     """(skill, its program's proposal or None, error or None) for each active skill that fires on
     `view`. Declarative triggers are evaluated here (pure data); programs run in the sandbox. A
-    program that fails is reported (error) and counts as not firing."""
+    program that fails is reported (error) and counts as not firing. With `cache` (a dict the
+    caller keeps while the findings stay the same), each program runs once, not every tick."""
     from skills import fires, run_program
 
     out = []
@@ -104,10 +105,17 @@ def firing_skills(skills: list[Any], view: dict[str, Any], sandbox: Any = None,
         if sw.program:
             if declared is False:
                 continue       # the declarative trigger must agree; no sandbox run when it already says no
-            try:
-                res = run_program(sk, [view], sandbox=sandbox, timeout_s=timeout_s)[0]
-            except Exception as e:   # a boundary: a broken program is data about the skill, not a crash
-                out.append((sk, None, f"{type(e).__name__}: {e}"))
+            if cache is not None and sk.name in cache:
+                res = cache[sk.name]
+            else:
+                try:
+                    res = run_program(sk, [view], sandbox=sandbox, timeout_s=timeout_s)[0]
+                except Exception as e:   # a boundary: a broken program is data about the skill, not a crash
+                    res = f"{type(e).__name__}: {e}"
+                if cache is not None:
+                    cache[sk.name] = res
+            if isinstance(res, str):
+                out.append((sk, None, res))
                 continue
             if res.error:
                 out.append((sk, None, res.error))

@@ -268,21 +268,29 @@ class Controller:
         findings = run_detectors(Operator.view(ev, ctx), known=ctx.known())   # once: the operators reuse them
         ctx.with_findings(findings)
         wrong = [d for d in findings if d.severity != "info"]
-        ranked = self.knowledge.retrieve(wrong) if wrong else []
-        if wrong:   # skills and past episodes only when something is wrong: a healthy tick costs nothing
-            util = self.knowledge.utility()
-            self._recall = ([skill_summary(sk, util.get(sk.name), sc) for sk, sc in ranked],
-                            episode_summaries(self.knowledge.relevant_episodes(wrong)))
+        # skills and past episodes only when something is wrong (a healthy tick costs nothing), and
+        # retrieved again only when what is wrong, the library or the memory changed: a finding that
+        # persists for an hour is not re-embedded and re-queried every tick
+        key = (tuple(sorted({d.name for d in wrong})), self.knowledge.version)
+        if key != self._recall_key:
+            self._recall_key, self._program_cache = key, {}
+            self._ranked = self.knowledge.retrieve(wrong) if wrong else []
+            util = self.knowledge.utility() if wrong else {}
+            self._recall = ([skill_summary(sk, util.get(sk.name), sc) for sk, sc in self._ranked],
+                            episode_summaries(self.knowledge.relevant_episodes(wrong)) if wrong else [])
+        ranked = self._ranked
+        if wrong:
             ctx = self.context(ev).with_findings(findings)
         proposals: list[Intervention] = []
         for op in self.operators:
             proposals += op.propose(ev, ctx, llm=self.llm)
         view = evidence_view(ev, findings, ctx, task=self.knowledge.task) if (proposals or ranked) else {}
         if ranked:
-            fired = firing_skills([sk for sk, _ in ranked], view, self.knowledge.sandbox, self.goal.memory.program_timeout_s)
-            now = {sk.name for sk, _, err in fired if err is None}
-            for sk, _, err in fired:   # edge-triggered: a skill that keeps firing is logged once per episode of firing
-                if err is not None or sk.name not in self._firing:
+            fired = firing_skills([sk for sk, _ in ranked], view, self.knowledge.sandbox, self.goal.memory.program_timeout_s,
+                                  cache=self._program_cache)
+            now = {(sk.name, err is None) for sk, _, err in fired}
+            for sk, _, err in fired:   # edge-triggered: a skill that keeps firing (or failing) is logged once
+                if (sk.name, err is None) not in self._firing:
                     self.store.log("skill_fired" if err is None else "skill_failed", name=sk.name, step=ev.step,
                                    **({"error": err} if err else {}))
             self._firing = now
@@ -297,7 +305,11 @@ class Controller:
 
     _proposals: list[Intervention] = []
     _view: dict[str, Any] = {}
-    _firing: set[str] = set()
+    _firing: set[tuple[str, bool]] = set()
+    _recall_key: tuple | None = None
+    _ranked: list = []
+    _program_cache: dict = {}
+    _avoided: set[str] = set()
 
     def node_propose(self, s: SwarmState) -> dict[str, Any]:
         proposals, self._proposals = self._proposals, []
@@ -324,7 +336,8 @@ class Controller:
             self.store.log("proposed", id=iv.id, iv_kind=iv.kind.value, operator=iv.operator, policy=iv.policy,
                            diagnosis=iv.diagnosis.name, skills=iv.skills_used)
         for iv, why in self.lead.dropped:
-            if why.startswith("memory:"):
+            if why.startswith("memory:") and iv.signature() not in self._avoided:   # once per fix, not per tick
+                self._avoided = self._avoided | {iv.signature()}
                 self.store.log("avoided", signature=iv.signature(), operator=iv.operator, reason=why, step=s.step)
         return {"proposed": self.pending()} if chosen else {}
 

@@ -112,6 +112,7 @@ class Knowledge:
         self.name = _workspace_name(ws.root)
         self._sandbox = sandbox
         self.skills: list[Any] = []
+        self.version = 0          # bumped whenever skills or episodes change (retrieval caches key on it)
         self.reload()
 
     @property
@@ -146,6 +147,7 @@ class Knowledge:
             log.warning("%s", e)
             self.timeline("skill_invalid", error=str(e))
         self.skills = skills
+        self.version += 1
         if self._memory is not None:
             self._index_skills()
 
@@ -251,7 +253,9 @@ class Knowledge:
             window={**(window or {}), "risk": iv.risk.value}, skills_used=list(iv.skills_used),
             step=iv.applied_step or iv.diagnosis.step,
             time=iv.history[-1]["time"] if iv.history else iv.created)   # deterministic: re-recording is a no-op
-        return self.memory.record_episode(ep)
+        new = self.memory.record_episode(ep)
+        self.version += new
+        return new
 
     def record_report(self, id: str, text: str, **metadata: Any) -> None:
         """A report (an intervention's PR report, the final report) into the memory's reports collection."""
