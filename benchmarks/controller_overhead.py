@@ -56,6 +56,8 @@ def main() -> None:
     goal["swarm"]["observe_every_s"] = args.observe_s
     marks: dict[str, tuple[float, float]] = {}
 
+    per_node: dict[str, list] = {}     # node → [calls, CPU-s, [CPU-s of each call]]
+
     class Timed(Controller):
         def node_plan(self, s):
             marks.setdefault("steady", (time.time(), cpu()))
@@ -64,6 +66,23 @@ def main() -> None:
         def node_finish(self, s):
             marks.setdefault("finish", (time.time(), cpu()))
             return super().node_finish(s)
+
+    def timed(name: str):
+        inner = getattr(Timed, name)
+
+        def node(self, s, **kw):
+            c = cpu()
+            try:
+                return inner(self, s, **kw)
+            finally:
+                acc = per_node.setdefault(name.removeprefix("node_"), [0, 0.0, []])
+                acc[0] += 1
+                acc[1] += cpu() - c
+                acc[2].append(cpu() - c)
+        return node
+
+    for name in [n for n in dir(Controller) if n.startswith("node_") and n != "node_finish"]:
+        setattr(Timed, name, timed(name))
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="ctrl-overhead-"))
     ctrl = Timed.create(work / "ws", Goal.parse(goal), jobs="process")
@@ -77,8 +96,13 @@ def main() -> None:
         "steady_cpu_s": cf - cs, "steady_wall_s": tf - ts,
         "finish_cpu_s": c_end - cf, "finish_wall_s": t_end - tf,
         "steady_pct": 100 * (cf - cs) / (tf - ts), "total_pct": 100 * (c_end - c0) / (t_end - t0),
+        "typical_tick_ms": 1000 * sum(sorted(v[2])[len(v[2]) // 2] for k, v in per_node.items() if v[0] > 1),
         "steps": summary["steps"], "interventions": n_interventions, "reason": summary["reason"],
         "observe_every_s": args.observe_s,
+        "typical_tick_pct": 0.1 * sum(sorted(v[2])[len(v[2]) // 2] for k, v in per_node.items() if v[0] > 1) * 1000 / args.observe_s,
+        "per_node": {k: {"calls": int(v[0]), "cpu_s": v[1], "ms_per_call": 1000 * v[1] / max(v[0], 1),
+                         "median_ms": 1000 * sorted(v[2])[len(v[2]) // 2], "max_ms": 1000 * max(v[2])}
+                     for k, v in sorted(per_node.items(), key=lambda kv: -kv[1][1])},
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
         "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}",
     }
@@ -100,6 +124,17 @@ difficulty 3), so the controller ticks every {args.observe_s:g} s for the whole 
 | whole run | {res['controller_cpu_s']:.2f} | {res['wall_s']:.1f} | {res['total_pct']:.2f}% |
 
 The steady-state share is what a run of days pays; start-up and finish are fixed costs per controller start.
+
+CPU by node (steady state; `observe` excludes its {args.observe_s:g} s sleep, which costs no CPU):
+
+| node | calls | CPU-s | mean ms per call | median ms | max ms |
+|---|---|---|---|---|---|
+""" + "\n".join(f"| {k} | {v['calls']} | {v['cpu_s']:.2f} | {v['ms_per_call']:.1f} | {v['median_ms']:.1f} | {v['max_ms']:.0f} |"
+                for k, v in res["per_node"].items()) + f"""
+
+A typical tick (the sum of the per-node medians) costs {res['typical_tick_ms']:.1f} ms of CPU every {args.observe_s:g} s:
+**{res['typical_tick_pct']:.2f}%** of one core. The rest of the steady-state CPU is one-off work: loading the
+embedding model when something first goes wrong, a backtest's orchestration, a PR's report and plots.
 """
     (out / "controller_overhead.md").write_text(md)
     print(md)
