@@ -48,6 +48,16 @@ def skill_files(skill: Any, program: str | None = None) -> dict[str, bytes]:
     return files
 
 
+def retired(skill: Any, reason: str) -> Any:
+    """`skill` marked retired (version + 1), not written anywhere."""
+    from skills.skill import SwarmlabBlock
+
+    sw = skill.swarmlab or SwarmlabBlock()
+    sw = SwarmlabBlock.model_validate({**sw.model_dump(), "status": "retired", "retired_reason": reason,
+                                       "version": sw.version + 1})
+    return skill.model_copy(update={"swarmlab": sw})
+
+
 def seed_workspace(ws: Any, settings: Any) -> list[str]:
     """Start a new workspace's skills/: the seed library (when `seed_skills`) and the shared
     library's skills, committed on main in one commit. Returns the names."""
@@ -274,11 +284,9 @@ class Knowledge:
                 self.timeline("skill_refused", name=a.name, reason=a.reason, policy=a.policy)
                 continue
             sk = a.skill
-            if a.action == "retire":
-                sk = self.library.retire(a.name, a.reason)
-                files = skill_files(sk)
-            else:
-                files = skill_files(sk, a.program)
+            if a.action == "retire":   # as a PR like any change (the work tree only moves by merging it)
+                sk = retired(sk, a.reason)
+            files = skill_files(sk, a.program)
             version = sk.swarmlab.version if sk.swarmlab is not None else 1
             branch = self.ws.skill_pr(sk.name, version, files,
                                       f"Skill {sk.name} v{version}: {a.action}\n\n{a.reason}\n\nmined by skill_miner ({a.policy})")

@@ -180,6 +180,20 @@ def test_episodes_become_a_skill_pr_in_git_indexed_in_chroma_and_shared_through_
     # retrieval through chromadb ranks it first for a truncation finding
     ranked = k.retrieve([_diag("truncation")])
     assert ranked and ranked[0][0].name == name
+    # its applications keep losing: the miner retires it, as a merged PR like any skill change
+    for i, iv_id in enumerate(("aaaa0002", "aaaa0003")):
+        lost = _kept(iv_id, {"harness.sampling.max_new_tokens": 6})
+        lost.skills_used = [name]
+        lost.move(Status.ROLLED_BACK, "worse")
+        assert k.record(lost, v)
+    acts = k.mine()
+    assert [(a.action, a.name) for a in acts if a.action == "retire"] == [("retire", name)]
+    on_main = parse_skill(ws.root / "skills" / name)
+    assert on_main.swarmlab.status == "retired" and on_main.swarmlab.version == 2 and "lost 2" in on_main.swarmlab.retired_reason
+    assert f"merged/skill-{name}-v2" in git(ws.root, "tag")
+    assert not git(ws.root, "status", "--porcelain", "--untracked-files=no")
+    assert k.retrieve([_diag("truncation")]) == []          # retired: kept in history, no longer retrieved
+    assert k.mine() == []                                   # and not revived by the same episodes
     # one controller at a time per library: a second one is refused with the holder named
     ws_other = Workspace.init(tmp_path / "other", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
     with pytest.raises(ValueError, match=r"in use by another controller \(pid \d+\)"):
@@ -189,11 +203,12 @@ def test_episodes_become_a_skill_pr_in_git_indexed_in_chroma_and_shared_through_
     assert (lib / "skills" / name / "SKILL.md").is_file()
     ws2 = Workspace.init(tmp_path / "ws2", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
     assert seed_workspace(ws2, settings) == [name]
+    assert parse_skill(ws2.root / "skills" / name).swarmlab.status == "retired"     # the library's latest version
     k2 = Knowledge(ws2, settings, task="sort")
-    assert [e.id for e in k2.memory.episodes()] == [f"{k.name}/aaaa0001"]
-    assert [sk.name for sk, _ in k2.retrieve([_diag("truncation")])] == [name]
+    assert [e.id for e in k2.memory.episodes()] == [f"{k.name}/aaaa000{i}" for i in (1, 2, 3)]
+    assert k2.retrieve([_diag("truncation")]) == []
     eps = k2.relevant_episodes([_diag("truncation")])
-    assert eps and eps[0].outcome == "kept" and eps[0].window["risk"] == "medium"
+    assert [e.outcome for e in eps] == ["kept", "rolled_back", "rolled_back"] and eps[0].window["risk"] == "medium"
     k2.close()
 
 
