@@ -32,6 +32,7 @@ from swarm.evidence import Evidence, as_number
 log = logging.getLogger(__name__)
 
 VIEW_ROWS = 20            # metric rows kept in an evidence view
+SKILL_PROPOSED = "proposed_by_skill"   # diagnosis evidence key of a proposal a skill made on its own
 NEVER_AVOID = (InterventionKind.RESTART,)
 
 
@@ -166,7 +167,10 @@ def apply_skills(proposals: list[Intervention], fired: list[tuple[Any, dict[str,
         op = _owner(kind, sw.diagnosis, operators)
         if op is None or kind in (InterventionKind.ROLLBACK,):
             continue
-        d = by_diag[sw.diagnosis]
+        # the values are the skill's (from past episodes), not computed from this run's evidence: such a
+        # proposal is always backtested (agents.recall.skill_proposed), whatever the skill's record
+        d = by_diag[sw.diagnosis].model_copy(deep=True)
+        d.evidence[SKILL_PROPOSED] = sk.name
         iv = op.intervention(
             kind, d, changes, risk=Risk(getattr(spec.risk, "value", spec.risk)),
             rationale=f"{d.summary}. Skill {sk.name!r} applies: {sk.description}",
@@ -175,6 +179,12 @@ def apply_skills(proposals: list[Intervention], fired: list[tuple[Any, dict[str,
         iv.skills_used.append(sk.name)
         out.append(iv)
     return out
+
+
+def skill_proposed(iv: Intervention) -> str | None:
+    """The skill that proposed `iv` with its own values (no operator proposed that fix), or None."""
+    v = iv.diagnosis.evidence.get(SKILL_PROPOSED)
+    return v if isinstance(v, str) else None
 
 
 def episode_summaries(episodes: Iterable[Any]) -> list[dict[str, Any]]:

@@ -359,7 +359,10 @@ class Controller:
                 self.store.put(iv)
                 self.store.transition(iid, Status.VALIDATED, iv.backtest_skipped)
                 continue
-            trust = self.knowledge.trusted(iv.skills_used) if iv.status == Status.PROPOSED else None
+            from agents.recall import skill_proposed
+
+            trust = (self.knowledge.trusted(iv.skills_used)
+                     if iv.status == Status.PROPOSED and not skill_proposed(iv) else None)
             if trust is not None:
                 iv.backtest_skipped = trust
                 self.store.put(iv)

@@ -16,7 +16,7 @@ import pytest
 from agents.base import OperatorContext
 from agents.miner import SkillMiner
 from agents.operators import Lead, default_operators
-from agents.recall import apply_skills, avoid_reason, episode_summaries, evidence_view, firing_skills
+from agents.recall import apply_skills, avoid_reason, episode_summaries, evidence_view, firing_skills, skill_proposed
 from memory import Episode, Memory
 from skills import SkillLibrary, Utility, parse_skill, seed_dir
 from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind as K, Risk, Status
@@ -120,6 +120,7 @@ def test_firing_skills_are_attributed_or_propose_what_no_operator_did():
     assert [(iv.kind, iv.changes, iv.skills_used) for iv in extra] == [
         (K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, ["temperature-back-to-one"])]
     assert extra[0].operator == "diagnostics"      # the operator whose detectors include low_temperature
+    assert skill_proposed(extra[0]) == "temperature-back-to-one" and skill_proposed(own) is None   # always backtested
 
     # a skill proposes only for a finding the detectors made
     assert apply_skills([], fired, default_operators(), [], ctx) == []
