@@ -38,6 +38,8 @@ from typing import Any, Iterable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.recall import prescribes
+
 log = logging.getLogger(__name__)
 
 EMPTY_VIEW: dict[str, Any] = {"metrics": [], "diagnoses": [], "evals": [], "recipe": {}, "harness": {}}
@@ -118,7 +120,7 @@ class SkillMiner:
             wins = [e for e in group if e.won()]
             if len(wins) < self.min_support:
                 continue
-            same = [s for s in skills if s.signature() == sig]
+            same = [s for s in skills if prescribes(s, group[0].kind, group[0].changes, group[0].diagnosis)]
             if any(not s.active for s in same) and not any(s.active for s in same):
                 continue      # retired: not revived by the miner
             existing = next((s for s in same if s.active), None)
@@ -222,7 +224,9 @@ class SkillMiner:
         from skills import verify
 
         covered = [e.window for e in wins if e.window and e.window.get("diagnoses") is not None]
-        unrelated = [e.window for e in eps if e.diagnosis != skill.swarmlab.diagnosis and e.window][:MAX_UNRELATED]
+        sw = skill.swarmlab
+        answers = {sw.diagnosis} | set(sw.trigger.diagnosis_names() if sw.trigger is not None else [])
+        unrelated = [e.window for e in eps if e.diagnosis not in answers and e.window][:MAX_UNRELATED]
         if not covered:
             from skills import Verdict
 
@@ -252,11 +256,14 @@ class SkillMiner:
         new = [e for e in wins if e.id not in known]
         all_ids = known + [e.id for e in new]
         backing = [e for e in eps if e.id in set(all_ids) and e.won()] or wins
-        front = self._front(skill.name, skill.description, backing, (sw.version or 1) + 1)
-        front["swarmlab"]["episodes"] = all_ids
-        front["swarmlab"]["task_families"] = sorted(set(sw.task_families or []) | {e.task for e in new if e.task})
-        if sw.program:
-            front["swarmlab"]["program"] = sw.program
+        # what the skill does (diagnosis, trigger, kind, fields, risk, program) stays as it is — a seed
+        # or hand-written skill may answer several findings; its evidence grows, and its static values
+        # are those every winning episode agrees on
+        block = sw.model_dump(exclude_none=True)
+        block.update(version=(sw.version or 1) + 1, episodes=all_ids,
+                     task_families=sorted(set(sw.task_families or []) | {e.task for e in new if e.task}))
+        block["intervention"]["changes"] = _agreed([e.changes for e in backing], list(sw.intervention.fields))
+        front = {**skill.front_matter(), "swarmlab": block}
         # seed or hand-written skills keep their text; the evidence section is the miner's
         head = re.split(r"\n#+ Evidence\b", "\n" + skill.body, maxsplit=1)[0].strip()
         full = self._body("", "", backing)

@@ -132,6 +132,22 @@ def _owner(kind: InterventionKind, diagnosis: str, operators: list[Operator]) ->
     return next((op for op in able if diagnosis in op.detectors), able[0] if able else None)
 
 
+def backs(skill: Any, iv: Intervention) -> bool:
+    """Whether `skill` prescribes the fix `iv` is (see `prescribes`)."""
+    return prescribes(skill, iv.kind.value, iv.changes, iv.diagnosis.name)
+
+
+def prescribes(skill: Any, kind: str, changes: Any, diagnosis: str) -> bool:
+    """The same kind and fields, for the skill's diagnosis or any its trigger names (a restart skill
+    may answer a crash and a stall alike)."""
+    sw = skill.swarmlab
+    if sw is None or sw.intervention is None:
+        return False
+    names = {sw.diagnosis} | set(sw.trigger.diagnosis_names() if sw.trigger is not None else [])
+    return (kind == str(getattr(sw.intervention.kind, "value", sw.intervention.kind))
+            and sorted(changes) == sorted(sw.intervention.fields) and diagnosis in names)
+
+
 def apply_skills(proposals: list[Intervention], fired: list[tuple[Any, dict[str, Any] | None, str | None]],
                  operators: list[Operator], diagnoses: list[Any], ctx: OperatorContext) -> list[Intervention]:
     """Proposals with firing skills attributed, plus the proposals of skills no operator matched."""
@@ -142,8 +158,7 @@ def apply_skills(proposals: list[Intervention], fired: list[tuple[Any, dict[str,
     for sk, program_prop, err in fired:
         if err is not None:
             continue
-        sig = sk.signature()
-        match = [iv for iv in out if sig is not None and iv.signature() == sig]
+        match = [iv for iv in out if backs(sk, iv)]
         if match:
             for iv in match:
                 if sk.name not in iv.skills_used:

@@ -122,6 +122,12 @@ def test_firing_skills_are_attributed_or_propose_what_no_operator_did():
     assert extra[0].operator == "diagnostics"      # the operator whose detectors include low_temperature
     assert skill_proposed(extra[0]) == "temperature-back-to-one" and skill_proposed(own) is None   # always backtested
 
+    # a skill whose trigger names several findings backs the same fix for each of them
+    restart = _iv("stale_heartbeat", K.RESTART, {}, operator="cluster_ops")
+    fired = firing_skills(skills, view("stale_heartbeat"))
+    apply_skills([restart], fired, default_operators(), [_diag("stale_heartbeat")], ctx)
+    assert restart.skills_used == ["restart-crashed-job"]
+
     # a skill proposes only for a finding the detectors made
     assert apply_skills([], fired, default_operators(), [], ctx) == []
 
@@ -326,3 +332,18 @@ def test_skills_cli_list_export_import(tmp_path):
     assert git(ws2.root, "rev-parse", "main") == head and not (ws2.root / "skills" / "broken-skill").exists()
     r = cli("show", "nope", "--workspace", "ws2")
     assert r.returncode == 2 and "no skill 'nope'" in r.stderr
+
+
+def test_miner_updates_a_seed_skill_that_answers_several_findings_without_narrowing_it():
+    """The seed restart skill answers a crash and a stall alike (its trigger names both); stall
+    restarts that were kept join its evidence instead of becoming a second skill, and its
+    diagnosis, trigger and program stay as written (the program is re-verified in the sandbox)."""
+    seed = SkillLibrary(seed_dir()).get("restart-crashed-job")
+    eps = [episode(i, "stale_heartbeat", "restart", {}, "kept", None, window=view("stale_heartbeat")) for i in (1, 2)]
+    eps.append(episode(3, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 6}, "rejected", -0.1))
+    (act,) = SkillMiner().mine(eps, [seed], {})
+    assert act.action == "update" and act.name == "restart-crashed-job", act.reason
+    sw = act.skill.swarmlab
+    assert (sw.version, sw.diagnosis, sw.program) == (seed.swarmlab.version + 1, "crashed_job", "skill.py")
+    assert sw.trigger == seed.swarmlab.trigger and sw.episodes[-2:] == ["ws/00000001", "ws/00000002"]
+    assert act.program == seed.program_source() and act.verdict.ok and act.verdict.covered == 2
