@@ -15,9 +15,9 @@ worker-CPU-seconds to target (all trainer processes: live job, restarts, backtes
 to target. Ratios second/first and transfer/cold per seed, and their means.
 
     python benchmarks/skills_second_run.py [--goal truncation] [--transfer truncation_sort]
-        [--seeds 0 1 2] [--cap-s 300] [--parallel 2] [--src head|worktree]
+        [--seeds 0 1 2] [--cap-s 300] [--parallel 2] [--src head|worktree] [--out NAME]
 
-Results: benchmarks/results/skills_second_run.{json,md}.
+Results: benchmarks/results/<--out, default skills_second_run>.{json,md}.
 """
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def ratio(a: Any, b: Any) -> float | None:
 
 def write(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "skills_second_run.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    out = meta["out"]
+    (RESULTS / f"{out}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     lines = [
         "# Second run with the library the first one produced", "",
         f"Command: `{meta['command']}`", "",
@@ -135,7 +136,7 @@ def write(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     tot = {lab: sum((r["backtests"] or 0) for r in rows if r["label"] == lab) for lab in ("first", "second", "transfer", "cold")}
     rej = {lab: sum((r["rejected_by_backtest"] or 0) for r in rows if r["label"] == lab) for lab in tot}
     lines += ["", "Totals over seeds: " + "; ".join(f"{lab}: {tot[lab]} backtests, {rej[lab]} rejected" for lab in tot), ""]
-    (RESULTS / "skills_second_run.md").write_text("\n".join(lines))
+    (RESULTS / f"{out}.md").write_text("\n".join(lines))
 
 
 def main() -> None:
@@ -147,13 +148,14 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1, help="seeds run at a time")
     ap.add_argument("--src", choices=["head", "worktree"], default="head")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--out", default="skills_second_run", help="results file name (without extension) under benchmarks/results")
     args = ap.parse_args()
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="skills-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     src, commit = svt.prepare_src(args.src, work)
     meta = {"command": "python benchmarks/skills_second_run.py " + " ".join(sys.argv[1:]), "commit": commit,
             "machine": f"{platform.machine()}, {__import__('os').cpu_count()} logical CPUs, Python {platform.python_version()}",
-            "cap_s": args.cap_s, "parallel": args.parallel, "workdir": str(work)}
+            "cap_s": args.cap_s, "parallel": args.parallel, "workdir": str(work), "out": args.out}
     svt.log(f"work dir {work}; code {commit}")
     rows: list[dict[str, Any]] = []
     with cf.ThreadPoolExecutor(max_workers=args.parallel) as pool:
@@ -161,7 +163,7 @@ def main() -> None:
             rows += fut.result()
             rows.sort(key=lambda r: (r["seed"], ["first", "second", "transfer", "cold"].index(r["label"])))
             write(rows, meta)
-    svt.log(f"results in {RESULTS / 'skills_second_run.md'}")
+    svt.log(f"results in {RESULTS / (args.out + '.md')}")
 
 
 if __name__ == "__main__":
