@@ -102,8 +102,8 @@ class ScriptedArms:
     """A launcher for backtest arms that writes the metrics an arm would (tests only): every arm
     scores 0 held-out and 0 pass rate; the loss is `loss(arm_config)`."""
 
-    def __init__(self, loss):
-        self.loss = loss
+    def __init__(self, loss, heldout=lambda cfg: 0.0):
+        self.loss, self.heldout = loss, heldout
 
     def start(self, name, config_path):
         import json
@@ -115,7 +115,7 @@ class ScriptedArms:
         d = pathlib.Path(cfg["out_dir"]) / name
         d.mkdir(parents=True, exist_ok=True)
         rows = [{"step": s, "loss": self.loss(cfg, s), "pass_rate": 0.0} for s in range(1, 41)]
-        rows.append({"step": 40, "heldout_acc": 0.0, "heldout_truncated": 0.0, "heldout_malformed": 0.0})
+        rows.append({"step": 40, "heldout_acc": self.heldout(cfg), "heldout_truncated": 0.0, "heldout_malformed": 0.0})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return name
 
@@ -151,3 +151,26 @@ def test_backtest_breaks_a_double_tie_on_the_sft_loss_only_when_it_compares(tmp_
         assert "SFT training loss" in res.test and res.effect == pytest.approx(0.02 * 30.5, rel=1e-6) and res.p_value < 0.01
     else:
         assert "pass rate" in res.test and res.effect == 0.0
+
+
+def test_backtest_treats_one_held_out_example_as_a_tie_and_goes_on_to_the_loss(tmp_path):
+    """A restart from scratch 40 steps in: one candidate seed gets 1 of 200 held-out right (0.005)
+    by chance, the others nothing. That is no evidence either way; the SFT loss decides."""
+    from swarm.backtest import run_backtest
+    from swarm.domain import Target
+
+    iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001},
+                      diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics", policy="builtin"),
+                      rationale="r", operator="diagnostics", policy="builtin")
+    arms = ScriptedArms(lambda cfg, step: 1.9 - (0.02 * step if "candidate" in cfg["name"] else 0.0) + 0.01 * cfg["seed"],
+                        heldout=lambda cfg: 0.005 if cfg["name"].endswith("candidate-s1") else 0.0)
+    res = run_backtest(iv, base_config={"recipe": {"algorithm": "sft"}}, ckpt="x.pt", step=400, target=Target(threshold=0.9),
+                       horizon=40, seeds=[0, 1, 2], eval_size=200, alpha=0.2, jobs=arms, workdir=tmp_path / "bt",
+                       candidate_ckpt="init.pt", candidate_step=0)
+    assert res.candidate == [0.0, 0.005, 0.0] and res.passed
+    assert res.test.startswith("near-tie (|difference| ≤ one held-out example of 200 per seed)") and "SFT training loss" in res.test
+    cand_cfg = (tmp_path / "bt" / f"bt-{iv.id}-candidate-s0.yaml")
+    import yaml
+
+    assert yaml.safe_load(cand_cfg.read_text())["fork_from"] == "init.pt"     # a rollback is tested from its target
+    assert yaml.safe_load((tmp_path / "bt" / f"bt-{iv.id}-control-s0.yaml").read_text())["fork_from"] == "x.pt"
