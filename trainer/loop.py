@@ -357,8 +357,6 @@ class Trainer:
                 resumed = self.step
         elif self.cfg.fork_from:
             self.fork(pathlib.Path(self.cfg.fork_from))
-        elif self.cfg.checkpoint.interval and self.step == 0 and self.log:
-            self.save(INIT_CHECKPOINT)   # the untrained start: a run that never learnt restarts from it
         if self.ref_state is None and (self.recipe.algorithm == "grpo" or self.recipe.kl_coef > 0):
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())
         if self.log:
@@ -369,6 +367,8 @@ class Trainer:
             self.log.event("resume" if resumed is not None else "start", self.step,
                            params=sum(p.numel() for p in self.params), kernels=self.backend,
                            kernels_reason=self._kernel_reason, world=self.dist.world)
+            if resumed is None and not self.cfg.fork_from and self.cfg.checkpoint.interval and self.step == 0:
+                self.save(INIT_CHECKPOINT)   # the untrained start: a run that never learnt restarts from it
 
     def fork(self, path: pathlib.Path) -> None:
         """Start from another run's checkpoint (`fork_mode`): the basis of backtests and warm starts."""
