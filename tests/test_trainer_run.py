@@ -192,3 +192,20 @@ def test_nonfinite_weights_stop_an_sft_run(make_cfg):
     summary = tr.run()
     assert summary["status"] == "stopped_nonfinite" and summary["step"] == 2
     assert json.loads((cfg.run_dir / "heartbeat.json").read_text())["state"] == "stopped_nonfinite"
+
+
+def test_sft_warmup_then_grpo_with_the_reference_taken_at_the_switch(make_cfg):
+    """`recipe.sft_warmup_steps`: SFT first (a GRPO run from scratch never gets reward), then the
+    configured algorithm; with a KL term the reference is the warmed-up policy."""
+    import torch
+
+    cfg = RunConfig.parse(make_cfg(recipe={"algorithm": "grpo", "sft_warmup_steps": 3, "steps": 5, "batch_size": 4,
+                                           "group_size": 4, "kl_coef": 0.1, "lr": 1e-2}))
+    tr = Trainer(cfg)
+    seen = {}
+    tr.on_step = lambda row: seen.setdefault(row["step"], (row["algorithm"],
+                                                           {k: v.clone() for k, v in tr.policy.model.state_dict().items()}))
+    tr.run()
+    assert [seen[s][0] for s in range(1, 6)] == ["sft", "sft", "sft", "grpo", "grpo"]
+    after_warmup = seen[3][1]
+    assert all(torch.equal(after_warmup[k], v) for k, v in tr.ref_state.items())   # the reference = step-3 weights

@@ -426,12 +426,20 @@ class Trainer:
         self.close()
         return summary
 
+    def algorithm_now(self) -> str:
+        """The algorithm of the next update: SFT during `recipe.sft_warmup_steps`, then `recipe.algorithm`."""
+        return "sft" if self.step < self.recipe.sft_warmup_steps else self.recipe.algorithm
+
     def train_one_step(self) -> None:
         t0 = time.perf_counter()
         examples = self.next_examples()
-        stats = STEPS[self.recipe.algorithm](self, examples)
+        algo = self.algorithm_now()
+        if algo != "sft" and self.step == self.recipe.sft_warmup_steps > 0 and self.recipe.kl_coef > 0:
+            # the KL reference is the policy the warm-up produced, not the random start
+            self.ref_state, self.ref_policy = copy.deepcopy(self.policy.model.state_dict()), None
+        stats = STEPS[algo](self, examples)
         # every rank, not only the one that logs: mean_dict below needs the same keys on all ranks
-        if self.recipe.algorithm == "sft" and self.cfg.samples_per_step:
+        if algo == "sft" and self.cfg.samples_per_step:
             t1 = time.perf_counter()
             rolls = rollout(self.policy, self.task, self.harness, examples[: self.cfg.samples_per_step], 1,
                             None, greedy=True)
@@ -442,7 +450,7 @@ class Trainer:
         self.step += 1
         row: dict[str, Any] = {"step": self.step, "segment": self.segment, "time": time.time(),
                                "lr": self.lr_at(self.step - 1), "difficulty": self.harness.curriculum.difficulty_at(self.step - 1),
-                               "harness_version": self.harness.version, "algorithm": self.recipe.algorithm, **stats}
+                               "harness_version": self.harness.version, "algorithm": algo, **stats}
         if self.recipe.eval_interval and self.step % self.recipe.eval_interval == 0:
             ev = self.dist.mean_dict(self.evaluate())
             self.last_eval = ev
