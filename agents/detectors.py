@@ -239,7 +239,9 @@ def current_rows(ev: Evidence) -> list[dict[str, Any]]:
 
 
 def _col(rows: list[dict[str, Any]], key: str, *, skip_skipped: bool = False,
-         skip_eval: bool = False) -> tuple[list[int], list[float]]:
+         skip_eval: bool = False, finite: bool = False) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key` over `rows`; optionally without skipped steps, eval rows or
+    non-finite values."""
     steps, vals = [], []
     for r in rows:
         if skip_skipped and r.get("skipped"):
@@ -247,7 +249,7 @@ def _col(rows: list[dict[str, Any]], key: str, *, skip_skipped: bool = False,
         if skip_eval and any(k.startswith("heldout") for k in r):
             continue
         v = _f(r.get(key))
-        if v is not None:
+        if v is not None and (not finite or math.isfinite(v)):
             steps.append(int(r.get("step", 0)))
             vals.append(v)
     return steps, vals
@@ -418,8 +420,7 @@ def entropy_collapse(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = N
     if algorithm(ev) not in ("grpo", "distill"):
         return None
     rows = current_rows(ev)
-    _, ent = _col(rows, "entropy", skip_skipped=True)
-    ent = [v for v in ent if math.isfinite(v)]
+    _, ent = _col(rows, "entropy", skip_skipped=True, finite=True)
     if len(ent) < th.min_rows:
         return None
     recent = ent[-th.recent :]
@@ -444,8 +445,7 @@ def kl_blowup(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING)
     `kl_min` and `kl_ratio`× its trailing median: the policy is running away from the reference
     faster than the reward justifies."""
     rows = current_rows(ev)
-    _, kl = _col(rows, "kl", skip_skipped=True)
-    kl = [v for v in kl if math.isfinite(v)]
+    _, kl = _col(rows, "kl", skip_skipped=True, finite=True)
     if len(kl) < th.min_rows:
         return None
     recent = kl[-th.recent :]
@@ -770,8 +770,7 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     still ≤ `not_learning_heldout_max`. With no spike to roll back to, the usual cause is a
     learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr."""
     rows = current_rows(ev)
-    steps, loss = _col(rows, "loss", skip_skipped=True)
-    loss = [v for v in loss if math.isfinite(v)]
+    steps, loss = _col(rows, "loss", skip_skipped=True, finite=True)
     if len(loss) < th.not_learning_rows:
         return None
     n = max(5, th.not_learning_rows // 5)
