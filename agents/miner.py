@@ -27,13 +27,14 @@ built-in text.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import pathlib
 import re
 import tempfile
 from collections import defaultdict
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -270,21 +271,26 @@ class SkillMiner:
         body = head + "\n\n" + full[full.index("# Evidence"):]
         program = skill.program_source() if sw.program else None
         sk = _parse(front, body)
-        if program is not None:   # verified as it will be written: the program beside the new SKILL.md
-            sk = _staged(sk, program)
-        v = self._verify(sk, backing, eps, sandbox)
+        with _staged(sk, program) as staged:   # verified as it will be written: the program beside the new SKILL.md
+            v = self._verify(staged, backing, eps, sandbox)
         if not v.ok:
             return MinerAction("refuse", skill.name, f"update not admitted, verification failed: {v.reason}", skill=sk, verdict=v)
         return MinerAction("update", skill.name, f"{len(new)} new winning episode(s)", skill=sk, program=program, verdict=v)
 
 
-def _staged(skill: Any, program: str) -> Any:
-    """The skill as if written with its program (verification reads the program from its folder)."""
-    d = pathlib.Path(tempfile.mkdtemp(prefix="skill-staged-")) / skill.name
-    d.mkdir()
-    (d / "SKILL.md").write_text(skill.to_markdown(), encoding="utf-8")
-    (d / skill.swarmlab.program).write_text(program, encoding="utf-8")
-    return skill.model_copy(update={"path": d / "SKILL.md"})
+@contextlib.contextmanager
+def _staged(skill: Any, program: str | None) -> Iterator[Any]:
+    """The skill as if written with its program, in a temporary folder (verification reads the
+    program from the skill's folder); the skill itself when it has no program."""
+    if program is None:
+        yield skill
+        return
+    with tempfile.TemporaryDirectory(prefix="skill-staged-") as tmp:
+        d = pathlib.Path(tmp) / skill.name
+        d.mkdir()
+        (d / "SKILL.md").write_text(skill.to_markdown(), encoding="utf-8")
+        (d / skill.swarmlab.program).write_text(program, encoding="utf-8")
+        yield skill.model_copy(update={"path": d / "SKILL.md"})
 
 
 RISK_ORDER = ("low", "medium", "high")

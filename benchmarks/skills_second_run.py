@@ -29,7 +29,6 @@ import pathlib
 import platform
 import sys
 import tempfile
-import time
 from typing import Any
 
 import yaml

@@ -280,7 +280,7 @@ class Controller:
                             episode_summaries(self.knowledge.relevant_episodes(wrong)) if wrong else [])
         ranked = self._ranked
         if wrong:
-            ctx = self.context(ev).with_findings(findings)
+            ctx = ctx.model_copy(update={"skills": self._recall[0], "episodes": self._recall[1]}).with_findings(findings)
         proposals: list[Intervention] = []
         for op in self.operators:
             proposals += op.propose(ev, ctx, llm=self.llm)
@@ -649,14 +649,11 @@ class Controller:
         """What skills did in this run, from the timeline."""
         out: dict[str, Any] = {"library": [sk.name for sk in self.knowledge.skills if sk.active],
                                "fired": {}, "used": {}, "added": [], "updated": [], "retired": [], "refused": [], "avoided": 0}
-        for r in self.store.timeline():
-            k = r.get("kind")
-            if k == "skill_fired":
-                out["fired"][r["name"]] = out["fired"].get(r["name"], 0) + 1
-            elif k in ("skill_added", "skill_updated", "skill_retired", "skill_refused"):
-                out[k.removeprefix("skill_")].append({"name": r.get("name"), "reason": r.get("reason")})
-            elif k == "avoided":
-                out["avoided"] += 1
+        for r in self.store.timeline("skill_fired"):    # by kind (indexed), not the whole timeline
+            out["fired"][r["name"]] = out["fired"].get(r["name"], 0) + 1
+        for what in ("added", "updated", "retired", "refused"):
+            out[what] = [{"name": r.get("name"), "reason": r.get("reason")} for r in self.store.timeline(f"skill_{what}")]
+        out["avoided"] = len(self.store.timeline("avoided"))
         for iv in self.store.list():
             for name in iv.skills_used:
                 out["used"].setdefault(name, []).append(f"{iv.id} ({iv.status.value})")

@@ -17,7 +17,7 @@ from agents.base import OperatorContext
 from agents.miner import SkillMiner
 from agents.operators import Lead, default_operators
 from agents.recall import apply_skills, avoid_reason, episode_summaries, evidence_view, firing_skills, skill_proposed
-from memory import Episode, Memory
+from memory import Episode
 from skills import SkillLibrary, Utility, parse_skill, seed_dir
 from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind as K, Risk, Status
 from swarm.evidence import Evidence
