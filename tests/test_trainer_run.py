@@ -200,12 +200,16 @@ def test_sft_warmup_then_grpo_with_the_reference_taken_at_the_switch(make_cfg):
     import torch
 
     cfg = RunConfig.parse(make_cfg(recipe={"algorithm": "grpo", "sft_warmup_steps": 3, "steps": 5, "batch_size": 4,
-                                           "group_size": 4, "kl_coef": 0.1, "lr": 1e-2}))
+                                           "sft_warmup_batch_size": 12, "group_size": 4, "kl_coef": 0.1, "lr": 1e-2}))
     tr = Trainer(cfg)
+    sizes = []
+    step_examples = tr.next_examples
+    tr.next_examples = lambda: sizes.append(len(exs := step_examples())) or exs
     seen = {}
     tr.on_step = lambda row: seen.setdefault(row["step"], (row["algorithm"],
                                                            {k: v.clone() for k, v in tr.policy.model.state_dict().items()}))
     tr.run()
     assert [seen[s][0] for s in range(1, 6)] == ["sft", "sft", "sft", "grpo", "grpo"]
+    assert sizes == [12, 12, 12, 4, 4]   # the warm-up has its own batch size
     after_warmup = seen[3][1]
     assert all(torch.equal(after_warmup[k], v) for k, v in tr.ref_state.items())   # the reference = step-3 weights

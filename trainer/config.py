@@ -50,6 +50,8 @@ class Recipe(_Strict):
     algorithm: Literal["sft", "grpo", "distill"] = Field("sft", description="see trainer/algorithms")
     sft_warmup_steps: int = Field(0, ge=0, description="train with SFT for the first N steps, then with `algorithm` "
                                                        "(GRPO and distill need a policy that sometimes succeeds)")
+    sft_warmup_batch_size: int | None = Field(None, ge=1, description="examples per SFT warm-up step "
+                                                                      "(default: batch_size)")
     lr: float = Field(3e-3, gt=0.0, le=10.0, description="peak learning rate (AdamW)")
     schedule: Literal["constant", "cosine", "linear"] = "cosine"
     warmup_steps: int = Field(10, ge=0)

@@ -171,7 +171,9 @@ class Trainer:
     def next_examples(self) -> list[Example]:
         """This rank's shard of the next batch from the train split. Every rank builds the same
         filtered batch from the shared cursor, so the cursor stays identical across ranks."""
-        B, W = self.recipe.batch_size, self.dist.world
+        r, W = self.recipe, self.dist.world
+        warming_up = r.algorithm != "sft" and self.step < r.sft_warmup_steps
+        B = r.sft_warmup_batch_size if warming_up and r.sft_warmup_batch_size else r.batch_size
         diff = self.harness.curriculum.difficulty_at(self.step)
         diff = min(max(diff, self.task.min_difficulty), self.task.max_difficulty)
         f = self.harness.filters
