@@ -3,6 +3,15 @@
 Sequences are laid out as `[left-padded prompt][completion, right-padded]` both when sampling and
 when scoring, so the rotary positions and attention masks seen at generation time are exactly
 those used for the log-probs (positions count real tokens only).
+
+Shared prompts: GRPO samples every prompt `group_size` times, so a batch holds each prompt G times.
+With `Policy.share_prompts` (default `SHARE_PROMPTS`, on) each distinct prompt goes through the
+model once — in the prefill of `generate` and in the scoring forward of `score_inputs` — and its
+KV cache is repeated to the rows that share it before the completions run against it. The result
+is the same function: the completion tokens see the same keys/values, and in the backward pass the
+gradient reaching a shared prompt position is the sum over its rows (index_select's backward), i.e.
+what the G separate copies would have received. Only the floating-point order of operations differs
+(tests/test_group_prefix.py holds both paths to 1e-5).
 """
 from __future__ import annotations
 
@@ -24,10 +33,33 @@ class Batch:
     positions: torch.Tensor  # (B, T) rotary positions
     loss_mask: torch.Tensor  # (B, T) 1 on completion tokens (the ones scored)
     prompt_len: int          # width of the prompt block
+    unique_rows: torch.Tensor | None = None   # (U,) first row holding each distinct prompt
+    prompt_index: torch.Tensor | None = None  # (B,) which distinct prompt (0..U-1) each row holds
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether some rows hold the same prompt (so computing each prompt once saves work)."""
+        return self.unique_rows is not None and len(self.unique_rows) < self.ids.shape[0]
 
 
 def positions_from_mask(attn: torch.Tensor) -> torch.Tensor:
     return (attn.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def unique_prompts(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U,) index of the first occurrence of each distinct prompt, and (B,) the distinct prompt each
+    row holds — `prompts[first[index[i]]] == prompts[i]`."""
+    seen: dict[tuple[int, ...], int] = {}
+    first, index = [], []
+    for i, p in enumerate(prompts):
+        k = seen.setdefault(tuple(p), len(seen))
+        if k == len(first):
+            first.append(i)
+        index.append(k)
+    return torch.tensor(first, dtype=torch.long), torch.tensor(index, dtype=torch.long)
+
+
+SHARE_PROMPTS = True  # default of Policy.share_prompts (compute each distinct prompt once per batch)
 
 
 def build_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> Batch:
@@ -45,7 +77,8 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: 
             ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
             attn[i, P : P + len(c)] = 1
             lmask[i, P : P + len(c)] = 1.0
-    return Batch(ids, attn, positions_from_mask(attn), lmask, P)
+    first, index = unique_prompts(prompts)
+    return Batch(ids, attn, positions_from_mask(attn), lmask, P, first, index)
 
 
 class Policy:
@@ -54,6 +87,7 @@ class Policy:
     def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer, model: torch.nn.Module) -> None:
         self.cfg, self.tok, self.model = cfg, tokenizer, model
         self.is_hf = cfg.kind == "hf"
+        self.share_prompts = SHARE_PROMPTS
 
     @classmethod
     def build(cls, cfg: ModelConfig, seed: int = 0) -> "Policy":
@@ -82,11 +116,47 @@ class Policy:
         out = self.model.model(input_ids=ids, attention_mask=attn, position_ids=positions)
         return out.last_hidden_state
 
-    def score_inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Hidden states for predicting tokens 1..T-1, their targets and mask:
-        (B, T-1, D), (B, T-1), (B, T-1)."""
-        h = self.hidden(batch.ids[:, :-1], batch.attn[:, :-1], batch.positions[:, :-1])
-        return h, batch.ids[:, 1:], batch.loss_mask[:, 1:]
+    def score_inputs(self, batch: Batch, shared: bool | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Hidden states at the positions that predict the completion block, their targets and
+        mask: (B, C, D), (B, C), (B, C) for positions P-1 .. T-2 (prompt tokens are never scored,
+        so the LM head never sees them). `shared` (default: `share_prompts` when rows share a
+        prompt) runs each distinct prompt once and the completions against its repeated cache."""
+        P = batch.prompt_len
+        if shared is None:
+            shared = self.share_prompts and batch.shares_prompts
+        if shared:
+            h = self._shared_prompt_hidden(batch)
+        else:
+            h = self.hidden(batch.ids[:, :-1], batch.attn[:, :-1], batch.positions[:, :-1])[:, P - 1 :]
+        return h, batch.ids[:, P:], batch.loss_mask[:, P:]
+
+    def _shared_prompt_hidden(self, batch: Batch) -> torch.Tensor:
+        """(B, C, D) hidden states of positions P-1 .. T-2, each distinct prompt computed once."""
+        P, T = batch.prompt_len, batch.ids.shape[1]
+        if batch.unique_rows is None:
+            raise ValueError("batch has no prompt grouping (build it with build_batch)")
+        u, inv = batch.unique_rows, batch.prompt_index
+        ids_p, attn_p, pos_p = batch.ids[u, :P], batch.attn[u, :P], batch.positions[u, :P]  # (U, P)
+        ids_c, pos_c = batch.ids[:, P : T - 1], batch.positions[:, P : T - 1]  # (B, C-1)
+        attn = batch.attn[:, : T - 1]  # (B, T-1): prompt keys + completion keys
+        if not self.is_hf:
+            cache = self.model.new_cache(len(u), T - 1)
+            h_p = self.model(ids_p, attention_mask=attn_p, cache=cache, positions=pos_p)  # (U, P, D)
+            state = {"cache": cache}
+        else:
+            out = self.model.model(input_ids=ids_p, attention_mask=attn_p, position_ids=pos_p, use_cache=True)
+            h_p, state = out.last_hidden_state, {"past": out.past_key_values}
+        last = h_p[:, -1:].index_select(0, inv)  # (B, 1, D): predicts the first completion token
+        if ids_c.shape[1] == 0:
+            return last
+        self._select_rows(state, inv)  # repeat each prompt's keys/values to its rows (keeps the graph)
+        if not self.is_hf:
+            h_c = self.model(ids_c, attention_mask=attn, cache=state["cache"], positions=pos_c)
+        else:
+            h_c = self.model.model(input_ids=ids_c, attention_mask=attn, position_ids=pos_c,
+                                   past_key_values=state["past"], use_cache=True).last_hidden_state
+        return torch.cat([last, h_c], 1)  # (B, C, D)
 
     # ---- sampling ------------------------------------------------------------------------
     @torch.no_grad()
@@ -112,8 +182,14 @@ class Policy:
         out = torch.full((B, max_new_tokens), self.tok.pad_id, dtype=torch.long)
         done = torch.zeros(B, dtype=torch.bool)
         lengths = torch.full((B,), max_new_tokens, dtype=torch.long)
-        state = self._prefill(ids, attn[:, :P], pos)
-        logits = state["logits"]
+        first, index = unique_prompts(prompts)
+        if self.share_prompts and len(first) < B:  # prefill each distinct prompt once, repeat its cache
+            state = self._prefill(ids[first], attn[first, :P], pos[first])
+            self._select_rows(state, index)
+            logits = state["logits"][index]
+        else:
+            state = self._prefill(ids, attn[:, :P], pos)
+            logits = state["logits"]
         next_pos = pos[:, -1] + 1
         stop_t = torch.tensor(sorted(stops), dtype=torch.long)
         # Finished rows leave the decode batch (and the KV cache) once they are an eighth of it, so
@@ -155,7 +231,8 @@ class Policy:
         return {"past": out.past_key_values, "logits": out.logits[:, -1]}
 
     def _select_rows(self, state: dict, keep: torch.Tensor) -> None:
-        """Keep only batch rows `keep` (1-D indices) of the KV cache."""
+        """Batch row i of the KV cache becomes old row `keep[i]` (1-D indices): drops rows, or
+        repeats them (a shared prompt's cache to its group). Differentiable."""
         if not self.is_hf:
             cache = state["cache"]
             cache.k = [k[keep] for k in cache.k]
