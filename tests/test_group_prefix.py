@@ -4,8 +4,10 @@ and its KV cache repeated to the rows that share it, in generation (prefill) and
 log-probs and entropies equal to 1e-5 (fp32), every parameter gradient of the GRPO loss allclose,
 the same greedy and seeded-sampling completions — on the built-in model and on a Hugging Face
 causal LM, with prompts of different lengths (left padding), completions of different lengths
-(right padding, empty ones included), group size 1 and > 1. Forward hooks on the input embedding
-count the tokens the model actually runs, so a path that silently stopped sharing fails too."""
+(right padding, empty ones included), group size 1 and > 1, the completion pass in one group or
+split by length (`plan_chunks`), and the fallback that repeats the cache in place for one pass.
+Forward hooks on the input embedding count the tokens the model actually runs, so a path that
+silently stopped sharing fails too."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 from trainer.algorithms.core import aggregate, get_advantage, get_loss
 from trainer.config import ModelConfig
 from trainer.logprobs import batch_logprobs
-from trainer.policy import Policy, build_batch, unique_prompts
+from trainer.policy import Policy, build_batch, plan_chunks, unique_prompts
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +32,31 @@ def hf_policy(tiny_hf_dir) -> Policy:
 @pytest.fixture(params=["builtin", "hf"])
 def policy(request) -> Policy:
     pol = request.getfixturevalue(f"{request.param}_policy")
-    pol.share_prompts = True
+    defaults = pol.share_prompts, pol.chunk_overhead
     yield pol
-    pol.share_prompts = True
+    pol.share_prompts, pol.chunk_overhead = defaults
+
+
+class OnePassPolicy(Policy):
+    """A policy whose prefill cache cannot be rebuilt per row group (as for a cache kind other than
+    a plain DynamicCache): the completions run in one pass against the cache repeated in place."""
+
+    def _kv_layers(self, state):
+        return None
+
+
+def computed_tokens(batch, overhead: float | None) -> int:
+    """Positions the shared path runs: each distinct prompt once, then every group of completions
+    cut to its widest row (overhead None: the one-pass fallback over the full block)."""
+    P, T, B = batch.prompt_len, batch.ids.shape[1], batch.ids.shape[0]
+    W = T - 1 - P
+    n = batch.unique_rows.numel() * P
+    if W == 0:
+        return n
+    if overhead is None:
+        return n + B * W
+    widths = (batch.attn[:, P:].sum(-1) - 1).clamp(0, W).tolist()
+    return n + sum(len(rows) * max(widths[i] for i in rows) for rows in plan_chunks(widths, overhead))
 
 
 def _embedding(pol: Policy) -> torch.nn.Module:
@@ -95,17 +119,38 @@ def test_unique_prompts_maps_rows_to_first_occurrence():
     assert not build_batch([[5], [6]], [[1], [2]], pad_id=0).shares_prompts
 
 
+def test_plan_chunks_groups_rows_by_width():
+    widths = [3, 0, 7, 3, 1, 7, 2, 0]
+    one = plan_chunks(widths, overhead=1000)
+    assert one == [[0, 2, 3, 4, 5, 6]], "a large overhead: one pass over every row that has inputs"
+    each = plan_chunks(widths, overhead=0)
+    assert each == [[4], [6], [0, 3], [2, 5]], "no overhead: one pass per distinct width"
+    # overhead 3: {1,2,3} padded to 3 (cost 12+3) beats {1},{2},{3} (1+2+6+9) and {1,2},{3} (4+6+6)
+    assert plan_chunks(widths, overhead=3) == [[0, 3, 4, 6], [2, 5]]
+    assert plan_chunks([0, 0], overhead=3) == []
+    for overhead in (0, 2, 5, 50):
+        rows = sorted(r for c in plan_chunks(widths, overhead) for r in c)
+        assert rows == [i for i, w in enumerate(widths) if w > 0], "every row with inputs exactly once"
+
+
+@pytest.mark.parametrize("overhead", [0, None, 1e9])
 @pytest.mark.parametrize("prompt_lens,group", [([3, 9, 5], 4), ([6, 2], 1), ([4], 6), ([7, 7, 1, 5], 3)])
-def test_shared_scoring_equals_plain(policy, prompt_lens, group):
+def test_shared_scoring_equals_plain(policy, prompt_lens, group, overhead):
+    """overhead 0: a completion pass per distinct length; None: the default; 1e9: one pass."""
+    policy.chunk_overhead = policy.chunk_overhead if overhead is None else overhead
     rows, comps = make_group_batch(policy, prompt_lens, group, seed=len(prompt_lens) * 10 + group)
     batch = build_batch(rows, comps, policy.tok.pad_id)
     assert batch.unique_rows.numel() == len(prompt_lens)
     lp0, ent0, mask0, loss0, g0 = grpo_loss_and_grads(policy, batch, group, shared=False, seed=1)
     with TokenCounter(policy) as count:
         lp1, ent1, mask1, loss1, g1 = grpo_loss_and_grads(policy, batch, group, shared=True, seed=1)
-    P, T, B = batch.prompt_len, batch.ids.shape[1], batch.ids.shape[0]
-    U = batch.unique_rows.numel()
-    assert count.n == U * P + B * (T - 1 - P), "the shared path runs each distinct prompt once"
+    assert count.n == computed_tokens(batch, policy.chunk_overhead), "each distinct prompt once"
+    assert_same(policy, (lp0, ent0, mask0, loss0, g0), (lp1, ent1, mask1, loss1, g1))
+
+
+def assert_same(policy, plain, shared) -> None:
+    lp0, ent0, mask0, loss0, g0 = plain
+    lp1, ent1, mask1, loss1, g1 = shared
     assert torch.equal(mask0, mask1) and mask0.sum() > 0
     torch.testing.assert_close(lp1 * mask1, lp0 * mask0, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent1 * mask1, ent0 * mask0, rtol=1e-5, atol=1e-5)
@@ -117,13 +162,27 @@ def test_shared_scoring_equals_plain(policy, prompt_lens, group):
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("kind", ["builtin", "hf"])
+def test_one_pass_fallback_equals_plain(request, kind):
+    base = request.getfixturevalue(f"{kind}_policy")
+    pol = OnePassPolicy(base.cfg, base.tok, base.model)
+    rows, comps = make_group_batch(pol, [5, 8, 2], 3, seed=21)
+    batch = build_batch(rows, comps, pol.tok.pad_id)
+    plain = grpo_loss_and_grads(pol, batch, 3, shared=False, seed=4)
+    with TokenCounter(pol) as count:
+        shared = grpo_loss_and_grads(pol, batch, 3, shared=True, seed=4)
+    assert count.n == computed_tokens(batch, None)
+    assert_same(pol, plain, shared)
+
+
 def test_default_shares_only_when_rows_share_a_prompt(policy):
     rows, comps = make_group_batch(policy, [5, 3], group=4, seed=7)
     batch = build_batch(rows, comps, policy.tok.pad_id)
     P, T, B = batch.prompt_len, batch.ids.shape[1], batch.ids.shape[0]
     with torch.no_grad(), TokenCounter(policy) as count:
         batch_logprobs(policy, batch)
-    assert count.n == 2 * P + B * (T - 1 - P), "default (share_prompts on) computes each prompt once"
+    assert count.n == computed_tokens(batch, policy.chunk_overhead), "default: each prompt once"
+    assert count.n < B * (T - 1)
     policy.share_prompts = False
     with torch.no_grad(), TokenCounter(policy) as count:
         batch_logprobs(policy, batch)
@@ -150,11 +209,11 @@ def test_completions_of_length_one_block(policy):
     rows, _ = make_group_batch(policy, [5, 2, 8], group=3, seed=11)
     comps = [[7] if i % 2 else [] for i in range(len(rows))]
     batch = build_batch(rows, comps, policy.tok.pad_id)
-    lp0, ent0, _, _, g0 = grpo_loss_and_grads(policy, batch, 3, shared=False, seed=2)
-    lp1, ent1, mask, _, g1 = grpo_loss_and_grads(policy, batch, 3, shared=True, seed=2)
-    torch.testing.assert_close(lp1 * mask, lp0 * mask, rtol=1e-5, atol=1e-5)
-    for name in g0:
-        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6)
+    plain = grpo_loss_and_grads(policy, batch, 3, shared=False, seed=2)
+    with TokenCounter(policy) as count:
+        shared = grpo_loss_and_grads(policy, batch, 3, shared=True, seed=2)
+    assert count.n == 3 * batch.prompt_len
+    assert_same(policy, plain, shared)
 
 
 def _generate(pol: Policy, prompts, share: bool, temperature: float, seed: int):

@@ -57,6 +57,14 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.pos = 0
 
+    @classmethod
+    def from_layers(cls, k: list[torch.Tensor], v: list[torch.Tensor], pos: int) -> "KVCache":
+        """A cache over given per-layer (B, H, max_len, hd) buffers, the first `pos` positions
+        filled (e.g. a shared prompt's keys/values repeated to the rows of its group)."""
+        cache = cls.__new__(cls)
+        cache.k, cache.v, cache.pos = list(k), list(v), pos
+        return cache
+
 
 class Attention(nn.Module):
     def __init__(self, d: int, n_heads: int) -> None:
