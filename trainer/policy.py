@@ -7,11 +7,13 @@ those used for the log-probs (positions count real tokens only).
 Shared prompts: GRPO samples every prompt `group_size` times, so a batch holds each prompt G times.
 With `Policy.share_prompts` (default `SHARE_PROMPTS`, on) each distinct prompt goes through the
 model once — in the prefill of `generate` and in the scoring forward of `score_inputs` — and its
-KV cache is repeated to the rows that share it before the completions run against it. The result
-is the same function: the completion tokens see the same keys/values, and in the backward pass the
-gradient reaching a shared prompt position is the sum over its rows (index_select's backward), i.e.
-what the G separate copies would have received. Only the floating-point order of operations differs
-(tests/test_group_prefix.py holds both paths to 1e-5).
+KV cache is repeated to the rows that share it before the completions run against it (when
+scoring, in groups of rows of similar completion length, `plan_chunks`, so most of the completion
+block's right padding is not computed either). The result is the same function: the completion
+tokens see the same keys/values, and in the backward pass the gradient reaching a shared prompt
+position is the sum over its rows (index_select's backward), i.e. what the G separate copies would
+have received. Only the floating-point order of operations differs (tests/test_group_prefix.py
+holds both paths to 1e-5 and every parameter gradient of the GRPO loss to allclose).
 """
 from __future__ import annotations
 
@@ -188,21 +190,22 @@ class Policy:
         if W == 0:
             return last
         kv = self._kv_layers(state)
+        if kv is None:  # the cache cannot be rebuilt per group: one pass, cache repeated in place
+            self._select_rows(state, inv)
+            h_c = self._forward_cached(state, batch.ids[:, P : T - 1], batch.attn[:, : T - 1],
+                                       batch.positions[:, P : T - 1])  # (B, W, D)
+            return torch.cat([last, h_c], 1)
         widths = (batch.attn[:, P:].sum(-1) - 1).clamp(0, W).tolist()  # (B,) completion inputs per row
-        chunks = plan_chunks(widths, self.chunk_overhead) if kv is not None else [list(range(len(widths)))]
         pieces, order = [], []
-        for rows in chunks:
+        for rows in plan_chunks(widths, self.chunk_overhead):
             idx = torch.tensor(rows, dtype=torch.long)
-            w = W if kv is None else max(widths[i] for i in rows)
-            if kv is None:  # one pass over all rows: repeat the cache in place
-                self._select_rows(state, inv)
-            else:
-                state = self._cache_rows(kv, inv[idx], P)
+            w = max(widths[i] for i in rows)
+            state = self._cache_rows(kv, inv[idx], P)
             h_c = self._forward_cached(state, batch.ids[idx, P : P + w], batch.attn[idx, : P + w],
                                        batch.positions[idx, P : P + w])  # (n, w, D)
             pieces.append(F.pad(h_c, (0, 0, 0, W - w)))
             order += rows
-        zero = [i for i, w in enumerate(widths) if w == 0 and kv is not None]
+        zero = [i for i, w in enumerate(widths) if w == 0]  # completions of 0 or 1 token: no inputs
         if zero:
             pieces.append(last.new_zeros(len(zero), W, last.shape[-1]))
             order += zero
