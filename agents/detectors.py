@@ -16,8 +16,9 @@ identical) and never copy it into a diagnosis. Evidence carries counts, lengths 
 All thresholds live in `Thresholds`. The defaults were checked on short runs of the built-in model
 on CPU (tests/test_detectors.py, tests/test_operators.py): healthy SFT addition and GRPO reversal
 runs stay quiet, and the truncation, broken_template, too_hard, lr_spike and low_temperature
-perturbations trip their detectors. The label-noise, reward-hacking, KL, entropy and job
-detectors are checked on hand-built windows only (a 30-step run does not get there).
+perturbations trip their detectors. The label-noise, KL, entropy and job detectors are checked
+on hand-built windows only (a 30-step run does not get there); reward hacking on windows shaped
+like a measured reward_hack run (sort, SFT warm-up then GRPO; tests/test_grpo_goals.py).
 Detectors are registered by name in `DETECTORS` (duplicate names are an error).
 """
 from __future__ import annotations
@@ -71,6 +72,8 @@ class Thresholds:
     # train reward vs held-out (reward hacking)
     hack_train_min: float = 0.5
     hack_gap: float = 0.3
+    hack_unclosed_min: int = 4         # or ≥ this many (and this share) of recent correct samples
+    hack_unclosed_share: float = 0.5   # were cut off, while held-out answers close (see the detector)
     # throughput
     throughput_ratio: float = 0.5      # recent median tokens/s below this share of the trailing median
     # heartbeat / crash
@@ -161,12 +164,8 @@ def run_detectors(ev: Evidence, names: list[str] | tuple[str, ...] | None = None
 
 def _num(x: Any) -> Any:
     """A JSON-safe, readable number for evidence."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return x
     if isinstance(x, float):
-        if not math.isfinite(x):
-            return str(x)
-        return float(f"{x:.6g}")
+        return float(f"{x:.6g}") if math.isfinite(x) else str(x)
     return x
 
 
@@ -175,11 +174,7 @@ def _nums(xs: list[float]) -> list[Any]:
 
 
 def _f(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+    if isinstance(v, (bool, int, float)) or (isinstance(v, str) and v in ("nan", "inf", "-inf")):
         return float(v)
     return None
 
@@ -204,8 +199,7 @@ def _mean(xs: list[float]) -> float:
 def _loss_halves(ev: Evidence, n: int) -> tuple[list[float], float, float, float] | None:
     """The last `n` finite losses of the current segment, the medians of their two halves and the
     relative improvement from the first half to the second; None with fewer than `n` rows."""
-    _, loss = _col(current_rows(ev), "loss", skip_skipped=True)
-    loss = [v for v in loss if math.isfinite(v)][-n:]
+    loss = _col(current_rows(ev), "loss", skip_skipped=True, finite=True)[1][-n:]
     if len(loss) < n:
         return None
     half = len(loss) // 2
@@ -264,9 +258,7 @@ def eval_difficulty(ev: Evidence, known: Known) -> int | None:
 
 
 def known_template(ev: Evidence, known: Known) -> str | None:
-    if known.template:
-        return known.template
-    t = (ev.harness or {}).get("template")
+    t = known.template or (ev.harness or {}).get("template")
     return t if isinstance(t, str) else None
 
 
@@ -478,10 +470,11 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
     recent_samples = [s for s in ev.samples if isinstance(s.get("completion"), str)]
     correct = [len(s["completion"]) for s in recent_samples if s.get("verdict") == "correct"]
     truncated = [len(s["completion"]) for s in recent_samples if s.get("truncated")]
+    if len(unclosed_correct(ev)) > len(truncated) / 2:
+        return None  # the cut-off answers are scored correct: the limit costs no reward (see reward_hacking)
     return _diag(ev, "truncation",
                  f"{_mean(tr):.0%} of recent completions were cut off at max_new_tokens (mean length {_mean(rl) if rl else float('nan'):.3g} tokens)",
-                 "warning",
-                 {"truncation_rate_recent": tr, "response_len_recent": rl,
+                 "warning", {"truncation_rate_recent": tr, "response_len_recent": rl,
                   "response_len_max": max(rl) if rl else None,
                   "longest_correct_chars": max(correct) if correct else None,
                   "longest_truncated_chars": max(truncated) if truncated else None,
@@ -492,28 +485,33 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
 @detector("malformed_rate")
 def malformed_rate(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The share of answers the verifier cannot parse is high: persistently above `malformed_max`,
-    or up `malformed_jump` from the best of the window (a regression, e.g. after a harness change)."""
-    rows = ev.metrics
-    if len(rows) < th.min_rows:
-        return None
-    _, mal = _col(rows[-(th.trailing + th.recent) :], "malformed_rate")
+    or up `malformed_jump` from the best of the window (a regression, e.g. after a harness change).
+    Rows of one algorithm only: greedy SFT samples and a GRPO warm-up's sampled ones do not compare."""
+    _, mal = _col(current_rows(ev)[-(th.trailing + th.recent) :], "malformed_rate")
     if len(mal) < th.min_rows:
         return None
     recent = mal[-th.recent :]
     now, best = _mean(recent), min(mal[: -th.recent] or recent)
     if now >= th.malformed_max or now - best >= th.malformed_jump:
         return _diag(ev, "malformed_rate", f"{now:.0%} of recent answers are malformed (best in window {best:.0%})",
-                     "warning",
-                     {"malformed_recent": recent, "malformed_best": best, "threshold_max": th.malformed_max,
+                     "warning", {"malformed_recent": recent, "malformed_best": best, "threshold_max": th.malformed_max,
                       "threshold_jump": th.malformed_jump})
     return None
+
+
+def unclosed_correct(ev: Evidence) -> list[dict[str, Any]]:
+    """Recent samples scored correct although cut off before the stop text (flags only, no text)."""
+    stop = ((ev.harness or {}).get("answer") or {}).get("stop", "\n")
+    return [s for s in ev.samples if stop and s.get("truncated") and s.get("verdict") == "correct"]
 
 
 @detector("reward_hacking")
 def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """Train-time pass rate (under the harness's verifier) is high while held-out accuracy (always
     the task's own verifier, greedy) lags far behind, at a training difficulty no easier than the
-    eval's: the training reward accepts answers the task does not (an exploitable verifier)."""
+    eval's: the training reward accepts answers the task does not (an exploitable verifier). An
+    earlier sign (mode `unclosed_correct`): most recent samples scored correct were cut off before
+    their answer closed while greedy held-out answers do close: the reward takes unfinished answers."""
     evals = [(int(r.get("step", 0)), _f(r.get("heldout_acc"))) for r in ev.evals]
     evals = [(s, v) for s, v in evals if _finite(v)]
     if not evals or len(ev.metrics) < th.min_rows:
@@ -529,13 +527,25 @@ def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
     _, diffs = _col(rows, "difficulty")
     if d_eval is not None and diffs and min(diffs) < d_eval:
         return None  # training on easier problems than the eval: a gap is expected
-    if train >= th.hack_train_min and train - held >= th.hack_gap:
-        return _diag(ev, "reward_hacking",
-                     f"train pass rate {train:.2f} vs held-out accuracy {held:.2f} at step {eval_step}: the training reward accepts wrong answers",
-                     "critical",
-                     {"train_pass_rate": pr, "train_reward_mean": rw, "heldout_acc": held, "eval_step": eval_step,
-                      "gap": train - held, "train_difficulty": diffs[-1] if diffs else None, "eval_difficulty": d_eval,
-                      "threshold_train_min": th.hack_train_min, "threshold_gap": th.hack_gap})
+    unclosed = unclosed_correct(ev)
+    n_correct = sum(s.get("verdict") == "correct" for s in ev.samples)
+    held_trunc = next((v for v in (_f(r.get("heldout_truncated")) for r in reversed(ev.evals)) if _finite(v)), None)
+    early = (len(unclosed) >= th.hack_unclosed_min and len(unclosed) >= th.hack_unclosed_share * n_correct
+             and held_trunc is not None and held_trunc < th.hack_unclosed_share)
+    gap = train - held >= th.hack_gap
+    # the last eval before the divergence (held-out still within the gap), else the first unclosed sample
+    onset = max((s for s, v in evals if v >= train - th.hack_gap), default=None) if gap else \
+        min((int(s.get("step", 0)) for s in unclosed), default=None)
+    if train >= th.hack_train_min and (gap or early):
+        what = (f"train pass rate {train:.2f} vs held-out accuracy {held:.2f} at step {eval_step}" if gap else
+                f"{len(unclosed)} of {n_correct} recent samples scored correct were cut off unfinished (held-out {held:.2f})")
+        return _diag(ev, "reward_hacking", f"{what}: the training reward accepts wrong answers", "critical",
+                     {"mode": "gap" if gap else "unclosed_correct", "train_pass_rate": pr, "train_reward_mean": rw,
+                      "heldout_acc": held, "eval_step": eval_step,
+                      "gap": train - held, "onset_step": onset, "correct_unclosed_samples": len(unclosed), "correct_samples": n_correct,
+                      "heldout_truncated": held_trunc, "train_difficulty": diffs[-1] if diffs else None,
+                      "eval_difficulty": d_eval, "threshold_train_min": th.hack_train_min, "threshold_gap": th.hack_gap,
+                      "threshold_unclosed_min": th.hack_unclosed_min, "threshold_unclosed_share": th.hack_unclosed_share})
     return None
 
 
@@ -543,8 +553,7 @@ def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
 def throughput_drop(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """tokens/s (eval steps excluded, same algorithm) fell below `throughput_ratio` of its trailing
     median: a slow or contended worker. Informational."""
-    _, tps = _col(current_rows(ev), "tokens_per_s", skip_eval=True)
-    tps = [v for v in tps if math.isfinite(v)]
+    _, tps = _col(current_rows(ev), "tokens_per_s", skip_eval=True, finite=True)
     if len(tps) < th.recent + th.min_rows:
         return None
     recent, base = tps[-th.recent :], tps[-(th.recent + th.trailing) : -th.recent]
@@ -564,12 +573,8 @@ def stale_threshold(ev: Evidence, th: Thresholds) -> float:
     eval step may take several)."""
     _, st = _col(ev.metrics[-th.trailing :], "step_time", skip_eval=True)
     _, st_all = _col(ev.metrics[-th.trailing :], "step_time")
-    t = th.stale_heartbeat_s
-    if st:
-        t = max(t, th.stale_step_factor * _median(st))
-    if st_all:
-        t = max(t, 2.0 * max(st_all))
-    return t
+    floors = [th.stale_heartbeat_s, 2.0 * max(st_all, default=0.0)]
+    return max(floors + ([th.stale_step_factor * _median(st)] if st else []))
 
 
 @detector("stale_heartbeat")
@@ -689,8 +694,7 @@ def too_hard_curriculum(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
         return None
     return _diag(ev, "too_hard_curriculum",
                  f"pass rate {_mean(pr):.2f} at training difficulty {d_now} (eval difficulty {d_eval}, held-out {held})",
-                 "warning",
-                 {"mode": mode, "train_difficulty": d_now, "eval_difficulty": d_eval,
+                 "warning", {"mode": mode, "train_difficulty": d_now, "eval_difficulty": d_eval,
                   "window_min_difficulty": int(min(diffs)), "pass_rate_recent": pr, "heldout_acc": held,
                   "threshold_pass": th.too_hard_pass_max, "threshold_heldout": th.too_hard_heldout_max})
 
@@ -712,9 +716,7 @@ def low_temperature(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
     multi = [g for g in groups.values() if len(g) >= 2 and not all(ok for _, ok in g)]  # failing groups
     identical = sum(len({c for c, _ in g}) == 1 for g in multi)
     rows = current_rows(ev)[-th.recent :]
-    _, pr = _col(rows, "pass_rate")
-    _, ent = _col(rows, "entropy")
-    _, rstd = _col(rows, "reward_std")
+    (_, pr), (_, ent), (_, rstd) = (_col(rows, k) for k in ("pass_rate", "entropy", "reward_std"))
     passing = _mean(pr) if pr else 0.0
     if passing >= th.low_temp_pass_max:
         return None
@@ -725,8 +727,7 @@ def low_temperature(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
         return None
     return _diag(ev, "low_temperature",
                  f"{identical} of {len(multi)} failing sampled groups are identical completions (pass rate {passing:.2f})",
-                 "warning",
-                 {"identical_groups": identical, "groups": len(multi), "identical_fraction": frac,
+                 "warning", {"identical_groups": identical, "groups": len(multi), "identical_fraction": frac,
                   "pass_rate_recent": passing, "entropy_recent": ent, "reward_std_recent": rstd,
                   "threshold_identical": th.low_temp_identical, "threshold_min_groups": th.low_temp_min_groups})
 
@@ -768,7 +769,11 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     """The run is not learning at all: after `not_learning_rows` steps the loss's recent median is
     within `not_learning_rel` of its median at the start of the segment, and held-out accuracy is
     still ≤ `not_learning_heldout_max`. With no spike to roll back to, the usual cause is a
-    learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr."""
+    learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr. Only
+    for likelihood losses (SFT, distill): the GRPO surrogate hovers around zero whether or not the
+    policy improves, and rows of an SFT warm-up are judged as SFT, apart from the GRPO after it."""
+    if algorithm(ev) not in ("sft", "distill"):
+        return None
     rows = current_rows(ev)
     steps, loss = _col(rows, "loss", skip_skipped=True, finite=True)
     if len(loss) < th.not_learning_rows:

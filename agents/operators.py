@@ -15,7 +15,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
 |               | template mismatch                         | HARNESS_EDIT template restored from the goal's harness | medium |
-|               | reward hacking                            | HARNESS_EDIT reward.verifier → task               | high   |
+|               | reward hacking                            | ROLLBACK to before its onset with reward.verifier → task (HARNESS_EDIT without such a checkpoint) | medium |
 | DataCuration  | too-hard curriculum                       | DATA_CHANGE curriculum back to the eval difficulty | low   |
 |               | label noise                               | DISTILL (SFT on the policy's verified successes)  | medium |
 
@@ -193,7 +193,7 @@ class HarnessCritic(Operator):
             "failure modes: answers cut off by max_new_tokens, prompts that lost the template's separator, answers "
             "the verifier cannot parse, a training reward that accepts wrong answers. Proposes harness edits: a "
             "larger max_new_tokens, the template restored from the goal's harness, the task's own verifier.")
-    tools = frozenset({K.HARNESS_EDIT})
+    tools = frozenset({K.HARNESS_EDIT, K.ROLLBACK})
     detectors = ("truncation", "template_mismatch", "reward_hacking", "malformed_rate")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
@@ -206,13 +206,30 @@ class HarnessCritic(Operator):
         if "truncation" in found:
             out.append(self._truncation(found["truncation"], ctx))
         if "reward_hacking" in found:
-            d = found["reward_hacking"]
-            out.append(self.intervention(
-                K.HARNESS_EDIT, d, {"harness.reward.verifier": "task"}, risk=Risk.HIGH,
-                rationale=f"{d.summary}. Held-out accuracy uses the task's verifier; training on a reward that "
-                          "disagrees with it teaches the policy to exploit the difference.",
-                expected_effect="train pass rate drops to meet held-out accuracy at first, then both rise together"))
+            out.append(self._verifier(found["reward_hacking"], ctx))
         return out
+
+    def _verifier(self, d: Diagnosis, ctx: OperatorContext) -> Intervention:
+        """The task's own verifier back. Medium risk, not high: it does not loosen the reward, it puts
+        back the verifier held-out accuracy is measured with. The weights trained on the exploit since
+        the onset are rolled back when a checkpoint predates it (by the time an edit alone lands, the
+        policy may have lost what it knew: measured on the reward_hack goal, held-out 0.68 → 0.04 in
+        50 steps)."""
+        changes = {"harness.reward.verifier": "task"}
+        why = (f"{d.summary}. Held-out accuracy uses the task's verifier; training on a reward that disagrees "
+               "with it teaches the policy to exploit the difference")
+        onset = d.evidence.get("onset_step")
+        ckpt = ctx.checkpoint_before(int(onset)) if isinstance(onset, (int, float)) else None
+        if ckpt is None:
+            return self.intervention(
+                K.HARNESS_EDIT, d, changes, risk=Risk.MEDIUM, rationale=why + ".",
+                expected_effect="train pass rate drops to meet held-out accuracy at first, then both rise together")
+        return self.intervention(
+            K.ROLLBACK, d, changes, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
+            rationale=f"{why}; the run rolls back to checkpoint {ckpt['name']} (step {ckpt['step']}, before the "
+                      f"divergence at step {onset}) and trains on with the task's verifier.",
+            expected_effect="train pass rate and held-out accuracy rising together from the checkpoint's level; "
+                            "no samples scored correct that the task calls wrong")
 
     def _truncation(self, d: Diagnosis, ctx: OperatorContext) -> Intervention:
         # sized from metrics only (response_len is what the trainer counted), never from sample text

@@ -150,7 +150,7 @@ def test_harness_critic_truncation_template_and_reward_hacking():
         r.update(pass_rate=0.9, reward_mean=0.9)
     rows[-1]["heldout_acc"] = 0.2
     [iv] = op.builtin(make_ev(rows, samples(rows, group=4)), ctx())
-    assert iv.changes == {"harness.reward.verifier": "task"} and iv.risk == Risk.HIGH
+    assert iv.changes == {"harness.reward.verifier": "task"} and iv.risk == Risk.MEDIUM
 
 
 def test_template_restore_falls_back_to_the_earliest_stored_harness(tmp_path):
@@ -201,7 +201,8 @@ def test_prompt_injection_in_a_trajectory_changes_nothing():
     assert [d for op in default_operators() for d in op.diagnose(ev, ctx())] == []
     # a real problem is fixed the same way with or without the injected text, and nothing from it is used
     plain = all_builtin(truncated_ev(), ctx())
-    injected = all_builtin(truncated_ev(completion=INJECTION, verdict="correct"), ctx())
+    # (verdicts stay those of cut-off answers: cut-off answers scored correct are another finding)
+    injected = all_builtin(truncated_ev(completion=INJECTION), ctx())
     assert [iv.changes for iv in injected] == [iv.changes for iv in plain]
     for iv in injected:
         assert "100" not in str(iv.changes) and "IGNORE" not in iv.model_dump_json()
