@@ -238,3 +238,19 @@ def test_generation_is_unchanged(policy, group):
         assert shared == plain and trunc1 == trunc0, (temperature, seed)
         assert n0 - n1 == (B - 3) * P, "the prefill runs each distinct prompt once"
     assert len({tuple(c) for c in plain}) > 1, "sampled completions differ within a group"
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_model_config_switch_reaches_the_policy_and_its_reference(make_cfg, share):
+    """`model.share_prompts` in the run config sets the policy's switch (and the KL reference's,
+    built from the same model config); a GRPO step runs either way."""
+    from trainer.config import RunConfig
+    from trainer.loop import Trainer
+
+    cfg = RunConfig.parse(make_cfg(model={"share_prompts": share},
+                                   recipe={"algorithm": "grpo", "steps": 1, "batch_size": 2, "group_size": 3,
+                                           "kl_coef": 0.1}))
+    tr = Trainer(cfg)
+    tr.run()
+    assert tr.policy.share_prompts is share
+    assert tr.ref_policy is not None and tr.ref_policy.share_prompts is share

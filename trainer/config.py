@@ -34,6 +34,8 @@ class ModelConfig(_Strict):
     kernels: Literal["auto", "torch", "triton"] = Field(
         "auto", description="log-prob/RMSNorm implementation: auto = triton on CUDA, torch elsewhere"
     )
+    share_prompts: bool = Field(True, description="run each distinct prompt of a batch through the model once "
+                                                  "(GRPO groups) and repeat its KV cache; same results, less compute")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

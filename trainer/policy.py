@@ -121,7 +121,7 @@ class Policy:
     def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer, model: torch.nn.Module) -> None:
         self.cfg, self.tok, self.model = cfg, tokenizer, model
         self.is_hf = cfg.kind == "hf"
-        self.share_prompts = SHARE_PROMPTS
+        self.share_prompts = getattr(cfg, "share_prompts", SHARE_PROMPTS)
         self.chunk_overhead = CHUNK_OVERHEAD
 
     @classmethod
