@@ -18,6 +18,7 @@ holds both paths to 1e-5 and every parameter gradient of the GRPO loss to allclo
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import pathlib
 
 import torch
@@ -122,6 +123,10 @@ class Policy:
         self.cfg, self.tok, self.model = cfg, tokenizer, model
         self.is_hf = cfg.kind == "hf"
         self.share_prompts = getattr(cfg, "share_prompts", SHARE_PROMPTS)
+        # transformers renamed `past_key_values` to `cache` (the old name warns, then goes away);
+        # models written for older versions only know the old one
+        self.cache_kw = ("cache" if self.is_hf and "cache" in inspect.signature(model.forward).parameters
+                         else "past_key_values")
         self.chunk_overhead = CHUNK_OVERHEAD
 
     @classmethod
@@ -184,7 +189,7 @@ class Policy:
             state = {"cache": cache}
         else:
             out = self.model.model(input_ids=ids_p, attention_mask=attn_p, position_ids=pos_p, use_cache=True)
-            h_p, state = out.last_hidden_state, {"past": out.past_key_values}
+            h_p, state = out.last_hidden_state, {"past": self._out_cache(out)}
         last = h_p[:, -1:].index_select(0, inv)  # (B, 1, D): predicts the first completion token
         W = T - 1 - P  # width of the completion inputs: every completion token but the last
         if W == 0:
@@ -217,7 +222,7 @@ class Policy:
         if not self.is_hf:
             return self.model(ids, attention_mask=attn, cache=state["cache"], positions=pos)
         return self.model.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                                past_key_values=state["past"], use_cache=True).last_hidden_state
+                                **{self.cache_kw: state["past"]}, use_cache=True).last_hidden_state
 
     def _kv_layers(self, state: dict) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Per-layer (keys, values) of a prefill cache, or None for a cache kind that cannot be
@@ -311,7 +316,12 @@ class Policy:
             h = self.model(ids, attention_mask=attn, cache=cache, positions=pos)
             return {"cache": cache, "logits": self.model.lm_head(h[:, -1])}
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-        return {"past": out.past_key_values, "logits": out.logits[:, -1]}
+        return {"past": self._out_cache(out), "logits": out.logits[:, -1]}
+
+    @staticmethod
+    def _out_cache(out):
+        """The KV cache an HF forward returned (`cache`, or `past_key_values` before the rename)."""
+        return out.cache if hasattr(out, "cache") else out.past_key_values
 
     def _select_rows(self, state: dict, keep: torch.Tensor) -> None:
         """Batch row i of the KV cache becomes old row `keep[i]` (1-D indices): drops rows, or
@@ -333,8 +343,8 @@ class Policy:
             h = self.model(tok[:, None], attention_mask=full, cache=cache, positions=pos[:, None])
             return self.model.lm_head(h[:, -1])
         out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos[:, None],
-                         past_key_values=state["past"], use_cache=True)
-        state["past"] = out.past_key_values
+                         **{self.cache_kw: state["past"]}, use_cache=True)
+        state["past"] = self._out_cache(out)
         return out.logits[:, -1]
 
 
