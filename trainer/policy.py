@@ -5,15 +5,16 @@ when scoring, so the rotary positions and attention masks seen at generation tim
 those used for the log-probs (positions count real tokens only).
 
 Shared prompts: GRPO samples every prompt `group_size` times, so a batch holds each prompt G times.
-With `Policy.share_prompts` (default `SHARE_PROMPTS`, on) each distinct prompt goes through the
-model once — in the prefill of `generate` and in the scoring forward of `score_inputs` — and its
-KV cache is repeated to the rows that share it before the completions run against it (when
-scoring, in groups of rows of similar completion length, `plan_chunks`, so most of the completion
-block's right padding is not computed either). The result is the same function: the completion
-tokens see the same keys/values, and in the backward pass the gradient reaching a shared prompt
-position is the sum over its rows (index_select's backward), i.e. what the G separate copies would
-have received. Only the floating-point order of operations differs (tests/test_group_prefix.py
-holds both paths to 1e-5 and every parameter gradient of the GRPO loss to allclose).
+With `model.share_prompts` (run config, on by default; `Policy.share_prompts`) each distinct prompt
+goes through the model once — in the prefill of `generate` and in the scoring forward of
+`score_inputs` — and its KV cache is repeated to the rows that share it before the completions run
+against it (when scoring, in groups of rows of similar completion length, `plan_chunks`, so most of
+the completion block's right padding is not computed either). The result is the same function: the
+completion tokens see the same keys/values, and in the backward pass the gradient reaching a shared
+prompt position is the sum over its rows (index_select's backward), i.e. what the G separate copies
+would have received. Only the floating-point order of operations differs
+(tests/test_group_prefix.py holds both paths to 1e-5 and every parameter gradient of the GRPO loss
+to allclose).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def unique_prompts(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor
     return torch.tensor(first, dtype=torch.long), torch.tensor(index, dtype=torch.long)
 
 
-SHARE_PROMPTS = True  # default of Policy.share_prompts (compute each distinct prompt once per batch)
+SHARE_PROMPTS = True  # Policy.share_prompts when the model config does not say (compute each distinct prompt once)
 # Default of Policy.chunk_overhead: what one more completion pass costs, in token positions of
 # forward+backward (measured on CPU at hidden 192, 4 layers: a pass ~4 ms, a position ~0.15 ms).
 CHUNK_OVERHEAD = 32
