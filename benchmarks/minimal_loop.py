@@ -78,7 +78,7 @@ def main(target: float = 0.95, batch: int = 128, lr: float = 3e-3, max_steps: in
     rng = random.Random(seed)
     model = GPT()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
-    t0, tokens, acc = time.perf_counter(), 0, 0.0
+    t0, tokens, acc, curve = time.perf_counter(), 0, 0.0, []
     for step in range(1, max_steps + 1):
         ids, P = sample(rng, batch)
         logits = model(ids[:, :-1])
@@ -89,10 +89,11 @@ def main(target: float = 0.95, batch: int = 128, lr: float = 3e-3, max_steps: in
         tokens += ids.numel()
         if step % eval_every == 0:
             acc = evaluate(model)
+            curve.append((step, time.perf_counter() - t0, acc))
             if acc >= target:
                 break
     return {"steps": step, "wall_s": time.perf_counter() - t0, "tokens": tokens, "heldout_acc": acc,
-            "params": sum(p.numel() for p in model.parameters())}
+            "params": sum(p.numel() for p in model.parameters()), "curve": curve}
 
 
 if __name__ == "__main__":

@@ -317,3 +317,27 @@ def test_rotary_rotates_interleaved_pairs_and_scores_depend_on_relative_position
     at = lambda v, p: apply_rotary(v.view(1, 1, 1, 8), cos[p], sin[p]).flatten()  # noqa: E731
     assert torch.allclose(at(q, 5) @ at(k, 2), at(q, 13) @ at(k, 10), atol=1e-6)
     assert not torch.allclose(at(q, 5) @ at(k, 2), at(q, 5) @ at(k, 4), atol=1e-3)
+
+
+def test_right_padded_batches_take_the_causal_path_with_the_same_real_token_states(monkeypatch):
+    """Without left padding the built-in model runs SDPA's plain causal path; the hidden states
+    of every real token equal those of the explicit padding mask (forced here)."""
+    import torch
+
+    import trainer.model as tm
+    from trainer.config import ModelConfig
+
+    torch.manual_seed(0)
+    m = tm.TinyLM(ModelConfig(kind="builtin", d_model=32, n_layers=2, n_heads=4, max_seq_len=16), 20)
+    ids = torch.randint(4, 20, (3, 7))
+    attn = torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4])
+    assert tm.right_padded(attn) and not tm.right_padded(attn.flip(1))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(tm.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(k) or sdpa(*a, **k))
+    fast = m(ids, attention_mask=attn)
+    assert all(k["attn_mask"] is None and k["is_causal"] for k in calls)
+    monkeypatch.setattr(tm, "right_padded", lambda mask: False)
+    slow = m(ids, attention_mask=attn)
+    real = attn.bool()
+    assert torch.allclose(fast[real], slow[real], atol=1e-5)

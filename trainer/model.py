@@ -50,6 +50,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.view_as_real(xc * torch.complex(cos.to(dt), sin.to(dt))).flatten(-2).to(x.dtype)
 
 
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when every row of the (B, T) 0/1 mask is real tokens then padding (no left padding,
+    no holes)."""
+    return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+
+
 class KVCache:
     """Per-layer key/value buffers for incremental decoding; `pos` is the filled length."""
 
@@ -84,7 +90,8 @@ class Attention(nn.Module):
             cache.k[layer][:, :, p : p + T] = k
             cache.v[layer][:, :, p : p + T] = v
             k, v = cache.k[layer][:, :, : p + T], cache.v[layer][:, :, : p + T]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, T, hd)
+        # attn_mask None = plain causal over a square block (SDPA's fused causal path)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)  # (B, H, T, hd)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -145,7 +152,7 @@ class TinyLM(nn.Module):
                 cache: KVCache | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states (B, T, D) after the final norm.
 
-        `attention_mask` (B, T_total) marks real tokens (1) vs left padding (0); `positions` (B, T)
+        `attention_mask` (B, T_total) marks real tokens (1) vs padding (0); `positions` (B, T)
         are rotary positions (left-padded rows start at 0 on their first real token)."""
         B, T = ids.shape
         start = cache.pos if cache is not None else 0
@@ -155,16 +162,18 @@ class TinyLM(nn.Module):
         if positions is None:
             positions = torch.arange(start, total, device=ids.device).expand(B, T)
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (B, 1, T, hd/2)
-        causal = torch.ones(T, total, dtype=torch.bool, device=ids.device).tril(diagonal=start)
-        mask = causal.unsqueeze(0).unsqueeze(0)  # (1, 1, T, total)
-        if attention_mask is not None:
-            mask = mask & attention_mask[:, None, None, :total].bool()
-            # a fully padded query row would give NaNs; let it attend to itself
-            diag = torch.zeros(T, total, dtype=torch.bool, device=ids.device)
-            r = torch.arange(T, device=ids.device)
-            diag[r, start + r] = True
-            mask = mask | diag
         x = self.embed(ids)
+        mask = None  # plain causal over a square block: exact for every real token when padding
+        # only follows them (what pad positions compute is never read)
+        if start > 0 or (attention_mask is not None and not right_padded(attention_mask[:, :total])):
+            mask = torch.ones(T, total, dtype=torch.bool, device=ids.device).tril(diagonal=start)[None, None]
+            if attention_mask is not None:  # (1, 1, T, total) -> (B, 1, T, total)
+                mask = mask & attention_mask[:, None, None, :total].bool()
+                # a fully padded query row would give NaNs; let it attend to itself
+                diag = torch.zeros(T, total, dtype=torch.bool, device=ids.device)
+                r = torch.arange(T, device=ids.device)
+                diag[r, start + r] = True
+                mask = mask | diag
         for i, blk in enumerate(self.blocks):
             x = blk(x, cos, sin, mask, cache, i)
         if cache is not None:
