@@ -454,18 +454,20 @@ def kl_blowup(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING)
 def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """Most completions hit max_new_tokens without the stop text (truncation_rate ≥
     `truncation_max` over the recent rows): answers are cut off and scored truncated. Evidence
-    adds the lengths involved (response_len, the longest correct sample) for sizing the fix."""
+    adds the lengths involved (response_len, the longest correct sample) for sizing the fix. Quiet
+    while greedy held-out answers fit the limit: sampled ones run on (harder data, high temperature)."""
     rows = ev.metrics
     if len(rows) < th.min_rows:
         return None
     _, tr = _col(rows[-th.recent :], "truncation_rate")
     if len(tr) < min(th.recent, len(rows)) or _mean(tr) < th.truncation_max:
         return None
-    held_trunc = next((v for v in (_f(r.get("heldout_truncated")) for r in reversed(ev.evals)) if _finite(v)), None)
-    _, diffs = _col(rows[-th.recent :], "difficulty")
-    d_eval = eval_difficulty(ev, known)
-    if held_trunc is not None and held_trunc < th.truncation_max and d_eval is not None and diffs and diffs[-1] > d_eval:
-        return None  # the limit fits eval-difficulty answers: the training data is too long, not the limit too short
+    last = next((r for r in reversed(ev.evals) if _finite(_f(r.get("heldout_truncated")))), None)
+    if last is not None and _f(last["heldout_truncated"]) < th.truncation_max:  # and training was cut off then
+        at = int(last.get("step", 0))
+        _, then = _col([r for r in rows if at - th.recent < int(r.get("step", 0)) <= at], "truncation_rate")
+        if then and _mean(then) >= th.truncation_max:
+            return None
     _, rl = _col(rows[-th.recent :], "response_len")
     recent_samples = [s for s in ev.samples if isinstance(s.get("completion"), str)]
     correct = [len(s["completion"]) for s in recent_samples if s.get("verdict") == "correct"]
@@ -479,7 +481,7 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
                   "longest_correct_chars": max(correct) if correct else None,
                   "longest_truncated_chars": max(truncated) if truncated else None,
                   "samples_truncated": len(truncated), "samples_seen": len(recent_samples),
-                  "heldout_truncated": held_trunc, "threshold": th.truncation_max})
+                  "heldout_truncated": _f(last["heldout_truncated"]) if last else None, "threshold": th.truncation_max})
 
 
 @detector("malformed_rate")
@@ -512,8 +514,7 @@ def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
     eval's: the training reward accepts answers the task does not (an exploitable verifier). An
     earlier sign (mode `unclosed_correct`): most recent samples scored correct were cut off before
     their answer closed while greedy held-out answers do close: the reward takes unfinished answers."""
-    evals = [(int(r.get("step", 0)), _f(r.get("heldout_acc"))) for r in ev.evals]
-    evals = [(s, v) for s, v in evals if _finite(v)]
+    evals = [(s, v) for s, v in ((int(r.get("step", 0)), _f(r.get("heldout_acc"))) for r in ev.evals) if _finite(v)]
     if not evals or len(ev.metrics) < th.min_rows:
         return None
     eval_step, held = evals[-1]
@@ -769,9 +770,8 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     """The run is not learning at all: after `not_learning_rows` steps the loss's recent median is
     within `not_learning_rel` of its median at the start of the segment, and held-out accuracy is
     still ≤ `not_learning_heldout_max`. With no spike to roll back to, the usual cause is a
-    learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr. Only
-    for likelihood losses (SFT, distill): the GRPO surrogate hovers around zero whether or not the
-    policy improves, and rows of an SFT warm-up are judged as SFT, apart from the GRPO after it."""
+    learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr. SFT and
+    distill only (a warm-up's SFT rows apart from the GRPO after it): the GRPO surrogate sits near 0."""
     if algorithm(ev) not in ("sft", "distill"):
         return None
     rows = current_rows(ev)

@@ -228,12 +228,14 @@ def test_truncation_and_its_lengths():
     rows = sft_rows()
     for r in rows[-8:]:
         r.update(truncation_rate=1.0, response_len=2.0, pass_rate=0.0)
+    rows[-1]["heldout_truncated"] = 1.0   # greedy held-out answers are cut off as well
     smp = samples(rows, completion="97")
     for s in smp:
         s.update(truncated=True, verdict="truncated", reward=0.0)
     d = fired(make_ev(rows, smp), "truncation")
     assert d.evidence["response_len_max"] == 2.0 and d.evidence["samples_truncated"] == len(smp)
     # too-long training answers at a difficulty above the eval's, with untruncated evals: not the limit
+    rows[-1]["heldout_truncated"] = 0.0
     for r in rows:
         r["difficulty"] = 8
     assert DETECTORS["truncation"](make_ev(rows, smp), THRESHOLDS, KNOWN) is None

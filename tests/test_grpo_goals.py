@@ -84,6 +84,7 @@ def test_truncation_quiet_when_cut_off_answers_are_scored_correct():
     for r in rows[-8:]:
         r["truncation_rate"] = 1.0
     assert run("truncation", make_ev(rows, group_samples(rows, truncated=True, verdict="correct"))) is None
+    rows[-1]["heldout_truncated"] = 1.0   # scored truncated, and greedy held-out answers cut off too
     d = run("truncation", make_ev(rows, group_samples(rows, truncated=True, verdict="truncated")))
     assert d is not None and d.evidence["samples_truncated"] == 32
 
@@ -140,3 +141,21 @@ def test_harness_critic_rolls_back_to_before_the_onset_when_a_checkpoint_predate
     rows[-1]["heldout_acc"] = 0.0
     d = run("reward_hacking", make_ev(rows, smp))
     assert d.evidence["mode"] == "gap" and d.evidence["onset_step"] == 140
+
+
+def test_truncation_quiet_while_greedy_heldout_answers_fit_the_limit():
+    # GRPO at temperature 1.5 right after the warm-up (reward_hack goal, no exploit yet): 78 % of
+    # sampled completions ran past max_new_tokens, scored malformed, while greedy held-out answers
+    # closed (held-out truncated 0.05)
+    rows = warmup_then_grpo()
+    for r in rows[-20:]:
+        r.update(truncation_rate=0.78, response_len=3.8)
+    rows[-1].update(heldout_truncated=0.05)
+    smp = group_samples(rows, truncated=True, verdict="malformed")
+    assert run("truncation", make_ev(rows, smp)) is None
+    # the last eval was taken before the cut-offs began: it says nothing about them, so it fires
+    rows = warmup_then_grpo()
+    for r in rows[-8:]:
+        r.update(truncation_rate=0.78, response_len=3.8)
+        r.pop("heldout_truncated", None), r.pop("heldout_acc", None)
+    assert rows[-11]["heldout_truncated"] == 0.0 and run("truncation", make_ev(rows, smp)) is not None

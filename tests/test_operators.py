@@ -126,6 +126,8 @@ def truncated_ev(completion: str = "97", verdict: str = "truncated"):
     rows = sft_rows()
     for r in rows[-8:]:
         r.update(truncation_rate=1.0, response_len=2.0, pass_rate=0.0)
+        if "heldout_acc" in r:   # greedy held-out answers are cut off too (the same harness)
+            r.update(heldout_acc=0.0, heldout_truncated=1.0)
     smp = samples(rows, completion=completion)
     for s in smp:
         s.update(truncated=True, verdict=verdict, reward=0.0)
