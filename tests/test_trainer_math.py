@@ -341,3 +341,25 @@ def test_right_padded_batches_take_the_causal_path_with_the_same_real_token_stat
     slow = m(ids, attention_mask=attn)
     real = attn.bool()
     assert torch.allclose(fast[real], slow[real], atol=1e-5)
+
+
+def test_learned_positions_are_optional_and_trained():
+    """`model.learned_positions` adds an absolute position table (off by default) that takes part
+    in the forward pass and gets a gradient; positions follow the real tokens of padded rows."""
+    import torch
+
+    from trainer.config import ModelConfig
+    from trainer.model import TinyLM
+
+    cfg = dict(kind="builtin", d_model=16, n_layers=1, n_heads=2, max_seq_len=8)
+    assert TinyLM(ModelConfig(**cfg), 12).pos_embed is None
+    torch.manual_seed(0)
+    m = TinyLM(ModelConfig(**cfg, learned_positions=True), 12)
+    ids = torch.randint(4, 12, (2, 5))
+    m.lm_head(m(ids)).sum().backward()
+    assert m.pos_embed.weight.grad[:5].abs().sum() > 0 and m.pos_embed.weight.grad[5:].abs().sum() == 0
+    with torch.no_grad():
+        before = m(ids)
+        m.pos_embed.weight[2] += 1.0  # position 2 only: changes that token and the ones after it
+        diff = (m(ids) - before).abs().sum(-1)  # (B, T)
+    assert (diff[:, :2] == 0).all() and (diff[:, 2:] > 0).all()

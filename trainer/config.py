@@ -34,6 +34,8 @@ class ModelConfig(_Strict):
     kernels: Literal["auto", "torch", "triton"] = Field(
         "auto", description="log-prob/RMSNorm implementation: auto = triton on CUDA, torch elsewhere"
     )
+    learned_positions: bool = Field(False, description="built-in: add a learned absolute position embedding to the "
+                                                       "token embedding (rotary stays on)")
     share_prompts: bool = Field(True, description="run each distinct prompt of a batch through the model once "
                                                   "(GRPO groups) and repeat its KV cache; same results, less compute")
 

@@ -124,6 +124,9 @@ class TinyLM(nn.Module):
         ff = cfg.d_ff or int(math.ceil(8 * d / 3 / 8) * 8)
         self.cfg, self.vocab_size = cfg, vocab_size
         self.embed = nn.Embedding(vocab_size, d)
+        # optional absolute positions on top of rotary: fixed-width formats (digit i of each operand
+        # at a fixed place) are then a lookup instead of something inferred from relative offsets
+        self.pos_embed = nn.Embedding(cfg.max_seq_len, d) if cfg.learned_positions else None
         self.blocks = nn.ModuleList(Block(d, cfg.n_heads, ff) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(d)
         self.lm_head = nn.Linear(d, vocab_size, bias=False)
@@ -163,6 +166,8 @@ class TinyLM(nn.Module):
             positions = torch.arange(start, total, device=ids.device).expand(B, T)
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (B, 1, T, hd/2)
         x = self.embed(ids)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
         mask = None  # plain causal over a square block: exact for every real token when padding
         # only follows them (what pad positions compute is never read)
         if start > 0 or (attention_mask is not None and not right_padded(attention_mask[:, :total])):
