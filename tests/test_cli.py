@@ -51,6 +51,8 @@ BAD = [
      ["pass_rate_min=0.9", "pass_rate_max=0.1"]),
     ("template", {"harness": {"template": "no placeholder"}}, ["no placeholder"]),
     ("hf_without_path", {"model": {"kind": "hf"}}, ["model.path"]),
+    ("hf_learned_positions", {"model": {"kind": "hf", "path": "/m", "learned_positions": True}},
+     ["model.learned_positions", "built-in"]),
     ("missing_model_dir", {"model": {"kind": "hf", "path": "/nonexistent/model"}}, ["/nonexistent/model", "not found"]),
     ("unknown_task", {"task": {"name": "juggling"}}, ["juggling"]),
     ("task_option", {"task": {"name": "addition", "options": {"base": 7}}}, ["base"]),

@@ -43,6 +43,8 @@ class ModelConfig(_Strict):
     def _check(self) -> "ModelConfig":
         if self.kind == "hf" and not self.path:
             raise ValueError("model.path is required when model.kind='hf'")
+        if self.kind == "hf" and self.learned_positions:
+            raise ValueError("model.learned_positions applies to the built-in model only (kind='builtin')")
         if self.kind == "builtin" and self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if self.kind == "builtin" and (self.d_model // self.n_heads) % 2:
