@@ -457,8 +457,11 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     return err
 
 
-def refs(ws: pathlib.Path) -> str:
-    return git(ws, "for-each-ref", "--format=%(refname) %(objectname)")
+def refs(ws: pathlib.Path, *only: str) -> str:
+    """The workspace's refs, or only those naming one of `only` (what a request about those ids
+    could change; the swarm may merge its own low-risk fixes meanwhile)."""
+    lines = git(ws, "for-each-ref", "--format=%(refname) %(objectname)").splitlines()
+    return "\n".join(r for r in lines if not only or any(o in r.split()[0] for o in only))
 
 
 def awaiting(ws: pathlib.Path, exclude: tuple[str, ...] = ()):
@@ -507,10 +510,10 @@ def test_approve_then_rollback_through_the_cli_while_the_run_goes_on(tmp_path, r
     assert review.returncode == 0 and f"Intervention {iv.id}" in review.stdout and "max_new_tokens" in review.stdout
 
     # bad requests: exit 2, one clear line, nothing changes
-    before = (refs(ws), human_rows(ws), status_of(ws, iv.id))
+    before = (refs(ws, iv.id, "nope1234"), human_rows(ws), status_of(ws, iv.id))
     one_line_error(swarm(tmp_path, "approve", "nope1234", "--workspace", str(ws)), "unknown intervention", "nope1234")
     one_line_error(swarm(tmp_path, "rollback", iv.id, "--workspace", str(ws)), iv.id, "awaiting_approval")
-    assert (refs(ws), human_rows(ws), status_of(ws, iv.id)) == before
+    assert (refs(ws, iv.id, "nope1234"), human_rows(ws), status_of(ws, iv.id)) == before
 
     # approve → merged into main and applied at the trainer's next safe point
     paused = swarm(tmp_path, "control", str(run_dir), "pause", "--wait", "30")
@@ -526,9 +529,9 @@ def test_approve_then_rollback_through_the_cli_while_the_run_goes_on(tmp_path, r
     assert len(applied) == 1 and applied[0]["status"] == "applied"
 
     # approving it again: exit 2, no change
-    before = (refs(ws), human_rows(ws), status_of(ws, iv.id))
+    before = (refs(ws, iv.id), human_rows(ws), status_of(ws, iv.id))
     one_line_error(swarm(tmp_path, "approve", iv.id, "--workspace", str(ws)), iv.id, "awaiting_approval")
-    assert (refs(ws), human_rows(ws), status_of(ws, iv.id)) == before
+    assert (refs(ws, iv.id), human_rows(ws), status_of(ws, iv.id)) == before
 
     # rollback → the merge reverted on main and the trainer back on the checkpoint taken before it
     ok = swarm(tmp_path, "rollback", iv.id, "--workspace", str(ws))
