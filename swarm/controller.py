@@ -474,12 +474,19 @@ class Controller:
             step = s.step
         else:
             pre = self.command("checkpoint", f"{iv.id}-pre", name=f"pre-{iv.id}")
+            changes = dict(iv.changes)
             if iv.kind == InterventionKind.ROLLBACK:
                 target = self.rollback_target(iv)
                 if target:
                     self.command("rollback", f"{iv.id}-rb", name=target)
-            if iv.changes:
-                ack = self.command("set_fields", f"{iv.id}-apply", fields=iv.changes)
+                    carried = self.changes_since(target, exclude=iv.id)
+                    if carried:  # the checkpoint predates them: its harness and recipe do not have them
+                        changes = {k: v for c in carried.values() for k, v in c.items()} | changes
+                        iv = self.store.get(iv.id)
+                        iv.outcome["carried_over"] = list(carried)
+                        self.store.put(iv)
+            if changes:
+                ack = self.command("set_fields", f"{iv.id}-apply", fields=changes)
                 if not ack or ack.get("status") != "applied":
                     self.store.transition(iv.id, Status.REJECTED, f"the trainer refused the change: {ack and ack.get('reason')}")
                     self.ws.reject(iv.id)
@@ -501,6 +508,18 @@ class Controller:
         self.store.transition(iv.id, Status.APPLIED, f"applied at step {step}")
         self.store.log("applied", id=iv.id, step=step)
         return upd
+
+    def changes_since(self, checkpoint: str, exclude: str) -> dict[str, dict[str, Any]]:
+        """Field changes of the interventions in force (applied, being judged or kept) that were
+        applied after `checkpoint` was written, oldest first, by id: rolling the trainer back to it
+        restores its harness and recipe, so these are set again."""
+        t_ckpt = next((c.get("time", 0.0) for c in self.checkpoints() if c["name"] == checkpoint), None)
+        if t_ckpt is None:
+            return {}
+        live = (Status.APPLIED, Status.EVALUATING, Status.KEPT)
+        later = [x for x in self.store.list() if x.id != exclude and x.status in live and x.changes
+                 and x.outcome.get("since_time", 0.0) > t_ckpt]
+        return {x.id: dict(x.changes) for x in sorted(later, key=lambda x: x.outcome["since_time"])}
 
     def rollback_target(self, iv: Intervention) -> str | None:
         """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else
@@ -559,6 +578,13 @@ class Controller:
         # the checkpoint taken before applying holds the recipe and harness of that moment too
         if iv.checkpoint_before:
             self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
+            carried = self.changes_since(iv.checkpoint_before, exclude=iv.id)
+            if carried:  # fixes applied after this one stay in force
+                self.command("set_fields", f"{iv.id}-undo-carry",
+                             fields={k: v for c in carried.values() for k, v in c.items()})
+                cur = self.store.get(iv.id)
+                cur.outcome["carried_over"] = list(carried)
+                self.store.put(cur)
         if self.ws.pr_state(iv.id) == "merged":   # reverted before a crash: not again
             self.ws.rollback(iv.id)
         self.store.transition(iv.id, Status.ROLLED_BACK, note)

@@ -174,3 +174,56 @@ def test_backtest_treats_one_held_out_example_as_a_tie_and_goes_on_to_the_loss(t
 
     assert yaml.safe_load(cand_cfg.read_text())["fork_from"] == "init.pt"     # a rollback is tested from its target
     assert yaml.safe_load((tmp_path / "bt" / f"bt-{iv.id}-control-s0.yaml").read_text())["fork_from"] == "x.pt"
+
+
+def test_rolling_back_to_an_older_checkpoint_sets_the_later_fixes_in_force_again(tmp_path):
+    """A checkpoint holds the harness and recipe of its moment: rolling the trainer back to it (a
+    rollback fix, or undoing an intervention) would silently drop every fix applied after it. The
+    controller sets those again, oldest first, and records which; rejected, rolled-back and older
+    fixes are not carried."""
+    import json
+
+    from swarm.controller import Controller
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    ckdir = ctrl.run_dir / "checkpoints"
+    ckdir.mkdir(parents=True, exist_ok=True)
+    for name, step, t in (("ckpt-100", 100, 1000.0), ("pre-old", 50, 900.0)):
+        (ckdir / f"{name}.json").write_text(json.dumps({"name": name, "step": step, "kind": "periodic", "time": t}))
+    d = Diagnosis(name="plateau", summary="flat", operator="diagnostics", policy="builtin")
+
+    def iv(changes, status, t):
+        x = Intervention(kind=InterventionKind.HARNESS_EDIT, changes=changes, diagnosis=d, rationale="r",
+                         operator="harness_critic", policy="builtin")
+        x.status, x.outcome["since_time"] = status, t
+        ctrl.store.put(x)
+        return x
+
+    older = iv({"recipe.lr": 0.01}, Status.KEPT, 950.0)            # before the checkpoint: it has it
+    temp = iv({"harness.sampling.temperature": 1.0}, Status.KEPT, 1100.0)
+    lost = iv({"harness.sampling.top_p": 0.5}, Status.ROLLED_BACK, 1150.0)
+    toks = iv({"harness.sampling.max_new_tokens": 8, "harness.sampling.temperature": 0.9}, Status.EVALUATING, 1200.0)
+    undone = iv({"recipe.lr": 0.002}, Status.KEPT, 1050.0)
+    undone.checkpoint_before = "ckpt-100"
+    ctrl.store.put(undone)
+    ctrl.open_pr(undone)
+    ctrl.ws.approve(undone.id)
+
+    assert ctrl.changes_since("ckpt-100", exclude=undone.id) == {temp.id: temp.changes, toks.id: toks.changes}
+    assert list(ctrl.changes_since("pre-old", exclude="none")) == [older.id, undone.id, temp.id, toks.id]
+    assert ctrl.changes_since("no-such-checkpoint", exclude="none") == {}
+    assert lost.id not in ctrl.changes_since("pre-old", exclude="none")
+
+    sent = []
+    ctrl.command = lambda cmd, cid, **args: sent.append((cmd, cid, args)) or {"status": "applied", "step": 120}
+    ctrl.roll_back(ctrl.store.get(undone.id), "worse than control")
+    assert sent == [("rollback", f"{undone.id}-undo", {"name": "ckpt-100"}),
+                    ("set_fields", f"{undone.id}-undo-carry",
+                     {"fields": {"harness.sampling.temperature": 0.9, "harness.sampling.max_new_tokens": 8}})]
+    after = ctrl.store.get(undone.id)
+    assert after.status == Status.ROLLED_BACK and after.outcome["carried_over"] == [temp.id, toks.id]
+    assert ctrl.ws.pr_state(undone.id) == "reverted"
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
