@@ -530,7 +530,7 @@ def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
         return None  # training on easier problems than the eval: a gap is expected
     unclosed = unclosed_correct(ev)
     n_correct = sum(s.get("verdict") == "correct" for s in ev.samples)
-    held_trunc = next((v for v in (_f(r.get("heldout_truncated")) for r in reversed(ev.evals)) if _finite(v)), None)
+    held_trunc = ev.latest_eval("heldout_truncated")
     early = (len(unclosed) >= th.hack_unclosed_min and len(unclosed) >= th.hack_unclosed_share * n_correct
              and held_trunc is not None and held_trunc < th.hack_unclosed_share)
     gap = train - held >= th.hack_gap

@@ -59,19 +59,23 @@ def run_trainer(seed: int, out: pathlib.Path) -> dict:
     params = sum(p.numel() for p in trainer.params)
     summary = trainer.run()
     wall = time.perf_counter() - t0
-    rows = read_jsonl(cfg.run_dir / "metrics.jsonl")
-    steps = [r for r in rows if "loss" in r]
-    t_first = steps[0]["time"] - steps[0]["step_time"] if steps else 0.0
+    steps, t_first = step_rows(cfg.run_dir)
     curve = [(r["step"], r["time"] - t_first, r["heldout_acc"]) for r in steps if "heldout_acc" in r]
     return {"steps": summary["step"], "wall_s": wall, "tokens": sum(r["tokens"] for r in steps),
             "heldout_acc": summary.get("heldout_acc"), "status": summary["status"], "params": params,
             "curve": curve}
 
 
+def step_rows(run_dir: pathlib.Path) -> tuple[list[dict], float]:
+    """A run's training-step metric rows and the time its first step began."""
+    steps = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
+    return steps, (steps[0]["time"] - steps[0]["step_time"] if steps else 0.0)
+
+
 def train_wall(run_dir: pathlib.Path) -> tuple[int, float]:
     """Steps and wall seconds of the training steps of a run (end-of-run evaluation excluded)."""
-    steps = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
-    return len(steps), steps[-1]["time"] - (steps[0]["time"] - steps[0]["step_time"])
+    steps, t_first = step_rows(run_dir)
+    return len(steps), steps[-1]["time"] - t_first
 
 
 def per_step(n_steps: int, reps: int) -> None:

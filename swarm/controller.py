@@ -474,17 +474,13 @@ class Controller:
             step = s.step
         else:
             pre = self.command("checkpoint", f"{iv.id}-pre", name=f"pre-{iv.id}")
-            changes = dict(iv.changes)
+            changes = iv.changes
             if iv.kind == InterventionKind.ROLLBACK:
                 target = self.rollback_target(iv)
                 if target:
                     self.command("rollback", f"{iv.id}-rb", name=target)
-                    carried = self.changes_since(target, exclude=iv.id)
-                    if carried:  # the checkpoint predates them: its harness and recipe do not have them
-                        changes = {k: v for c in carried.values() for k, v in c.items()} | changes
-                        iv = self.store.get(iv.id)
-                        iv.outcome["carried_over"] = list(carried)
-                        self.store.put(iv)
+                    # the checkpoint predates later fixes: its harness and recipe do not have them
+                    changes = self.carry_over(iv.id, target) | changes
             if changes:
                 ack = self.command("set_fields", f"{iv.id}-apply", fields=changes)
                 if not ack or ack.get("status") != "applied":
@@ -520,6 +516,17 @@ class Controller:
         later = [x for x in self.store.list() if x.id != exclude and x.status in live and x.changes
                  and x.outcome.get("since_time", 0.0) > t_ckpt]
         return {x.id: dict(x.changes) for x in sorted(later, key=lambda x: x.outcome["since_time"])}
+
+    def carry_over(self, iid: str, checkpoint: str) -> dict[str, Any]:
+        """The fields to set again after intervention `iid` rolls the trainer back to `checkpoint`
+        (`changes_since`, later values winning); the carried ids go into its outcome."""
+        carried = self.changes_since(checkpoint, exclude=iid)
+        if not carried:
+            return {}
+        iv = self.store.get(iid)
+        iv.outcome["carried_over"] = list(carried)
+        self.store.put(iv)
+        return {k: v for c in carried.values() for k, v in c.items()}
 
     def rollback_target(self, iv: Intervention) -> str | None:
         """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else
@@ -578,13 +585,9 @@ class Controller:
         # the checkpoint taken before applying holds the recipe and harness of that moment too
         if iv.checkpoint_before:
             self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
-            carried = self.changes_since(iv.checkpoint_before, exclude=iv.id)
+            carried = self.carry_over(iv.id, iv.checkpoint_before)
             if carried:  # fixes applied after this one stay in force
-                self.command("set_fields", f"{iv.id}-undo-carry",
-                             fields={k: v for c in carried.values() for k, v in c.items()})
-                cur = self.store.get(iv.id)
-                cur.outcome["carried_over"] = list(carried)
-                self.store.put(cur)
+                self.command("set_fields", f"{iv.id}-undo-carry", fields=carried)
         if self.ws.pr_state(iv.id) == "merged":   # reverted before a crash: not again
             self.ws.rollback(iv.id)
         self.store.transition(iv.id, Status.ROLLED_BACK, note)

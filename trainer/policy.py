@@ -63,7 +63,6 @@ def unique_prompts(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor
     return torch.tensor(first, dtype=torch.long), torch.tensor(index, dtype=torch.long)
 
 
-SHARE_PROMPTS = True  # Policy.share_prompts when the model config does not say (compute each distinct prompt once)
 # Default of Policy.chunk_overhead: what one more completion pass costs, in token positions of
 # forward+backward (measured on CPU at hidden 192, 4 layers: a pass ~4 ms, a position ~0.15 ms).
 CHUNK_OVERHEAD = 32
@@ -123,7 +122,7 @@ class Policy:
     def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer, model: torch.nn.Module) -> None:
         self.cfg, self.tok, self.model = cfg, tokenizer, model
         self.is_hf = cfg.kind == "hf"
-        self.share_prompts = getattr(cfg, "share_prompts", SHARE_PROMPTS)
+        self.share_prompts = cfg.share_prompts
         # transformers renamed `past_key_values` to `cache` (the old name warns, then goes away);
         # models written for older versions only know the old one
         self.cache_kw = ("cache" if self.is_hf and "cache" in inspect.signature(model.forward).parameters
