@@ -265,6 +265,21 @@ def test_reward_hacking():
     assert DETECTORS["reward_hacking"](make_ev(rows, samples(rows, group=4)), THRESHOLDS, KNOWN) is None
 
 
+def test_reward_hacking_quiet_under_sft():
+    """SFT optimises the reference answers, not the reward: sampled answers passing well ahead of
+    the last held-out eval while the model learns fast is not reward hacking (it fired on the
+    healthy example before this rule)."""
+    rows = sft_rows()
+    for r in rows[-12:]:
+        r.update(pass_rate=0.9, reward_mean=0.9)
+    rows[-1]["heldout_acc"] = 0.2
+    assert all(r["algorithm"] == "sft" for r in rows)
+    assert "reward_hacking" not in names(make_ev(rows))
+    for r in rows:   # the same numbers from a run trained on the reward do fire
+        r["algorithm"] = "grpo"
+    assert "reward_hacking" in names(make_ev(rows))
+
+
 def test_throughput_drop():
     rows = sft_rows()
     for r in rows[-6:]:

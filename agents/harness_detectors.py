@@ -1,0 +1,196 @@
+"""Harness and data detectors: a broken prompt template, a curriculum too hard to learn, a sampling
+temperature too low, noisy labels, a run that does not learn. Registered in `agents.detectors.DETECTORS`
+like the metric and job detectors (that module imports this one), with the same contract: pure
+functions over Evidence that read the shape of sample text, never copy it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agents.detectors import (NOTHING, THRESHOLDS, Known, Thresholds, _col, _diag, _f, _finite, _loss_halves, _mean,
+                              _median, algorithm, current_rows, detector, eval_difficulty, known_template)
+from swarm.domain import Diagnosis
+from swarm.evidence import Evidence
+
+
+
+def _last_version_change(rows: list[dict[str, Any]]) -> int | None:
+    """Index of the first row of the current harness version, if the version changed in `rows`."""
+    for i in range(len(rows) - 1, 0, -1):
+        a, b = rows[i - 1].get("harness_version"), rows[i].get("harness_version")
+        if a is not None and b is not None and a != b:
+            return i
+    return None
+
+
+@detector("template_mismatch")
+def template_mismatch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The prompt template is broken. Two signatures: (a) recent samples' prompts do not carry the
+    fixed text of the template the controller knows (e.g. the '=' after the question is gone);
+    (b) the malformed rate jumped right after a harness_version change in the metrics. Only the
+    shape of prompts is checked; their text never leaves this function."""
+    rows = ev.metrics
+    ch = _last_version_change(rows)
+    tmpl = known_template(ev, known)
+    if tmpl and "{question}" in tmpl:
+        prefix, suffix = tmpl.split("{question}", 1)
+        if prefix or suffix:
+            seg = max((int(s.get("segment", 0)) for s in ev.samples), default=0)
+            since = int(rows[ch].get("step", 0)) - 1 if ch is not None else -1
+            recent = [s for s in ev.samples if isinstance(s.get("prompt"), str)
+                      and int(s.get("segment", 0)) == seg and int(s.get("step", 0)) >= since]
+            if len(recent) >= th.template_min_samples:
+                bad = [s for s in recent if not (s["prompt"].startswith(prefix) and s["prompt"].endswith(suffix))]
+                frac = len(bad) / len(recent)
+                if frac >= th.template_mismatch:
+                    return _diag(ev, "template_mismatch",
+                                 f"{frac:.0%} of recent prompts lack the template's fixed text (prefix {len(prefix)} chars, suffix {len(suffix)} chars)",
+                                 "critical",
+                                 {"mode": "prompt_shape", "mismatch_fraction": frac, "samples_checked": len(recent),
+                                  "expected_prefix_len": len(prefix), "expected_suffix_len": len(suffix),
+                                  "first_bad_step": min(int(s.get("step", 0)) for s in bad),
+                                  "threshold": th.template_mismatch})
+    if ch is not None and len(rows) - ch >= th.recent // 2 + 1 and ch >= 2:
+        _, before = _col(rows[max(0, ch - th.trailing) : ch], "malformed_rate")
+        _, after = _col(rows[ch:], "malformed_rate")
+        if before and after and _mean(after) - _mean(before) >= th.malformed_jump:
+            return _diag(ev, "template_mismatch",
+                         f"malformed rate rose from {_mean(before):.0%} to {_mean(after):.0%} right after the harness changed at step {rows[ch].get('step')}",
+                         "critical",
+                         {"mode": "malformed_after_harness_change", "change_step": rows[ch].get("step"),
+                          "malformed_before": before[-10:], "malformed_after": after[-10:],
+                          "threshold_jump": th.malformed_jump})
+    return None
+
+
+@detector("too_hard_curriculum")
+def too_hard_curriculum(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """Nothing is solved (train pass rate ≤ `too_hard_pass_max`, held-out ≤ `too_hard_heldout_max`)
+    while training runs at a difficulty above the eval difficulty, or right after the difficulty
+    jumped by ≥ `too_hard_jump`: no reward signal, SFT targets far beyond the model."""
+    rows = ev.metrics
+    if len(rows) < th.min_rows:
+        return None
+    _, pr = _col(rows[-th.recent :], "pass_rate")
+    if not pr or _mean(pr) > th.too_hard_pass_max:
+        return None
+    held = ev.latest_eval("heldout_acc")
+    if held is not None and held > th.too_hard_heldout_max:
+        return None
+    _, diffs = _col(rows[-(th.trailing + th.recent) :], "difficulty")
+    if not diffs:
+        return None
+    d_now = int(diffs[-1])
+    d_eval = eval_difficulty(ev, known)
+    jumped = d_now - int(min(diffs)) >= th.too_hard_jump and int(diffs[0]) < d_now
+    if d_eval is not None and d_now > d_eval:
+        mode = "above_eval"
+    elif jumped:
+        mode = "jumped"
+    else:
+        return None
+    return _diag(ev, "too_hard_curriculum",
+                 f"pass rate {_mean(pr):.2f} at training difficulty {d_now} (eval difficulty {d_eval}, held-out {held})",
+                 "warning", {"mode": mode, "train_difficulty": d_now, "eval_difficulty": d_eval,
+                  "window_min_difficulty": int(min(diffs)), "pass_rate_recent": pr, "heldout_acc": held,
+                  "threshold_pass": th.too_hard_pass_max, "threshold_heldout": th.too_hard_heldout_max})
+
+
+@detector("low_temperature")
+def low_temperature(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """GRPO/distill: in most groups the policy fails, the completions sampled for one prompt are
+    identical (or entropy ≈ 0 with reward_std 0): sampling is (near) greedy, so a failing group
+    has no variance and no advantage. Groups the policy solves may well agree; they do not count.
+    Compares completions for equality only."""
+    if algorithm(ev) not in ("grpo", "distill"):
+        return None
+    seg = max((int(s.get("segment", 0)) for s in ev.samples), default=0)
+    groups: dict[tuple[int, str], list[tuple[str, bool]]] = {}
+    for s in ev.samples:
+        if int(s.get("segment", 0)) == seg and isinstance(s.get("completion"), str):
+            groups.setdefault((int(s.get("step", 0)), str(s.get("uid", ""))), []).append(
+                (s["completion"], s.get("verdict") == "correct"))
+    multi = [g for g in groups.values() if len(g) >= 2 and not all(ok for _, ok in g)]  # failing groups
+    identical = sum(len({c for c, _ in g}) == 1 for g in multi)
+    rows = current_rows(ev)[-th.recent :]
+    (_, pr), (_, ent), (_, rstd) = (_col(rows, k) for k in ("pass_rate", "entropy", "reward_std"))
+    passing = _mean(pr) if pr else 0.0
+    if passing >= th.low_temp_pass_max:
+        return None
+    frac = identical / len(multi) if multi else 0.0
+    by_groups = len(multi) >= th.low_temp_min_groups and frac >= th.low_temp_identical
+    by_entropy = bool(ent) and bool(rstd) and _mean(ent) < th.entropy_min and max(rstd) == 0.0
+    if not (by_groups or by_entropy):
+        return None
+    return _diag(ev, "low_temperature",
+                 f"{identical} of {len(multi)} failing sampled groups are identical completions (pass rate {passing:.2f})",
+                 "warning", {"identical_groups": identical, "groups": len(multi), "identical_fraction": frac,
+                  "pass_rate_recent": passing, "entropy_recent": ent, "reward_std_recent": rstd,
+                  "threshold_identical": th.low_temp_identical, "threshold_min_groups": th.low_temp_min_groups})
+
+
+@detector("label_noise")
+def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """SFT: the loss sits flat at a high floor (≥ `label_noise_floor` nats/token, < `label_noise_rel`
+    relative improvement over `label_noise_rows` rows) although the policy's own greedy answers
+    are right a fair share of the time (pass rate or held-out ≥ `label_noise_pass_min`), and
+    held-out accuracy has stopped improving over the last `label_noise_heldout_evals` evals (a
+    healthy run whose loss pauses while accuracy still climbs is not noisy): the targets disagree
+    with correct answers, i.e. the labels are noisy. (No token-level accuracy is logged; this is
+    what the evidence allows.)"""
+    if algorithm(ev) != "sft":
+        return None
+    halves = _loss_halves(ev, th.label_noise_rows)
+    if halves is None:
+        return None
+    _, a, b, rel = halves
+    _, pr = _col(ev.metrics[-th.label_noise_rows :], "pass_rate")
+    held = ev.latest_eval("heldout_acc")
+    right = max(_mean(pr) if pr else 0.0, held or 0.0)
+    evals = [v for v in (_f(r.get("heldout_acc")) for r in ev.evals) if _finite(v)]
+    k = th.label_noise_heldout_evals
+    stalled = len(evals) > k and max(evals[-k:]) - max(evals[:-k]) < th.plateau_min_delta
+    if b >= th.label_noise_floor and rel < th.label_noise_rel and right >= th.label_noise_pass_min and stalled:
+        return _diag(ev, "label_noise",
+                     f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
+                     "warning",
+                     {"loss_first_half_median": a, "loss_second_half_median": b, "relative_improvement": rel,
+                      "pass_rate_recent": pr[-th.recent :], "heldout_acc": held,
+                      "threshold_floor": th.label_noise_floor, "threshold_rel": th.label_noise_rel,
+                      "threshold_pass": th.label_noise_pass_min})
+    return None
+
+
+@detector("not_learning")
+def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The run is not learning at all: after `not_learning_rows` steps the loss's recent median is
+    within `not_learning_rel` of its median at the start of the segment, and held-out accuracy is
+    still ≤ `not_learning_heldout_max`. With no spike to roll back to, the usual cause is a
+    learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr. SFT and
+    distill only (a warm-up's SFT rows apart from the GRPO after it): the GRPO surrogate sits near 0."""
+    if algorithm(ev) not in ("sft", "distill"):
+        return None
+    rows = current_rows(ev)
+    steps, loss = _col(rows, "loss", skip_skipped=True, finite=True)
+    if len(loss) < th.not_learning_rows:
+        return None
+    n = max(5, th.not_learning_rows // 5)
+    first, last = _median(loss[:n]), _median(loss[-n:])
+    rel = (first - last) / max(abs(first), 1e-12)
+    # held-out accuracy measured in this segment: an eval from before a harness change (e.g. the
+    # truncation just fixed) says nothing about whether the run learns now
+    seg_start = steps[0] if steps else 0
+    held = next((float(r["heldout_acc"]) for r in reversed(ev.evals) if r.get("step", -1) >= seg_start
+                 and isinstance(r.get("heldout_acc"), (int, float)) and math.isfinite(r["heldout_acc"])), None)
+    if held is None:
+        return None
+    if rel < th.not_learning_rel and held <= th.not_learning_heldout_max:
+        _, lr = _col(rows, "lr")
+        return _diag(ev, "not_learning",
+                     f"loss {first:.3g} → {last:.3g} over {len(loss)} steps and held-out {held}: the run is not learning",
+                     "warning",
+                     {"loss_start_median": first, "loss_recent_median": last, "relative_improvement": rel,
+                      "heldout_acc": held, "lr_now": lr[-1] if lr else None, "rows": len(loss),
+                      "threshold_rel": th.not_learning_rel, "threshold_heldout": th.not_learning_heldout_max})
+    return None
