@@ -194,7 +194,7 @@ def main() -> None:
              "so absolute seconds are inflated — the arms are interleaved per seed and the claims are ratios).", "",
              "Minimal = `benchmarks/minimal_loop.py` (GPT: learned positions, LayerNorm, GELU; zero-padded fixed-width "
              "answers; nothing but the loop). Trainer = `examples/addition_sft.yaml` through `trainer.loop.Trainer` "
-             "with everything on: built-in model (RMSNorm, rotary, SwiGLU), metrics and 4 greedy sample rollouts "
+             "with everything on: built-in model (RMSNorm, rotary, SwiGLU; learned positions; `model.init: torch`), metrics and 4 greedy sample rollouts "
              "every step, heartbeat, checkpoints every 500 steps, control-channel polling. Both evaluate 500 "
              "held-out problems greedily every 100 steps and stop at ≥ 0.95.", "",
              "| seed | ran first | loop | steps | wall s | s/step | tokens | held-out acc | params |",

@@ -53,6 +53,8 @@ BAD = [
     ("hf_without_path", {"model": {"kind": "hf"}}, ["model.path"]),
     ("hf_learned_positions", {"model": {"kind": "hf", "path": "/m", "learned_positions": True}},
      ["model.learned_positions", "built-in"]),
+    ("hf_init", {"model": {"kind": "hf", "path": "/m", "init": "torch"}}, ["model.init", "built-in"]),
+    ("unknown_init", {"model": {"init": "xavier"}}, ["model.init='xavier'"]),
     ("missing_model_dir", {"model": {"kind": "hf", "path": "/nonexistent/model"}}, ["/nonexistent/model", "not found"]),
     ("unknown_task", {"task": {"name": "juggling"}}, ["juggling"]),
     ("task_option", {"task": {"name": "addition", "options": {"base": 7}}}, ["base"]),

@@ -363,3 +363,31 @@ def test_learned_positions_are_optional_and_trained():
         m.pos_embed.weight[2] += 1.0  # position 2 only: changes that token and the ones after it
         diff = (m(ids) - before).abs().sum(-1)  # (B, T)
     assert (diff[:, :2] == 0).all() and (diff[:, 2:] > 0).all()
+
+
+def test_init_choice_scales_only_the_residual_projections():
+    """`model.init`: 'scaled_residual' (default) draws the attention output and MLP down projections
+    from N(0, 0.02/sqrt(2L)); 'torch' leaves every layer at PyTorch's default (Kaiming-uniform,
+    std = 1/sqrt(3·fan_in)); every other parameter is drawn the same way in both."""
+    import math
+
+    import torch
+
+    from trainer.config import ModelConfig
+    from trainer.model import TinyLM
+
+    cfg = dict(kind="builtin", d_model=64, n_layers=2, n_heads=2, max_seq_len=8)
+    torch.manual_seed(0)
+    scaled = TinyLM(ModelConfig(**cfg), 12)
+    torch.manual_seed(0)
+    plain = TinyLM(ModelConfig(**cfg, init="torch"), 12)
+    for b_s, b_p in zip(scaled.blocks, plain.blocks):
+        for name, fan_in in (("attn.proj", 64), ("mlp.down", b_p.mlp.down.in_features)):
+            ws, wp = b_s.get_submodule(name).weight, b_p.get_submodule(name).weight
+            assert abs(ws.std().item() - 0.02 / math.sqrt(4)) < 0.002, name
+            assert abs(wp.std().item() - 1 / math.sqrt(3 * fan_in)) < 0.2 / math.sqrt(3 * fan_in), name
+    residual = {n for n, _ in scaled.named_parameters() if n.endswith(("attn.proj.weight", "mlp.down.weight"))}
+    assert len(residual) == 4
+    for (n, a), (_, b) in zip(scaled.named_parameters(), plain.named_parameters()):
+        if n not in residual:   # the scaled init runs after every layer is built: the rest is identical
+            assert torch.equal(a, b), n

@@ -36,6 +36,9 @@ class ModelConfig(_Strict):
     )
     learned_positions: bool = Field(False, description="built-in: add a learned absolute position embedding to the "
                                                        "token embedding (rotary stays on)")
+    init: Literal["scaled_residual", "torch"] = Field(
+        "scaled_residual", description="built-in: 'torch' = PyTorch's default init for every layer; 'scaled_residual' = "
+                                       "the same but the residual output projections N(0, 0.02/sqrt(2·n_layers)) (GPT-2)")
     share_prompts: bool = Field(True, description="run each distinct prompt of a batch through the model once "
                                                   "(GRPO groups) and repeat its KV cache; same results, less compute")
 
@@ -43,6 +46,8 @@ class ModelConfig(_Strict):
     def _check(self) -> "ModelConfig":
         if self.kind == "hf" and not self.path:
             raise ValueError("model.path is required when model.kind='hf'")
+        if self.kind == "hf" and self.init != "scaled_residual":
+            raise ValueError("model.init applies to the built-in model only (kind='builtin'); HF models load their weights")
         if self.kind == "hf" and self.learned_positions:
             raise ValueError("model.learned_positions applies to the built-in model only (kind='builtin')")
         if self.kind == "builtin" and self.d_model % self.n_heads:

@@ -77,8 +77,11 @@ class Trainer:
         if not self.policy.is_hf:  # HF models have their own (boolean) `use_kernels` attribute
             self.policy.model.use_kernels(self.backend)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        # the fused AdamW step: one kernel over all parameters instead of ~10 ops per tensor (measured
+        # 1.9 -> 0.7 ms per step on the 0.8M-parameter example, one CPU thread)
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.params)
         self.opt = torch.optim.AdamW(self.params, lr=self.recipe.lr, weight_decay=self.recipe.weight_decay,
-                                     betas=(0.9, 0.95))
+                                     betas=(0.9, 0.95), fused=fused or None)
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + 17 + self.dist.rank)
         self.step, self.cursor, self.segment = 0, 0, 0
         self.seen: set[str] = set()
