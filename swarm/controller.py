@@ -127,8 +127,15 @@ class Controller:
     def run_dir(self) -> pathlib.Path:
         return self.runs / "train"
 
+    _tick_ev: Evidence | None = None   # this tick's evidence, read once by observe and reused
+
     def evidence(self, status: str) -> Evidence:
-        return collect(self.run_dir, status)
+        """The run's evidence: the copy `observe` read this tick unless a command went to the
+        trainer since (its files may have moved on: a rollback starts a new segment)."""
+        ev = self._tick_ev
+        if ev is None or ev.job_status != status:
+            ev = self._tick_ev = collect(self.run_dir, status)
+        return ev
 
     def context(self, ev: Evidence):
         from agents.base import OperatorContext
@@ -154,6 +161,7 @@ class Controller:
     def command(self, cmd: str, cid: str, timeout: float = 60.0, **args: Any) -> dict[str, Any] | None:
         """Send a command with a deterministic id (re-sending after a crash is a no-op: the trainer
         acknowledges an id once) and wait for its acknowledgement while the job is alive."""
+        self._tick_ev = None
         log = self.run_dir / "command_log.jsonl"
         for row in iter_jsonl(log):
             if row.get("id") == cid:
@@ -183,6 +191,7 @@ class Controller:
         return status
 
     def stop_job(self, handle: str) -> None:
+        self._tick_ev = None
         self.jobs.stop(handle)
         hb = read_heartbeat(self.run_dir)
         if isinstance(self.jobs, ProcessJobs) and self.jobs.status(handle) == "UNKNOWN" and hb and _alive(hb.get("pid")):
@@ -210,6 +219,7 @@ class Controller:
         return path
 
     def start_job(self) -> str:
+        self._tick_ev = None
         handle = self.jobs.start("train", self.write_job_config())
         if isinstance(self.jobs, RayJobs) and self.jobs.head is not None and self.jobs.head.owned:
             (self.sdir / "ray_head.json").write_text(json.dumps({"dashboard_url": self.jobs.head.dashboard_url}))
@@ -234,6 +244,7 @@ class Controller:
         for arm in (self.sdir / "backtests").glob("bt-*"):
             if arm.is_dir():
                 self.meter.observe(arm)
+        self._tick_ev = None
         ev = self.evidence(status)
         upd: dict[str, Any] = {"tick": s.tick + 1, "job_status": status, "step": ev.step, "cpu": self.meter.state()}
         value = ev.latest_eval(self.goal.target.metric)

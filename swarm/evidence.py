@@ -97,13 +97,40 @@ class _Tail:
 _TAIL = _Tail()
 
 
+def is_eval_row(r: dict[str, Any]) -> bool:
+    return any(k.startswith("heldout") for k in r)
+
+
+class _MetricsIndex:
+    """The current segment's rows and the eval rows of one metrics file, kept up to date from the
+    rows appended since the last call (a scan of the whole history per tick cost O(steps))."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[list[dict[str, Any]], int, int, list, list]] = {}  # path -> (rows, seen, seg, cur, evals)
+
+    def update(self, key: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        src, seen, seg, cur, evals = self.files.get(key, (rows, 0, 0, [], []))
+        if src is not rows or seen > len(rows):   # the file was replaced: the tail started a new list
+            seen, seg, cur, evals = 0, 0, [], []
+        for r in rows[seen:]:
+            rs = r.get("segment", 0)
+            if rs > seg:
+                seg, cur = rs, []
+            if rs == seg and not r.get("final"):
+                cur.append(r)
+            if is_eval_row(r):
+                evals.append(r)
+        self.files[key] = (rows, len(rows), seg, cur, evals)
+        return cur, evals
+
+
+_METRICS = _MetricsIndex()
+
+
 def collect(run_dir: str | pathlib.Path, job_status: str = "UNKNOWN", window: int = 200,
             n_samples: int = 32, harness: dict | None = None, recipe: dict | None = None) -> Evidence:
     p = pathlib.Path(run_dir)
-    rows = _TAIL.rows(p / "metrics.jsonl")
-    seg = max((r.get("segment", 0) for r in rows), default=0)
-    cur = [r for r in rows if r.get("segment", 0) == seg and not r.get("final")]
-    evals = [r for r in rows if any(k.startswith("heldout") for k in r)]
+    cur, evals = _METRICS.update(str(p / "metrics.jsonl"), _TAIL.rows(p / "metrics.jsonl"))
     samples = _TAIL.rows(p / "samples.jsonl")[-n_samples:]
     hb = read_heartbeat(p)
     return Evidence(

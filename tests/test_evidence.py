@@ -31,3 +31,30 @@ def test_collect_keeps_the_newest_segment_and_all_evals(tmp_path):
         f.write(json.dumps({"step": 5, "segment": 1, "loss": "nan"}) + "\n")
     ev = collect(tmp_path, "RUNNING")
     assert ev.step == 5 and str(ev.series("loss")[-1]) == "nan"
+
+
+def test_collect_follows_segments_and_evals_incrementally(tmp_path):
+    """Each collect reads only what was appended: the current segment and the eval rows stay right
+    across appends, a new segment (rollback), final rows, and a replaced file."""
+    m = tmp_path / "metrics.jsonl"
+
+    def append(*rows):
+        with open(m, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+    append(*({"step": s, "segment": 0, "loss": 1.0} for s in range(1, 4)))
+    assert [r["step"] for r in collect(tmp_path).metrics] == [1, 2, 3]
+    append({"step": 4, "segment": 0, "loss": 0.9, "heldout_acc": 0.3})
+    ev = collect(tmp_path)
+    assert [r["step"] for r in ev.metrics] == [1, 2, 3, 4] and [r["step"] for r in ev.evals] == [4]
+    append({"step": 2, "segment": 1, "loss": 0.8}, {"step": 3, "segment": 1, "loss": 0.7})
+    ev = collect(tmp_path)
+    assert [(r["segment"], r["step"]) for r in ev.metrics] == [(1, 2), (1, 3)] and ev.step == 3
+    assert ev.latest_eval("heldout_acc") == 0.3            # evals of earlier segments stay visible
+    append({"step": 3, "segment": 1, "final": True, "heldout_acc": 0.5})
+    ev = collect(tmp_path)
+    assert ev.step == 3 and [r.get("final") for r in ev.metrics] == [None, None] and ev.latest_eval("heldout_acc") == 0.5
+    m.unlink()
+    append({"step": 1, "segment": 0, "loss": 2.0})
+    ev = collect(tmp_path)
+    assert [r["loss"] for r in ev.metrics] == [2.0] and ev.evals == []
