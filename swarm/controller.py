@@ -30,6 +30,7 @@ from trainer.control import send_command
 from trainer.runlog import atomic_write_text, iter_jsonl, read_heartbeat, read_jsonl
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+OPEN = (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL, Status.APPLIED, Status.EVALUATING)
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
 PRUNE_EVERY_TICKS = 50        # graph.db keeps the newest KEEP_CHECKPOINTS LangGraph checkpoints
 KEEP_CHECKPOINTS = 200
@@ -312,7 +313,18 @@ class Controller:
         self._proposals = proposals
         if self.llm is not None:
             (self.sdir / "llm_state.json").write_text(json.dumps(self.llm.state(), default=str))
-        return {}
+        # a quiet tick skips propose … mine_skills: nothing proposed, no intervention open, and no
+        # timeline row (a human decision, a transition, an episode) since the last full pass
+        seq = self.store.last_seq()
+        quiet = (not proposals and self._full_seq is not None and seq == self._full_seq
+                 and not any(iv.status in OPEN for iv in self.store.list()))
+        self._pass_seq = None if quiet else seq
+        return {"quiet": quiet}
+
+    # the timeline's last seq when this process's last full pass began (rows logged during or
+    # after it, a human decision included, make the next tick a full pass)
+    _full_seq: int | None = None
+    _pass_seq: int | None = None
 
     _proposals: list[Intervention] = []
     _view: dict[str, Any] = {}
@@ -631,6 +643,8 @@ class Controller:
             from swarm.graph import prune_checkpoints
 
             prune_checkpoints(self.graph.checkpointer, "main", KEEP_CHECKPOINTS)
+        if not s.quiet:
+            self._full_seq = self._pass_seq
         rows = self.store.timeline(since=max(self._reported_seq, 0))
         seq = rows[-1]["seq"] if rows else self._reported_seq
         if seq != self._reported_seq:

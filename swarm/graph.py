@@ -1,7 +1,8 @@
 """The controller's state machine: a LangGraph `StateGraph` checkpointed to sqlite.
 
     plan → launch → observe ─┬─> finish                       (target met / budget spent / stopped)
-                              └─> diagnose → propose → backtest → gate → apply → evaluate → mine_skills → report ─> observe
+                              └─> diagnose ─┬─> propose → backtest → gate → apply → evaluate → mine_skills → report ─> observe
+                                            └─> report ─> observe     (a quiet tick: nothing proposed, nothing open, no news)
 
 Nodes are methods of `swarm.controller.Controller` and return partial state updates; routers are
 pure functions of the state. The graph is built once here. Every node is idempotent on re-entry
@@ -33,12 +34,17 @@ class SwarmState:
     to_target: dict[str, float] = field(default_factory=dict)  # wall and worker-CPU seconds when first met
     proposed: list[str] = field(default_factory=list)   # intervention ids waiting for the backtest/gate
     done: str | None = None            # why the run ended
+    quiet: bool = False                # this tick found nothing to do past diagnose
     plan: str = ""
     log: Annotated[list[str], operator.add] = field(default_factory=list)
 
 
 def route_after_observe(state: SwarmState) -> Literal["finish", "diagnose"]:
     return "finish" if state.done else "diagnose"
+
+
+def route_after_diagnose(state: SwarmState) -> Literal["propose", "report"]:
+    return "report" if state.quiet else "propose"
 
 
 def prune_checkpoints(saver: SqliteSaver, thread_id: str, keep: int) -> int:
@@ -69,7 +75,8 @@ def build_graph(ctrl: Any, db_path: str):
     g.add_edge("plan", "launch")
     g.add_edge("launch", "observe")
     g.add_conditional_edges("observe", route_after_observe, {"finish": "finish", "diagnose": "diagnose"})
-    for a, b in (("diagnose", "propose"), ("propose", "backtest"), ("backtest", "gate"), ("gate", "apply"),
+    g.add_conditional_edges("diagnose", route_after_diagnose, {"propose": "propose", "report": "report"})
+    for a, b in (("propose", "backtest"), ("backtest", "gate"), ("gate", "apply"),
                  ("apply", "evaluate"), ("evaluate", "mine_skills"), ("mine_skills", "report"), ("report", "observe")):
         g.add_edge(a, b)
     g.add_edge("finish", END)

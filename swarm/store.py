@@ -232,6 +232,10 @@ class Store:
                              (time.time(), kind, dumps(data)))
         return int(cur.lastrowid)
 
+    def last_seq(self) -> int:
+        """The newest timeline row's sequence number (0 for an empty timeline)."""
+        return int(self._rows("SELECT COALESCE(MAX(seq), 0) AS n FROM timeline")[0]["n"])
+
     def timeline(self, kind: str | None = None, since: int = 0) -> list[dict[str, Any]]:
         """Timeline rows oldest first, each `{"seq", "time", "kind", **data}`; `since` = only rows
         with a larger sequence number (for tailing)."""

@@ -227,3 +227,42 @@ def test_rolling_back_to_an_older_checkpoint_sets_the_later_fixes_in_force_again
     ctrl.knowledge.close()
     ctrl._conn.close()
     ctrl.lock.release()
+
+
+def test_a_quiet_tick_skips_the_intervention_nodes_until_something_happens(tmp_path):
+    """diagnose routes straight to report when nothing was proposed, no intervention is open and
+    the timeline has no row since the last full pass began; a human decision, a row logged during
+    a full pass, or an open intervention make the next tick a full pass again."""
+    from swarm.controller import Controller
+    from swarm.graph import SwarmState, route_after_diagnose
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    running = SwarmState(job_status="RUNNING", tick=1)
+
+    def tick() -> bool:
+        quiet = ctrl.node_diagnose(running)["quiet"]
+        assert route_after_diagnose(SwarmState(quiet=quiet)) == ("report" if quiet else "propose")
+        ctrl.node_report(SwarmState(quiet=quiet, tick=1))
+        return quiet
+
+    assert tick() is False          # the first tick of a process is a full pass
+    assert tick() is True and tick() is True
+    ctrl.store.log("human_rollback", id="abc")
+    assert tick() is False and tick() is True
+    ctrl.store.log("skill_fired", name="x")
+    assert ctrl.node_diagnose(running)["quiet"] is False      # a full pass begins
+    ctrl.store.log("human_approve", id="abc")               # during it, after diagnose read the timeline
+    ctrl.node_report(SwarmState(quiet=False, tick=1))
+    assert tick() is False and tick() is True                 # the decision is not skipped
+    d = Diagnosis(name="plateau", summary="flat", operator="diagnostics", policy="builtin")
+    iv = Intervention(kind=InterventionKind.RECIPE_EDIT, changes={"recipe.lr": 0.001}, diagnosis=d, rationale="r",
+                      operator="diagnostics", policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.store.log("proposed", id=iv.id)
+    assert tick() is False and tick() is False                 # open: every tick is a full pass
+    ctrl.store.transition(iv.id, Status.REJECTED, "backtest")
+    assert tick() is False and tick() is True
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
