@@ -47,7 +47,10 @@ def test_sft_learns_and_changes_every_parameter(make_cfg, learn_recipe):
     assert final["final"] is True and final["heldout_acc"] == summary["heldout_acc"]
 
 
-def test_grpo_writes_every_metric_samples_and_heartbeat(make_cfg, warm_state):
+def test_grpo_writes_every_metric_samples_and_heartbeat(make_cfg, warm_state, monkeypatch):
+    import trainer.loop
+
+    monkeypatch.setattr(trainer.loop, "HEARTBEAT_EVERY_S", 0.0)   # every step (the default: at most every 0.5 s)
     # a hot sampling temperature keeps the near-perfect warm policy's groups mixed (reward variance)
     cfg = RunConfig.parse(make_cfg(recipe={"algorithm": "grpo", "steps": 4, "batch_size": 4, "group_size": 8,
                                            "kl_coef": 0.1, "eval_interval": 2, "lr": 3e-3},
@@ -213,3 +216,19 @@ def test_sft_warmup_then_grpo_with_the_reference_taken_at_the_switch(make_cfg):
     assert sizes == [12, 12, 12, 4, 4]   # the warm-up has its own batch size
     after_warmup = seen[3][1]
     assert all(torch.equal(after_warmup[k], v) for k, v in tr.ref_state.items())   # the reference = step-3 weights
+
+
+def test_heartbeat_is_throttled_while_running_and_always_written_on_state_changes(make_cfg, monkeypatch):
+    """While running, the heartbeat file is rewritten at most every HEARTBEAT_EVERY_S; the end state
+    is written regardless."""
+    import trainer.loop
+
+    monkeypatch.setattr(trainer.loop, "HEARTBEAT_EVERY_S", 3600.0)
+    cfg = RunConfig.parse(make_cfg(recipe={"steps": 5, "eval_interval": 0}))
+    tr = Trainer(cfg)
+    beats = []
+    tr.on_step = lambda row: beats.append(read_heartbeat(cfg.run_dir))
+    tr.run()
+    assert [b["step"] for b in beats] == [1] * 5 and {b["state"] for b in beats} == {"running"}
+    end = read_heartbeat(cfg.run_dir)
+    assert end["state"] == "completed" and end["step"] == 5

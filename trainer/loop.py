@@ -38,6 +38,8 @@ from trainer.tasks.base import Example, Split, make_task
 
 STEPS: dict[str, Callable] = {"sft": sft_step, "grpo": grpo_step, "distill": distill_step}
 
+HEARTBEAT_EVERY_S = 0.5   # while running, the heartbeat is rewritten at most this often (state changes always)
+
 
 class StopRun(Exception):
     def __init__(self, status: str) -> None:
@@ -88,6 +90,7 @@ class Trainer:
         self.ref_state: dict[str, torch.Tensor] | None = None
         self.ref_policy: Policy | None = None
         self.paused = False
+        self._beat_at = 0.0
         self.last_eval: dict[str, float] = {}
         self.reached_target = False
         private = pathlib.Path(cfg.out_dir) / ".perturb" / f"{cfg.name}.json"
@@ -468,7 +471,10 @@ class Trainer:
         row["tokens_per_s"] = stats.get("tokens", 0.0) * self.dist.world / max(dt, 1e-9)
         if self.dist.is_main:
             self.log.metrics.write(row)
-            self.log.heartbeat(self.step, "running")
+            now = time.monotonic()
+            if now - self._beat_at >= HEARTBEAT_EVERY_S:   # a file rewrite per step cost ~1% of a small step
+                self.log.heartbeat(self.step, "running")
+                self._beat_at = now
             if self.cfg.checkpoint.interval and self.step % self.cfg.checkpoint.interval == 0:
                 self.save(None)
         if self.on_step:

@@ -97,6 +97,7 @@ class Task(abc.ABC):
         if options:
             raise ValueError(f"task {self.name!r}: unknown options {sorted(options)}")
         self.seed = seed
+        self._rng = random.Random()
 
     def check_difficulty(self, difficulty: int) -> int:
         if not (self.min_difficulty <= difficulty <= self.max_difficulty):
@@ -110,12 +111,13 @@ class Task(abc.ABC):
         split = Split(split)
         self.check_difficulty(difficulty)
         want_heldout = split is Split.HELDOUT
+        rng = self._rng   # re-seeded per draw: the same stream as a fresh random.Random(seed), no allocation
         for draw in range(MAX_DRAWS):
-            rng = random.Random(_split_seed(self.name, split, index, difficulty, self.seed, draw))
+            rng.seed(_split_seed(self.name, split, index, difficulty, self.seed, draw))
             ex = self.make(rng, difficulty)
             if heldout_question(ex.question) == want_heldout:
                 uid = f"{self.name}/{split.value}/d{difficulty}/{index}"
-                return dataclasses.replace(ex, uid=uid, difficulty=difficulty)
+                return Example(uid, ex.question, ex.answer, ex.solution, difficulty, ex.meta)
         raise ValueError(
             f"task {self.name!r}: no {split.value} question found at difficulty={difficulty} in "
             f"{MAX_DRAWS} draws; the question space there is too small to split"
