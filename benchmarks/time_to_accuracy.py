@@ -51,9 +51,11 @@ from trainer.loop import Trainer  # noqa: E402
 from trainer.runlog import read_jsonl  # noqa: E402
 
 
+EXAMPLE = RunConfig.from_yaml(HERE.parent / "examples" / "addition_sft.yaml")
+
+
 def run_trainer(seed: int, out: pathlib.Path) -> dict:
-    cfg = RunConfig.from_yaml(HERE.parent / "examples" / "addition_sft.yaml")
-    cfg = RunConfig.parse({**cfg.model_dump(mode="json"), "seed": seed, "out_dir": str(out), "name": f"tta-{seed}"})
+    cfg = RunConfig.parse({**EXAMPLE.model_dump(mode="json"), "seed": seed, "out_dir": str(out), "name": f"tta-{seed}"})
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     params = sum(p.numel() for p in trainer.params)
@@ -95,7 +97,7 @@ def per_step(n_steps: int, reps: int) -> None:
         return wall / n
 
     def minimal(rep: int) -> float:
-        m = minimal_loop.main(target=2.0, batch=128, lr=3e-3, max_steps=n_steps, eval_every=n_steps + 1,
+        m = minimal_loop.main(target=2.0, batch=128, lr=EXAMPLE.recipe.lr, max_steps=n_steps, eval_every=n_steps + 1,
                               seed=rep, threads=1)
         return m["wall_s"] / m["steps"]
 
@@ -159,7 +161,7 @@ def main() -> None:
     results = []
     t_all = time.perf_counter()
     for i, seed in enumerate(a.seeds):
-        arms = {"minimal": lambda: minimal_loop.main(target=0.95, batch=128, lr=3e-3, max_steps=5000,
+        arms = {"minimal": lambda: minimal_loop.main(target=0.95, batch=128, lr=EXAMPLE.recipe.lr, max_steps=5000,
                                                      eval_every=100, seed=seed, threads=1),
                 "trainer": lambda: run_trainer(seed, out)}
         order = ["minimal", "trainer"] if i % 2 == 0 else ["trainer", "minimal"]
@@ -196,7 +198,8 @@ def main() -> None:
              "answers; nothing but the loop). Trainer = `examples/addition_sft.yaml` through `trainer.loop.Trainer` "
              "with everything on: built-in model (RMSNorm, rotary, SwiGLU; learned positions; `model.init: torch`), metrics and 4 greedy sample rollouts "
              "every step, heartbeat, checkpoints every 500 steps, control-channel polling. Both evaluate 500 "
-             "held-out problems greedily every 100 steps and stop at ≥ 0.95.", "",
+             "held-out problems greedily every 100 steps and stop at ≥ 0.95. Both: batch 128, constant lr "
+             f"{EXAMPLE.recipe.lr:g}, AdamW (0.9, 0.95), one torch thread.", "",
              "| seed | ran first | loop | steps | wall s | s/step | tokens | held-out acc | params |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
