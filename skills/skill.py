@@ -39,6 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from skills.trigger import TriggerSpec
+from trainer.config import parse_yaml
 
 SKILL_FILE = "SKILL.md"
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -306,7 +307,7 @@ def parse_skill_text(text: str, *, path: Path | str | None = None, folder: str |
     """Parse SKILL.md text. `folder`: the skill's folder name, which `name` must equal (if given)."""
     head, body = _split_front_matter(text, path)
     try:
-        front = yaml.safe_load(head) if head.strip() else {}
+        front = parse_yaml(head) if head.strip() else {}
     except yaml.YAMLError as e:
         raise SkillError(path, "front matter", f"unparsable YAML: {' '.join(str(e).split())}") from None
     if not isinstance(front, dict):

@@ -65,7 +65,7 @@ from pydantic import ValidationError
 from harness.spec import HarnessSpec
 from swarm.domain import Intervention, InterventionKind
 from swarm.store import SWARM_DIR, intervention_from_json, intervention_json
-from trainer.config import Recipe, format_validation_error
+from trainer.config import Recipe, format_validation_error, parse_yaml
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class Workspace:
         key = (commit.hexsha, path)       # a commit's files never change: parse each once
         if key not in self._parsed:
             raw = self._read(commit, path)
-            self._parsed[key] = (yaml.safe_load(raw) or {}) if raw is not None else {}
+            self._parsed[key] = (parse_yaml(raw) or {}) if raw is not None else {}
             if len(self._parsed) > 64:
                 self._parsed.pop(next(iter(self._parsed)))
         return copy.deepcopy(self._parsed[key])

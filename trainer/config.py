@@ -157,13 +157,21 @@ class RunConfig(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml's parser when built with it (~5x faster)
+
+
+def parse_yaml(text: str | bytes) -> Any:
+    """`yaml.safe_load` with the C parser when available (same safe constructors and results)."""
+    return yaml.load(text, Loader=_LOADER)
+
+
 def load_yaml(path: str | pathlib.Path, what: str) -> Any:
     """Parse a YAML file; a missing or unparsable file is a ConfigError naming it."""
     p = pathlib.Path(path)
     if not p.is_file():
         raise ConfigError(f"{what} {str(p)!r} not found")
     try:
-        return yaml.safe_load(p.read_text())
+        return parse_yaml(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
 
