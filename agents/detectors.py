@@ -328,8 +328,8 @@ def loss_spike(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
         return None
     recent = [v for v in vals[-th.recent :] if math.isfinite(v)]
     now = _median(recent) if recent else hit["value"]
-    if not now >= th.spike_ratio * hit["baseline_median"]:
-        return None  # spiked and recovered: nothing to fix
+    if not (now >= th.spike_ratio * hit["baseline_median"] and now - hit["baseline_median"] >= th.spike_abs):
+        return None  # spiked and recovered (near a loss of zero, 1.5x the median is still a recovery)
     i = hit["onset_index"]
     # the lr that trained the rows before the onset (the row just before it may already carry a new lr)
     lrs_before = [x for x in (_f(r.get("lr")) for r in rows[max(0, i - th.trailing) : max(0, i - 1)]) if _finite(x)]

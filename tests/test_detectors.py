@@ -460,3 +460,18 @@ def test_not_learning():
     d = fired(make_ev(stuck_rows()), "not_learning")
     assert d.evidence["lr_now"] == 0.3 and d.evidence["relative_improvement"] < THRESHOLDS.not_learning_rel
     assert DETECTORS["not_learning"](make_ev(sft_rows(n=120)), THRESHOLDS, KNOWN) is None  # healthy: quiet
+
+
+def test_loss_spike_quiet_when_a_near_zero_loss_bumps_and_comes_back():
+    """Measured on the healthy example (seed 0, step 655): loss 0.0066 → 0.067 for a step, then
+    0.0104 — 1.6x the median, but 0.004 nats above it: recovered, not a divergence."""
+    rows = sft_rows(n=120)
+    for r in rows:
+        r["loss"] = 0.0066
+    rows[-8]["loss"] = 0.067
+    for r in rows[-7:]:
+        r["loss"] = 0.0104
+    assert "loss_spike" not in names(make_ev(rows))
+    for r in rows[-7:]:     # the same bump that stays 0.06 above the median is a divergence
+        r["loss"] = 0.066
+    assert "loss_spike" in names(make_ev(rows))
