@@ -150,14 +150,28 @@ class Controller:
 
     _recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])   # the last diagnose's skills, episodes
 
+    _ckpts: tuple[int, list[dict[str, Any]]] | None = None
+
     def checkpoints(self) -> list[dict[str, Any]]:
+        """The live run's checkpoint metadata, oldest first; re-read only when the checkpoint
+        directory changed (checkpoints are written by rename, which changes its mtime; an mtime
+        under a second old is not trusted, the clock behind it may be coarse)."""
+        d = self.run_dir / "checkpoints"
+        try:
+            mtime = d.stat().st_mtime_ns
+        except FileNotFoundError:
+            return []
+        if self._ckpts is not None and self._ckpts[0] == mtime and time.time_ns() - mtime > 1_000_000_000:
+            return list(self._ckpts[1])
         out = []
-        for m in sorted((self.run_dir / "checkpoints").glob("*.json")):
+        for m in sorted(d.glob("*.json")):
             try:
                 out.append(json.loads(m.read_text()))
             except (OSError, json.JSONDecodeError):
                 continue
-        return sorted(out, key=lambda m: m["step"])
+        out.sort(key=lambda m: m["step"])
+        self._ckpts = (mtime, out)
+        return list(out)
 
     def command(self, cmd: str, cid: str, timeout: float = 60.0, **args: Any) -> dict[str, Any] | None:
         """Send a command with a deterministic id (re-sending after a crash is a no-op: the trainer
