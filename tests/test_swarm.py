@@ -561,8 +561,10 @@ def test_approve_then_rollback_through_the_cli_while_the_run_goes_on(tmp_path, r
 def test_reject_through_the_cli_while_a_crashed_trainer_is_restarted(tmp_path, reap):
     """The trainer is SIGKILLed (perturbation) while the truncation fix waits for a human: the crash
     is restarted without waiting, and the fix is rejected from another terminal."""
+    # a step budget the run cannot finish before the test stops it: at ~40 steps/s the default 1500
+    # ran out while a backtest kept the controller from reading the rejection (CI, session 4)
     goal = write_goal(tmp_path / "goal.yaml", tiny_goal(
-        approval={"auto": ["low"]}, target={"threshold": 0.99}, budget={"wall_s": 240},
+        approval={"auto": ["low"]}, target={"threshold": 0.99}, budget={"wall_s": 240, "steps": 50_000},
         perturbations=[{"shortcut": "truncation", "at_step": 0}, {"shortcut": "worker_kill", "at_step": 110}]))
     ws, log = tmp_path / "ws", tmp_path / "controller.log"
     run_dir = ws / ".swarm" / "runs" / "train"
