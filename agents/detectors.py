@@ -30,7 +30,7 @@ import statistics
 from typing import Any, Callable
 
 from swarm.domain import Diagnosis
-from swarm.evidence import Evidence
+from swarm.evidence import Evidence, is_eval_row
 
 # ---- thresholds ---------------------------------------------------------------------------------
 
@@ -241,7 +241,7 @@ def _col(rows: list[dict[str, Any]], key: str, *, skip_skipped: bool = False,
     for r in rows:
         if skip_skipped and r.get("skipped"):
             continue
-        if skip_eval and any(k.startswith("heldout") for k in r):
+        if skip_eval and is_eval_row(r):
             continue
         v = _f(r.get(key))
         if v is not None and (not finite or math.isfinite(v)):

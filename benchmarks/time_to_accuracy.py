@@ -82,7 +82,7 @@ def train_wall(run_dir: pathlib.Path) -> tuple[int, float]:
 
 def per_step(n_steps: int, reps: int) -> None:
     out = pathlib.Path(tempfile.mkdtemp(prefix="tps_"))
-    base = RunConfig.from_yaml(HERE.parent / "examples" / "addition_sft.yaml").model_dump(mode="json")
+    base = EXAMPLE.model_dump(mode="json")
     base["recipe"].update(eval_interval=0, steps=n_steps, stop_at_heldout=None)
 
     def trainer(name: str, machinery: bool, rep: int) -> float:

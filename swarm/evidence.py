@@ -98,6 +98,7 @@ _TAIL = _Tail()
 
 
 def is_eval_row(r: dict[str, Any]) -> bool:
+    """A metrics row that carries held-out results (a periodic or final evaluation)."""
     return any(k.startswith("heldout") for k in r)
 
 
