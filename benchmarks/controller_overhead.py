@@ -7,7 +7,7 @@ real controller runs in this process (`jobs="process"`: the trainer is a child p
 process's own CPU time is the controller's). Measured with getrusage(SELF):
   start-up   imports + Controller.create (workspace, git, sqlite, LangGraph)
   steady     the graph's ticks from the first node to the start of `finish`
-  finish     stopping the job, the final report (matplotlib), summary
+  finish     stopping the job, the final report (SVG curves, no matplotlib), summary
 Reported: whole-run CPU / wall (target ≤ 2%), steady CPU / steady wall, per-node CPU, and how
 many ticks were quiet (diagnose → report, nothing to do) or full passes.
 
@@ -59,6 +59,7 @@ def main() -> None:
     if args.observe_s is not None:
         goal["swarm"]["observe_every_s"] = args.observe_s
     observe_s = goal["swarm"]["observe_every_s"]
+    quiet_s = goal["swarm"].get("observe_quiet_s") or observe_s
     marks: dict[str, tuple[float, float]] = {}
 
     per_node: dict[str, list] = {}     # node → [calls, CPU-s, [CPU-s of each call]]
@@ -103,7 +104,7 @@ def main() -> None:
         "steady_pct": 100 * (cf - cs) / (tf - ts), "total_pct": 100 * (c_end - c0) / (t_end - t0),
         "mean_tick_ms": 1000 * (cf - cs) / max(per_node.get("report", [1])[0], 1),
         "steps": summary["steps"], "interventions": n_interventions, "reason": summary["reason"],
-        "observe_every_s": observe_s, "variant": "unreachable" if args.unreachable else "example",
+        "observe_every_s": observe_s, "observe_quiet_s": quiet_s, "variant": "unreachable" if args.unreachable else "example",
         "ticks": per_node.get("report", [0])[0], "full_ticks": per_node.get("propose", [0])[0],
         "per_node": {k: {"calls": int(v[0]), "cpu_s": v[1], "ms_per_call": 1000 * v[1] / max(v[0], 1),
                          "median_ms": 1000 * sorted(v[2])[len(v[2]) // 2], "max_ms": 1000 * max(v[2])}
@@ -118,6 +119,7 @@ def main() -> None:
     what = (f"The healthy goal with an unreachable target (held-out 1.0), so the controller ticks every {observe_s:g} s "
             f"for the whole {args.wall_s:g} s budget" if args.unreachable else
             f"The healthy example as shipped (`examples/goals/healthy.yaml`), observed every {observe_s:g} s")
+    what += f" ({quiet_s:g} s after a quiet tick)" if quiet_s != observe_s else ""
     md = f"""# Controller overhead: {'a long run that never reaches its target' if args.unreachable else 'the healthy example'}
 
 Command: `python benchmarks/controller_overhead.py{' --unreachable --wall-s %g' % args.wall_s if args.unreachable else ''}{' --observe-s %g' % args.observe_s if args.observe_s is not None else ''}`.
@@ -129,12 +131,12 @@ Code: {res['commit']}. Machine: {res['machine']} (shared with other jobs). {what
 |---|---|---|---|
 | start-up (imports, workspace, git, sqlite, LangGraph) | {res['startup_cpu_s']:.2f} | {res['startup_wall_s']:.1f} | — |
 | steady state (every tick: observe, diagnose, …, report) | {res['steady_cpu_s']:.2f} | {res['steady_wall_s']:.1f} | {res['steady_pct']:.2f}% |
-| finish (stop, final report with plots) | {res['finish_cpu_s']:.2f} | {res['finish_wall_s']:.1f} | — |
+| finish (stop, final report with its SVG curves) | {res['finish_cpu_s']:.2f} | {res['finish_wall_s']:.1f} | — |
 | **whole run** | {res['controller_cpu_s']:.2f} | {res['wall_s']:.1f} | **{res['total_pct']:.2f}%** (target ≤ 2%) |
 
 The steady-state share is what a run of days pays; start-up and finish are fixed costs per controller start.
 
-CPU by node (steady state; `observe` excludes its {observe_s:g} s sleep, which costs no CPU):
+CPU by node (steady state; `observe` excludes its sleep, which costs no CPU):
 
 | node | calls | CPU-s | mean ms per call | median ms | max ms |
 |---|---|---|---|---|---|
@@ -142,7 +144,7 @@ CPU by node (steady state; `observe` excludes its {observe_s:g} s sleep, which c
                 for k, v in res["per_node"].items()) + f"""
 
 A tick costs {res['mean_tick_ms']:.1f} ms of CPU on average (steady CPU / ticks, LangGraph's checkpoint writes
-included), every {observe_s:g} s. One-off work inside the steady state, when something goes wrong: loading the
+included), every {observe_s:g} s{f' ({quiet_s:g} s after a quiet tick)' if quiet_s != observe_s else ''}. One-off work inside the steady state, when something goes wrong: loading the
 embedding model, a backtest's orchestration, a PR's report and plots.
 """
     (out / f"{name}.md").write_text(md)

@@ -37,10 +37,12 @@ import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +242,8 @@ class HashedEmbedder:
         return out
 
     def __call__(self, texts: list[str]) -> list[list[float]]:
+        import numpy as np   # here, not at import: a workspace that never embeds never loads numpy
+
         vecs = np.zeros((len(texts), self.dim))  # (N, D)
         for i, text in enumerate(texts):
             for tok in self._tokens(text):
@@ -369,6 +373,8 @@ class InMemoryStore(VectorStore):
 
     @staticmethod
     def _unit(v: list[float]) -> np.ndarray:
+        import numpy as np
+
         a = np.asarray(v, dtype=np.float64)
         norm = np.linalg.norm(a)
         return a / norm if norm > 0 else a
@@ -392,6 +398,8 @@ class InMemoryStore(VectorStore):
         rows = [(id_, d, m, v) for id_, (d, m, v) in col.items() if matches(w, m)]
         if not rows:
             return []
+        import numpy as np
+
         q = self._unit(_embed(self.embedder, [text])[0])
         sims = np.stack([r[3] for r in rows]) @ q  # (N,)
         dist = 1.0 - sims

@@ -252,7 +252,7 @@ class Controller:
     def node_observe(self, s: SwarmState) -> dict[str, Any]:
         self.state_job = s.job
         if s.tick:
-            time.sleep(self.goal.swarm.observe_every_s)
+            time.sleep(self.goal.swarm.wait_s(s.quiet))
         status = self.job_status(s.job)
         self.meter = CpuMeter(s.cpu)
         self.meter.observe(self.run_dir)

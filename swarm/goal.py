@@ -7,7 +7,7 @@
     approval: {auto: [low, medium]}                       # the rest waits for a human
     llm: {model: null}                                    # null → built-in policies
     perturbations: [{shortcut: lr_spike, at_step: 200}]   # evaluation only; handed to the trainer alone
-    swarm: {observe_every_s: 2, backtest: {...}}
+    swarm: {observe_every_s: 2, observe_quiet_s: 4, backtest: {...}}
     memory: {library: ~/swarm-library, seed_skills: true}   # skills + episodes shared across workspaces
 
 Validated up front: a malformed goal is one line naming the field, exit code 2.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarm.domain import ApprovalPolicy, Budget, LLMSettings, Target
 from trainer.config import ConfigError, Perturbation, RunConfig, format_validation_error, load_yaml
@@ -33,12 +33,26 @@ class BacktestSettings(BaseModel):
 
 class SwarmSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    observe_every_s: float = Field(2.0, gt=0)
+    observe_every_s: float = Field(2.0, gt=0, description="seconds between ticks while something is wrong or open")
+    observe_quiet_s: float | None = Field(None, gt=0, description="seconds after a quiet tick (nothing wrong, nothing "
+                                          "open, nothing new): what a healthy run of days pays for being watched, "
+                                          "and how late the first sign of a problem may be seen; None = observe_every_s")
     min_steps_between_interventions: int = Field(50, ge=0)
     evaluate_window_steps: int = Field(100, ge=1, description="steps after applying before judging kept / rolled back")
     stale_heartbeat_s: float = Field(20.0, gt=0)
     max_restarts: int = Field(5, ge=0)
     backtest: BacktestSettings = Field(default_factory=BacktestSettings)
+
+    @model_validator(mode="after")
+    def _quiet_not_faster(self) -> "SwarmSettings":
+        if self.observe_quiet_s is not None and self.observe_quiet_s < self.observe_every_s:
+            raise ValueError(f"observe_quiet_s={self.observe_quiet_s:g} is shorter than observe_every_s="
+                             f"{self.observe_every_s:g}: a quiet run would be watched more often than a troubled one")
+        return self
+
+    def wait_s(self, quiet: bool) -> float:
+        """The wait before the next tick: longer after a quiet one."""
+        return (self.observe_quiet_s or self.observe_every_s) if quiet else self.observe_every_s
 
 
 class MemorySettings(BaseModel):

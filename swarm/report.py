@@ -2,10 +2,10 @@
 
     md, pngs = intervention_report(iv, metrics_rows, samples)   # pngs == {"metrics.png": b"\\x89PNG..."}
     ws.open_pr(iv, md, pngs)
-    md, pngs = final_report(goal_dict, store.timeline(), store.list(), metrics_rows, outcome)
+    md, files = final_report(goal_dict, store.timeline(), store.list(), metrics_rows, outcome)
 
-Markdown is for a human reviewer; the PNGs sit beside it (`![...](metrics.png)`). Plots are drawn
-with matplotlib's Agg canvas directly (no pyplot global state, so it is safe in any thread).
+Markdown is for a human reviewer; the plots sit beside it: `metrics.png` in a PR (matplotlib),
+`curves.svg` in the final report (drawn as text without a plotting library: see swarm/plots.py).
 
 Text written by the policy being trained (prompts and completions in samples, strings in
 evidence) is untrusted: it only ever appears inside fenced code blocks, with backticks replaced,
@@ -15,23 +15,15 @@ links, or pass for the report's own words. Table cells are escaped the same way.
 from __future__ import annotations
 
 import datetime as _dt
-import io
 import json
 import math
 import re
 from typing import Any, Iterable
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from swarm.evidence import as_number
 from swarm.domain import Intervention
+from swarm.plots import curves, segments, to_png, to_svg
 
-PANELS: list[tuple[str, tuple[str, ...]]] = [
-    ("loss", ("loss",)),
-    ("train reward", ("reward_mean", "pass_rate")),
-    ("held-out", ("heldout_acc",)),
-]
 _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -92,74 +84,10 @@ def _table(header: list[str], rows: Iterable[list[Any]]) -> str:
 _num = as_number
 
 
-def _segments(rows: list[dict[str, Any]], key: str) -> list[tuple[list[int], list[float]]]:
-    """(steps, values) per run segment: after a resume or rollback the step counter repeats, and a
-    line drawn across that jump would be a lie."""
-    out: dict[int, tuple[list[int], list[float]]] = {}
-    for r in rows:
-        if r.get("final"):
-            continue
-        v, step = _num(r.get(key)), r.get("step")
-        if v is None or not isinstance(step, int):
-            continue
-        xs, ys = out.setdefault(int(r.get("segment", 0) or 0), ([], []))
-        xs.append(step)
-        ys.append(v)
-    return [out[k] for k in sorted(out)]
-
-
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    FigureCanvasAgg(fig)
-    fig.savefig(buf, format="png", dpi=90)
-    return buf.getvalue()
-
-
 def metrics_plot(rows: list[dict[str, Any]], marks: list[tuple[int, str]] | None = None,
                  target: tuple[str, float] | None = None, title: str = "") -> bytes:
-    """PNG of loss, train reward and held-out accuracy against step. `marks`: (step, label)
-    vertical lines (interventions); `target`: (metric, threshold) drawn as a horizontal line on
-    the panel holding that metric. Non-finite losses are marked with red crosses at the top."""
-    fig = Figure(figsize=(8, 7.5))
-    axes = fig.subplots(len(PANELS), 1, sharex=True)
-    any_data = False
-    for ax, (name, keys) in zip(axes, PANELS):
-        for ki, key in enumerate(keys):
-            color = f"C{ki}"
-            for si, (xs, ys) in enumerate(_segments(rows, key)):
-                finite = [(x, y) for x, y in zip(xs, ys) if math.isfinite(y)]
-                bad = [x for x, y in zip(xs, ys) if not math.isfinite(y)]
-                if finite:
-                    any_data = True
-                    fx, fy = zip(*finite)
-                    marker = "o" if key.startswith("heldout") or len(fx) == 1 else None
-                    ax.plot(fx, fy, color=color, marker=marker, ms=3, lw=1.2,
-                            label=key if si == 0 else None)
-                if bad:
-                    any_data = True
-                    ax.plot(bad, [1.0] * len(bad), "x", color="red", transform=ax.get_xaxis_transform(),
-                            clip_on=False, label=f"{key} non-finite" if si == 0 else None)
-        finite_vals = [y for k in keys for _, ys in _segments(rows, k) for y in ys if math.isfinite(y)]
-        if name == "loss" and finite_vals and min(finite_vals) > 0 and max(finite_vals) / min(finite_vals) > 1e3:
-            ax.set_yscale("log")   # a diverging run would flatten everything else to a line at zero
-        if target and target[0] in keys:
-            ax.axhline(target[1], color="green", ls="--", lw=1, label=f"target {target[1]:g}")
-        for step, label in marks or []:
-            ax.axvline(step, color="purple", ls=":", lw=1.2)
-            if ax is axes[0]:
-                ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                            va="top", ha="right", fontsize=7, color="purple")
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize=7)
-    axes[-1].set_xlabel("step")
-    if not any_data:
-        axes[0].text(0.5, 0.5, "no metrics recorded yet", transform=axes[0].transAxes, ha="center")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return _png(fig)
+    """PNG of loss, train reward and held-out accuracy against step (see `swarm.plots.curves`)."""
+    return to_png(curves(rows, marks, target, title))
 
 
 # ---- evidence and samples -------------------------------------------------------------------------
@@ -371,11 +299,11 @@ def final_report(goal: dict[str, Any], timeline: list[dict[str, Any]], intervent
     marked, the interventions table and the timeline of decisions."""
     tgt = _target(goal)
     applied = [iv for iv in interventions if iv.applied_step is not None]
-    png = metrics_plot(metrics_rows, marks=[(iv.applied_step, f"{iv.id} {iv.kind.value}") for iv in applied],
-                       target=(tgt[0], tgt[2]) if tgt else None, title="run curves")
+    svg = to_svg(curves(metrics_rows, marks=[(iv.applied_step, f"{iv.id} {iv.kind.value}") for iv in applied],
+                        target=(tgt[0], tgt[2]) if tgt else None, title="run curves"))
 
     # outcome against the target
-    values = [v for xs_ys in _segments(metrics_rows, tgt[0]) for v in xs_ys[1] if math.isfinite(v)] if tgt else []
+    values = [v for xs_ys in segments(metrics_rows, tgt[0]) for v in xs_ys[1] if math.isfinite(v)] if tgt else []
     best = (max(values) if tgt[1] == ">=" else min(values)) if values else None
     final = outcome.get("final_metric", values[-1] if values else None)
     reached = outcome.get("reached")
@@ -414,7 +342,7 @@ Target {_code(target_line)}: {verdict}. Final {cell(tgt[0] if tgt else 'metric')
 
 {_table(["measure", "value"], out_rows) if out_rows else ''}
 
-![training curves](curves.png)
+![training curves](curves.svg)
 
 Dotted lines: applied interventions; dashed: the target.
 
@@ -437,7 +365,7 @@ Each intervention's full report is `reports/<id>/REPORT.md` on its branch `iv/<i
 """
     if len(timeline) > max_events:
         md += f"\n_(showing the last {max_events} of {len(timeline)} events)_\n"
-    return md, {"curves.png": png}
+    return md, {"curves.svg": svg}
 
 
 __all__ = ["intervention_report", "final_report", "metrics_plot", "quote_untrusted", "cell"]

@@ -229,6 +229,26 @@ def test_rolling_back_to_an_older_checkpoint_sets_the_later_fixes_in_force_again
     ctrl.lock.release()
 
 
+def test_after_a_quiet_tick_observe_waits_observe_quiet_s(tmp_path, monkeypatch):
+    from swarm.controller import Controller
+    from swarm.graph import SwarmState
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False},
+                                swarm={"observe_every_s": 0.5, "observe_quiet_s": 3}))
+    plain = tiny_goal()
+    del plain["swarm"]["observe_quiet_s"]
+    assert Goal.parse(plain).swarm.wait_s(True) == 0.5      # not set: no back-off
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    slept: list[float] = []
+    monkeypatch.setattr("swarm.controller.time.sleep", slept.append)
+    for quiet in (False, True, False):
+        ctrl.node_observe(SwarmState(tick=1, quiet=quiet, started=1e12))
+    assert slept == [0.5, 3, 0.5]
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
 def test_a_quiet_tick_skips_the_intervention_nodes_until_something_happens(tmp_path):
     """diagnose routes straight to report when nothing was proposed, no intervention is open and
     the timeline has no row since the last full pass began; a human decision, a row logged during

@@ -64,7 +64,7 @@ def tiny_goal(**over: Any) -> dict[str, Any]:
                 "recipe": {"lr": 0.005, "eval_interval": 25, "eval_size": 100},
                 "checkpoint": {"interval": 25, "keep_last": 4}},
         "budget": {"wall_s": 150, "steps": 1500, "worker_cpu_s": 900},
-        "swarm": {"observe_every_s": 0.5, "min_steps_between_interventions": 20, "evaluate_window_steps": 30,
+        "swarm": {"observe_every_s": 0.5, "observe_quiet_s": 0.5, "min_steps_between_interventions": 20, "evaluate_window_steps": 30,
                   "backtest": {"horizon_steps": 20, "eval_size": 50}},
     })
     return merge(g, over)
@@ -608,6 +608,7 @@ BAD_GOALS = [
     ("perturbation", {"perturbations": [{"shortcut": "meteor"}]}, ["perturbations[0]", "meteor"]),
     ("perturbation_value", {"perturbations": [{"kind": "override", "set": {"recipe.lr": 0}}]},
      ["perturbations[0]", "recipe.lr=0"]),
+    ("quiet_faster", {"swarm": {"observe_every_s": 2, "observe_quiet_s": 1}}, ["swarm", "observe_quiet_s=1"]),
 ]
 
 

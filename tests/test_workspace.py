@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import xml.etree.ElementTree as ET
 
 import git
 import pytest
@@ -315,10 +316,12 @@ def test_final_report(ws):
                 {"seq": 2, "time": 1002.5, "kind": "transition", "id": a.id, "from": "proposed", "to": "applied",
                  "note": "a|b"}]
     goal = yaml.safe_load(GOAL)
-    md, pngs = final_report(goal, timeline, [a, b], metric_rows(), {"reached": False, "steps": 60, "wall_s": 12.5})
-    assert pngs["curves.png"].startswith(PNG) and fences_balanced(md)
+    md, files = final_report(goal, timeline, [a, b], metric_rows(), {"reached": False, "steps": 60, "wall_s": 12.5})
+    svg = ET.fromstring(files["curves.svg"])   # well-formed: one line per applied intervention, labelled
+    marks = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text") if t.get("fill") == "purple"]
+    assert marks == [f"{a.id} recipe_edit", f"{b.id} restart"] and fences_balanced(md)
     for needle in ("heldout_acc >= 0.95", "**not reached**", a.id, b.id, "kept", "+0.3", "0.02", "skipped",
-                   "restart", "2.5", "loss_spike", "a\\|b", "add 3-digit numbers", "![training curves](curves.png)"):
+                   "restart", "2.5", "loss_spike", "a\\|b", "add 3-digit numbers", "![training curves](curves.svg)"):
         assert needle in md, needle
     md2, _ = final_report(goal, [], [], [{"step": 5, "heldout_acc": 0.96}], {})
     assert "**reached**" in md2 and "_No interventions._" in md2
