@@ -223,11 +223,13 @@ def _full_logits(policy: Policy, ids, attn, pos) -> torch.Tensor:
         return policy.model.lm_head(policy.hidden(ids, attn, pos))
 
 
-def test_kv_cache_decoding_equals_full_forward(builtin_policy):
+@pytest.mark.parametrize("prompts", [[[1, 5, 6, 7, 8, 9], [1, 10, 11]],    # different lengths → left padding: masked
+                                     [[1, 5, 6, 7], [1, 10, 11, 12]]],     # no padding: a decoded token attends to all, unmasked
+                         ids=["left_padded", "unpadded"])
+def test_kv_cache_decoding_equals_full_forward(builtin_policy, prompts):
     pol = builtin_policy
     m = pol.model.eval()
     g = torch.Generator().manual_seed(0)
-    prompts = [[1, 5, 6, 7, 8, 9], [1, 10, 11]]  # different lengths → left padding
     b = build_batch(prompts, [[]] * 2, pol.tok.pad_id)
     P = b.prompt_len
     ids, attn = b.ids[:, :P], b.attn[:, :P]
