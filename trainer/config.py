@@ -32,7 +32,8 @@ class ModelConfig(_Strict):
     d_ff: int = Field(0, ge=0, description="built-in: SwiGLU hidden size; 0 = 8/3·d_model rounded to 8")
     max_seq_len: int = Field(128, ge=8)
     kernels: Literal["auto", "torch", "triton"] = Field(
-        "auto", description="log-prob/RMSNorm implementation: auto = triton on CUDA, torch elsewhere"
+        "auto", description="log-prob/RMSNorm implementation: auto = triton on CUDA; on CPU torch ops, the built-in "
+        "model's RMSNorm fused in C (kernels/cpu.py, built on first use; torch ops without a C compiler); torch = torch ops"
     )
     learned_positions: bool = Field(False, description="built-in: add a learned absolute position embedding to the "
                                                        "token embedding (rotary stays on)")

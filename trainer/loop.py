@@ -77,7 +77,14 @@ class Trainer:
         except ValueError as e:
             raise ConfigError(f"model.kernels={cfg.model.kernels!r}: {e}") from None
         if not self.policy.is_hf:  # HF models have their own (boolean) `use_kernels` attribute
-            self.policy.model.use_kernels(self.backend)
+            norm = self.backend
+            if self.backend == "torch" and cfg.model.kernels == "auto" and device.type == "cpu":
+                import kernels.cpu
+
+                ok, why = kernels.cpu.available()   # RMSNorm fused in C, built on first use
+                norm = "cpu" if ok else "torch"
+                reason += f"; RMSNorm: {why}"
+            self.policy.model.use_kernels(norm)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
         # the fused AdamW step: one kernel over all parameters instead of ~10 ops per tensor (measured
         # 1.9 -> 0.7 ms per step on the 0.8M-parameter example, one CPU thread)

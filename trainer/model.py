@@ -23,13 +23,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    backend = "torch"  # set to "triton" by TinyLM.use_kernels on CUDA
+    backend = "torch"  # set by TinyLM.use_kernels: "triton" on CUDA, "cpu" (the fused C kernel) on CPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "triton":
             import kernels
 
             return kernels.rms_norm(x, self.weight, self.eps, backend="triton")
+        if self.backend == "cpu":
+            import kernels.cpu
+
+            if kernels.cpu.usable(x, self.weight):
+                return kernels.cpu.rms_norm(x, self.weight, self.eps)
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
@@ -150,7 +155,8 @@ class TinyLM(nn.Module):
                 nn.init.normal_(b.mlp.down.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
 
     def use_kernels(self, backend: str) -> None:
-        """Route every RMSNorm through the Triton kernel ("triton") or the torch expression."""
+        """Route every RMSNorm through the Triton kernel ("triton"), the fused C kernel on CPU
+        ("cpu", kernels/cpu.py) or the torch expression ("torch")."""
         for m in self.modules():
             if isinstance(m, RMSNorm):
                 m.backend = backend
