@@ -64,21 +64,27 @@ class Evidence(BaseModel):
 class _Tail:
     """Incremental reader of an append-only JSONL file: each call parses only the bytes appended
     since the last one (a torn last line waits for its newline), so observing a long run costs
-    per tick what the run wrote since the previous tick, not its whole history."""
+    per tick what the run wrote since the previous tick, not its whole history. Only the newest
+    `keep` rows (at most twice that between trims) stay in memory: a run of days appends millions."""
 
-    def __init__(self) -> None:
-        self.files: dict[str, tuple[int, int, list[dict[str, Any]]]] = {}  # path -> (inode, offset, rows)
+    def __init__(self, keep: int = 5000) -> None:
+        self.keep = keep
+        self.files: dict[str, tuple[int, int, list[dict[str, Any]], int, int]] = {}  # path -> (inode, offset, rows, total, epoch)
+        self._epochs = 0
 
-    def rows(self, path: pathlib.Path) -> list[dict[str, Any]]:
+    def read(self, path: pathlib.Path) -> tuple[list[dict[str, Any]], int, int]:
+        """(the newest rows, how many rows the file has had, an epoch that changes whenever the
+        file was replaced or truncated and reading started over)."""
         key = str(path)
         try:
             st = path.stat()
         except FileNotFoundError:
             self.files.pop(key, None)
-            return []
-        ino, off, rows = self.files.get(key, (st.st_ino, 0, []))
-        if ino != st.st_ino or st.st_size < off:  # replaced or truncated: start over
-            off, rows = 0, []
+            return [], 0, -1
+        ino, off, rows, total, epoch = self.files.get(key, (st.st_ino, 0, [], 0, -1))
+        if epoch < 0 or ino != st.st_ino or st.st_size < off:  # new, replaced or truncated: start over
+            self._epochs += 1
+            ino, off, rows, total, epoch = st.st_ino, 0, [], 0, self._epochs
         if st.st_size > off:
             with open(path, "rb") as f:
                 f.seek(off)
@@ -89,9 +95,15 @@ class _Tail:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue
+                total += 1
             off += end
-        self.files[key] = (st.st_ino, off, rows)
-        return rows
+            if len(rows) > 2 * self.keep:
+                del rows[: -self.keep]
+        self.files[key] = (ino, off, rows, total, epoch)
+        return rows, total, epoch
+
+    def rows(self, path: pathlib.Path) -> list[dict[str, Any]]:
+        return self.read(path)[0]
 
 
 _TAIL = _Tail()
@@ -104,16 +116,20 @@ def is_eval_row(r: dict[str, Any]) -> bool:
 
 class _MetricsIndex:
     """The current segment's rows and the eval rows of one metrics file, kept up to date from the
-    rows appended since the last call (a scan of the whole history per tick cost O(steps))."""
+    rows appended since the last call (a scan of the whole history per tick cost O(steps)); the
+    newest `keep` of each (at most twice that between trims)."""
 
-    def __init__(self) -> None:
-        self.files: dict[str, tuple[list[dict[str, Any]], int, int, list, list]] = {}  # path -> (rows, seen, seg, cur, evals)
+    def __init__(self, keep: int = 5000) -> None:
+        self.keep = keep
+        self.files: dict[str, tuple[int, int, int, list, list]] = {}  # path -> (epoch, seen, seg, cur, evals)
 
-    def update(self, key: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        src, seen, seg, cur, evals = self.files.get(key, (rows, 0, 0, [], []))
-        if src is not rows or seen > len(rows):   # the file was replaced: the tail started a new list
+    def update(self, key: str, rows: list[dict[str, Any]], total: int, epoch: int
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        ep, seen, seg, cur, evals = self.files.get(key, (epoch, 0, 0, [], []))
+        if ep != epoch or seen > total:   # the file was replaced: the tail started over
             seen, seg, cur, evals = 0, 0, [], []
-        for r in rows[seen:]:
+        new = total - seen
+        for r in (rows[-new:] if new > 0 else []):
             rs = r.get("segment", 0)
             if rs > seg:
                 seg, cur = rs, []
@@ -121,7 +137,10 @@ class _MetricsIndex:
                 cur.append(r)
             if is_eval_row(r):
                 evals.append(r)
-        self.files[key] = (rows, len(rows), seg, cur, evals)
+        for xs in (cur, evals):
+            if len(xs) > 2 * self.keep:
+                del xs[: -self.keep]
+        self.files[key] = (epoch, total, seg, cur, evals)
         return cur, evals
 
 
@@ -131,7 +150,7 @@ _METRICS = _MetricsIndex()
 def collect(run_dir: str | pathlib.Path, job_status: str = "UNKNOWN", window: int = 200,
             n_samples: int = 32, harness: dict | None = None, recipe: dict | None = None) -> Evidence:
     p = pathlib.Path(run_dir)
-    cur, evals = _METRICS.update(str(p / "metrics.jsonl"), _TAIL.rows(p / "metrics.jsonl"))
+    cur, evals = _METRICS.update(str(p / "metrics.jsonl"), *_TAIL.read(p / "metrics.jsonl"))
     samples = _TAIL.rows(p / "samples.jsonl")[-n_samples:]
     hb = read_heartbeat(p)
     # built from our own parser's lists and dicts: no validation pass (it copied every row per tick)

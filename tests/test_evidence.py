@@ -58,3 +58,28 @@ def test_collect_follows_segments_and_evals_incrementally(tmp_path):
     append({"step": 1, "segment": 0, "loss": 2.0})
     ev = collect(tmp_path)
     assert [r["loss"] for r in ev.metrics] == [2.0] and ev.evals == []
+
+
+def test_memory_stays_bounded_on_a_long_run(tmp_path):
+    """The tail and the index keep only the newest rows (at most twice `keep`), and the index still
+    sees every appended row once: segments and evals stay right across trims."""
+    from swarm.evidence import _MetricsIndex
+
+    t, idx = _Tail(keep=10), _MetricsIndex(keep=10)
+    m = tmp_path / "metrics.jsonl"
+    step = 0
+    for tick in range(30):
+        with open(m, "a") as f:
+            for _ in range(7):
+                step += 1
+                row = {"step": step, "segment": 1 if step > 150 else 0, "loss": 1.0}
+                if step % 5 == 0:
+                    row["heldout_acc"] = step / 1000
+                f.write(json.dumps(row) + "\n")
+        rows, total, epoch = t.read(m)
+        cur, evals = idx.update(str(m), rows, total, epoch)
+        assert total == step and len(rows) <= 20 and rows[-1]["step"] == step
+        assert len(cur) <= 20 and cur[-1]["step"] == step and len(evals) <= 20
+        assert evals[-1]["heldout_acc"] == (step - step % 5) / 1000          # no eval row missed or repeated
+        assert [r["step"] for r in cur] == list(range(step - len(cur) + 1, step + 1))   # contiguous, no gaps
+    assert all(r["segment"] == 1 for r in cur)
