@@ -34,6 +34,7 @@ import platform
 import sys
 import tempfile
 import statistics
+import subprocess
 import time
 
 import torch
@@ -154,13 +155,27 @@ def main() -> None:
     ap.add_argument("--per-step", action="store_true", help="measure the cost of a training step instead")
     ap.add_argument("--steps", type=int, default=300, help="--per-step: steps per arm")
     ap.add_argument("--reps", type=int, default=3, help="--per-step: repetitions per arm")
+    ap.add_argument("--merge", action="store_true", help="add these seeds to the runs already in the results "
+                                                          "(same code: the commit is checked) instead of replacing them")
     a = ap.parse_args()
     if a.per_step:
         return per_step(a.steps, a.reps)
     out = pathlib.Path(tempfile.mkdtemp(prefix="tta_"))
     results = []
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    prev_wall = 0.0
+    if a.merge:
+        prev = json.loads((HERE / "results" / "time_to_accuracy.json").read_text())
+        # the code both arms run must be the same as for the runs already there
+        code = ["trainer", "kernels", "harness", "benchmarks/minimal_loop.py", "examples/addition_sft.yaml"]
+        same = prev.get("commit") and subprocess.run(["git", "diff", "--quiet", prev["commit"], "--", *code], cwd=HERE.parent).returncode == 0
+        if not same:
+            raise SystemExit(f"--merge: the trainer or the minimal loop changed since the results' commit "
+                             f"{prev.get('commit')}: run all seeds again")
+        results = [r for r in prev["runs"] if r["seed"] not in a.seeds]
+        prev_wall = prev.get("bench_wall_s", 0.0)
     t_all = time.perf_counter()
-    for i, seed in enumerate(a.seeds):
+    for i, seed in enumerate(a.seeds, start=len(results)):
         arms = {"minimal": lambda: minimal_loop.main(target=0.95, batch=128, lr=EXAMPLE.recipe.lr, max_steps=5000,
                                                      eval_every=100, seed=seed, threads=1),
                 "trainer": lambda: run_trainer(seed, out)}
@@ -183,7 +198,7 @@ def main() -> None:
         "median_paired_ratio_wall": statistics.median(r["ratio_wall"] for r in results),
         "ratio_median_s_per_step": med["trainer"]["s_per_step"] / med["minimal"]["s_per_step"],
         "ratio_median_steps": med["trainer"]["steps"] / med["minimal"]["steps"],
-        "bench_wall_s": time.perf_counter() - t_all,
+        "bench_wall_s": prev_wall + time.perf_counter() - t_all, "commit": commit,
     }
     rdir = HERE / "results"
     rdir.mkdir(exist_ok=True)
@@ -191,7 +206,8 @@ def main() -> None:
     plot(results, rdir / "time_to_accuracy.png")
     n = len(results)
     lines = ["# Time to 95% held-out exact match, 3-digit addition, CPU (1 torch thread each)", "",
-             f"Command: `python benchmarks/time_to_accuracy.py --seeds {' '.join(map(str, a.seeds))}` "
+             f"Command: `python benchmarks/time_to_accuracy.py --seeds {' '.join(str(r['seed']) for r in results)}` "
+             f"(at {commit[:10]}{'; seeds added with --merge' if a.merge else ''}) "
              f"({summary['bench_wall_s'] / 60:.0f} min; {summary['machine']}; machine shared with other jobs, "
              "so absolute seconds are inflated — the arms are interleaved per seed and the claims are ratios).", "",
              "Minimal = `benchmarks/minimal_loop.py` (GPT: learned positions, LayerNorm, GELU; zero-padded fixed-width "
