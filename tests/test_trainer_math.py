@@ -393,3 +393,20 @@ def test_init_choice_scales_only_the_residual_projections():
     for (n, a), (_, b) in zip(scaled.named_parameters(), plain.named_parameters()):
         if n not in residual:   # the scaled init runs after every layer is built: the rest is identical
             assert torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_builtin_model_runs_in_other_dtypes(dtype):
+    """The rotary table is complex64 whatever the model's dtype (bf16 has no complex type)."""
+    from trainer.config import ModelConfig
+    from trainer.model import TinyLM
+
+    torch.manual_seed(0)
+    m32 = TinyLM(ModelConfig(kind="builtin", d_model=32, n_layers=1, n_heads=2, max_seq_len=16), 20)
+    m = TinyLM(ModelConfig(kind="builtin", d_model=32, n_layers=1, n_heads=2, max_seq_len=16), 20)
+    m.load_state_dict(m32.state_dict())
+    m = m.to(dtype)
+    ids = torch.randint(0, 20, (2, 5))
+    h = m(ids)
+    assert h.dtype == dtype
+    torch.testing.assert_close(h.float(), m32(ids), rtol=0.05, atol=0.05)

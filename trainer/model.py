@@ -179,7 +179,8 @@ class TinyLM(nn.Module):
             raise ValueError(f"sequence length {total} exceeds model.max_seq_len={self.cfg.max_seq_len}")
         if positions is None:
             positions = torch.arange(start, total, device=ids.device).expand(B, T)
-        rot = torch.complex(self.cos[positions], self.sin[positions]).unsqueeze(1)  # (B, 1, T, hd/2), once for all layers
+        # (B, 1, T, hd/2) complex64, once for all layers (float32 tables: a bf16 model has no complex type)
+        rot = torch.complex(self.cos[positions].float(), self.sin[positions].float()).unsqueeze(1)
         x = self.embed(ids)
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)
