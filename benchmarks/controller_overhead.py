@@ -58,6 +58,7 @@ def main() -> None:
         goal["budget"].update(wall_s=args.wall_s, steps=1_000_000, worker_cpu_s=1e9)
     if args.observe_s is not None:
         goal["swarm"]["observe_every_s"] = args.observe_s
+        goal["swarm"]["observe_quiet_s"] = max(args.observe_s, goal["swarm"].get("observe_quiet_s") or 0)
     observe_s = goal["swarm"]["observe_every_s"]
     quiet_s = goal["swarm"].get("observe_quiet_s") or observe_s
     marks: dict[str, tuple[float, float]] = {}

@@ -11,7 +11,7 @@ the built-in model. This kernel reads x once forward and once backward.
 
 Single-threaded (the built-in model's rows are short; the trainer runs one torch thread by
 default). Built with `-O3 -march=native` for the machine it runs on, so the cached library is keyed
-by the source, the flags, the compiler and the CPU's feature flags: `$SWARMLAB_KERNEL_CACHE`, else
+by the source, the flags, the compiler's path and `--version`, and the CPU's feature flags: `$SWARMLAB_KERNEL_CACHE`, else
 `~/.cache/swarmlab/kernels`. `$SWARMLAB_CC` names the compiler (default `cc`).
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 
 import torch
+from torch.autograd.function import once_differentiable
 
 SOURCE = r"""
 #include <math.h>
@@ -82,31 +83,40 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("SWARMLAB_KERNEL_CACHE") or pathlib.Path.home() / ".cache" / "swarmlab" / "kernels")
 
 
+def _build(exe: str, lib: pathlib.Path) -> str | None:
+    """Compile SOURCE into `lib` (atomically: a concurrent builder writes the same file); None when
+    it worked, else why not."""
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+        src, out = pathlib.Path(tmp) / "rmsnorm.c", pathlib.Path(tmp) / "rmsnorm.so"
+        src.write_text(SOURCE)
+        try:
+            res = subprocess.run([exe, *FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if res.returncode != 0:
+            return (res.stderr.strip().splitlines() or [f"exit {res.returncode}, no output"])[0]
+        os.replace(out, lib)
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def _load() -> tuple[ctypes.CDLL | None, str]:
     cc = os.environ.get("SWARMLAB_CC", "cc")
     exe = shutil.which(cc)
     if exe is None:
         return None, f"no C compiler ({cc!r} not found): torch ops"
-    key = hashlib.sha256("\0".join([SOURCE, *FLAGS, exe, _cpu_flags()]).encode()).hexdigest()[:16]
-    lib = cache_dir() / f"rmsnorm-{key}.so"
-    if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-            src, out = pathlib.Path(tmp) / "rmsnorm.c", pathlib.Path(tmp) / "rmsnorm.so"
-            src.write_text(SOURCE)
-            try:
-                res = subprocess.run([exe, *FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, text=True, timeout=120)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                return None, f"building the CPU RMSNorm kernel failed ({type(exc).__name__}: {exc}): torch ops"
-            if res.returncode != 0:
-                first = (res.stderr.strip().splitlines() or ["no output"])[0]
-                return None, f"building the CPU RMSNorm kernel failed ({cc}: {first}): torch ops"
-            os.replace(out, lib)   # atomic: a concurrent builder's library is the same file
     try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+        key = hashlib.sha256("\0".join([SOURCE, *FLAGS, exe, version, _cpu_flags()]).encode()).hexdigest()[:16]
+        lib = cache_dir() / f"rmsnorm-{key}.so"
+        if not lib.exists():
+            why = _build(exe, lib)
+            if why is not None:
+                return None, f"building the CPU RMSNorm kernel failed ({cc}: {why}): torch ops"
         dll = ctypes.CDLL(str(lib))
-    except OSError as exc:
-        return None, f"loading {lib} failed ({exc}): torch ops"
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:   # unwritable cache, no HOME, bad library
+        return None, f"the CPU RMSNorm kernel is unusable ({type(exc).__name__}: {exc}): torch ops"
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     dll.rms_fwd.argtypes = [ptr, ptr, ptr, ptr, i64, i64, f32]
     dll.rms_bwd.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]
@@ -139,6 +149,7 @@ class _RMSNorm(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable   # the kernel's gradient is not itself differentiable
     def backward(ctx, g: torch.Tensor):
         x, w, rstd = ctx.saved_tensors
         g = g.contiguous()

@@ -13,6 +13,7 @@ import json
 import math
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -61,49 +62,58 @@ class Evidence(BaseModel):
         return None
 
 
+Row = dict[str, Any]
+
+
 class _Tail:
     """Incremental reader of an append-only JSONL file: each call parses only the bytes appended
     since the last one (a torn last line waits for its newline), so observing a long run costs
-    per tick what the run wrote since the previous tick, not its whole history. Only the newest
-    `keep` rows (at most twice that between trims) stay in memory: a run of days appends millions."""
+    per tick what the run wrote since the previous tick, not its whole history. Bytes are read in
+    `chunk` pieces and only the newest `keep` rows (at most twice that between trims) stay in
+    memory: a run of days appends millions. `on_row` sees every row once, in order, as it is
+    parsed; `on_reset` is called when reading starts over (a new, replaced, truncated or missing
+    file), so an index built from the rows can start over too."""
 
-    def __init__(self, keep: int = 5000) -> None:
-        self.keep = keep
-        self.files: dict[str, tuple[int, int, list[dict[str, Any]], int, int]] = {}  # path -> (inode, offset, rows, total, epoch)
-        self._epochs = 0
+    def __init__(self, keep: int = 5000, chunk: int = 1 << 22) -> None:
+        self.keep, self.chunk = keep, chunk
+        self.files: dict[str, tuple[int, int, list[Row]]] = {}  # path -> (inode, offset, newest rows)
 
-    def read(self, path: pathlib.Path) -> tuple[list[dict[str, Any]], int, int]:
-        """(the newest rows, how many rows the file has had, an epoch that changes whenever the
-        file was replaced or truncated and reading started over)."""
+    def rows(self, path: pathlib.Path, on_row: Callable[[Row], None] | None = None,
+             on_reset: Callable[[], None] | None = None) -> list[Row]:
         key = str(path)
         try:
             st = path.stat()
         except FileNotFoundError:
-            self.files.pop(key, None)
-            return [], 0, -1
-        ino, off, rows, total, epoch = self.files.get(key, (st.st_ino, 0, [], 0, -1))
-        if epoch < 0 or ino != st.st_ino or st.st_size < off:  # new, replaced or truncated: start over
-            self._epochs += 1
-            ino, off, rows, total, epoch = st.st_ino, 0, [], 0, self._epochs
+            if self.files.pop(key, None) is not None and on_reset:
+                on_reset()
+            return []
+        state = self.files.get(key)
+        if state is None or state[0] != st.st_ino or st.st_size < state[1]:   # new, replaced or truncated
+            state = (st.st_ino, 0, [])
+            if on_reset:
+                on_reset()
+        ino, off, rows = state
         if st.st_size > off:
             with open(path, "rb") as f:
                 f.seek(off)
-                chunk = f.read()
-            end = chunk.rfind(b"\n") + 1
-            for line in chunk[:end].splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-                total += 1
-            off += end
-            if len(rows) > 2 * self.keep:
-                del rows[: -self.keep]
-        self.files[key] = (ino, off, rows, total, epoch)
-        return rows, total, epoch
-
-    def rows(self, path: pathlib.Path) -> list[dict[str, Any]]:
-        return self.read(path)[0]
+                buf = b""
+                while chunk := f.read(self.chunk):
+                    buf += chunk
+                    end = buf.rfind(b"\n") + 1
+                    for line in buf[:end].splitlines():
+                        try:
+                            row = json.loads(line)
+                        except json.JSONDecodeError:
+                            continue
+                        rows.append(row)
+                        if on_row:
+                            on_row(row)
+                    off += end
+                    buf = buf[end:]
+                    if len(rows) > 2 * self.keep:
+                        del rows[: -self.keep]
+        self.files[key] = (ino, off, rows)
+        return rows
 
 
 _TAIL = _Tail()
@@ -114,43 +124,41 @@ def is_eval_row(r: dict[str, Any]) -> bool:
     return any(k.startswith("heldout") for k in r)
 
 
-class _MetricsIndex:
-    """The current segment's rows and the eval rows of one metrics file, kept up to date from the
-    rows appended since the last call (a scan of the whole history per tick cost O(steps)); the
-    newest `keep` of each (at most twice that between trims)."""
+class _SegmentIndex:
+    """The current segment's rows and the eval rows of one metrics file, fed every row once as the
+    tail parses it (a scan of the whole history per tick cost O(steps)); the newest `keep` of each
+    (at most twice that between trims)."""
 
     def __init__(self, keep: int = 5000) -> None:
         self.keep = keep
-        self.files: dict[str, tuple[int, int, int, list, list]] = {}  # path -> (epoch, seen, seg, cur, evals)
+        self.reset()
 
-    def update(self, key: str, rows: list[dict[str, Any]], total: int, epoch: int
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        ep, seen, seg, cur, evals = self.files.get(key, (epoch, 0, 0, [], []))
-        if ep != epoch or seen > total:   # the file was replaced: the tail started over
-            seen, seg, cur, evals = 0, 0, [], []
-        new = total - seen
-        for r in (rows[-new:] if new > 0 else []):
-            rs = r.get("segment", 0)
-            if rs > seg:
-                seg, cur = rs, []
-            if rs == seg and not r.get("final"):
-                cur.append(r)
-            if is_eval_row(r):
-                evals.append(r)
-        for xs in (cur, evals):
-            if len(xs) > 2 * self.keep:
-                del xs[: -self.keep]
-        self.files[key] = (epoch, total, seg, cur, evals)
-        return cur, evals
+    def reset(self) -> None:
+        self.seg, self.cur, self.evals = 0, [], []
+
+    def add(self, r: Row) -> None:
+        rs = r.get("segment", 0)
+        if rs > self.seg:
+            self.seg, self.cur = rs, []
+        if rs == self.seg and not r.get("final"):
+            self.cur.append(r)
+            if len(self.cur) > 2 * self.keep:
+                del self.cur[: -self.keep]
+        if is_eval_row(r):
+            self.evals.append(r)
+            if len(self.evals) > 2 * self.keep:
+                del self.evals[: -self.keep]
 
 
-_METRICS = _MetricsIndex()
+_INDEX: dict[str, _SegmentIndex] = {}
 
 
 def collect(run_dir: str | pathlib.Path, job_status: str = "UNKNOWN", window: int = 200,
             n_samples: int = 32, harness: dict | None = None, recipe: dict | None = None) -> Evidence:
     p = pathlib.Path(run_dir)
-    cur, evals = _METRICS.update(str(p / "metrics.jsonl"), *_TAIL.read(p / "metrics.jsonl"))
+    idx = _INDEX.setdefault(str(p / "metrics.jsonl"), _SegmentIndex())
+    _TAIL.rows(p / "metrics.jsonl", on_row=idx.add, on_reset=idx.reset)
+    cur, evals = idx.cur, idx.evals
     samples = _TAIL.rows(p / "samples.jsonl")[-n_samples:]
     hb = read_heartbeat(p)
     # built from our own parser's lists and dicts: no validation pass (it copied every row per tick)

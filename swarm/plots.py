@@ -150,12 +150,16 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo] if math.isfinite(lo) else []
     raw = (hi - lo) / max(n, 1)
+    if not math.isfinite(raw) or raw <= 1e-12 * max(1.0, abs(lo), abs(hi)):   # beyond float range, or float noise
+        return [lo]
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
     first = math.ceil(lo / step - 1e-9) * step
     out, k = [], 0
     while first + k * step <= hi + 1e-9 * step:
-        out.append(round(first + k * step, 12))
+        t = round(first + k * step, 12)
+        if not out or t != out[-1]:
+            out.append(t)
         k += 1
     return out
 
@@ -184,10 +188,16 @@ def to_svg(chart: Chart, width: int = 800, panel_h: int = 210) -> bytes:
     for i, p in enumerate(chart.panels):
         py = top + i * (panel_h + gap)
         vals = [y for s in p.series for _, ys in s.lines for y in ys] + ([p.target] if p.target is not None else [])
-        tf = (lambda v: math.log10(v)) if p.log else (lambda v: v)   # noqa: E731
-        tv = [tf(v) for v in vals if not p.log or v > 0]
+        tf = (lambda v: math.log10(v)) if p.log else (lambda v: max(-1e300, min(1e300, v)))   # noqa: E731
+        tv = [tf(v) for v in vals if math.isfinite(v) and (not p.log or v > 0)]
         y0, y1 = (min(tv), max(tv)) if tv else (0.0, 1.0)
-        pad = (y1 - y0) * 0.05 or (abs(y0) * 0.1 or 0.5)
+        span = y1 - y0
+        if not math.isfinite(span):
+            y0, y1, span = y0 / 2, y1 / 2, y1 / 2 - y0 / 2   # values near the float limit: halve the axis
+            tf = (lambda v: max(-1e300, min(1e300, v)) / 2)   # noqa: E731
+        if span <= 1e-9 * max(1.0, abs(y0), abs(y1)):   # all equal (to float noise): a band around them
+            span = 0.0
+        pad = span * 0.05 or (abs(y0) * 0.1 or 0.5)
         y0, y1 = y0 - pad, y1 + pad
         sy = lambda v: py + panel_h - (tf(v) - y0) / (y1 - y0) * panel_h   # noqa: E731
         o.append(f'<rect x="{left}" y="{py}" width="{pw}" height="{panel_h}" fill="none" stroke="#444"/>')
@@ -217,7 +227,7 @@ def to_svg(chart: Chart, width: int = 800, panel_h: int = 210) -> bytes:
                 o += [f'<text x="{sx(x):.1f}" y="{py + 10}" text-anchor="middle" fill="red" font-size="12">×</text>'
                       for x in s.nonfinite]
                 legend.append((f"{s.label} non-finite", "red", "2,2"))
-        if p.target is not None and (not p.log or p.target > 0):
+        if p.target is not None and math.isfinite(p.target) and (not p.log or p.target > 0):
             y = sy(p.target)
             o.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="green" stroke-dasharray="6,3"/>')
             legend.append((f"target {p.target:g}", "green", "6,3"))

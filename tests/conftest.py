@@ -11,12 +11,18 @@ with the `tokenizers` library, so the HF path runs with nothing downloaded.
 from __future__ import annotations
 
 import copy
+import os
 import pathlib
 import string
+import tempfile
 from typing import Any
 
 import pytest
 import torch
+
+# one CPU-kernel cache for the whole session (tests that give processes their own HOME would
+# otherwise rebuild it in every trainer process); a test may still point it elsewhere
+os.environ.setdefault("SWARMLAB_KERNEL_CACHE", tempfile.mkdtemp(prefix="swarmlab-kernels-"))
 
 # Modules whose tests are isolated here; the other test modules keep their own conventions.
 _OWN = ("test_trainer_", "test_cli", "test_ray_job")

@@ -94,3 +94,11 @@ def test_the_trainer_uses_it_on_cpu_and_learns_the_same(fresh, make_cfg, monkeyp
     assert {m.backend for m in tr.policy.model.modules() if type(m).__name__ == "RMSNorm"} == {"torch"}
     assert "no C compiler" in tr._kernel_reason
     tr.close()
+
+
+def test_an_unwritable_cache_is_a_reason_not_a_crash(fresh, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("SWARMLAB_KERNEL_CACHE", str(blocker / "kernels"))
+    ok, reason = cpu.available()
+    assert not ok and "unusable" in reason and "torch ops" in reason

@@ -61,25 +61,28 @@ def test_collect_follows_segments_and_evals_incrementally(tmp_path):
 
 
 def test_memory_stays_bounded_on_a_long_run(tmp_path):
-    """The tail and the index keep only the newest rows (at most twice `keep`), and the index still
-    sees every appended row once: segments and evals stay right across trims."""
-    from swarm.evidence import _MetricsIndex
+    """The tail and the index keep only the newest rows (at most twice `keep`), read the file in
+    chunks, and the index still sees every appended row once — also when one read brings many more
+    rows than `keep` (a resume over a long run, a fast trainer during a long wait)."""
+    from swarm.evidence import _SegmentIndex
 
-    t, idx = _Tail(keep=10), _MetricsIndex(keep=10)
+    t, idx = _Tail(keep=10, chunk=64), _SegmentIndex(keep=10)
     m = tmp_path / "metrics.jsonl"
     step = 0
     for tick in range(30):
         with open(m, "a") as f:
-            for _ in range(7):
+            for _ in range(7 if tick != 12 else 95):   # one tick brings 95 rows
                 step += 1
                 row = {"step": step, "segment": 1 if step > 150 else 0, "loss": 1.0}
                 if step % 5 == 0:
                     row["heldout_acc"] = step / 1000
                 f.write(json.dumps(row) + "\n")
-        rows, total, epoch = t.read(m)
-        cur, evals = idx.update(str(m), rows, total, epoch)
-        assert total == step and len(rows) <= 20 and rows[-1]["step"] == step
+        rows = t.rows(m, on_row=idx.add, on_reset=idx.reset)
+        assert len(rows) <= 20 and rows[-1]["step"] == step
+        cur, evals = idx.cur, idx.evals
         assert len(cur) <= 20 and cur[-1]["step"] == step and len(evals) <= 20
-        assert evals[-1]["heldout_acc"] == (step - step % 5) / 1000          # no eval row missed or repeated
+        assert [r["heldout_acc"] for r in evals] == [(step - step % 5 - 5 * k) / 1000 for k in range(len(evals))][::-1]
         assert [r["step"] for r in cur] == list(range(step - len(cur) + 1, step + 1))   # contiguous, no gaps
     assert all(r["segment"] == 1 for r in cur)
+    m.unlink()
+    assert t.rows(m, on_row=idx.add, on_reset=idx.reset) == [] and idx.cur == [] and idx.evals == []

@@ -83,3 +83,20 @@ def test_the_final_report_needs_no_plotting_library():
             "print(sorted(m for m in ('matplotlib', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_svg_survives_degenerate_values():
+    """Equal values (to float noise), values near the float limit and a non-finite target give
+    finite coordinates and no repeated tick labels."""
+    import math
+    import re
+
+    cases = [([3.0, 3.0 + 1e-15, 3.0], None), ([-1e308, 1e308], None), ([0.5, 0.6], float("inf"))]
+    for ys, tgt in cases:
+        rows = [{"step": i, "heldout_acc": y} for i, y in enumerate(ys)]
+        svg = to_svg(curves(rows, target=("heldout_acc", tgt) if tgt is not None else None)).decode()
+        ET.fromstring(svg)
+        nums = [float(x) for x in re.findall(r'(?:x|y|x1|x2|y1|y2|cx|cy)="(-?[\d.e+-]+)"', svg)]
+        assert nums and all(math.isfinite(v) for v in nums), ys
+    assert nice_ticks(3.0, 3.0 + 4e-15) == [3.0]             # below float resolution: one tick, not repeats
+    assert nice_ticks(-1e308, 1e308) == [-1e308]             # beyond float range: no overflow
