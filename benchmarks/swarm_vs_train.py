@@ -380,8 +380,10 @@ def write_md(res: dict[str, Any]) -> None:
          + (f" ({', '.join(d + '/' for d in CODE_DIRS)} identical across them)" if len(m.get("commits", [])) > 1 and m.get("code_identical_across_commits")
             else " (the code differs between them: see each run's `commit` in the JSON)" if len(m.get("commits", [])) > 1 else "")
          + f". Machine: {m.get('machine', '?')}. "
-         f"Cap per run: {m.get('cap_s', '?')} s wall (a run still going is stopped and counts as not reached). "
-         f"Runs in parallel: {m.get('parallel', 1)}.", "",
+         + (f"Cap per run: {m.get('cap_s', '?')} s wall (a run still going is stopped and counts as not reached). "
+            f"Runs in parallel: {m.get('parallel', 1)}." if len(m.get("commands", [])) <= 1 else
+            "Cap per run (a run still going is stopped and counts as not reached) and runs in parallel: `--cap-s` and "
+            "`--parallel` of the command that ran it (above)."), "",
          "Worker-CPU-s to target: CPU seconds of all trainer processes until the target was met on the held-out split "
          "(both arms stop at the target, so this is the run's total when reached; swarm: live job + restarts + backtest arms, "
          "polled every 0.5 s; plain: getrusage of the trainer process). `—` = target not reached.", "",
