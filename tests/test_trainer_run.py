@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from trainer.algorithms.core import ADVANTAGES, register_advantage
 from trainer.config import RunConfig
 from trainer.loop import Trainer
 from trainer.runlog import read_heartbeat, read_jsonl
+from trainer.tasks.base import Split
 
 GRPO_FIELDS = ("loss", "reward_mean", "reward_std", "pass_rate", "entropy", "kl", "grad_norm", "response_len",
                "truncation_rate", "malformed_rate", "tokens_per_s", "t_generate", "t_logprob", "t_update")
@@ -232,3 +234,24 @@ def test_heartbeat_is_throttled_while_running_and_always_written_on_state_change
     assert [b["step"] for b in beats] == [1] * 5 and {b["state"] for b in beats} == {"running"}
     end = read_heartbeat(cfg.run_dir)
     assert end["state"] == "completed" and end["step"] == 5
+
+
+def test_a_custom_charset_must_cover_what_the_task_and_harness_write(make_cfg):
+    """model.charset: the built-in tokenizer's characters; one the task or harness writes but the
+    charset lacks is a config error naming it (it would silently become <unk>)."""
+    from trainer.config import ConfigError
+
+    from trainer.policy import Policy
+
+    base = Trainer(RunConfig.parse(make_cfg(name="full", recipe={"steps": 1})))
+    text = base.harness.render(base.task.example(Split.TRAIN, 0, 3).question)
+    chars = "".join(sorted(set(text) | set(string.digits) | set(base.harness.answer.render("123"))))
+    base.close()
+    tr = Trainer(RunConfig.parse(make_cfg(name="small", model={"charset": chars}, recipe={"steps": 2})))
+    assert tr.policy.tok.vocab_size == 4 + len(chars) < Policy.build(base.cfg.model).tok.vocab_size
+    assert tr.run()["step"] == 2
+    missing = chars.replace("=", "") if "=" in chars else chars[1:]
+    with pytest.raises(ConfigError, match="model.charset lacks"):
+        Trainer(RunConfig.parse(make_cfg(name="bad", model={"charset": missing})))
+    with pytest.raises(ValueError, match="each once"):
+        RunConfig.parse(make_cfg(model={"charset": "00"}))

@@ -71,6 +71,8 @@ class Trainer:
         # the harness as config and commands set it, without silent perturbations: the only one stored
         self.shown = self.harness
         self.eval_difficulty = cfg.harness.curriculum.end or cfg.harness.curriculum.start
+        if cfg.model.kind == "builtin" and cfg.model.charset is not None:
+            self._check_charset()
         device = next(self.policy.model.parameters()).device
         try:
             self.backend, reason = select_backend(cfg.model.kernels, device)
@@ -113,6 +115,20 @@ class Trainer:
         self._last_step_time = time.perf_counter()
 
     # ---- helpers used by the algorithm steps ----------------------------------------------
+    def _check_charset(self) -> None:
+        """A custom built-in charset must cover what the task and harness write (prompts and
+        reference answers at the curriculum's difficulties): a missing character would be <unk>."""
+        stoi = self.policy.tok.stoi
+        missing: set[str] = set()
+        for d in {self.harness.curriculum.start, self.eval_difficulty}:
+            d = min(max(d, self.task.min_difficulty), self.task.max_difficulty)
+            for i in range(32):
+                ex = self.task.example(Split.TRAIN, i, d)
+                text = self.harness.render(ex.question) + self.harness.answer.render(ex.solution or ex.answer)
+                missing |= {c for c in text if c not in stoi}
+        if missing:
+            raise ConfigError(f"model.charset lacks characters the task and harness write: {''.join(sorted(missing))!r}")
+
     def prompt_ids(self, ex: Example) -> list[int]:
         return prompt_ids(self.policy, self.harness, ex)[1]
 

@@ -130,7 +130,7 @@ class Policy:
     @classmethod
     def build(cls, cfg: ModelConfig, seed: int = 0) -> "Policy":
         if cfg.kind == "builtin":
-            tok = CharTokenizer()
+            tok = CharTokenizer(cfg.charset) if cfg.charset is not None else CharTokenizer()
             torch.manual_seed(seed)
             return cls(cfg, tok, TinyLM(cfg, tok.vocab_size))
         path = pathlib.Path(cfg.path or "")
