@@ -24,33 +24,49 @@ def _last_version_change(rows: list[dict[str, Any]]) -> int | None:
     return None
 
 
+def _renders(tmpl: str, prompt: str, question: Any) -> bool:
+    """Does `prompt` look like `tmpl` applied to a question? Exactly, when the sample carries the
+    question it was rendered from; else by the template's fixed text before and after it."""
+    if isinstance(question, str):
+        try:
+            return prompt == tmpl.format(question=question)
+        except (KeyError, IndexError, ValueError):
+            return False
+    prefix, suffix = tmpl.split("{question}", 1)
+    return prompt.startswith(prefix) and prompt.endswith(suffix)
+
+
 @detector("template_mismatch")
 def template_mismatch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
-    """The prompt template is broken. Two signatures: (a) recent samples' prompts do not carry the
-    fixed text of the template the controller knows (e.g. the '=' after the question is gone);
-    (b) the malformed rate jumped right after a harness_version change in the metrics. Only the
-    shape of prompts is checked; their text never leaves this function."""
+    """The prompt template is broken. Two signatures: (a) recent samples' prompts are not the
+    template the controller knows applied to the sample's question (e.g. the '=' after the
+    question is gone, or part of the question is cut off; samples without a question are checked
+    for the template's fixed text before and after the question); (b) the malformed rate jumped
+    right after a harness_version change in the metrics. Prompts and questions are only compared;
+    their text never leaves this function."""
     rows = ev.metrics
     ch = _last_version_change(rows)
     tmpl = known_template(ev, known)
     if tmpl and "{question}" in tmpl:
-        prefix, suffix = tmpl.split("{question}", 1)
-        if prefix or suffix:
-            seg = max((int(s.get("segment", 0)) for s in ev.samples), default=0)
-            since = int(rows[ch].get("step", 0)) - 1 if ch is not None else -1
-            recent = [s for s in ev.samples if isinstance(s.get("prompt"), str)
-                      and int(s.get("segment", 0)) == seg and int(s.get("step", 0)) >= since]
-            if len(recent) >= th.template_min_samples:
-                bad = [s for s in recent if not (s["prompt"].startswith(prefix) and s["prompt"].endswith(suffix))]
-                frac = len(bad) / len(recent)
-                if frac >= th.template_mismatch:
-                    return _diag(ev, "template_mismatch",
-                                 f"{frac:.0%} of recent prompts lack the template's fixed text (prefix {len(prefix)} chars, suffix {len(suffix)} chars)",
-                                 "critical",
-                                 {"mode": "prompt_shape", "mismatch_fraction": frac, "samples_checked": len(recent),
-                                  "expected_prefix_len": len(prefix), "expected_suffix_len": len(suffix),
-                                  "first_bad_step": min(int(s.get("step", 0)) for s in bad),
-                                  "threshold": th.template_mismatch})
+        seg = max((int(s.get("segment", 0)) for s in ev.samples), default=0)
+        since = int(rows[ch].get("step", 0)) - 1 if ch is not None else -1
+        recent = [s for s in ev.samples if isinstance(s.get("prompt"), str)
+                  and int(s.get("segment", 0)) == seg and int(s.get("step", 0)) >= since]
+        if len(recent) >= th.template_min_samples:
+            bad = [s for s in recent if not _renders(tmpl, s["prompt"], s.get("question"))]
+            frac = len(bad) / len(recent)
+            if frac >= th.template_mismatch:
+                prefix, suffix = tmpl.split("{question}", 1)
+                exact = sum(isinstance(s.get("question"), str) for s in recent)
+                return _diag(ev, "template_mismatch",
+                             f"{frac:.0%} of recent prompts are not the known template applied to their question",
+                             "critical",
+                             {"mode": "prompt_shape", "mismatch_fraction": frac, "samples_checked": len(recent),
+                              "checked_against_question": exact,
+                              "expected_prefix_len": len(prefix), "expected_suffix_len": len(suffix),
+                              "mean_prompt_len": _mean([len(s["prompt"]) for s in recent]),
+                              "first_bad_step": min(int(s.get("step", 0)) for s in bad),
+                              "threshold": th.template_mismatch})
     if ch is not None and len(rows) - ch >= th.recent // 2 + 1 and ch >= 2:
         _, before = _col(rows[max(0, ch - th.trailing) : ch], "malformed_rate")
         _, after = _col(rows[ch:], "malformed_rate")

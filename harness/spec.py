@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import string
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -119,12 +120,13 @@ class HarnessSpec(_Strict):
     @field_validator("template")
     @classmethod
     def _has_question(cls, v: str) -> str:
-        if "{question}" not in v:
-            raise ValueError(f"template {v!r} must contain the placeholder {{question}}")
         try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(v) if f is not None]
             v.format(question="x")
-        except (KeyError, IndexError, ValueError) as e:
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
             raise ValueError(f"template {v!r} has placeholders other than {{question}}: {e}") from None
+        if "question" not in fields:   # a format spec or conversion is allowed: {question!r}, {question:>8}
+            raise ValueError(f"template {v!r} must contain the placeholder {{question}}")
         return v
 
     def render(self, question: str) -> str:

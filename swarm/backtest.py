@@ -10,8 +10,8 @@ candidate − control of the target metric (signed so that + is better). With ze
 the differences the sign decides (p = 0 if all improve, 1 otherwise). When both arms score the
 same on the target metric for every seed (e.g. both 0 early in a run), the mean training pass rate
 over the horizon's second half breaks the tie; when that ties too (nothing scores in either arm)
-and both arms train SFT on the same data under the same harness, the mean training loss over the
-second half does (lower is better). The result's `test` names the one used. A candidate that does not
+and both arms train SFT on the same targets (same data; the harness differs at most in the
+template or sampling), the mean training loss over the second half does (lower is better). The result's `test` names the one used. A candidate that does not
 move the target significantly (but is no worse on any seed) is still validated when it
 significantly reduces the held-out format-failure rate (truncated + malformed answers): the
 symptom the harness fixes target.
@@ -71,11 +71,19 @@ def arm_score(run_dir: pathlib.Path, metric: str, horizon: int) -> tuple[float |
     return (final[-1][metric] if final else None), sum(half) / len(half), float(fail), loss
 
 
+# harness fields that change neither the SFT targets nor which examples are trained on: the
+# template (it wraps the same question; it can hold nothing but {question}) and sampling (SFT
+# does not sample)
+_SAME_TARGETS = ("harness.template", "harness.sampling.")
+
+
 def sft_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
-    """Both arms train SFT on the same data, so their training losses compare: the run's algorithm
-    is sft and the intervention changes neither the algorithm nor what the loss is computed on."""
+    """Both arms train SFT on the same targets, so their training losses compare (the negative
+    log-likelihood of the same answers): the run's algorithm is sft and the intervention changes
+    neither the algorithm nor the targets and examples the loss is computed on."""
     algo = ((base.get("recipe") or {}).get("algorithm") or "sft")
-    return algo == "sft" and not any(k == "recipe.algorithm" or k.startswith("harness.") for k in changes)
+    return algo == "sft" and not any(k == "recipe.algorithm" or (k.startswith("harness.") and not k.startswith(_SAME_TARGETS))
+                                     for k in changes)
 
 
 def leftover_arm(run_dir: pathlib.Path, cfg_path: pathlib.Path) -> psutil.Process | bool | None:

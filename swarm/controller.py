@@ -30,6 +30,7 @@ from trainer.control import send_command
 from trainer.runlog import atomic_write_text, iter_jsonl, read_heartbeat, read_jsonl
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+JOB_ACTIONS = (InterventionKind.RESTART, InterventionKind.ROLLBACK)
 OPEN = (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL, Status.APPLIED, Status.EVALUATING)
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
 PRUNE_EVERY_TICKS = 50        # graph.db keeps the newest KEEP_CHECKPOINTS LangGraph checkpoints
@@ -357,7 +358,7 @@ class Controller:
         in_flight = [iv for iv in self.store.list() if iv.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED,
                                                                     Status.APPLIED, Status.EVALUATING)]
         last_applied = max((iv.applied_step or 0 for iv in self.store.list() if iv.applied_step is not None), default=None)
-        chosen = []
+        chosen, last_created = [], 0.0
         for iv in self.lead.arbitrate(proposals, ctx):
             urgent = iv.kind in (InterventionKind.RESTART, InterventionKind.ROLLBACK)
             if in_flight and not urgent:
@@ -368,6 +369,10 @@ class Controller:
             if any(x.kind == iv.kind and x.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED) for x in in_flight):
                 continue
             (self.windows / f"{iv.id}.json").write_text(json.dumps(self._view, default=str))
+            # the store lists (and backtests) oldest first: record in the lead's order, most urgent
+            # first, not in the order the operators happened to build their proposals
+            iv.created = max(time.time(), last_created + 1e-6)
+            last_created = iv.created
             self.store.put(iv)
             chosen.append(iv.id)
             self.store.log("proposed", id=iv.id, iv_kind=iv.kind.value, operator=iv.operator, policy=iv.policy,
@@ -389,6 +394,14 @@ class Controller:
         for iid in self.pending():
             iv = self.store.get(iid)
             if iv.status not in (Status.PROPOSED, Status.BACKTESTING):
+                continue
+            if iv.kind not in JOB_ACTIONS and self.job_action_first():
+                continue
+            noop = self.noop_harness_edit(iv) if iv.status == Status.PROPOSED else None
+            if noop:
+                self.store.transition(iid, Status.REJECTED, noop)
+                self.open_pr(self.store.get(iid))
+                self.ws.reject(iid, note=noop)
                 continue
             if iv.kind == InterventionKind.RESTART or (iv.kind == InterventionKind.ROLLBACK and iv.diagnosis.severity == "critical"):
                 iv.backtest_skipped = ("restart after a crash/stall: nothing to compare against" if iv.kind == InterventionKind.RESTART
@@ -431,6 +444,45 @@ class Controller:
                 self.open_pr(self.store.get(iid))
                 self.ws.reject(iid, note=f"backtest: effect {res.effect:+.3f}, p={res.p_value:.3f}")
         return {}
+
+    def job_action_first(self) -> bool:
+        """Hold other backtests while a restart or rollback is validated but not yet applied (this
+        tick's gate and apply do it: a backtest now would fork the run it replaces, and meanwhile
+        the checkpoint it rolls back to could leave the trainer's retention window), and until the
+        job it started has written its first metrics row."""
+        ivs = self.store.list()
+        if any(x.kind in JOB_ACTIONS and x.status == Status.VALIDATED for x in ivs):
+            return True
+        applied = [h["time"] for x in ivs if x.kind in JOB_ACTIONS for h in x.history if h.get("to") == "applied"]
+        if not applied:
+            return False
+        rows = self.evidence("RUNNING").metrics
+        return not rows or float(rows[-1].get("time", 0.0)) < max(applied)
+
+    def noop_harness_edit(self, iv: Intervention) -> str | None:
+        """Why a harness-only edit would change nothing (the reason, else None): the harness it
+        makes has the version the live run already reports (e.g. a rollback applied after it was
+        proposed restored the harness it wanted)."""
+        if not iv.changes or not all(k.startswith("harness.") for k in iv.changes):
+            return None
+        from harness.spec import HarnessSpec
+
+        data = self.ws.current_harness()
+        try:
+            for k, v in iv.changes.items():
+                node = data
+                *path, last = k.split(".")[1:]
+                for part in path:
+                    node = node[part]
+                node[last] = v
+            want = HarnessSpec.model_validate(data).version
+        except (KeyError, TypeError, ValueError):
+            return None
+        live = next((r.get("harness_version") for r in reversed(self.evidence("RUNNING").metrics)
+                     if r.get("harness_version")), None)
+        if live == want:
+            return f"no backtest: the live harness already is the one this edit makes (version {want})"
+        return None
 
     _closed: set[str] = set()
 

@@ -126,11 +126,14 @@ class ScriptedArms:
         pass
 
 
-@pytest.mark.parametrize("changes,passes", [({"recipe.lr": 0.001}, True), ({"harness.template": "{question}=?"}, False)])
+@pytest.mark.parametrize("changes,passes", [({"recipe.lr": 0.001}, True), ({"harness.template": "{question}=?"}, True),
+                                            ({"harness.curriculum.start": 2}, False),
+                                            ({"harness.answer.reverse_digits": False}, False)])
 def test_backtest_breaks_a_double_tie_on_the_sft_loss_only_when_it_compares(tmp_path, changes, passes):
-    """A run that never learnt (lr far too high): both arms score 0 held-out and 0 pass rate over a
-    short horizon. The candidate whose SFT loss falls wins on the loss; a harness edit (another
-    prompt: losses do not compare) does not."""
+    """A run that never learnt (lr far too high, or a template that hides part of the question):
+    both arms score 0 held-out and 0 pass rate over a short horizon. The candidate whose SFT loss
+    falls wins on the loss when the arms' losses are over the same targets (a recipe or template
+    change); a change to the examples (curriculum) or to the targets (answer format) does not."""
     from swarm.backtest import run_backtest
     from swarm.domain import Target
 
@@ -283,6 +286,77 @@ def test_a_quiet_tick_skips_the_intervention_nodes_until_something_happens(tmp_p
     assert tick() is False and tick() is False                 # open: every tick is a full pass
     ctrl.store.transition(iv.id, Status.REJECTED, "backtest")
     assert tick() is False and tick() is True
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
+def test_proposals_are_recorded_and_backtested_in_the_leads_order(tmp_path):
+    """The operators build proposals in their own order (diagnostics before the HarnessCritic);
+    the store — whose order the backtest node follows — must hold them most urgent first: a critical
+    template fix before a warning-level rollback, though the rollback was built first."""
+    from swarm.controller import Controller
+    from swarm.graph import SwarmState
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+
+    def iv(kind, name, severity, changes):
+        d = Diagnosis(name=name, summary=name, operator="x", policy="builtin", severity=severity,
+                      evidence={"rollback_to": "step-50"} if kind == InterventionKind.ROLLBACK else {})
+        return Intervention(kind=kind, changes=changes, diagnosis=d, rationale="r", operator="x", policy="builtin")
+
+    rollback = iv(InterventionKind.ROLLBACK, "not_learning", "warning", {"recipe.lr": 0.001})
+    template = iv(InterventionKind.HARNESS_EDIT, "template_mismatch", "critical", {"harness.template": "{question}="})
+    assert rollback.created < template.created
+    ctrl._proposals = [rollback, template]
+    ctrl.node_propose(SwarmState(job_status="RUNNING", tick=1, step=100))
+    assert [x.id for x in ctrl.store.list()] == [template.id, rollback.id]
+    assert ctrl.pending() == [template.id, rollback.id]
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
+def test_a_validated_rollback_holds_other_backtests_until_its_job_writes_and_noop_harness_edits_are_dropped(tmp_path):
+    """A rollback validated without a backtest is applied before any other proposal is backtested
+    (else its checkpoint can leave the retention window meanwhile), and the others wait for the
+    new job's first metrics row; then a harness edit that makes the harness the live run already
+    reports (the rollback restored it) is rejected without a backtest."""
+    import json
+    import time
+
+    from harness.spec import HarnessSpec
+    from swarm.controller import Controller
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    d = Diagnosis(name="loss_spike", summary="s", operator="diagnostics", policy="builtin", severity="critical",
+                  evidence={"rollback_to": "step_0000050"})
+    rb = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001}, diagnosis=d, rationale="r",
+                      operator="diagnostics", policy="builtin")
+    ctrl.store.put(rb)
+    assert ctrl.job_action_first() is False
+    ctrl.store.transition(rb.id, Status.VALIDATED, "rollback of a diverged run")
+    assert ctrl.job_action_first() is True
+    ctrl.store.transition(rb.id, Status.APPLIED, "applied")
+    ctrl._tick_ev = None
+    assert ctrl.job_action_first() is True                      # the new job has written nothing yet
+    harness = ctrl.ws.current_harness()
+    ctrl.run_dir.mkdir(parents=True, exist_ok=True)
+    row = {"step": 1, "segment": 1, "time": time.time() + 1, "loss": 1.0,
+           "harness_version": HarnessSpec.model_validate(harness).version}
+    (ctrl.run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    ctrl._tick_ev = None
+    assert ctrl.job_action_first() is False
+
+    def edit(template):
+        t = Diagnosis(name="template_mismatch", summary="t", operator="harness_critic", policy="builtin")
+        return Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.template": template}, diagnosis=t,
+                            rationale="r", operator="harness_critic", policy="builtin")
+
+    assert "already is the one this edit makes" in ctrl.noop_harness_edit(edit(harness["template"]))
+    assert ctrl.noop_harness_edit(edit("Q: {question}\nA:")) is None
     ctrl.knowledge.close()
     ctrl._conn.close()
     ctrl.lock.release()

@@ -316,6 +316,16 @@ def test_template_mismatch_from_prompt_shape():
     assert "123" not in str(d.model_dump())  # the prompt's text never enters a diagnosis
 
 
+def test_template_mismatch_when_the_template_cuts_the_question():
+    rows = sft_rows()
+    smp = [dict(s, question="123+456", prompt="123=") for s in samples(rows)]  # separator kept, question cut
+    d = fired(make_ev(rows, smp), "template_mismatch")
+    assert d.evidence["checked_against_question"] == d.evidence["samples_checked"] == 16
+    assert "123" not in str(d.model_dump())
+    ok = [dict(s, question="123+456", prompt="123+456=") for s in samples(rows)]
+    assert DETECTORS["template_mismatch"](make_ev(rows, ok), THRESHOLDS, KNOWN) is None
+
+
 def test_template_mismatch_from_malformed_after_harness_change():
     rows = sft_rows()
     for r in rows[50:]:

@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from trainer.config import ConfigError, RunConfig
+from trainer.config import ConfigError, Perturbation, RunConfig
 from trainer.control import send_command
 from trainer.loop import Trainer
 from trainer.perturb import SHORTCUTS, expand, noisy_label
@@ -93,11 +93,12 @@ def test_broken_template(make_cfg, warm_state):
                              perturbations=[{"shortcut": "broken_template", "at_step": 2}]), warm_state)
     rows = step_rows(cfg.run_dir)
     assert rows[0]["harness_version"] == rows[1]["harness_version"] != rows[2]["harness_version"]
-    prompts = collections.defaultdict(set)
+    cut = collections.defaultdict(set)
     for s in read_jsonl(cfg.run_dir / "samples.jsonl"):
-        prompts[s["step"]].add(s["prompt"][-1])
-    assert prompts[0] == prompts[1] == {"="} and (prompts[2] | prompts[3]) <= set("0123456789")
-    # the policy learnt to answer after '=': without it, it breaks
+        assert s["prompt"].endswith("=")
+        cut[s["step"]].add(s["prompt"] != s["question"] + "=")
+    assert cut[0] == cut[1] == {False} and cut[2] == cut[3] == {True}  # "r:123=" → "r:1="
+    # the policy cannot answer a question it no longer sees
     assert rows[1]["pass_rate"] >= 0.75 and rows[3]["pass_rate"] <= 0.25
     assert_hidden(cfg)
 
@@ -194,6 +195,18 @@ def test_noisy_label_is_deterministic_and_changes_one_char():
         assert out == noisy_label(a, u, 0.4) and len(out) == len(a)
         assert sum(x != y for x, y in zip(a, out)) == (1 if c else 0)
     assert all(noisy_label(a, u, 0.0) == a for a, u in labels)
+
+
+def test_off_by_one_label_noise_is_systematic():
+    labels = [(str(1000 + i), f"uid{i}") for i in range(200)]
+    out = [noisy_label(a, u, 0.5, "off_by_one") for a, u in labels]
+    # the same uids as random_char noise are corrupted, each by exactly +1
+    assert [o != a for o, (a, _) in zip(out, labels)] == [noisy_label(a, u, 0.5) != a for a, u in labels]
+    assert all(o == a or int(o) == int(a) + 1 for o, (a, _) in zip(out, labels))
+    assert noisy_label("99", "uid3", 1.0, "off_by_one") == "100"
+    assert noisy_label("ab", "uid3", 1.0, "off_by_one") != "ab"   # not an integer: one character changed
+    with pytest.raises(ValueError, match="noise"):
+        Perturbation.model_validate({"kind": "label_noise", "fraction": 0.5, "noise": "gaussian"})
 
 
 def test_generic_label_noise_kind_from_a_step(make_cfg):

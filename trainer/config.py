@@ -114,7 +114,7 @@ class Perturbation(_Strict):
 
     kinds: `override` (set recipe/harness fields: `set`, dotted keys like `recipe.lr`,
     `harness.sampling.temperature`), `kill` (SIGKILL the worker), `stall` (sleep `seconds` without
-    progress), `label_noise` (corrupt `fraction` of SFT labels), `corrupt_checkpoint` (damage the
+    progress), `label_noise` (corrupt `fraction` of SFT labels, as `noise` says), `corrupt_checkpoint` (damage the
     newest checkpoint file). `shortcut` expands to one of these (see trainer/perturb.py)."""
 
     kind: Literal["override", "kill", "stall", "label_noise", "corrupt_checkpoint"] | None = None
@@ -123,6 +123,9 @@ class Perturbation(_Strict):
     set: dict[str, Any] = Field(default_factory=dict)
     seconds: float = Field(0.0, ge=0.0)
     fraction: float = Field(0.0, ge=0.0, le=1.0)
+    noise: Literal["random_char", "off_by_one"] = Field(
+        "random_char", description="label_noise: how a corrupted label is wrong — one character replaced at random, "
+        "or an integer answer off by one (+1: a systematic labelling bug, the same on every corrupted example)")
     once: bool = Field(True, description="kill/stall: only the first time the step is reached (not after a restart)")
 
 

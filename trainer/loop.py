@@ -193,7 +193,7 @@ class Trainer:
             return
         for x in rolls[: self.cfg.samples_per_step]:
             self.log.samples.write({"step": self.step, "segment": self.segment, "uid": x.example.uid,
-                                    "prompt": x.prompt, "completion": x.completion, "reward": x.reward,
+                                    "question": x.example.question, "prompt": x.prompt, "completion": x.completion, "reward": x.reward,
                                     "verdict": x.result.verdict.value, "truncated": x.truncated})
 
     # ---- data -------------------------------------------------------------------------------

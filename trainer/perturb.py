@@ -24,7 +24,9 @@ SHORTCUTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lr_spike": ("override", {"set": {"recipe.lr": 0.5}}),
     "worker_kill": ("kill", {}),
     "hang": ("stall", {"seconds": 60.0}),
-    "broken_template": ("override", {"set": {"harness.template": "{question}"}}),
+    # a format spec left on the placeholder: the prompt keeps only the question's first 3
+    # characters (for 2-digit addition "12+34=" becomes "12+=": the second operand is gone)
+    "broken_template": ("override", {"set": {"harness.template": "{question:.3}="}}),
     "label_noise": ("label_noise", {"fraction": 0.4}),
     "too_hard": ("override", {"set": {"harness.curriculum.start": 8, "harness.curriculum.end": 8}}),
     "low_temperature": ("override", {"set": {"harness.sampling.temperature": 0.05}}),
@@ -69,11 +71,16 @@ def check_overrides(cfg: Any, perturbations: list[Perturbation]) -> None:
             raise ValueError(f"perturbations[{i}]: {str(e).replace('invalid config: ', '')}") from None
 
 
-def noisy_label(answer: str, uid: str, fraction: float) -> str:
-    """Deterministically corrupt `fraction` of labels (by uid hash): change one character."""
+def noisy_label(answer: str, uid: str, fraction: float, noise: str = "random_char") -> str:
+    """Deterministically corrupt `fraction` of labels (chosen by uid hash). `random_char`: change
+    one character; `off_by_one`: an integer answer + 1 (other answers: as `random_char`).
+    Random noise leaves the right answer the most frequent label for a question, so SFT still
+    learns it, only slower; off-by-one on half the labels leaves SFT two equally likely answers."""
     h = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "little")
     if (h % 10_000) / 10_000 >= fraction or not answer:
         return answer
+    if noise == "off_by_one" and answer.lstrip("-").isdigit():
+        return str(int(answer) + 1)
     i = (h >> 16) % len(answer)
     c = answer[i]
     repl = str((int(c) + 1 + (h >> 32) % 9) % 10) if c.isdigit() else ("x" if c != "x" else "y")
@@ -98,9 +105,10 @@ class Perturber:
         tmp.write_text(json.dumps({"fired": sorted(self.fired)}))
         os.replace(tmp, self.state_path)
 
-    def label_noise(self) -> float:
-        """Fraction of SFT labels to corrupt now (label_noise applies from its step on; see `active`)."""
-        return max((p.fraction for i, p in enumerate(self.items) if p.kind == "label_noise" and i in self.fired), default=0.0)
+    def label_noise(self) -> tuple[float, str]:
+        """(fraction of SFT labels to corrupt now, how) — label_noise applies from its step on."""
+        return max(((p.fraction, p.noise) for i, p in enumerate(self.items) if p.kind == "label_noise" and i in self.fired),
+                   default=(0.0, "random_char"))
 
     def before_step(self, step: int, trainer: Any) -> None:
         """Apply what is due at `step`. Overrides mutate the trainer's live recipe/harness once."""

@@ -1,7 +1,7 @@
 """The run's observable record: append-only JSONL streams and a heartbeat, readable while live.
 
     RUN_DIR/metrics.jsonl      one row per step (eval fields on eval steps)
-    RUN_DIR/samples.jsonl      sampled rollouts: prompt, completion, reward, verdict
+    RUN_DIR/samples.jsonl      sampled rollouts: question, prompt, completion, reward, verdict
     RUN_DIR/events.jsonl       notable events: start, resume, checkpoint, non-finite loss, …
     RUN_DIR/heartbeat.json     rewritten atomically every step and while paused
     RUN_DIR/config.yaml        the resolved config (perturbations removed)

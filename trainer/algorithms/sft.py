@@ -27,15 +27,15 @@ def sft_loss(trainer, prompts: list[list[int]], targets: list[list[int]]) -> tup
 def sft_step(trainer, examples) -> dict[str, float]:
     """One SFT step on `examples` (targets rendered by the harness's answer format)."""
     h = trainer.harness
-    noise = trainer.perturber.label_noise()
+    fraction, how = trainer.perturber.label_noise()
     prompts, targets = [], []
     for ex in examples:
         prompts.append(trainer.prompt_ids(ex))
         label = ex.solution or ex.answer
-        if noise > 0:
+        if fraction > 0:
             from trainer.perturb import noisy_label
 
-            label = noisy_label(label, ex.uid, noise)
+            label = noisy_label(label, ex.uid, fraction, how)
         targets.append(trainer.target_ids(h.answer.render(label)))
     loss, stats = sft_loss(trainer, prompts, targets)
     return trainer.optimise(loss, stats)
