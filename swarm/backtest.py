@@ -14,7 +14,9 @@ and both arms train SFT on the same targets (same data; the harness differs at m
 template or sampling), the mean training loss over the second half does (lower is better). The result's `test` names the one used. A candidate that does not
 move the target significantly (but is no worse on any seed) is still validated when it
 significantly reduces the held-out format-failure rate (truncated + malformed answers): the
-symptom the harness fixes target.
+symptom the harness fixes target — or, when the arms' SFT losses compare and the candidate forks
+from the same checkpoint, significantly lowers the training loss (the target no worse than one
+held-out example on any seed): a fix whose effect the target cannot show within the horizon.
 """
 from __future__ import annotations
 
@@ -160,6 +162,7 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
         cand_tb.append(ctb)
         ctrl_tb.append(ktb)
     diffs = [sign * (a - b) for a, b in zip(cand, ctrl)]
+    target_diffs = list(diffs)
     note = "; ".join(f"{f} produced no eval (counted as worst)" for f in failed)
     test = "one-sided paired t-test over seeds on the target metric"
     # a tie: equal on every seed, or an inconclusive difference of at most one held-out example per
@@ -195,5 +198,19 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
                 f"target not significantly better (p={p:.3f}); validated on the held-out format-failure rate "
                 f"(truncated + malformed) {sum(ctrl_ff) / len(ctrl_ff):.3f} → {sum(cand_ff) / len(cand_ff):.3f}, "
                 f"one-sided paired t-test p={p_ff:.3f}, target no worse on any seed")
+    losses_compare = sft_comparable(base_config, iv.changes) and None not in cand_loss and None not in ctrl_loss
+    if not passed and losses_compare and candidate_ckpt is None and "SFT training loss" not in test:
+        # the target did not move significantly in the horizon (e.g. a policy that barely scores
+        # yet); arms that train SFT on the same targets from the same checkpoint also compare on
+        # their loss: a fix that lowers it significantly, while the target is no worse on any seed
+        # by more than one held-out example, is validated
+        ld = [b - a for a, b in zip(cand_loss, ctrl_loss)]
+        p_loss = paired_one_sided_p(ld)
+        if min(target_diffs) >= -one_example and sum(ld) / len(ld) > 0 and p_loss <= alpha:
+            passed = True
+            note = (note + "; " if note else "") + (
+                f"target not significantly better (p={p:.3f}); validated on the mean SFT training loss (second half "
+                f"of the horizon) {sum(ctrl_loss) / len(ctrl_loss):.3f} → {sum(cand_loss) / len(cand_loss):.3f}, "
+                f"one-sided paired t-test p={p_loss:.3f}, target no worse than one held-out example on any seed")
     return BacktestResult(metric=target.metric, candidate=cand, control=ctrl, effect=effect, p_value=p, test=test,
                           horizon_steps=horizon, seeds=list(seeds), passed=passed, note=note)
