@@ -66,6 +66,9 @@ def template_mismatch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
                               "expected_prefix_len": len(prefix), "expected_suffix_len": len(suffix),
                               "mean_prompt_len": _mean([len(s["prompt"]) for s in recent]),
                               "first_bad_step": min(int(s.get("step", 0)) for s in bad),
+                              # the step the live harness changed, when the metrics show it (a
+                              # template broken from the start has no such step)
+                              "harness_changed_at_step": int(rows[ch].get("step", 0)) if ch is not None else None,
                               "threshold": th.template_mismatch})
     if ch is not None and len(rows) - ch >= th.recent // 2 + 1 and ch >= 2:
         _, before = _col(rows[max(0, ch - th.trailing) : ch], "malformed_rate")

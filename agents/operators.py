@@ -14,7 +14,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | KL blow-up                                | RECIPE_EDIT kl_coef ×2 (or lr ×0.5 once it is large) | medium |
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
-|               | template mismatch                         | HARNESS_EDIT template restored from the goal's harness | medium |
+|               | template mismatch                         | ROLLBACK to before the first broken prompt with the template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
 |               | reward hacking                            | ROLLBACK to before its onset with reward.verifier → task (HARNESS_EDIT without such a checkpoint) | medium |
 | DataCuration  | too-hard curriculum                       | DATA_CHANGE curriculum back to the eval difficulty | low   |
 |               | label noise                               | DISTILL (SFT on the policy's verified successes)  | medium |
@@ -247,9 +247,24 @@ class HarnessCritic(Operator):
                             "within a few steps")
 
     def _template(self, d: Diagnosis, ev: Evidence, ctx: OperatorContext) -> Intervention | None:
+        """The template restored. When the prompts broke mid-run (the live harness changed at a step
+        the metrics show, and a checkpoint of this run predates it), the run also rolls back to that checkpoint: the
+        steps trained on broken prompts can undo what the policy had learnt (measured on the
+        broken_template goal: held-out 0.64 → 0.03 within 50 steps of the break), and the
+        controller may see the break hundreds of steps late on a fast run."""
         source, template = restore_template(ev, ctx)
         if template is None:
             return None
+        bad = d.evidence.get("harness_changed_at_step")
+        ckpt = ctx.checkpoint_before(int(bad) - 1) if isinstance(bad, (int, float)) and bad > 0 else None
+        if ckpt is not None and ckpt.get("step", 0) > 0:
+            return self.intervention(
+                K.ROLLBACK, d, {"harness.template": template}, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
+                rationale=f"{d.summary}. The harness changed at step {bad}; the run rolls back "
+                          f"to checkpoint {ckpt['name']} (step {ckpt['step']}, before that) and trains on with the "
+                          f"template restored from {source}.",
+                expected_effect="held-out accuracy back to the checkpoint's level at once and rising from there; "
+                                "prompts carry the template again")
         return self.intervention(
             K.HARNESS_EDIT, d, {"harness.template": template}, risk=Risk.MEDIUM,
             rationale=f"{d.summary}. The prompts no longer match the template the policy learned, so its answers "

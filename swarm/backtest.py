@@ -108,18 +108,19 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
                  horizon: int, seeds: list[int], eval_size: int, alpha: float, jobs: Jobs,
                  workdir: pathlib.Path, private_perturbations: list[dict] | None = None,
                  config_dir: pathlib.Path | None = None, timeout_s: float = 1800.0,
-                 candidate_ckpt: str | None = None, candidate_step: int | None = None) -> BacktestResult:
+                 candidate_ckpt: str | None = None, candidate_step: int | None = None, label: str = "") -> BacktestResult:
     """`config_dir` holds the arms' job configs (they may carry the evaluation's perturbations,
     so the controller puts them under .swarm/private); the arms' run files go to `workdir`.
     A rollback is tested from where it rolls back to: `candidate_ckpt` (at `candidate_step`) is the
-    candidate arms' fork point; the control arms carry on from `ckpt`. Both train `horizon` steps."""
+    candidate arms' fork point; the control arms carry on from `ckpt`. Both train `horizon` steps.
+    `label` tells the arms of a second backtest of the same intervention from the first's."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_dir = config_dir or workdir
     config_dir.mkdir(parents=True, exist_ok=True)
     handles: dict[tuple[str, int], tuple[Any, pathlib.Path]] = {}   # a job handle, or a leftover arm
     for seed in seeds:
         for arm, changes in (("candidate", iv.changes), ("control", {})):
-            name = f"bt-{iv.id}-{arm}-s{seed}"
+            name = f"bt-{iv.id}{label}-{arm}-s{seed}"
             fork, at = (candidate_ckpt, candidate_step) if arm == "candidate" and candidate_ckpt else (ckpt, step)
             cfg = arm_config(base_config, name, str(workdir), fork, seed, at or 0, horizon, eval_size, changes,
                              private_perturbations or [])

@@ -31,6 +31,9 @@ from trainer.runlog import atomic_write_text, iter_jsonl, read_heartbeat, read_j
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 JOB_ACTIONS = (InterventionKind.RESTART, InterventionKind.ROLLBACK)
+# findings whose rollback skips the backtest: the run diverged (or its reward did from the task's
+# verifier), so the control arm would only continue the divergence
+DIVERGENCE = frozenset({"nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "reward_hacking"})
 OPEN = (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL, Status.APPLIED, Status.EVALUATING)
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
 PRUNE_EVERY_TICKS = 50        # graph.db keeps the newest KEEP_CHECKPOINTS LangGraph checkpoints
@@ -403,7 +406,7 @@ class Controller:
                 self.open_pr(self.store.get(iid))
                 self.ws.reject(iid, note=noop)
                 continue
-            if iv.kind == InterventionKind.RESTART or (iv.kind == InterventionKind.ROLLBACK and iv.diagnosis.severity == "critical"):
+            if iv.kind == InterventionKind.RESTART or (iv.kind == InterventionKind.ROLLBACK and iv.diagnosis.name in DIVERGENCE):
                 iv.backtest_skipped = ("restart after a crash/stall: nothing to compare against" if iv.kind == InterventionKind.RESTART
                                        else "rollback of a diverged run: the control arm is the divergence")
                 self.store.put(iv)
@@ -426,15 +429,27 @@ class Controller:
                 self.store.transition(iid, Status.BACKTESTING, f"forked at step {ack['step']}")
             target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
             cand = next((c for c in self.checkpoints() if c["name"] == target), None)
-            res = run_backtest(
-                iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
-                candidate_ckpt=str(self.run_dir / "checkpoints" / f"{target}.pt") if cand else None,
-                candidate_step=cand["step"] if cand else None,
-                target=self.goal.target, horizon=bt.horizon_steps, seeds=bt.seeds, eval_size=bt.eval_size, alpha=bt.alpha,
-                jobs=self.jobs, workdir=self.sdir / "backtests", config_dir=self.private / "backtests",
-                private_perturbations=[p.model_dump(exclude_unset=True) | {"at_step": 0}
-                                       for p in self.goal.perturbations if p.kind == "label_noise" or p.shortcut == "label_noise"],
-            )
+            def backtest(horizon: int, label: str = ""):
+                return run_backtest(
+                    iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
+                    candidate_ckpt=str(self.run_dir / "checkpoints" / f"{target}.pt") if cand else None,
+                    candidate_step=cand["step"] if cand else None,
+                    target=self.goal.target, horizon=horizon, seeds=bt.seeds, eval_size=bt.eval_size, alpha=bt.alpha,
+                    jobs=self.jobs, workdir=self.sdir / "backtests", config_dir=self.private / "backtests", label=label,
+                    private_perturbations=[p.model_dump(exclude_unset=True) | {"at_step": 0}
+                                           for p in self.goal.perturbations if p.kind == "label_noise" or p.shortcut == "label_noise"],
+                )
+
+            res = backtest(bt.horizon_steps)
+            if not res.passed and iv.diagnosis.severity == "critical" and bt.critical_extend > 1:
+                # a critical finding's fix gets a second, longer look from the same fork before it
+                # is given up: its effect may need more than the horizon to show
+                first = res
+                res = backtest(bt.horizon_steps * bt.critical_extend, label=f"-x{bt.critical_extend}")
+                res.note = "; ".join(x for x in (
+                    f"first backtest over {first.horizon_steps} steps not validated (effect {first.effect:+.3f}, "
+                    f"p={first.p_value:.3f}, {first.test}); a critical finding: tested again over {res.horizon_steps} steps",
+                    res.note) if x)
             iv = self.store.get(iid)
             iv.backtest = res
             self.store.put(iv)

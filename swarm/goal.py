@@ -29,6 +29,9 @@ class BacktestSettings(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1, description="one candidate and one control per seed")
     alpha: float = Field(0.2, gt=0, lt=1, description="one-sided significance level of the paired test")
     eval_size: int = Field(200, ge=10)
+    critical_extend: int = Field(4, ge=1, description="a fix for a critical finding that its backtest did not "
+                                 "validate is backtested once more, over this many times horizon_steps (1 = never): "
+                                 "e.g. a restored prompt template pays off only once a slow run starts to learn")
 
 
 class SwarmSettings(BaseModel):

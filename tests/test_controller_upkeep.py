@@ -381,3 +381,74 @@ def test_backtest_validates_on_a_lower_sft_loss_when_the_target_cannot_tell_yet(
     assert res.test == "one-sided paired t-test over seeds on the target metric"
     assert res.passed is passes
     assert ("validated on the mean SFT training loss" in res.note) is passes
+
+
+@pytest.mark.parametrize("severity,validated", [("critical", True), ("warning", False)])
+def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeypatch, severity, validated):
+    """Not validated over the horizon: a fix for a critical finding is backtested once more over
+    `critical_extend` × the horizon (its own arms, the same fork) and the record says so; any other
+    fix is rejected after one backtest."""
+    from swarm.controller import Controller
+    from swarm.domain import BacktestResult
+    from swarm.graph import SwarmState
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    calls = []
+
+    def fake_backtest(iv, *, horizon, label="", **kw):
+        calls.append((horizon, label, kw["ckpt"], kw["step"]))
+        long = horizon > goal.swarm.backtest.horizon_steps
+        return BacktestResult(metric="heldout_acc", candidate=[0.3 if long else 0.0] * 2, control=[0.0] * 2,
+                              effect=0.3 if long else 0.0, p_value=0.0 if long else 1.0, test="paired t",
+                              horizon_steps=horizon, seeds=[0, 1], passed=long)
+
+    monkeypatch.setattr("swarm.controller.run_backtest", fake_backtest)
+    monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120})
+    d = Diagnosis(name="template_mismatch", summary="cut", operator="harness_critic", policy="builtin", severity=severity)
+    iv = Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.template": "Q: {question}\nA:"}, diagnosis=d,
+                      rationale="r", operator="harness_critic", policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.node_backtest(SwarmState(job_status="RUNNING", tick=1, step=120))
+    h = goal.swarm.backtest.horizon_steps
+    got = ctrl.store.get(iv.id)
+    if validated:
+        assert [c[:2] for c in calls] == [(h, ""), (4 * h, "-x4")] and calls[0][2:] == calls[1][2:]
+        assert got.status == Status.VALIDATED and got.backtest.horizon_steps == 4 * h
+        assert got.backtest.note.startswith(f"first backtest over {h} steps not validated")
+    else:
+        assert [c[:2] for c in calls] == [(h, "")] and got.status == Status.REJECTED
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
+@pytest.mark.parametrize("name,backtested", [("loss_spike", False), ("reward_hacking", False), ("template_mismatch", True)])
+def test_only_a_rollback_of_a_divergence_skips_its_backtest(tmp_path, monkeypatch, name, backtested):
+    from swarm.controller import Controller
+    from swarm.domain import BacktestResult
+    from swarm.graph import SwarmState
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    calls = []
+
+    def fake_backtest(iv, *, horizon, label="", **kw):
+        calls.append(horizon)
+        return BacktestResult(metric="heldout_acc", candidate=[0.5] * 2, control=[0.0] * 2, effect=0.5, p_value=0.0,
+                              test="paired t", horizon_steps=horizon, seeds=[0, 1], passed=True)
+
+    monkeypatch.setattr("swarm.controller.run_backtest", fake_backtest)
+    monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120})
+    d = Diagnosis(name=name, summary="s", operator="x", policy="builtin", severity="critical",
+                  evidence={"rollback_to": "step_0000050"})
+    iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"harness.template": "{question}="}, diagnosis=d,
+                      rationale="r", operator="x", policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.node_backtest(SwarmState(job_status="RUNNING", tick=1, step=120))
+    got = ctrl.store.get(iv.id)
+    assert got.status == Status.VALIDATED and bool(calls) is backtested
+    assert (got.backtest_skipped is None) is backtested
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()

@@ -357,14 +357,17 @@ def test_operator_interface():
 # ---- real runs: detector → operator → fix -------------------------------------------------------
 
 
-@pytest.mark.parametrize("perturbation, operator, kind, changes", [
-    ({"shortcut": "truncation"}, "harness_critic", K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 6}),
-    ({"shortcut": "broken_template"}, "harness_critic", K.HARNESS_EDIT, {"harness.template": "{question}="}),
+@pytest.mark.parametrize("perturbation, operator, kind, changes, target", [
+    ({"shortcut": "truncation"}, "harness_critic", K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 6}, None),
+    ({"shortcut": "broken_template"}, "harness_critic", K.HARNESS_EDIT, {"harness.template": "{question}="}, None),
+    # broken mid-run: back to the checkpoint before the harness changed, template restored
+    ({"shortcut": "broken_template", "at_step": 15}, "harness_critic", K.ROLLBACK, {"harness.template": "{question}="},
+     "step_0000015"),
     ({"shortcut": "too_hard"}, "data_curation", K.DATA_CHANGE,
-     {"harness.curriculum.start": 2, "harness.curriculum.end": 3, "harness.curriculum.ramp_steps": 130}),
-    ({"shortcut": "lr_spike", "at_step": 15}, "diagnostics", K.ROLLBACK, {"recipe.lr": 1e-2}),
+     {"harness.curriculum.start": 2, "harness.curriculum.end": 3, "harness.curriculum.ramp_steps": 130}, None),
+    ({"shortcut": "lr_spike", "at_step": 15}, "diagnostics", K.ROLLBACK, {"recipe.lr": 1e-2}, "step_0000015"),
 ])
-def test_real_run_gets_the_right_fix(tmp_path, perturbation, operator, kind, changes):
+def test_real_run_gets_the_right_fix(tmp_path, perturbation, operator, kind, changes, target):
     ev = real_run(tmp_path, [perturbation])
     manifests = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "run" / "checkpoints").glob("*.json")]
     c = ctx(recipe={"algorithm": "sft", "lr": 1e-2}, eval_difficulty=3,
@@ -374,8 +377,7 @@ def test_real_run_gets_the_right_fix(tmp_path, perturbation, operator, kind, cha
     iv = chosen[0]
     assert (iv.operator, iv.kind, iv.policy) == (operator, kind, "builtin")
     assert iv.changes == pytest.approx(changes)
-    if kind == K.ROLLBACK:
-        assert rollback_target(iv) == "step_0000015"
+    assert rollback_target(iv) == target
 
 
 def test_real_grpo_run_at_low_temperature_gets_its_temperature_back(tmp_path):
