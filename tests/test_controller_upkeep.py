@@ -102,8 +102,8 @@ class ScriptedArms:
     """A launcher for backtest arms that writes the metrics an arm would (tests only): every arm
     scores 0 held-out and 0 pass rate; the loss is `loss(arm_config)`."""
 
-    def __init__(self, loss, heldout=lambda cfg: 0.0):
-        self.loss, self.heldout = loss, heldout
+    def __init__(self, loss, heldout=lambda cfg: 0.0, pass_rate=lambda cfg: 0.0):
+        self.loss, self.heldout, self.pass_rate = loss, heldout, pass_rate
 
     def start(self, name, config_path):
         import json
@@ -114,7 +114,7 @@ class ScriptedArms:
         cfg = yaml.safe_load(pathlib.Path(config_path).read_text())
         d = pathlib.Path(cfg["out_dir"]) / name
         d.mkdir(parents=True, exist_ok=True)
-        rows = [{"step": s, "loss": self.loss(cfg, s), "pass_rate": 0.0} for s in range(1, 41)]
+        rows = [{"step": s, "loss": self.loss(cfg, s), "pass_rate": self.pass_rate(cfg)} for s in range(1, 41)]
         rows.append({"step": 40, "heldout_acc": self.heldout(cfg), "heldout_truncated": 0.0, "heldout_malformed": 0.0})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return name
@@ -452,3 +452,23 @@ def test_only_a_rollback_of_a_divergence_skips_its_backtest(tmp_path, monkeypatc
     ctrl.knowledge.close()
     ctrl._conn.close()
     ctrl.lock.release()
+
+
+def test_a_tie_on_the_target_goes_to_the_sft_loss_before_a_noisy_pass_rate(tmp_path):
+    """Measured on lr_too_high: a rollback to init at a lower lr ties the diverged control at ~0
+    held-out, the control "passes" 2.5% of training answers by guessing a frequent one, and the
+    candidate's loss is clearly lower. The loss decides, not the guessing."""
+    from swarm.backtest import run_backtest
+    from swarm.domain import Target
+
+    iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001},
+                      diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics", policy="builtin"),
+                      rationale="r", operator="diagnostics", policy="builtin")
+    arms = ScriptedArms(lambda cfg, step: (1.77 if "candidate" in cfg["name"] else 1.86) + 0.01 * cfg["seed"],
+                        heldout=lambda cfg: 0.005 if cfg["seed"] == 1 else 0.0,
+                        pass_rate=lambda cfg: 0.0 if "candidate" in cfg["name"] else 0.025)
+    res = run_backtest(iv, base_config={"recipe": {"algorithm": "sft"}}, ckpt="x.pt", step=300, target=Target(threshold=0.9),
+                       horizon=40, seeds=[0, 1], eval_size=200, alpha=0.2, jobs=arms, workdir=tmp_path / "bt",
+                       candidate_ckpt="init.pt", candidate_step=0)
+    assert res.test.startswith("tie on the target metric → one-sided paired t-test on the mean SFT training loss")
+    assert res.passed and res.effect == pytest.approx(0.09)
