@@ -20,6 +20,7 @@ held-out example on any seed): a fix whose effect the target cannot show within 
 """
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import shutil
@@ -86,6 +87,30 @@ def sft_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
     algo = ((base.get("recipe") or {}).get("algorithm") or "sft")
     return algo == "sft" and not any(k == "recipe.algorithm" or (k.startswith("harness.") and not k.startswith(_SAME_TARGETS))
                                      for k in changes)
+
+
+def noop_harness_edit(changes: dict[str, Any], harness: dict[str, Any], live_version: str | None) -> str | None:
+    """Why a harness-only edit needs no backtest (the reason, else None): applied to `harness` (what
+    the controller knows) it gives the version the live run already reports — e.g. a rollback
+    applied after the edit was proposed restored the harness it wanted."""
+    if not changes or not all(k.startswith("harness.") for k in changes):
+        return None
+    from harness.spec import HarnessSpec
+
+    data = json.loads(json.dumps(harness))
+    try:
+        for k, v in changes.items():
+            node = data
+            *path, last = k.split(".")[1:]
+            for part in path:
+                node = node[part]
+            node[last] = v
+        want = HarnessSpec.model_validate(data).version
+    except (KeyError, TypeError, ValueError):
+        return None
+    if live_version == want:
+        return f"no backtest: the live harness already is the one this edit makes (version {want})"
+    return None
 
 
 def leftover_arm(run_dir: pathlib.Path, cfg_path: pathlib.Path) -> psutil.Process | bool | None:

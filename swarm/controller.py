@@ -475,29 +475,12 @@ class Controller:
         return not rows or float(rows[-1].get("time", 0.0)) < max(applied)
 
     def noop_harness_edit(self, iv: Intervention) -> str | None:
-        """Why a harness-only edit would change nothing (the reason, else None): the harness it
-        makes has the version the live run already reports (e.g. a rollback applied after it was
-        proposed restored the harness it wanted)."""
-        if not iv.changes or not all(k.startswith("harness.") for k in iv.changes):
-            return None
-        from harness.spec import HarnessSpec
+        """Why a harness-only edit would change nothing (else None): see swarm.backtest.noop_harness_edit."""
+        from swarm.backtest import noop_harness_edit
 
-        data = self.ws.current_harness()
-        try:
-            for k, v in iv.changes.items():
-                node = data
-                *path, last = k.split(".")[1:]
-                for part in path:
-                    node = node[part]
-                node[last] = v
-            want = HarnessSpec.model_validate(data).version
-        except (KeyError, TypeError, ValueError):
-            return None
         live = next((r.get("harness_version") for r in reversed(self.evidence("RUNNING").metrics)
                      if r.get("harness_version")), None)
-        if live == want:
-            return f"no backtest: the live harness already is the one this edit makes (version {want})"
-        return None
+        return noop_harness_edit(iv.changes, self.ws.current_harness(), live)
 
     _closed: set[str] = set()
 
