@@ -14,7 +14,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | KL blow-up                                | RECIPE_EDIT kl_coef ×2 (or lr ×0.5 once it is large) | medium |
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
-|               | template mismatch                         | ROLLBACK to before the first broken prompt with the template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
+|               | template mismatch                         | ROLLBACK to before the harness changed, template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
 |               | reward hacking                            | ROLLBACK to before its onset with reward.verifier → task (HARNESS_EDIT without such a checkpoint) | medium |
 | DataCuration  | too-hard curriculum                       | DATA_CHANGE curriculum back to the eval difficulty | low   |
 |               | label noise                               | DISTILL (SFT on the policy's verified successes)  | medium |
