@@ -33,13 +33,12 @@ import yaml
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
 from agents.recall import avoid_reason
 from trainer.runlog import INIT_CHECKPOINT
-from swarm.domain import Diagnosis, Intervention, InterventionKind as K, Risk
+from swarm.domain import JOB_ACTIONS, Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.evidence import Evidence
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 # act on the job first, then on the data, then on the harness, then on the recipe
 KIND_RANK = {K.RESTART: 0, K.ROLLBACK: 1, K.DATA_CHANGE: 2, K.DISTILL: 3, K.HARNESS_EDIT: 4, K.RECIPE_EDIT: 5}
-JOB_ACTIONS = (K.RESTART, K.ROLLBACK)      # at most one of these at a time
 
 LR_FACTOR = 0.1                 # a diverged run restarts with lr × this (unless the lr itself jumped)
 LR_JUMP = 3.0                   # lr at the onset ≥ this × the lr before it: the lr jumped

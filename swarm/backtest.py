@@ -20,7 +20,6 @@ held-out example on any seed): a fix whose effect the target cannot show within 
 """
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import shutil
@@ -96,17 +95,11 @@ def noop_harness_edit(changes: dict[str, Any], harness: dict[str, Any], live_ver
     if not changes or not all(k.startswith("harness.") for k in changes):
         return None
     from harness.spec import HarnessSpec
+    from swarm.workspace import apply_changes
 
-    data = json.loads(json.dumps(harness))
     try:
-        for k, v in changes.items():
-            node = data
-            *path, last = k.split(".")[1:]
-            for part in path:
-                node = node[part]
-            node[last] = v
-        want = HarnessSpec.model_validate(data).version
-    except (KeyError, TypeError, ValueError):
+        want = HarnessSpec.model_validate(apply_changes({}, harness, changes)[1]).version
+    except ValueError:
         return None
     if live_version == want:
         return f"no backtest: the live harness already is the one this edit makes (version {want})"
@@ -189,6 +182,7 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
         ctrl_tb.append(ktb)
     diffs = [sign * (a - b) for a, b in zip(cand, ctrl)]
     target_diffs = list(diffs)
+    losses_compare = sft_comparable(base_config, iv.changes) and None not in cand_loss and None not in ctrl_loss
     note = "; ".join(f"{f} produced no eval (counted as worst)" for f in failed)
     test = "one-sided paired t-test over seeds on the target metric"
     # a tie: equal on every seed, or an inconclusive difference of at most one held-out example per
@@ -198,7 +192,7 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
     if all(abs(d) < 1e-12 for d in diffs) or near:
         tie = "tie" if all(abs(d) < 1e-12 for d in diffs) else f"near-tie (|difference| ≤ one held-out example of {eval_size} per seed)"
         target_effect = sum(diffs) / len(diffs)
-        if sft_comparable(base_config, iv.changes) and None not in cand_loss and None not in ctrl_loss:
+        if losses_compare:
             # SFT arms on the same targets: their loss is the finer signal (a training pass rate of a
             # few percent in a run that barely scores is noise: a policy guessing a frequent answer)
             diffs = [b - a for a, b in zip(cand_loss, ctrl_loss)]
@@ -224,7 +218,6 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
                 f"target not significantly better (p={p:.3f}); validated on the held-out format-failure rate "
                 f"(truncated + malformed) {sum(ctrl_ff) / len(ctrl_ff):.3f} → {sum(cand_ff) / len(cand_ff):.3f}, "
                 f"one-sided paired t-test p={p_ff:.3f}, target no worse on any seed")
-    losses_compare = sft_comparable(base_config, iv.changes) and None not in cand_loss and None not in ctrl_loss
     if not passed and losses_compare and candidate_ckpt is None and "SFT training loss" not in test:
         # the target did not move significantly in the horizon (e.g. a policy that barely scores
         # yet); arms that train SFT on the same targets from the same checkpoint also compare on

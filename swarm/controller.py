@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from swarm.backtest import run_backtest
-from swarm.domain import Intervention, InterventionKind, Status
+from swarm.domain import JOB_ACTIONS, Intervention, InterventionKind, Status
 from swarm.evidence import Evidence, collect
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph
@@ -30,7 +30,6 @@ from trainer.control import send_command
 from trainer.runlog import atomic_write_text, iter_jsonl, read_heartbeat, read_jsonl
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-JOB_ACTIONS = (InterventionKind.RESTART, InterventionKind.ROLLBACK)
 # findings whose rollback skips the backtest: the run diverged (or its reward did from the task's
 # verifier), so the control arm would only continue the divergence
 DIVERGENCE = frozenset({"nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "reward_hacking"})
@@ -363,7 +362,7 @@ class Controller:
         last_applied = max((iv.applied_step or 0 for iv in self.store.list() if iv.applied_step is not None), default=None)
         chosen, last_created = [], 0.0
         for iv in self.lead.arbitrate(proposals, ctx):
-            urgent = iv.kind in (InterventionKind.RESTART, InterventionKind.ROLLBACK)
+            urgent = iv.kind in JOB_ACTIONS
             if in_flight and not urgent:
                 continue
             if (not urgent and last_applied is not None
@@ -398,9 +397,9 @@ class Controller:
             iv = self.store.get(iid)
             if iv.status not in (Status.PROPOSED, Status.BACKTESTING):
                 continue
-            if iv.kind not in JOB_ACTIONS and self.job_action_first():
+            if iv.kind not in JOB_ACTIONS and self.job_action_first(s.job_status):
                 continue
-            noop = self.noop_harness_edit(iv) if iv.status == Status.PROPOSED else None
+            noop = self.noop_harness_edit(iv, s.job_status) if iv.status == Status.PROPOSED else None
             if noop:
                 self.store.transition(iid, Status.REJECTED, noop)
                 self.open_pr(self.store.get(iid))
@@ -460,7 +459,7 @@ class Controller:
                 self.ws.reject(iid, note=f"backtest: effect {res.effect:+.3f}, p={res.p_value:.3f}")
         return {}
 
-    def job_action_first(self) -> bool:
+    def job_action_first(self, job_status: str) -> bool:
         """Hold other backtests while a restart or rollback is validated but not yet applied (this
         tick's gate and apply do it: a backtest now would fork the run it replaces, and meanwhile
         the checkpoint it rolls back to could leave the trainer's retention window), and until the
@@ -471,14 +470,14 @@ class Controller:
         applied = [h["time"] for x in ivs if x.kind in JOB_ACTIONS for h in x.history if h.get("to") == "applied"]
         if not applied:
             return False
-        rows = self.evidence("RUNNING").metrics
+        rows = self.evidence(job_status).metrics
         return not rows or float(rows[-1].get("time", 0.0)) < max(applied)
 
-    def noop_harness_edit(self, iv: Intervention) -> str | None:
+    def noop_harness_edit(self, iv: Intervention, job_status: str) -> str | None:
         """Why a harness-only edit would change nothing (else None): see swarm.backtest.noop_harness_edit."""
         from swarm.backtest import noop_harness_edit
 
-        live = next((r.get("harness_version") for r in reversed(self.evidence("RUNNING").metrics)
+        live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics)
                      if r.get("harness_version")), None)
         return noop_harness_edit(iv.changes, self.ws.current_harness(), live)
 

@@ -36,6 +36,10 @@ class InterventionKind(str, enum.Enum):
     DISTILL = "distill"                # switch to rejection-sampling fine-tuning for a while: {"recipe.algorithm": "distill"}
 
 
+# act on the job itself (a new job or segment): at most one at a time
+JOB_ACTIONS = (InterventionKind.RESTART, InterventionKind.ROLLBACK)
+
+
 class Status(str, enum.Enum):
     PROPOSED = "proposed"
     BACKTESTING = "backtesting"

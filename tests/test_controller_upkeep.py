@@ -336,27 +336,27 @@ def test_a_validated_rollback_holds_other_backtests_until_its_job_writes_and_noo
     rb = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001}, diagnosis=d, rationale="r",
                       operator="diagnostics", policy="builtin")
     ctrl.store.put(rb)
-    assert ctrl.job_action_first() is False
+    assert ctrl.job_action_first("RUNNING") is False
     ctrl.store.transition(rb.id, Status.VALIDATED, "rollback of a diverged run")
-    assert ctrl.job_action_first() is True
+    assert ctrl.job_action_first("RUNNING") is True
     ctrl.store.transition(rb.id, Status.APPLIED, "applied")
     ctrl._tick_ev = None
-    assert ctrl.job_action_first() is True                      # the new job has written nothing yet
+    assert ctrl.job_action_first("RUNNING") is True                      # the new job has written nothing yet
     harness = ctrl.ws.current_harness()
     ctrl.run_dir.mkdir(parents=True, exist_ok=True)
     row = {"step": 1, "segment": 1, "time": time.time() + 1, "loss": 1.0,
            "harness_version": HarnessSpec.model_validate(harness).version}
     (ctrl.run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
     ctrl._tick_ev = None
-    assert ctrl.job_action_first() is False
+    assert ctrl.job_action_first("RUNNING") is False
 
     def edit(template):
         t = Diagnosis(name="template_mismatch", summary="t", operator="harness_critic", policy="builtin")
         return Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.template": template}, diagnosis=t,
                             rationale="r", operator="harness_critic", policy="builtin")
 
-    assert "already is the one this edit makes" in ctrl.noop_harness_edit(edit(harness["template"]))
-    assert ctrl.noop_harness_edit(edit("Q: {question}\nA:")) is None
+    assert "already is the one this edit makes" in ctrl.noop_harness_edit(edit(harness["template"]), "RUNNING")
+    assert ctrl.noop_harness_edit(edit("Q: {question}\nA:"), "RUNNING") is None
     ctrl.knowledge.close()
     ctrl._conn.close()
     ctrl.lock.release()
