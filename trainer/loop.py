@@ -99,7 +99,7 @@ class Trainer:
         self.ref_state: dict[str, torch.Tensor] | None = None
         self.ref_policy: Policy | None = None
         self.paused = False
-        self._beat_at = 0.0
+        self._beat_at: float | None = None   # monotonic time of the last running heartbeat; None = none yet
         self.last_eval: dict[str, float] = {}
         self.reached_target = False
         private = pathlib.Path(cfg.out_dir) / ".perturb" / f"{cfg.name}.json"
@@ -495,7 +495,10 @@ class Trainer:
         if self.dist.is_main:
             self.log.metrics.write(row)
             now = time.monotonic()
-            if now - self._beat_at >= HEARTBEAT_EVERY_S:   # a file rewrite per step cost ~1% of a small step
+            # a file rewrite per step cost ~1% of a small step. The monotonic clock counts from an
+            # arbitrary point (boot, on Linux), so "never written" is None, not 0.0: a machine up
+            # for less than HEARTBEAT_EVERY_S would otherwise throttle the first heartbeat
+            if self._beat_at is None or now - self._beat_at >= HEARTBEAT_EVERY_S:
                 self.log.heartbeat(self.step, "running")
                 self._beat_at = now
             if self.cfg.checkpoint.interval and self.step % self.cfg.checkpoint.interval == 0:
