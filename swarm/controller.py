@@ -706,6 +706,9 @@ class Controller:
             from swarm.graph import prune_checkpoints
 
             prune_checkpoints(self.graph.checkpointer, "main", KEEP_CHECKPOINTS)
+        from swarm.retention import enforce_retention   # backtest forks, pre-apply checkpoints, arms no one needs
+
+        enforce_retention(self.run_dir, self.sdir / "backtests", self.private / "backtests", self.store.list(), s.cpu)
         if not s.quiet:
             self._full_seq = self._pass_seq
         rows = self.store.timeline(since=max(self._reported_seq, 0))
