@@ -1,6 +1,6 @@
 """Domain objects of the swarm: goals, evidence, diagnoses, interventions and their lifecycle.
 
-One home each (see ../shared/ARCHITECTURE.md). Everything here is plain data (pydantic), so it
+One home each. Everything here is plain data (pydantic), so it
 round-trips through sqlite, the LangGraph checkpointer, git reports and LLM tool calls.
 
 Evidence is built only from what a run writes (metrics, samples, events, command log,
@@ -38,6 +38,29 @@ class InterventionKind(str, enum.Enum):
 
 # act on the job itself (a new job or segment): at most one at a time
 JOB_ACTIONS = (InterventionKind.RESTART, InterventionKind.ROLLBACK)
+# findings that show the run diverged (or its reward did from the task's verifier): a rollback
+# they confirm skips the backtest, its control arm would only continue the divergence
+DIVERGENCE = frozenset({"nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "reward_hacking"})
+# findings that show the job dead or hung: the only ones a restart may answer
+JOB_FINDINGS = frozenset({"crashed_job", "stale_heartbeat"})
+
+
+class JobStatus(str, enum.Enum):
+    """A training job's status as the launcher (or the run's heartbeat) reports it."""
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def terminal(cls) -> frozenset["JobStatus"]:
+        return frozenset({cls.SUCCEEDED, cls.FAILED, cls.STOPPED})
+
+    @classmethod
+    def alive(cls) -> frozenset["JobStatus"]:
+        return frozenset({cls.PENDING, cls.RUNNING})
 
 
 class Status(str, enum.Enum):
@@ -50,6 +73,31 @@ class Status(str, enum.Enum):
     EVALUATING = "evaluating"
     KEPT = "kept"
     ROLLED_BACK = "rolled_back"
+
+    @classmethod
+    def undecided(cls) -> tuple["Status", ...]:
+        """Waiting for the backtest, the gate or a human."""
+        return (cls.PROPOSED, cls.BACKTESTING, cls.VALIDATED, cls.AWAITING_APPROVAL)
+
+    @classmethod
+    def in_flight(cls) -> tuple["Status", ...]:
+        """Proposed and not yet judged, except those waiting for a human."""
+        return (cls.PROPOSED, cls.BACKTESTING, cls.VALIDATED, cls.APPLIED, cls.EVALUATING)
+
+    @classmethod
+    def open(cls) -> tuple["Status", ...]:
+        """Not yet at a final verdict (kept counts as final: only a human undoes it)."""
+        return cls.undecided() + (cls.APPLIED, cls.EVALUATING)
+
+    @classmethod
+    def in_force(cls) -> tuple["Status", ...]:
+        """Applied to the live run and not undone."""
+        return (cls.APPLIED, cls.EVALUATING, cls.KEPT)
+
+    @classmethod
+    def judged(cls) -> tuple["Status", ...]:
+        """A measured outcome: an episode for memory."""
+        return (cls.KEPT, cls.ROLLED_BACK, cls.REJECTED)
 
 
 # the lifecycle: which status may follow which
@@ -116,13 +164,15 @@ class BacktestResult(_Strict):
     metric: str
     candidate: list[float]
     control: list[float]
-    effect: float                          # mean(candidate) - mean(control), signed so that + is better
-    p_value: float
-    test: str                              # the statistical test used, stated
+    effect: float                          # the deciding signal's posterior mean effect, + is better
+    p_value: float                         # 1 - P(gain ≥ the minimum effect) of the deciding signal
+    test: str                              # the statistical rule used, stated
     horizon_steps: int
     seeds: list[int]
     passed: bool
     note: str = ""
+    signal: str = Field("target", description="the signal that decided (swarm.decisions.decide)")
+    cpu_s: float | None = Field(None, description="worker CPU seconds of the backtest's arms")
 
 
 class Intervention(_Strict):

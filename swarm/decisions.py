@@ -1,0 +1,440 @@
+"""The swarm's decision model: three pure functions with explicit result types.
+
+    plan(iv, facts)            -> Skip(reason) | Refuse(reason) | Backtest(spec)   before any compute
+    decide(pairs, rule)        -> Validated | Rejected | Extend(horizon)            on the backtest's arms
+    judge(window, control, …)  -> Kept | RolledBack(undo)                           after applying
+    assign_risk(iv, current, start) -> Risk                                         the controller's, not the proposer's
+
+Every intervention passes the same decisions whatever proposed it (a built-in policy, an LLM, a
+skill). They read recorded data only — the controller (swarm/controller.py) gathers it (runs the
+detectors, validates the change as the live trainer would, runs the backtest arms, reads the
+evaluation window) and acts on the result. Tested on tables of inputs in tests/test_decisions.py.
+
+The statistical rule (`decide`, and `judge` with the same posterior):
+  For a signal (candidate − control, signed so that + is better) each seed i gives a difference
+  d_i with a measurement variance v_i: for a held-out rate on n examples the binomial variance of
+  both arms with a Laplace-smoothed rate ((k+1)/(n+2), never 0, so one seed or zero variance is
+  never certainty); for a training-loss or pass-rate mean the squared standard errors of both
+  arms' means. Seeds are combined by inverse-variance weights 1/(v_i + tau^2), tau^2 the spread
+  between seeds beyond measurement noise (DerSimonian-Laird, 0 with one seed). With a flat prior
+  the mean effect is Normal(mean, se^2) and P(gain) = P(effect > delta), P(harm) = P(effect < -delta)
+  with delta the minimum effect (one held-out example, 1/n, on a rate; 1% of the control's loss;
+  0.01 of pass rate).
+  Signals in order: (1) the target metric, (2) the held-out format-failure rate (truncated +
+  malformed), (3) the mean SFT training loss over the horizon's second half (only when both arms
+  train SFT on the same targets), (4) the mean training pass rate over the second half (only when
+  both arms train on the same data). The first conclusive signal decides: P(harm) >= 1 - alpha →
+  Rejected; P(gain) >= 1 - alpha/m → Validated, with m = (signals available) x (looks planned: a
+  second, longer look when the finding is critical). A secondary signal is consulted only while
+  the target is not lower by more than delta on average. Nothing conclusive: Extend when a look
+  remains, else Rejected — no measured gain is a rejection, never a validation.
+  Error rate: under the Normal model the chance that a change with no effect of at least delta on
+  any signal is validated is at most alpha over all signals and looks (Bonferroni).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from swarm.domain import DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
+
+# ---- plan ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BacktestSpec:
+    horizon_steps: int
+    seeds: tuple[int, ...]
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """No backtest: the controller's own detectors confirm the claim (or a trusted skill backs it)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Rejected before any compute: invalid, a no-op, or a claim the evidence does not confirm."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Backtest:
+    spec: BacktestSpec
+
+
+Plan = Union[Skip, Refuse, Backtest]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the controller established about a proposal on the current evidence."""
+    findings: frozenset[str]            # names of the detectors firing now (the controller's own run)
+    risk: Risk                          # assign_risk's, never the proposer's
+    spec: BacktestSpec
+    invalid: str | None = None          # why the live trainer would refuse the change
+    noop: str | None = None             # why the change would change nothing
+    trusted: str | None = None          # a skill's record that lets the fix skip its backtest
+
+
+def plan(iv: Intervention, facts: Facts) -> Plan:
+    """Skip, Refuse or Backtest, in this order:
+    - a change the live trainer would refuse, or one that changes nothing → Refuse;
+    - a restart → Skip when a crash or a stall (crashed_job, stale_heartbeat) is confirmed now,
+      else Refuse (the job is not verifiably dead or stale);
+    - a rollback claiming a divergence → Skip when a divergence finding is confirmed now and the
+      change is not high risk; otherwise it is backtested like any fix;
+    - a fix a trusted skill backs → Skip when its diagnosis is confirmed now and it is not high risk;
+    - anything else → Backtest."""
+    if facts.invalid:
+        return Refuse(f"the live trainer would refuse it: {facts.invalid}")
+    if facts.noop:
+        return Refuse(facts.noop)
+    confirmed = iv.diagnosis.name in facts.findings
+    if iv.kind == K.RESTART:
+        seen = sorted(facts.findings & JOB_FINDINGS)
+        if not seen:
+            return Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed or stale job now")
+        return Skip(f"restart of a job the detectors find {' and '.join(seen)}: nothing to compare against")
+    if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE:
+        seen = sorted(facts.findings & DIVERGENCE)
+        if seen and facts.risk != Risk.HIGH:
+            return Skip(f"rollback of a run the detectors find diverged ({', '.join(seen)}): the control arm "
+                        "would only continue the divergence")
+        return Backtest(facts.spec)
+    if facts.trusted and confirmed and facts.risk != Risk.HIGH:
+        return Skip(facts.trusted)
+    return Backtest(facts.spec)
+
+
+# risk: from the change, against the values in force and the goal's starting values
+RAISE_HIGH = 3.0        # a numeric field raised more than this factor is high risk
+LOWER_HIGH = 1000.0     # or lowered more than this factor
+# fields whose new value changes what counts as correct, or how the run is trained
+_HIGH_UNLESS_RESTORED = ("harness.reward.", "recipe.algorithm")
+
+
+def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]) -> tuple[Risk, str]:
+    """(risk, why) of a change, assigned by the controller: `current` holds the dotted fields'
+    values in force (the live run's where it reports them), `start` the goal's starting values.
+    A restart is low; a curriculum-only data change is low; other changes are medium; a change is
+    high when a numeric field moves more than RAISE_HIGH× up or LOWER_HIGH× down from its current
+    value (unless it goes back to its starting value), when a reward field or the algorithm moves
+    to something other than its starting value (the task's verifier, the goal's algorithm) — except
+    distillation, which trains on verified answers only — or when a field has no known value to
+    compare with. The proposer's own risk is ignored."""
+    if iv.kind == K.RESTART:
+        return Risk.LOW, "a restart changes no field"
+    risk = Risk.LOW if iv.kind == K.DATA_CHANGE else Risk.MEDIUM
+    why = f"{iv.kind.value} of {', '.join(sorted(iv.changes)) or 'no field'}"
+    for k, v in iv.changes.items():
+        if k in start and start[k] == v:
+            continue                                    # back to the goal's own value
+        if k.startswith(_HIGH_UNLESS_RESTORED):
+            if k == "recipe.algorithm" and v == "distill":
+                risk = max(risk, Risk.MEDIUM, key=_RANK.get)
+                continue
+            return Risk.HIGH, f"{k} → {v!r} changes what counts as correct or how the run trains"
+        cur = current.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if k.startswith("harness.curriculum.") or k.startswith("harness.filters."):
+                continue
+            risk = max(risk, Risk.MEDIUM, key=_RANK.get)
+            continue
+        if not isinstance(cur, (int, float)) or isinstance(cur, bool) or not math.isfinite(float(cur)):
+            if k.startswith("harness.curriculum."):
+                continue
+            return Risk.HIGH, f"{k} → {v!r}: no value in force to compare with"
+        cur, new = float(cur), float(v)
+        if k.startswith("harness.curriculum.") and k.rsplit(".", 1)[-1] in ("start", "end"):
+            if new > cur:                                # harder data than now: not a data fix's direction
+                risk = max(risk, Risk.MEDIUM, key=_RANK.get)
+            continue
+        if cur > 0 and new > 0:
+            if new / cur > RAISE_HIGH:
+                return Risk.HIGH, f"{k} {cur:g} → {new:g} raises it {new / cur:.3g}×"
+            if cur / new > LOWER_HIGH:
+                return Risk.HIGH, f"{k} {cur:g} → {new:g} lowers it {cur / new:.3g}×"
+        elif new != cur:
+            risk = max(risk, Risk.MEDIUM, key=_RANK.get)
+        if iv.kind == K.DATA_CHANGE and not k.startswith("harness.curriculum."):
+            risk = max(risk, Risk.MEDIUM, key=_RANK.get)
+    return risk, why
+
+
+_RANK = {Risk.LOW: 0, Risk.MEDIUM: 1, Risk.HIGH: 2}
+
+
+# ---- decide -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArmScore:
+    """One arm's measurements at the end of its horizon (None: not measured)."""
+    target: float | None
+    format_fail: float | None = None      # held-out truncated + malformed share
+    loss: float | None = None             # mean SFT loss over the second half
+    loss_se: float | None = None          # its standard error (step-to-step spread / sqrt(rows))
+    pass_rate: float | None = None        # mean training pass rate over the second half
+    pass_se: float | None = None
+
+
+@dataclass(frozen=True)
+class Pair:
+    seed: int
+    candidate: ArmScore
+    control: ArmScore
+
+
+@dataclass(frozen=True)
+class Rule:
+    alpha: float = 0.2
+    higher_is_better: bool = True
+    eval_size: int = 200                  # held-out examples behind each arm's target
+    target_is_rate: bool = True           # a share of eval_size examples (binomial noise known)
+    losses_compare: bool = False          # both arms train SFT on the same targets
+    same_data: bool = False               # both arms train on the same data (pass rates compare)
+    looks: int = 1                        # looks planned at this fork (2: one extension)
+    look: int = 1                         # this look's number
+    extend_factor: int = 1                # horizon multiplier of the next look
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    effect: float                         # posterior mean, + is better
+    se: float
+    delta: float
+    p_gain: float
+    p_harm: float
+
+    def text(self) -> str:
+        return (f"{self.name}: effect {self.effect:+.4g} ± {self.se:.2g}, P(gain > {self.delta:.3g}) = {self.p_gain:.3f}, "
+                f"P(harm) = {self.p_harm:.3f}")
+
+
+@dataclass(frozen=True)
+class Validated:
+    signal: Signal
+    level: float                          # the P(gain) needed (1 - alpha/m)
+    signals: tuple[Signal, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str
+    signals: tuple[Signal, ...] = ()
+    level: float = 0.0
+
+
+@dataclass(frozen=True)
+class Extend:
+    horizon_factor: int
+    reason: str
+    signals: tuple[Signal, ...] = ()
+    level: float = 0.0
+
+
+Decision = Union[Validated, Rejected, Extend]
+
+
+def _phi(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def rate_var(p: float, n: int) -> float:
+    """Binomial variance of a rate measured on n examples, Laplace-smoothed (never 0)."""
+    q = (min(max(p, 0.0), 1.0) * n + 1.0) / (n + 2.0)
+    return q * (1.0 - q) / n
+
+
+def combine(diffs: list[float], variances: list[float | None], delta: float, name: str) -> Signal | None:
+    """The posterior of the mean effect from per-seed differences and their measurement variances
+    (None: unknown — then the spread between seeds is all there is, and one seed says nothing)."""
+    n = len(diffs)
+    if n == 0:
+        return None
+    if any(v is None for v in variances):
+        if n < 2:
+            return None
+        mean = sum(diffs) / n
+        sd2 = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+        if sd2 <= 0:
+            return None                  # zero spread with unknown noise: no basis for odds
+        se = math.sqrt(sd2 / n)
+    else:
+        vs = [max(float(v), 1e-12) for v in variances]  # type: ignore[arg-type]
+        tau2 = 0.0
+        if n >= 2:
+            m0 = sum(diffs) / n
+            tau2 = max(0.0, sum((d - m0) ** 2 for d in diffs) / (n - 1) - sum(vs) / n)
+        w = [1.0 / (v + tau2) for v in vs]
+        mean = sum(wi * d for wi, d in zip(w, diffs)) / sum(w)
+        se = 1.0 / math.sqrt(sum(w))
+    return Signal(name, mean, se, delta, _phi((mean - delta) / se), _phi((-delta - mean) / se))
+
+
+def signals(pairs: list[Pair], rule: Rule) -> list[Signal]:
+    """The signals of `decide`, in order, that these arms measure."""
+    n = rule.eval_size
+    sign = 1.0 if rule.higher_is_better else -1.0
+    out: list[Signal] = []
+    ok = [p for p in pairs if p.control.target is not None]   # a seed without a control says nothing
+    worst = 0.0 if rule.higher_is_better else 1.0
+    tgt = [(sign * ((p.candidate.target if p.candidate.target is not None else worst) - p.control.target),
+            (rate_var(p.candidate.target if p.candidate.target is not None else worst, n) + rate_var(p.control.target, n))
+            if rule.target_is_rate else None) for p in ok]
+    t = combine([d for d, _ in tgt], [v for _, v in tgt], 1.0 / n if rule.target_is_rate else 0.0, "target")
+    if t is not None:
+        out.append(t)
+    ff = [p for p in ok if p.candidate.format_fail is not None and p.control.format_fail is not None]
+    if ff:
+        s = combine([p.control.format_fail - p.candidate.format_fail for p in ff],
+                    [rate_var(p.candidate.format_fail, n) + rate_var(p.control.format_fail, n) for p in ff],
+                    1.0 / n, "held-out format failures")
+        if s is not None:
+            out.append(s)
+    if rule.losses_compare:
+        lp = [p for p in ok if None not in (p.candidate.loss, p.control.loss, p.candidate.loss_se, p.control.loss_se)]
+        if lp and len(lp) == len(ok):
+            ref = sum(p.control.loss for p in lp) / len(lp)
+            s = combine([p.control.loss - p.candidate.loss for p in lp],
+                        [p.candidate.loss_se ** 2 + p.control.loss_se ** 2 for p in lp], 0.01 * abs(ref), "SFT training loss")
+            if s is not None:
+                out.append(s)
+    if rule.same_data:
+        pp = [p for p in ok if None not in (p.candidate.pass_rate, p.control.pass_rate, p.candidate.pass_se, p.control.pass_se)]
+        if pp and len(pp) == len(ok):
+            s = combine([p.candidate.pass_rate - p.control.pass_rate for p in pp],
+                        [p.candidate.pass_se ** 2 + p.control.pass_se ** 2 for p in pp], 0.01, "training pass rate")
+            if s is not None:
+                out.append(s)
+    return out
+
+
+def decide(pairs: list[Pair], rule: Rule) -> Decision:
+    """Validated, Rejected or Extend by the rule in this module's docstring."""
+    sig = signals(pairs, rule)
+    if not sig or sig[0].name != "target":
+        return Rejected("no control arm measured the target: nothing to compare", tuple(sig))
+    m = len(sig) * max(rule.looks, 1)
+    level = 1.0 - rule.alpha / m
+    harm = 1.0 - rule.alpha
+    target = sig[0]
+    for i, s in enumerate(sig):
+        if s.p_harm >= harm:
+            return Rejected(f"{s.name} credibly worse ({s.text()})", tuple(sig), level)
+        if s.p_gain >= level:
+            extra = "" if i == 0 else f"; target {target.effect:+.4g} (not lower than {target.delta:.3g} on average)"
+            return Validated(s, level, tuple(sig), f"{s.text()} ≥ {level:.3f}{extra}")
+        if i == 0 and target.effect < -target.delta:
+            return Rejected(f"target lower for the candidate ({target.text()}): no secondary signal outweighs it",
+                            tuple(sig), level)
+    text = "; ".join(s.text() for s in sig)
+    if rule.look < rule.looks and rule.extend_factor > 1:
+        return Extend(rule.extend_factor, f"inconclusive at look {rule.look} of {rule.looks} ({text})", tuple(sig), level)
+    return Rejected(f"no measured gain: nothing conclusive at P ≥ {level:.3f} ({text})", tuple(sig), level)
+
+
+# ---- judge --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the live run showed after applying."""
+    kind: K
+    after: float | None                   # the target's latest eval in the window
+    steps: int                            # steps the window covered
+    window_steps: int                     # steps the window should cover
+    eval_size: int = 200
+    target_is_rate: bool = True
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True)
+class Control:
+    """What the run would have shown without the intervention: the backtest's control arms (their
+    mean with its standard error), else the value measured just before applying."""
+    value: float | None
+    se: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Kept:
+    reason: str
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    reason: str
+    undo: bool            # True: the window is credibly worse than the control, restore the pre-apply state
+
+
+Judgement = Union[Kept, RolledBack]
+
+
+def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
+    """Kept only on a measured gain. A restart is kept when the job trained the whole window again
+    (the control, a dead or hung job, trains none). Any other intervention: the target after the
+    window against the control, with the posterior of `decide` (one observation, binomial noise on
+    a rate, the control's own standard error): P(worse by delta) >= 1 - alpha → RolledBack(undo);
+    P(better by delta) >= 1 - alpha → Kept; otherwise RolledBack(undo=False): no measured gain is
+    counted as a loss, and the run is not set back for it (the pre-apply state was no better)."""
+    if window.kind == K.RESTART:
+        if window.steps >= window.window_steps:
+            return Kept(f"the job trained {window.steps} steps after the restart (a dead job trains none)")
+        return RolledBack(f"the job trained only {window.steps} of {window.window_steps} steps after the restart", undo=False)
+    if window.after is None or control.value is None:
+        return RolledBack(f"no measured gain: nothing to compare ({control.source} {control.value}, after {window.after})",
+                          undo=False)
+    n = window.eval_size
+    sign = 1.0 if window.higher_is_better else -1.0
+    d = sign * (window.after - control.value)
+    var = (rate_var(window.after, n) if window.target_is_rate else 0.0) + (control.se or 0.0) ** 2
+    if not window.target_is_rate and not control.se:
+        var = 0.0
+    delta = 1.0 / n if window.target_is_rate else 0.0
+    what = f"{control.value:.4g} ({control.source}) → {window.after:.4g} over {window.steps} steps"
+    if var <= 0:
+        if d > delta:
+            return Kept(f"{what}: better")
+        return RolledBack(f"{what}: no measured gain", undo=d < -delta)
+    se = math.sqrt(var)
+    p_gain, p_harm = _phi((d - delta) / se), _phi((-delta - d) / se)
+    odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
+    if p_harm >= 1 - alpha:
+        return RolledBack(f"{what}: credibly worse ({odds})", undo=True)
+    if p_gain >= 1 - alpha:
+        return Kept(f"{what}: credibly better ({odds})")
+    return RolledBack(f"{what}: no measured gain ({odds})", undo=False)
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Worker CPU an intervention spent without a measured gain."""
+    backtest_cpu_s: float = 0.0
+    window_cpu_s: float = 0.0
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total(self) -> float:
+        return self.backtest_cpu_s + self.window_cpu_s
+
+
+def wasted(status: str, outcome: dict[str, Any]) -> Waste:
+    """What of an intervention's recorded CPU was spent for nothing: its backtest's when it was
+    rejected, rolled back or kept without a gain; its evaluation window's when it was undone."""
+    bt = float(outcome.get("backtest_cpu_s") or 0.0)
+    win = float(outcome.get("window_cpu_s") or 0.0)
+    if status == "rejected":
+        return Waste(bt, 0.0, ("backtest of a rejected change",) if bt else ())
+    if status == "rolled_back":
+        undone = bool(outcome.get("undone", True))
+        return Waste(bt, win if undone else 0.0, ("backtest and window of an intervention rolled back" if undone
+                                                  else "backtest of an intervention with no measured gain",))
+    return Waste()

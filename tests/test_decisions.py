@@ -1,0 +1,185 @@
+"""The decision model (swarm/decisions.py) on tables of inputs: plan, decide, judge, risk, waste."""
+from __future__ import annotations
+
+import pytest
+
+from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Pair, Refuse, Rejected,
+                             RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, plan, wasted)
+from swarm.domain import Diagnosis, Intervention, InterventionKind as K, Risk
+
+SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
+
+
+def iv(kind=K.RECIPE_EDIT, changes=None, diagnosis="loss_spike", risk=Risk.LOW):
+    d = Diagnosis(name=diagnosis, summary="s", operator="o", policy="builtin")
+    return Intervention(kind=kind, changes=changes or {}, diagnosis=d, rationale="r", operator="o", policy="builtin", risk=risk)
+
+
+def facts(findings=(), risk=Risk.MEDIUM, **kw):
+    return Facts(findings=frozenset(findings), risk=risk, spec=SPEC, **kw)
+
+
+# ---- plan -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("proposal, f, want", [
+    # a restart only for a job the detectors find dead or stale
+    (iv(K.RESTART, diagnosis="crashed_job"), facts({"crashed_job"}), Skip),
+    (iv(K.RESTART, diagnosis="stale_heartbeat"), facts({"stale_heartbeat"}), Skip),
+    (iv(K.RESTART, diagnosis="stale_heartbeat"), facts(), Refuse),
+    (iv(K.RESTART, diagnosis="crashed_job"), facts({"loss_spike"}), Refuse),
+    # a divergence rollback skips the backtest only when a divergence is confirmed and the change is not high risk
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}), facts({"loss_spike"}), Skip),
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}), facts({"nonfinite_loss"}), Skip),
+    (iv(K.ROLLBACK, {"recipe.lr": 10}), facts(), Backtest),                       # false claim
+    (iv(K.ROLLBACK, {"recipe.lr": 10}), facts({"loss_spike"}, risk=Risk.HIGH), Backtest),
+    (iv(K.ROLLBACK, {"harness.template": "{question}="}, diagnosis="template_mismatch"), facts({"template_mismatch"}), Backtest),
+    # validity and no-ops come first, whatever the claim
+    (iv(K.RESTART, diagnosis="crashed_job"), facts({"crashed_job"}, invalid="x"), Refuse),
+    (iv(K.DATA_CHANGE, {"harness.curriculum.start": 0}), facts({"too_hard_curriculum"}, invalid="difficulty=0 outside [1, 8]"), Refuse),
+    (iv(K.HARNESS_EDIT, {"harness.template": "{question}="}), facts(noop="already live"), Refuse),
+    # a trusted skill's fix skips only with its diagnosis confirmed now
+    (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), facts({"truncation"}, trusted="won 3"), Skip),
+    (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), facts(trusted="won 3"), Backtest),
+    (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), facts({"truncation"}), Backtest),
+])
+def test_plan(proposal, f, want):
+    got = plan(proposal, f)
+    assert isinstance(got, want), got
+    if isinstance(got, Backtest):
+        assert got.spec == SPEC
+    else:
+        assert got.reason
+
+
+def test_an_invalid_change_names_the_trainers_reason():
+    got = plan(iv(K.DATA_CHANGE, {"harness.curriculum.start": 0}), facts(invalid="difficulty=0 outside [1, 8]"))
+    assert isinstance(got, Refuse) and "difficulty=0 outside [1, 8]" in got.reason
+
+
+# ---- risk -------------------------------------------------------------------------------------
+
+CUR = {"recipe.lr": 0.003, "harness.sampling.max_new_tokens": 5, "harness.curriculum.start": 8,
+       "harness.reward.verifier": "task", "recipe.algorithm": "sft", "harness.sampling.temperature": 0.05}
+START = {"recipe.lr": 0.003, "harness.sampling.max_new_tokens": 5, "harness.curriculum.start": 2,
+         "harness.reward.verifier": "task", "recipe.algorithm": "sft", "harness.sampling.temperature": 1.0}
+
+
+@pytest.mark.parametrize("proposal, want", [
+    (iv(K.RESTART, diagnosis="crashed_job", risk=Risk.HIGH), Risk.LOW),
+    (iv(K.ROLLBACK, {"recipe.lr": 10}, risk=Risk.LOW), Risk.HIGH),                 # 3333× up: the proposer's "low" is ignored
+    (iv(K.RECIPE_EDIT, {"recipe.lr": 0.0003}), Risk.MEDIUM),                       # 10× down
+    (iv(K.RECIPE_EDIT, {"recipe.lr": 1e-8}), Risk.HIGH),                           # 300000× down
+    (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 12}), Risk.MEDIUM),    # 2.4× up
+    (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 4096}), Risk.HIGH),
+    (iv(K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}), Risk.MEDIUM),      # back to the goal's value: 20× up, restored
+    (iv(K.HARNESS_EDIT, {"harness.reward.verifier": "digits_any_order"}), Risk.HIGH),
+    (iv(K.HARNESS_EDIT, {"harness.reward.verifier": "task"}), Risk.MEDIUM),
+    (iv(K.DATA_CHANGE, {"harness.curriculum.start": 2, "harness.curriculum.end": 2}), Risk.LOW),
+    (iv(K.DISTILL, {"recipe.algorithm": "distill"}), Risk.MEDIUM),
+    (iv(K.RECIPE_EDIT, {"recipe.algorithm": "grpo"}), Risk.HIGH),
+    (iv(K.RECIPE_EDIT, {"recipe.warmup_steps": 10}), Risk.HIGH),                   # no value in force to compare with
+])
+def test_risk_is_assigned_from_the_change(proposal, want):
+    risk, why = assign_risk(proposal, CUR, START)
+    assert risk == want, why
+    assert why
+
+
+# ---- decide -----------------------------------------------------------------------------------
+
+def arm(t, ff=None, loss=None, loss_se=None, pr=None, pr_se=None):
+    return ArmScore(target=t, format_fail=ff, loss=loss, loss_se=loss_se, pass_rate=pr, pass_se=pr_se)
+
+
+def pairs(cand, ctrl, **kw):
+    return [Pair(i, arm(c, **kw.get("c", {})), arm(k, **kw.get("k", {}))) for i, (c, k) in enumerate(zip(cand, ctrl))]
+
+
+RULE = Rule(alpha=0.2, eval_size=200)
+
+
+@pytest.mark.parametrize("name, ps, rule, want", [
+    ("exact tie at zero", pairs([0.0, 0.0], [0.0, 0.0]), RULE, Rejected),
+    ("tie at a high value", pairs([0.6, 0.6], [0.6, 0.6]), RULE, Rejected),
+    ("no effect, noise both ways", pairs([0.41, 0.39], [0.40, 0.40]), RULE, Rejected),
+    ("noisy small gains [0.05, 0.01]", pairs([0.55, 0.51], [0.50, 0.50]), RULE, Rejected),
+    ("a harmful change", pairs([0.1, 0.12], [0.6, 0.58]), RULE, Rejected),
+    ("a large gain", pairs([0.6, 0.62], [0.1, 0.12]), RULE, Validated),
+    ("one seed, large gain", pairs([0.6], [0.1]), RULE, Validated),
+    ("one seed, small gain", pairs([0.53], [0.5]), RULE, Rejected),
+    ("zero variance small gains", pairs([0.51, 0.51], [0.5, 0.5]), RULE, Rejected),
+    ("zero variance large gains", pairs([0.8, 0.8], [0.5, 0.5]), RULE, Validated),
+    ("a crashed control says nothing", pairs([0.6, 0.6], [None, None]), RULE, Rejected),
+    ("inconclusive with a look left", pairs([0.02, 0.0], [0.0, 0.0]), Rule(eval_size=200, looks=2, look=1, extend_factor=4), Extend),
+    ("inconclusive at the last look", pairs([0.02, 0.0], [0.0, 0.0]), Rule(eval_size=200, looks=2, look=2, extend_factor=4), Rejected),
+])
+def test_decide_on_the_target(name, ps, rule, want):
+    got = decide(ps, rule)
+    assert isinstance(got, want), (name, got)
+
+
+def test_a_crashed_candidate_counts_as_worst():
+    got = decide(pairs([None, None], [0.5, 0.5]), RULE)
+    assert isinstance(got, Rejected) and "credibly worse" in got.reason
+
+
+def test_one_seed_with_zero_spread_is_never_certain():
+    got = decide(pairs([0.01], [0.0]), RULE)        # 2 of 200 vs 0 of 200 on one seed
+    assert isinstance(got, Rejected)
+    t = got.signals[0]
+    assert 0.0 < t.p_gain < 1.0 and t.se > 0
+    t = decide(pairs([0.03], [0.0]), RULE).signals[0]   # 6 vs 0: likely, not certain
+    assert 0.0 < t.p_gain < 1.0 and t.se > 0
+
+
+def test_secondary_signals_in_order():
+    # the target ties at zero; the format-failure rate drops a lot: validated on it, and says so
+    ps = pairs([0.0, 0.0], [0.0, 0.0], c={"ff": 0.1}, k={"ff": 0.9})
+    got = decide(ps, RULE)
+    assert isinstance(got, Validated) and got.signal.name == "held-out format failures"
+    assert got.level == pytest.approx(1 - 0.2 / 2)
+    # a lower SFT loss (same targets) decides when the format failures tie
+    ps = pairs([0.0, 0.0], [0.0, 0.0], c={"ff": 0.0, "loss": 0.5, "loss_se": 0.01}, k={"ff": 0.0, "loss": 0.8, "loss_se": 0.01})
+    got = decide(ps, Rule(eval_size=200, losses_compare=True))
+    assert isinstance(got, Validated) and got.signal.name == "SFT training loss"
+    # the same loss numbers do not count when the arms' losses do not compare
+    assert isinstance(decide(ps, Rule(eval_size=200)), Rejected)
+    # a secondary signal does not outweigh a target lower by more than one example on average
+    ps = pairs([0.3, 0.3], [0.33, 0.33], c={"ff": 0.1}, k={"ff": 0.9})
+    got = decide(ps, RULE)
+    assert isinstance(got, Rejected) and "target lower" in got.reason
+    # a credibly worse secondary signal rejects
+    ps = pairs([0.0, 0.0], [0.0, 0.0], c={"ff": 0.9}, k={"ff": 0.1})
+    assert isinstance(decide(ps, RULE), Rejected)
+
+
+def test_more_signals_and_looks_raise_the_bar():
+    ps = pairs([0.0, 0.0], [0.0, 0.0], c={"ff": 0.1, "loss": 0.5, "loss_se": 0.01, "pr": 0.2, "pr_se": 0.01},
+               k={"ff": 0.9, "loss": 0.8, "loss_se": 0.01, "pr": 0.1, "pr_se": 0.01})
+    got = decide(ps, Rule(alpha=0.2, eval_size=200, losses_compare=True, same_data=True, looks=2))
+    assert isinstance(got, Validated) and got.level == pytest.approx(1 - 0.2 / 8)
+
+
+# ---- judge ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, w, c, want, undo", [
+    ("credible gain", Window(K.HARNESS_EDIT, 0.6, 100, 100), Control(0.1, 0.02, "backtest control"), Kept, None),
+    ("no effect 0.0 → 0.0", Window(K.ROLLBACK, 0.0, 100, 100), Control(0.0, None, "before applying"), RolledBack, False),
+    ("small noisy gain", Window(K.HARNESS_EDIT, 0.01, 100, 100), Control(0.0, 0.005, "backtest control"), RolledBack, False),
+    ("harm", Window(K.ROLLBACK, 0.0, 100, 100), Control(0.74, None, "before applying"), RolledBack, True),
+    ("no eval after", Window(K.RECIPE_EDIT, None, 100, 100), Control(0.5, None, "before applying"), RolledBack, False),
+    ("restart that trained", Window(K.RESTART, None, 120, 100), Control(None, None, "a dead job"), Kept, None),
+    ("restart that did not", Window(K.RESTART, None, 3, 100), Control(None, None, "a dead job"), RolledBack, False),
+])
+def test_judge(name, w, c, want, undo):
+    got = judge(w, c)
+    assert isinstance(got, want), (name, got)
+    if undo is not None:
+        assert got.undo is undo
+
+
+def test_waste():
+    assert wasted("rejected", {"backtest_cpu_s": 12.0}).total == 12.0
+    assert wasted("rolled_back", {"backtest_cpu_s": 5.0, "window_cpu_s": 7.0, "undone": True}).total == 12.0
+    assert wasted("rolled_back", {"backtest_cpu_s": 5.0, "window_cpu_s": 7.0, "undone": False}).total == 5.0
+    assert wasted("kept", {"backtest_cpu_s": 5.0}).total == 0.0
