@@ -206,7 +206,7 @@ def status(run_dir: Optional[str] = typer.Argument(None, help="a run's directory
     if run_dir is None:
         run_dir = str(pathlib.Path(workspace) / ".swarm" / "runs" / "train")
         if (pathlib.Path(workspace) / ".swarm" / "state.db").exists():
-            interventions(workspace)
+            interventions(workspace, json_out=False)
     p = pathlib.Path(run_dir)
     if not p.is_dir():
         fail(f"run directory {run_dir!r} not found")
@@ -333,18 +333,23 @@ def resume(
 
 
 @app.command()
-def interventions(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
-    """List interventions with their status."""
-    from rich.table import Table
+def interventions(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
+                  json_out: bool = typer.Option(False, "--json", help="every intervention, whole, as a JSON list")) -> None:
+    """List interventions with their status (ids stay whole at any terminal width)."""
+    from swarm.live import fit_table
 
     st = _store(workspace)
-    t = Table("id", "kind", "operator", "policy", "diagnosis", "risk", "status", "effect", "p", "applied at")
+    if json_out:
+        print(json.dumps([iv.model_dump(mode="json") for iv in st.list()]))
+        return
+    rows = []
     for iv in st.list():
         bt = iv.backtest
-        t.add_row(iv.id, iv.kind.value, iv.operator, iv.policy, iv.diagnosis.name, iv.risk.value, iv.status.value,
-                  f"{bt.effect:+.3f}" if bt else (iv.backtest_skipped and "skipped") or "-",
-                  f"{bt.p_value:.3f}" if bt else "-", str(iv.applied_step) if iv.applied_step is not None else "-")
-    out.print(t)
+        rows.append([iv.id, iv.status.value, iv.kind.value, iv.diagnosis.name,
+                     f"{bt.effect:+.3f}" if bt else (iv.backtest_skipped and "skipped") or "-",
+                     f"{bt.p_value:.3f}" if bt else "-", str(iv.applied_step) if iv.applied_step is not None else "-",
+                     iv.risk.value, iv.operator, iv.policy])
+    out.print(fit_table(out, ["id", "status", "kind", "diagnosis", "effect", "p", "applied at", "risk", "operator", "policy"], rows))
 
 
 def _get_iv(workspace: str, iid: str):
@@ -413,7 +418,7 @@ def report(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
     if p.exists():
         out.print(p.read_text())
         return
-    interventions(workspace)
+    interventions(workspace, json_out=False)
 
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="sandboxes for untrusted code")
@@ -488,24 +493,24 @@ def skills_list(
     all_: bool = typer.Option(False, "--all", help="retired skills too"),
 ) -> None:
     """Skills with their trigger, intervention and utility (retrieved, applied, wins, losses, mean effect)."""
-    from rich.table import Table
-
     from skills import utility_from_episodes
+    from swarm.live import fit_table
 
     ws, lib, mem = _skills_ctx(workspace, library)
     skills, errors = lib.load()
     util = utility_from_episodes(mem.episodes(), mem.retrievals())
-    t = Table("name", "status", "v", "diagnosis", "intervention", "retrieved", "applied", "wins", "losses", "mean effect")
+    rows = []
     for sk in skills:
         if not sk.active and not all_:
             continue
         sw, u = sk.swarmlab, util.get(sk.name)
         iv = sw.intervention if sw is not None else None
-        t.add_row(sk.name, "active" if sk.active else "retired", str(sw.version if sw else "-"), (sw and sw.diagnosis) or "-",
+        rows.append([sk.name, "active" if sk.active else "retired", str(sw.version if sw else "-"), (sw and sw.diagnosis) or "-",
                   f"{iv.kind} {','.join(iv.fields)}" if iv is not None else "-",
                   *(str(getattr(u, k)) if u is not None else "0" for k in ("retrieved", "applied", "wins", "losses")),
-                  f"{u.mean_effect:+.3f}" if u is not None and u.mean_effect is not None else "-")
-    out.print(t)
+                  f"{u.mean_effect:+.3f}" if u is not None and u.mean_effect is not None else "-"])
+    out.print(fit_table(out, ["name", "status", "v", "diagnosis", "intervention", "retrieved", "applied", "wins", "losses",
+                              "mean effect"], rows, keep=("name",)))
     for e in errors:
         err.print(f"[yellow]skipped:[/] {e}", highlight=False, soft_wrap=True)
     mem.close()

@@ -42,6 +42,7 @@ KEEP_CHECKPOINTS = 200
 class Controller:
     def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None) -> None:
         from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
+        from swarm.report import LifecycleReports
         from swarm.store import Store, acquire_lock
         from swarm.workspace import Workspace
 
@@ -52,6 +53,7 @@ class Controller:
         self.goal = goal
         self.store = Store(self.sdir / "state.db")
         self.ws = Workspace.open(self.dir)
+        self.store.subscribe(LifecycleReports(self.ws, self.sdir / "runs" / "train"))   # reports follow the lifecycle
         self.private = self.sdir / "private"
         self.private.mkdir(exist_ok=True)
         self.runs = self.sdir / "runs"

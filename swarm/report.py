@@ -2,6 +2,7 @@
 
     md, pngs = intervention_report(iv, metrics_rows, samples)   # pngs == {"metrics.png": b"\\x89PNG..."}
     ws.open_pr(iv, md, pngs)
+    store.subscribe(LifecycleReports(ws, run_dir))              # rewritten on every status change
     md, files = final_report(goal_dict, store.timeline(), store.list(), metrics_rows, outcome)
 
 Markdown is for a human reviewer; the plots sit beside it: `metrics.png` in a PR (matplotlib),
@@ -17,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import pathlib
 import re
 from typing import Any, Iterable
 
@@ -211,7 +213,7 @@ def intervention_report(iv: Intervention, metrics_rows: list[dict[str, Any]], sa
 | diagnosed by | {cell(d.operator)} (policy: {cell(d.policy)}) |
 | diagnosed at step | {d.step} |
 | applied at step | {_num_str(iv.applied_step)} |
-| branch | {cell(iv.branch or '—')} |
+| branch | {cell(iv.branch or f"iv/{iv.id}-{iv.kind.value}")} |
 
 ## Diagnosis
 
@@ -258,6 +260,24 @@ Expected effect: {_prose(iv.expected_effect) or '_not stated_'}
     if iv.outcome:
         md += "\n## Outcome\n\n" + _table(["measure", "value"], [[k, _num_str(v)] for k, v in _flatten(iv.outcome).items()]) + "\n"
     return md, {"metrics.png": png}
+
+
+class LifecycleReports:
+    """Keeps each intervention's REPORT.md in step with its lifecycle: subscribed to the store
+    (`store.subscribe(LifecycleReports(ws, run_dir))`), it rewrites the report, with its plot
+    and intervention.json, in the intervention's PR on every status change (applied at step,
+    evaluating, kept or rolled back, rejected), from the run's metrics and samples as they are
+    then. An intervention with no PR yet is skipped: its PR opens with the current report."""
+
+    def __init__(self, ws: Any, run_dir: Any, samples: int = 200) -> None:
+        self.ws, self.run_dir, self.samples = ws, pathlib.Path(run_dir), samples
+
+    def __call__(self, iv: Intervention) -> None:
+        from trainer.runlog import read_jsonl
+
+        md, files = intervention_report(iv, read_jsonl(self.run_dir / "metrics.jsonl"),
+                                        read_jsonl(self.run_dir / "samples.jsonl")[-self.samples:])
+        self.ws.update_report(iv, md, files)
 
 
 def _target(goal: dict[str, Any]) -> tuple[str, str, float] | None:
@@ -368,4 +388,4 @@ Each intervention's full report is `reports/<id>/REPORT.md` on its branch `iv/<i
     return md, {"curves.svg": svg}
 
 
-__all__ = ["intervention_report", "final_report", "metrics_plot", "quote_untrusted", "cell"]
+__all__ = ["intervention_report", "final_report", "LifecycleReports", "metrics_plot", "quote_untrusted", "cell"]

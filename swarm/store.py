@@ -27,14 +27,17 @@ import contextlib
 import enum
 import fcntl
 import json
+import logging
 import os
 import pathlib
 import sqlite3
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from swarm.domain import Intervention, Status
+
+log = logging.getLogger(__name__)
 
 SWARM_DIR = ".swarm"
 DB_NAME = "state.db"
@@ -110,6 +113,7 @@ class Store:
         self.path = p
         # isolation_level=None: autocommit, transactions are explicit (BEGIN IMMEDIATE below)
         self._lock = threading.RLock()
+        self._subscribers: list[Callable[[Intervention], None]] = []
         self._db = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
@@ -197,7 +201,19 @@ class Store:
                        (iv.status.value, now, intervention_json(iv), id))
             db.execute("INSERT INTO timeline(time, kind, data) VALUES (?,?,?)",
                        (now, "transition", dumps({"id": id, "from": frm.value, "to": to.value, "note": note})))
+        for fn in list(self._subscribers):
+            try:
+                fn(iv)
+            except Exception as e:  # the boundary: the transition is recorded; a follower's failure is logged
+                log.warning("after intervention %s became %s: %s failed: %s: %s", id, to.value,
+                            getattr(fn, "__name__", type(fn).__name__), type(e).__name__, e)
         return iv
+
+    def subscribe(self, fn: Callable[[Intervention], None]) -> None:
+        """Call `fn(iv)` after every status change this Store records (in the recording thread,
+        after the commit), e.g. to rewrite the intervention's report. An exception in `fn` is
+        logged and never undoes the transition."""
+        self._subscribers.append(fn)
 
     # ---- controller runs ----------------------------------------------------------------------
     def start_run(self, run_id: str, goal: str, status: str = "running") -> None:

@@ -426,6 +426,48 @@ class Workspace:
         self._push(f"refs/heads/{name}")
         return name
 
+    def update_report(self, iv: Intervention, report_md: str, attachments: dict[str, bytes] | None = None) -> str | None:
+        """Rewrite the report files of `iv`'s PR (REPORT.md, intervention.json, attachments) in
+        whatever state the PR is in, so the report follows the lifecycle: a commit on its branch
+        while open, merged or reverted (main keeps the copy it merged: a rollback reverts exactly
+        what was merged), on top of the closed tip once rejected (the `closed/<id>` tag moves and
+        keeps its note). Returns the ref written, None when `iv` has no PR yet. Main, the work
+        tree and `.git/index` are not touched."""
+        _check_id(iv.id)
+        attachments = dict(attachments or {})
+        for name, data in attachments.items():
+            if not _ATTACH_RE.match(name) or name in _RESERVED or not isinstance(data, (bytes, bytearray)):
+                raise ValueError(f"attachment {name!r}: a plain file name other than {sorted(_RESERVED)}, with bytes")
+        with self._git_lock():
+            try:
+                state = self.pr_state(iv.id)
+            except ValueError:
+                return None
+            if state in ("merged", "reverted") and self._tag(f"merged/{iv.id}") is None:
+                # tagging was interrupted: once the branch moves on, its tip is no longer what main merged
+                self.repo.create_tag(f"merged/{iv.id}", ref=self._merge_commit(iv.id))
+            br = self._branch(iv.id)
+            if state != "closed" and br is None:
+                return None
+            tip = self._tip(iv.id)
+            d = f"reports/{iv.id}"
+            files = {f"{d}/REPORT.md": report_md.encode(), f"{d}/intervention.json": (intervention_json(iv) + "\n").encode(),
+                     **{f"{d}/{n}": bytes(b) for n, b in attachments.items()}}
+            tree = self._tree(tip, files)
+            ref = f"refs/tags/closed/{iv.id}" if state == "closed" else br.path
+            if tree == tip.tree.hexsha:
+                return ref
+            note = iv.history[-1].get("note", "") if iv.history else ""
+            commit = self._commit(tree, f"Report of intervention {iv.id}: {iv.status.value}\n\n{note}".rstrip() + "\n", [tip])
+            if state == "closed":
+                tag = self._tag(f"closed/{iv.id}")
+                message = tag.tag.message if tag.tag is not None else "rejected"
+                self.repo.create_tag(f"closed/{iv.id}", ref=commit, message=message, force=True)
+            else:
+                self._set_ref(br.path, commit, tip)
+        self._push("+" + ref)   # a moved tag is not a fast-forward
+        return ref
+
     def _require_clean_main(self) -> None:
         """approve/rollback write main's files in the work tree: it must be on main, with no
         uncommitted changes to tracked files (which a merge or revert could clobber)."""
