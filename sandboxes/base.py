@@ -15,7 +15,8 @@ a sandbox that could not start all come back as an `ExecResult` whose `reason` s
 dir), at the boundary, before anything runs.
 
 Backends: `sandboxes.docker_backend.DockerSandbox` (container per run) and
-`sandboxes.local.LocalSandbox` (bubblewrap, or plain subprocess with rlimits and a loud warning);
+`sandboxes.local.LocalSandbox` (bubblewrap, else util-linux `unshare` namespaces; the plain
+subprocess with rlimits only where the caller opts in, with a loud warning);
 `sandboxes.fake.FakeSandbox` is a scripted stand-in for tests of code that uses a sandbox.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import dataclasses
 import enum
 import logging
 import math
+import os
 import posixpath
 import time
 from typing import Any, ClassVar, Mapping, Sequence
@@ -53,8 +55,18 @@ class StopReason(str, enum.Enum):
 class Isolation(str, enum.Enum):
     DOCKER = "docker"  # a container: own namespaces and cgroup limits
     BWRAP = "bwrap"    # bubblewrap: own user/pid/net/ipc namespaces, minimal read-only root
+    UNSHARE = "unshare"  # util-linux unshare: own user/mount/net/pid/ipc namespaces, minimal read-only root
     PLAIN = "plain"    # a subprocess with rlimits only: reduced isolation, always warned about
     FAKE = "fake"      # scripted results, nothing runs
+
+
+PLAIN_OPT_IN_ENV = "SWARMLAB_SANDBOX"  # "unsafe_plain": where nothing isolates, run plain (a goal's opt-in)
+
+
+def plain_opted_in() -> bool:
+    """Whether this process (and the jobs it starts, which inherit the variable) may fall back to
+    the plain subprocess when no backend isolates: set from a goal's `sandbox: unsafe_plain`."""
+    return os.environ.get(PLAIN_OPT_IN_ENV) == "unsafe_plain"
 
 
 class SandboxError(Exception):

@@ -1,4 +1,5 @@
-"""Local backend: bubblewrap where it works, else a plain subprocess with rlimits and a loud warning.
+"""Local backend: bubblewrap where it works, else util-linux `unshare` namespaces; a plain
+subprocess with rlimits only where the caller opts in, with a loud warning.
 
 With bubblewrap (`Isolation.BWRAP`) each run gets new user, PID, network, IPC, UTS and cgroup
 namespaces; a root made of read-only binds of /usr (and the /bin, /lib... links), a few files of
@@ -10,17 +11,25 @@ started as an unprivileged uid (65534 by default): the kernel ignores RLIMIT_NPR
 an unprivileged uid cannot read root's files even if a path to them leaked in. RLIMIT_NPROC is set
 inside the new user namespace, so it counts this run's processes only.
 
-The plain fallback (`Isolation.PLAIN`) is for machines where bubblewrap or user namespaces do not
-work: the supervisor runs in a host temp dir with rlimits, as the unprivileged uid when the host is
-root. Files, network and other processes of that uid are NOT isolated; every result carries
-`warning`, and constructing the sandbox logs it. RLIMIT_NPROC there counts all processes of the
-uid, so it is set to `pids` plus what the uid already runs.
+Without bubblewrap, `Isolation.UNSHARE` builds the same kind of sandbox from util-linux
+(`unshare`, `mount`, `pivot_root`, `setpriv`; see `sandboxes/unshare.py`): new user, mount,
+network, PID, IPC, UTS and cgroup namespaces, a fresh uid mapping, a minimal read-only root, no
+network, every capability dropped. As with bubblewrap, a root host starts it as the unprivileged uid.
+
+`isolation="auto"` tries bubblewrap, then unshare; when neither works it raises
+`SandboxUnavailable` naming both reasons, unless plain is allowed (`allow_plain=True`, or the
+process opted in through `sandboxes.base.PLAIN_OPT_IN_ENV`, which a goal's `sandbox: unsafe_plain`
+sets). The plain subprocess (`Isolation.PLAIN`) runs the supervisor in a host temp dir with
+rlimits, as the unprivileged uid when the host is root. Files, network and other processes of that
+uid are NOT isolated; every result carries `warning`, and constructing the sandbox logs it.
+RLIMIT_NPROC there counts all processes of the uid, so it is set to `pids` plus what the uid
+already runs.
 
 Limits not enforced here (use Docker for them): `cpus` (CPU share), and memory in aggregate —
 `memory_bytes` is per process (RLIMIT_AS), so a run can hold up to `pids * memory_bytes`.
 
     from sandboxes.local import LocalSandbox
-    sb = LocalSandbox(isolation="auto")        # "bwrap" (required) | "plain" (forced) | "auto"
+    sb = LocalSandbox(isolation="auto")        # "bwrap" | "unshare" (required) | "plain" (forced) | "auto"
     sb.run_python("print('hi')").stdout         # b"hi\\n"
 """
 from __future__ import annotations
@@ -39,14 +48,17 @@ import threading
 import time
 from typing import Literal
 
+from sandboxes import unshare as ns
 from sandboxes.base import (
-    ExecRequest, ExecResult, Isolation, Limits, ResourceUsage, Sandbox, SandboxUnavailable, StopReason, error_result,
+    PLAIN_OPT_IN_ENV, ExecRequest, ExecResult, Isolation, Limits, ResourceUsage, Sandbox, SandboxUnavailable,
+    StopReason, error_result, plain_opted_in,
 )
 from sandboxes.protocol import SUPERVISOR_SOURCE, encode_request, find_result, max_result_bytes, new_nonce, to_result
 
 log = logging.getLogger(__name__)
 
-LocalIsolation = Literal["auto", "bwrap", "plain"]
+LocalIsolation = Literal["auto", "bwrap", "unshare", "plain"]
+ISOLATIONS = ("auto", "bwrap", "unshare", "plain")
 PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 ETC_BINDS = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime")
 HOST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -54,6 +66,9 @@ PLAIN_WARNING = (
     "REDUCED ISOLATION: plain subprocess with rlimits only (no bubblewrap); the code shares the "
     "host's filesystem, network and process table with the sandbox uid"
 )
+OPT_IN_HINT = (f"untrusted code is not run unisolated unless the goal opts in with `sandbox: unsafe_plain` "
+               f"({PLAIN_OPT_IN_ENV}=unsafe_plain); install bubblewrap (scripts/ci_sandbox.sh does, as root) "
+               f"or allow unprivileged user namespaces")
 
 _probe_cache: dict[tuple, tuple[bool, str]] = {}
 _probe_lock = threading.Lock()
@@ -169,16 +184,20 @@ class LocalSandbox(Sandbox):
     """Runs on this machine; see the module docstring for what `bwrap` and `plain` isolate.
 
     `uid`/`gid`: the unprivileged identity the sandbox runs as when the host is root (ignored
-    otherwise: an unprivileged host runs it as itself, in a user namespace where bubblewrap works).
+    otherwise: an unprivileged host runs it as itself, in a user namespace of its own).
+    `allow_plain`: whether `isolation="auto"` may end on the plain subprocess when neither
+    bubblewrap nor unshare works (None: the process's opt-in, `PLAIN_OPT_IN_ENV`); if not, it
+    raises `SandboxUnavailable` saying what was tried and why it failed.
     `host_grace_seconds`: time beyond `wall_seconds` the host waits for the supervisor's report
     before killing the whole sandbox itself."""
 
     def __init__(self, limits: Limits | None = None, *, isolation: LocalIsolation = "auto",
                  python: str | None = None, uid: int = 65534, gid: int = 65534, bwrap: str = "bwrap",
+                 unshare: str = "unshare", allow_plain: bool | None = None,
                  host_grace_seconds: float = 5.0) -> None:
         super().__init__(limits)
-        if isolation not in ("auto", "bwrap", "plain"):
-            raise ValueError(f"isolation={isolation!r} must be 'auto', 'bwrap' or 'plain'")
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation={isolation!r} must be one of {', '.join(ISOLATIONS)}")
         if host_grace_seconds <= 0:
             raise ValueError(f"host_grace_seconds={host_grace_seconds!r} must be > 0")
         self.python = python or default_python()
@@ -186,22 +205,33 @@ class LocalSandbox(Sandbox):
         self.as_root = os.geteuid() == 0
         self.host_grace_seconds = host_grace_seconds
         self.bwrap = shutil.which(bwrap) or bwrap
+        self.unshare = shutil.which(unshare) or unshare
         self.requested = isolation
         self.warning: str | None = None
         self.isolation: Isolation  # type: ignore[misc]
         if isolation == "plain":
             self.isolation, self.warning = Isolation.PLAIN, PLAIN_WARNING + " (isolation='plain' requested)"
         else:
-            ok, why = self._probe()
-            if ok:
-                self.isolation = Isolation.BWRAP
-            elif isolation == "bwrap":
-                raise SandboxUnavailable(f"bubblewrap does not work here: {why}")
+            tried: list[str] = []
+            for kind, probe in (("bwrap", self._probe), ("unshare", self._probe_unshare)):
+                if isolation not in ("auto", kind):
+                    continue
+                ok, why = probe()
+                if ok:
+                    self.isolation = Isolation(kind)
+                    break
+                if isolation == kind:
+                    raise SandboxUnavailable(f"{kind} does not work here: {why}")
+                tried.append(f"{kind}: {why}")
             else:
-                self.isolation, self.warning = Isolation.PLAIN, f"{PLAIN_WARNING} (bubblewrap unusable: {why})"
+                if not (plain_opted_in() if allow_plain is None else allow_plain):
+                    raise SandboxUnavailable(f"no isolating sandbox works here ({'; '.join(tried)}); {OPT_IN_HINT}")
+                self.isolation = Isolation.PLAIN
+                self.warning = f"{PLAIN_WARNING} (opted in; {'; '.join(tried)})"
         if self.warning:
             log.warning("sandboxes.local: %s", self.warning)
         self._binds = _root_binds(self.python) if self.isolation is Isolation.BWRAP else []
+        self._paths = ns.root_paths(self.python) if self.isolation is Isolation.UNSHARE else []
 
     # ----------------------------------------------------------------- helpers
     def _popen_kw(self) -> dict:
@@ -245,6 +275,27 @@ class LocalSandbox(Sandbox):
             _probe_cache[key] = result
             return result
 
+    def _probe_unshare(self) -> tuple[bool, str]:
+        key = ("unshare", self.unshare, self.python, self.uid, self.gid, self.as_root)
+        with _probe_lock:
+            if key in _probe_cache:
+                return _probe_cache[key]
+            missing = ns.missing_tools(self.unshare)
+            if missing:
+                result = (False, f"{', '.join(missing)} not found (Debian package: util-linux)")
+            else:
+                argv = ns.unshare_argv(self.unshare, 1 << 20, ns.root_paths(self.python)) + [self.python, "-I", "-c", "pass"]
+                try:
+                    p = subprocess.run(argv, capture_output=True, timeout=20,
+                                       **{k: v for k, v in self._popen_kw().items()
+                                          if k not in ("stdin", "stdout", "stderr")})
+                    err = p.stderr.decode("utf-8", "replace").strip()
+                    result = (p.returncode == 0, err[-500:] or f"exit status {p.returncode}")
+                except (OSError, subprocess.SubprocessError) as e:
+                    result = (False, f"{type(e).__name__}: {e}")
+            _probe_cache[key] = result
+            return result
+
     # ----------------------------------------------------------------- running
     def _execute(self, request: ExecRequest, limits: Limits) -> ExecResult:
         started = time.monotonic()
@@ -254,6 +305,9 @@ class LocalSandbox(Sandbox):
             if self.isolation is Isolation.BWRAP:
                 workdir, nproc = "/work", limits.pids
                 argv = self._bwrap_argv(limits, self._binds)
+            elif self.isolation is Isolation.UNSHARE:  # RLIMIT_NPROC counts the new user namespace's processes
+                workdir, nproc = "/work", limits.pids
+                argv = ns.unshare_argv(self.unshare, limits.disk_bytes, self._paths)
             else:
                 tmp = tempfile.mkdtemp(prefix="swarm-sandbox-")
                 os.chmod(tmp, 0o700)

@@ -1,6 +1,8 @@
 """Every backend that can run here, for real: the basics, then hostile programs.
 
-Backends: `bwrap` (LocalSandbox with bubblewrap), `plain` (the rlimit-only fallback, forced) and
+Backends: `bwrap` (LocalSandbox with bubblewrap), `unshare` (LocalSandbox with util-linux
+namespaces: it works wherever unprivileged user namespaces do, so it runs in the default suite on
+a machine with neither bubblewrap nor Docker), `plain` (the rlimit-only fallback, forced) and
 `docker` (marker `docker`; skipped only when no engine answers, with the engine's error as the
 reason; a missing base image is built). Hostile inputs are each run against every backend that
 can contain them; the plain fallback does not isolate network or filesystem by design (its results
@@ -54,14 +56,23 @@ def bwrap_sandbox():
 
 
 @pytest.fixture(scope="module")
+def unshare_sandbox():
+    try:
+        return LocalSandbox(isolation="unshare")
+    except SandboxUnavailable as e:
+        pytest.skip(f"unshare: {e}")
+
+
+@pytest.fixture(scope="module")
 def plain_sandbox():
     return LocalSandbox(isolation="plain")
 
 
-BACKENDS = ["bwrap", "plain", pytest.param("docker", marks=pytest.mark.docker)]
+BACKENDS = ["bwrap", "unshare", "plain", pytest.param("docker", marks=pytest.mark.docker)]
 PLAIN_SKIP = pytest.mark.skip(
     reason="plain fallback: no network or filesystem isolation by design (its results carry `warning`)")
-ISOLATING = ["bwrap", pytest.param("plain", marks=PLAIN_SKIP), pytest.param("docker", marks=pytest.mark.docker)]
+ISOLATING = ["bwrap", "unshare", pytest.param("plain", marks=PLAIN_SKIP),
+             pytest.param("docker", marks=pytest.mark.docker)]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -392,11 +403,33 @@ def test_plain_fallback_says_isolation_is_reduced(plain_sandbox, caplog):
     assert any("REDUCED ISOLATION" in r.message for r in caplog.records)
 
 
-def test_auto_falls_back_to_plain_with_a_warning_when_bwrap_is_missing(caplog):
+def test_auto_uses_unshare_when_bwrap_is_missing(unshare_sandbox):
+    sb = LocalSandbox(isolation="auto", bwrap="/nonexistent/bwrap")
+    assert sb.isolation is Isolation.UNSHARE and sb.warning is None
+    res = sb.run_python("import os; print(os.getuid(), sorted(os.listdir('/')))", limits=FAST)
+    assert res.ok and res.isolation is Isolation.UNSHARE and res.warning is None
+    assert res.stdout_text.split()[0] == "0"  # a fresh mapping: root of its own user namespace only
+    assert "root" not in res.stdout_text and "home" not in res.stdout_text
+
+
+def test_auto_refuses_when_nothing_isolates_unless_plain_is_opted_in(monkeypatch, caplog):
+    from sandboxes.base import PLAIN_OPT_IN_ENV
+
+    monkeypatch.delenv(PLAIN_OPT_IN_ENV, raising=False)
+    with pytest.raises(SandboxUnavailable) as e:
+        LocalSandbox(isolation="auto", bwrap="/nonexistent/bwrap", unshare="/nonexistent/unshare")
+    msg = str(e.value)
+    assert "bwrap:" in msg and "not found" in msg and "unshare:" in msg and "sandbox: unsafe_plain" in msg
+    monkeypatch.setenv(PLAIN_OPT_IN_ENV, "unsafe_plain")
     with caplog.at_level("WARNING"):
-        sb = LocalSandbox(isolation="auto", bwrap="/nonexistent/bwrap")
-    assert sb.isolation is Isolation.PLAIN and "not found" in sb.warning
+        sb = LocalSandbox(isolation="auto", bwrap="/nonexistent/bwrap", unshare="/nonexistent/unshare")
+    assert sb.isolation is Isolation.PLAIN and "opted in" in sb.warning
     assert any("REDUCED ISOLATION" in r.message for r in caplog.records)
+    monkeypatch.delenv(PLAIN_OPT_IN_ENV)
+    sb = LocalSandbox(isolation="auto", bwrap="/nonexistent/bwrap", unshare="/nonexistent/unshare", allow_plain=True)
+    assert sb.isolation is Isolation.PLAIN
+    with pytest.raises(SandboxUnavailable, match="unshare does not work"):
+        LocalSandbox(isolation="unshare", unshare="/nonexistent/unshare")
     with pytest.raises(SandboxUnavailable, match="not found"):
         LocalSandbox(isolation="bwrap", bwrap="/nonexistent/bwrap")
 
