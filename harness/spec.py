@@ -109,6 +109,10 @@ class DataFilters(_Strict):
     dedupe: bool = Field(False, description="skip examples whose question was already seen in this run")
 
 
+TEMPLATE_MAX_CHARS = 8192      # a prompt template, before the question goes in
+FORMAT_MAX_WIDTH = 4096        # width or precision in {question:...} (one number per character rendered)
+
+
 class HarnessSpec(_Strict):
     template: str = Field("{question}=", description="prompt template; must contain {question}")
     answer: AnswerFormat = Field(default_factory=AnswerFormat)
@@ -120,13 +124,31 @@ class HarnessSpec(_Strict):
     @field_validator("template")
     @classmethod
     def _has_question(cls, v: str) -> str:
+        if len(v) > TEMPLATE_MAX_CHARS:
+            raise ValueError(f"template of {len(v)} characters: at most {TEMPLATE_MAX_CHARS}")
+        shown = v if len(v) <= 80 else v[:77] + "..."
         try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(v) if f is not None]
+            parts = [(f, spec) for _, f, spec, _ in string.Formatter().parse(v) if f is not None]
+        except ValueError as e:
+            raise ValueError(f"template {shown!r} does not parse as a format string: {e}") from None
+        for f, spec in parts:
+            if f != "question":
+                raise ValueError(f"template {shown!r} has a placeholder other than {{question}}: {{{f}}}")
+            # checked before formatting: "{question:1000000000}" would allocate a gigabyte here
+            # and at every render; a nested field ("{question:{question}}") takes its spec from
+            # the question itself, which is different for every example
+            if "{" in spec or "}" in spec:
+                raise ValueError(f"template {shown!r}: the format spec {spec!r} of {{question}} has a nested field")
+            big = [int(n) for n in re.findall(r"\d+", spec) if int(n) > FORMAT_MAX_WIDTH]
+            if big:
+                raise ValueError(f"template {shown!r}: width/precision {big[0]} in {{question:{spec}}} is more than "
+                                 f"{FORMAT_MAX_WIDTH}")
+        try:
             v.format(question="x")
         except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
-            raise ValueError(f"template {v!r} has placeholders other than {{question}}: {e}") from None
-        if "question" not in fields:   # a format spec or conversion is allowed: {question!r}, {question:>8}
-            raise ValueError(f"template {v!r} must contain the placeholder {{question}}")
+            raise ValueError(f"template {shown!r} does not format: {e}") from None
+        if not parts:   # a format spec or conversion is allowed: {question!r}, {question:>8}
+            raise ValueError(f"template {shown!r} must contain the placeholder {{question}}")
         return v
 
     def render(self, question: str) -> str:

@@ -9,6 +9,7 @@ Errors in input print one line and exit with code 2; nothing is started.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 import time
@@ -27,7 +28,10 @@ LIVE_KEYS = ("loss", "reward_mean", "pass_rate", "heldout_acc", "entropy", "grad
 
 
 def fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # one line whatever the message holds: values quoted from a file may carry newlines or "[...]"
+    err.print(f"[bold red]error:[/] {escape(' '.join(str(msg).splitlines()))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -61,6 +65,9 @@ def train(
         if out_dir or name:
             cfg = type(cfg).parse({**cfg.model_dump(mode="json"), **({"out_dir": out_dir} if out_dir else {}),
                                    **({"name": name} if name else {})})
+        from trainer.preflight import check_run
+
+        check_run(cfg)
     except ConfigError as e:
         fail(str(e))
     if ray or address or cfg.num_workers > 1:
@@ -272,6 +279,25 @@ def _run_controller(make, summary_path: str | None, json_out: bool) -> None:
         raise typer.Exit(1)
 
 
+def _load_goal(path: str):
+    """The validated goal, or one line and exit code 2 (nothing is created)."""
+    from swarm.goal import Goal
+    from trainer.config import ConfigError
+
+    try:
+        return Goal.load(path)
+    except ConfigError as e:
+        fail(str(e))
+
+
+@app.command()
+def validate(goal: str = typer.Argument(..., help="goal file (YAML)")) -> None:
+    """Check a goal file as `swarm run` does before it creates anything; prints "ok" or one error line."""
+    g = _load_goal(goal)
+    out.print(f"ok: {g.run_config('check', 'runs').task.name} task, target {g.target.metric} {g.target.op} "
+              f"{g.target.threshold:g}", markup=False, highlight=False)
+
+
 @app.command()
 def run(
     goal: str = typer.Argument(..., help="goal file (YAML)"),
@@ -283,13 +309,8 @@ def run(
 ) -> None:
     """Drive training jobs toward GOAL with the operator swarm."""
     from swarm.controller import Controller
-    from swarm.goal import Goal
-    from trainer.config import ConfigError
 
-    try:
-        g = Goal.load(goal)
-    except ConfigError as e:
-        fail(str(e))
+    g = _load_goal(goal)
     if jobs not in ("ray", "process"):
         fail(f"--jobs={jobs!r}: must be 'ray' or 'process'")
     _run_controller(lambda: Controller.create(workspace, g, jobs=jobs, ray_address=address), summary, json_out)
@@ -373,14 +394,72 @@ def review(iid: str = typer.Argument(..., help="intervention id"), workspace: st
     out.print(ws.diff(iid), markup=False, highlight=False)
 
 
+# what a human may ask for, and the statuses it needs: the CLI, `swarm ui` and `swarm mcp` all go
+# through queue_human, so every path checks the same things and records who acted
+HUMAN_ACTIONS: dict[str, tuple[str, ...]] = {
+    "approve": ("awaiting_approval",), "reject": ("awaiting_approval",), "rollback": ("applied", "evaluating", "kept"),
+}
+
+
+def acting_user(channel: str) -> str:
+    """Who acted, as recorded in the timeline: the channel and the local user running it."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):   # no passwd entry for the uid (containers)
+        user = f"uid {os.getuid()}"
+    return f"{channel}:{user}"
+
+
+def queue_human(workspace: str | os.PathLike, iid: str, action: str, by: str) -> str:
+    """Queue a human decision (`approve` | `reject` | `rollback`) on intervention `iid` as the
+    timeline row `human_<action>` with `by`; the controller applies it at its next tick. Raises
+    ValueError (one line) when the workspace, id, action or the intervention's status does not
+    allow it; nothing is written then. Returns what was queued, as a sentence."""
+    from swarm.store import Store
+
+    if action not in HUMAN_ACTIONS:
+        raise ValueError(f"action {action!r}: must be one of {', '.join(HUMAN_ACTIONS)}")
+    db = pathlib.Path(workspace) / ".swarm" / "state.db"
+    if not db.exists():
+        raise ValueError(f"no swarm run in workspace {str(workspace)!r} (no .swarm/state.db)")
+    kind, allowed = f"human_{action}", HUMAN_ACTIONS[action]
+    with Store(db) as st:
+        try:
+            iv = st.get(iid)
+        except KeyError:
+            raise ValueError(f"unknown intervention {iid!r} in workspace {str(workspace)!r} (see `swarm interventions`)") from None
+        if iv.status.value not in allowed:
+            raise ValueError(f"intervention {iid} is {iv.status.value}; {action} needs status {' or '.join(allowed)}")
+        if any(r.get("id") == iid for r in st.timeline(kind=kind)):
+            raise ValueError(f"intervention {iid}: {action} already requested")
+        st.log(kind, id=iid, by=by)
+    return f"{action} of {iid} queued; the controller applies it at its next tick"
+
+
+def request_stop(workspace: str | os.PathLike, by: str) -> str:
+    """Ask the workspace's controller to stop (the file `.swarm/stop`; it stops the job and
+    writes the final report); recorded in the timeline with `by` when the run has one."""
+    from swarm.store import Store
+
+    d = pathlib.Path(workspace) / ".swarm"
+    if not d.is_dir():
+        raise ValueError(f"no swarm run in workspace {str(workspace)!r}")
+    (d / "stop").write_text(str(time.time()))
+    if (d / "state.db").exists():
+        with Store(d / "state.db") as st:
+            st.log("human_stop", by=by)
+    return "stop requested"
+
+
 def _human(iid: str, workspace: str, kind: str, allowed: tuple[str, ...]) -> None:
-    st, iv = _get_iv(workspace, iid)
-    if iv.status.value not in allowed:
-        fail(f"intervention {iid} is {iv.status.value}; {kind.split('_')[1]} needs status {' or '.join(allowed)}")
-    if any(r.get("kind", "").startswith("human_") and r.get("id") == iid and r.get("kind") == kind for r in st.timeline()):
-        fail(f"intervention {iid}: {kind.split('_')[1]} already requested")
-    st.log(kind, id=iid)
-    out.print(f"{kind.split('_')[1]} of {iid} queued; the controller applies it at its next tick")
+    action = kind.removeprefix("human_")
+    assert HUMAN_ACTIONS[action] == allowed, f"{kind}: statuses {allowed} differ from HUMAN_ACTIONS"
+    try:
+        out.print(queue_human(workspace, iid, action, by=acting_user("cli")))
+    except ValueError as e:
+        fail(str(e))
 
 
 @app.command()
@@ -404,11 +483,10 @@ def rollback(iid: str = typer.Argument(...), workspace: str = typer.Option(DEFAU
 @app.command()
 def stop(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
     """Ask the controller to stop: it stops the job and writes the final report."""
-    d = pathlib.Path(workspace) / ".swarm"
-    if not d.is_dir():
-        fail(f"no swarm run in workspace {workspace!r}")
-    (d / "stop").write_text(str(time.time()))
-    out.print("stop requested")
+    try:
+        out.print(request_stop(workspace, by=acting_user("cli")))
+    except ValueError as e:
+        fail(str(e))
 
 
 @app.command()
@@ -516,12 +594,23 @@ def skills_list(
     mem.close()
 
 
+def _skills_root(workspace: str) -> pathlib.Path:
+    """WORKSPACE/skills, which must exist: reading a library never creates one."""
+    root = pathlib.Path(workspace) / "skills"
+    if not root.is_dir():
+        fail(f"no skills folder in workspace {workspace!r} ({str(root)!r} not found)")
+    return root
+
+
 @skills_app.command("show")
 def skills_show(name: str = typer.Argument(..., help="skill name"), workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
     """Print a skill's SKILL.md."""
     from skills import SkillLibrary
 
-    sk = SkillLibrary(pathlib.Path(workspace) / "skills").get(name)
+    try:
+        sk = SkillLibrary(_skills_root(workspace)).get(name)
+    except ValueError as e:   # a SKILL.md that does not parse
+        fail(str(e))
     if sk is None:
         fail(f"no skill {name!r} in {workspace}/skills (see `swarm skills list --all`)")
     out.print(sk.to_markdown(), markup=False, highlight=False)
@@ -537,7 +626,9 @@ def skills_export(
     from skills import SkillLibrary
 
     try:
-        path = SkillLibrary(pathlib.Path(workspace) / "skills").export_pack(pathlib.Path(pack), names=name or None)
+        path = SkillLibrary(_skills_root(workspace)).export_pack(pathlib.Path(pack), names=name or None)
+    except KeyError as e:
+        fail(str(e.args[0]))
     except (ValueError, OSError) as e:
         fail(str(e))
     out.print(f"wrote {path}")

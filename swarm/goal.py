@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from swarm.domain import ApprovalPolicy, Budget, LLMSettings, Target
+from agents.domain import ApprovalPolicy, Budget, LLMSettings, Target
 from trainer.config import ConfigError, Perturbation, RunConfig, format_validation_error, load_yaml
 
 
@@ -131,8 +131,47 @@ class Goal(BaseModel):
             check_overrides(cfg, goal.perturbations)
         except ValueError as e:
             raise ConfigError(f"invalid goal: {e}") from None
+        from trainer.preflight import check_run
+
+        try:  # the task built, registries and memory checked: else the job fails and is restarted in a loop
+            check_run(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"invalid goal: run.{e}") from None
+        _check_paths(goal)
         if goal.target.metric != "heldout_acc" and not goal.target.metric.startswith("heldout"):
             raise ConfigError(f"invalid goal: target.metric={goal.target.metric!r}: must be a held-out metric (heldout_*)")
         if goal.target.metric == "heldout_acc" and not 0.0 <= goal.target.threshold <= 1.0:
             raise ConfigError(f"invalid goal: target.threshold={goal.target.threshold!r}: held-out accuracy is in [0, 1]")
         return goal
+
+
+def _writable_dir(path: str) -> str | None:
+    """Why `path` cannot be (or become) a folder this user writes, None if it can. Nothing is created."""
+    import os
+
+    p = pathlib.Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            return "exists and is not a folder"
+        return None if os.access(p, os.W_OK | os.X_OK) else "not writable"
+    parent = next((a for a in p.absolute().parents if a.exists()), None)
+    if parent is None or not parent.is_dir():
+        return f"cannot be created ({str(parent)!r} is not a folder)"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created ({str(parent)!r} is not writable)"
+
+
+def _check_paths(goal: Goal) -> None:
+    """Folders the run writes to, checked before the workspace is made (a failure after it would
+    leave a workspace that can neither run nor resume)."""
+    llm = goal.llm
+    if llm.replay and not llm.model:
+        raise ConfigError("invalid goal: llm.replay=True: needs llm.model (the model whose exchanges were recorded)")
+    if llm.replay and not llm.record_dir:
+        raise ConfigError("invalid goal: llm.replay=True: needs llm.record_dir (where the exchanges were recorded)")
+    if llm.replay and not pathlib.Path(str(llm.record_dir)).expanduser().is_dir():
+        raise ConfigError(f"invalid goal: llm.record_dir={llm.record_dir!r}: folder not found (llm.replay reads the "
+                          "exchanges recorded there)")
+    for field, value in (("llm.record_dir", llm.record_dir), ("memory.library", goal.memory.library)):
+        why = _writable_dir(value) if value else None
+        if why:
+            raise ConfigError(f"invalid goal: {field}={value!r}: {why}")

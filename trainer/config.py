@@ -6,6 +6,7 @@ the CLI turns into one line and exit code 2.
 """
 from __future__ import annotations
 
+import copy
 import pathlib
 from typing import Any, Literal
 
@@ -177,15 +178,69 @@ def parse_yaml(text: str | bytes) -> Any:
     return yaml.load(text, Loader=_LOADER)
 
 
+# Bounds on a config or goal file, so reading, validating and re-dumping it stays quick: the
+# files are a few KB; a 60 MB string took a minute to dump, and anchors/aliases can make a small
+# file expand to billions of nodes when walked (every use of an alias counts here).
+YAML_MAX_BYTES = 1 << 20
+YAML_MAX_STRING = 64 << 10        # characters of one string (key or value)
+YAML_MAX_CHARS = 4 << 20          # characters of all strings, aliases counted at each use
+YAML_MAX_NODES = 100_000
+YAML_MAX_DEPTH = 32
+
+
 def load_yaml(path: str | pathlib.Path, what: str) -> Any:
-    """Parse a YAML file; a missing or unparsable file is a ConfigError naming it."""
+    """Parse a YAML file; a missing, oversized, non-UTF-8 or unparsable file is a ConfigError naming it."""
     p = pathlib.Path(path)
     if not p.is_file():
         raise ConfigError(f"{what} {str(p)!r} not found")
+    with open(p, "rb") as f:
+        raw = f.read(YAML_MAX_BYTES + 1)
+    if len(raw) > YAML_MAX_BYTES:
+        raise ConfigError(f"{what} {str(p)!r} is larger than {YAML_MAX_BYTES} bytes (a {what} is a few KB of YAML)")
     try:
-        return parse_yaml(p.read_text())
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    if "\0" in text:
+        raise ConfigError(f"{what} {str(p)!r} is not YAML text (NUL byte at offset {text.index(chr(0))})")
+    try:
+        data = parse_yaml(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {' '.join(str(problem).split())}{where}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {str(p)!r} is nested too deeply") from None
+    check_yaml_size(data, f"{what} {str(p)!r}")
+    return data
+
+
+def check_yaml_size(data: Any, where: str) -> None:
+    """ConfigError naming the field where `data` passes the YAML_MAX_* bounds (nodes, depth, string lengths)."""
+    nodes = chars = 0
+    stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    while stack:
+        node, loc = stack.pop()
+        nodes += 1
+        field = ".".join(loc) or "<top>"
+        if nodes > YAML_MAX_NODES:
+            raise ConfigError(f"{where}: {field}: more than {YAML_MAX_NODES} values in all (anchors and aliases count at each use)")
+        if len(loc) > YAML_MAX_DEPTH:
+            raise ConfigError(f"{where}: {field}: nested deeper than {YAML_MAX_DEPTH} levels")
+        if isinstance(node, (str, bytes)):
+            if len(node) > YAML_MAX_STRING:
+                raise ConfigError(f"{where}: {field}: a string of {len(node)} characters, longer than {YAML_MAX_STRING}")
+            chars += len(node)
+            if chars > YAML_MAX_CHARS:
+                raise ConfigError(f"{where}: {field}: more than {YAML_MAX_CHARS} characters of text in all "
+                                  "(anchors and aliases count at each use)")
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                stack.append((k, loc + ("<key>",)))
+                stack.append((v, loc + (str(k)[:64],)))
+        elif isinstance(node, (list, tuple, set)):
+            stack.extend((v, loc[:-1] + (f"{loc[-1] if loc else ''}[{i}]",)) for i, v in enumerate(node))
 
 
 def format_validation_error(e: ValidationError, data: Any = None) -> str:
@@ -203,16 +258,77 @@ def format_validation_error(e: ValidationError, data: Any = None) -> str:
     return "invalid config: " + "; ".join(parts)
 
 
-def set_dotted(cfg: RunConfig, key: str, value: Any) -> RunConfig:
-    """Return a copy of `cfg` with `recipe.lr`-style `key` set to `value`, fully re-validated."""
-    data = cfg.model_dump(mode="json")
-    node = data
-    parts = key.split(".")
-    for p in parts[:-1]:
+# ---- dotted config paths -----------------------------------------------------------------------
+# The one home of `recipe.lr`-style paths into config dicts: the trainer's commands and fork
+# overrides, the workspace's PRs and reverts, and the operators' reads and proposal checks all go
+# through these, so a path means the same everywhere.
+
+
+def get_dotted(d: Any, path: str) -> tuple[bool, Any]:
+    """(found, value) of dotted `path` in nested dicts `d`; the empty path is `d` itself."""
+    node = d
+    for p in path.split(".") if path else []:
         if not isinstance(node, dict) or p not in node:
-            raise ConfigError(f"unknown config field {key!r}")
+            return False, None
         node = node[p]
-    if not isinstance(node, dict) or parts[-1] not in node:
-        raise ConfigError(f"unknown config field {key!r}")
+    return True, node
+
+
+def put_dotted(d: dict[str, Any], path: str, value: Any, *, name: str | None = None) -> None:
+    """Set dotted `path` in `d` in place, creating missing sections. A value in the way of a section
+    is a ConfigError naming `name` (the caller's spelling of the key, e.g. `harness.template.x`)."""
+    node = d
+    parts = path.split(".")
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"change {name or path!r}: {p!r} is not a section")
+        node = nxt
     node[parts[-1]] = value
+
+
+def del_dotted(d: dict[str, Any], path: str) -> None:
+    """Remove dotted `path` from `d` when it is there."""
+    parent, _, last = path.rpartition(".")
+    found, node = get_dotted(d, parent)
+    if found and isinstance(node, dict):
+        node.pop(last, None)
+
+
+def set_dotted(cfg: RunConfig, key: str, value: Any) -> RunConfig:
+    """Return a copy of `cfg` with `recipe.lr`-style `key` set to `value`, fully re-validated; the
+    field must exist."""
+    data = cfg.model_dump(mode="json")
+    if not key or not get_dotted(data, key)[0]:
+        raise ConfigError(f"unknown config field {key!r}")
+    put_dotted(data, key, value)
     return RunConfig.parse(data)
+
+
+def validate_section(section: str, data: dict[str, Any]) -> None:
+    """Check a recipe or harness dict against `Recipe` / `HarnessSpec`; a ConfigError names the field."""
+    model = Recipe if section == "recipe" else HarnessSpec
+    try:
+        model.model_validate(data)
+    except ValidationError as e:
+        msg = format_validation_error(e).removeprefix("invalid config: ")
+        raise ConfigError(f"invalid {section}: {msg}") from None
+
+
+def apply_changes(recipe: dict[str, Any], harness: dict[str, Any],
+                  changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """New (recipe, harness) dicts with dotted `recipe.*`/`harness.*` changes set, each validated
+    against `Recipe`/`HarnessSpec`. Raises a ConfigError (a ValueError) naming the key and value."""
+    out = {"recipe": copy.deepcopy(recipe), "harness": copy.deepcopy(harness)}
+    for key, value in changes.items():
+        section, _, rest = key.partition(".")
+        if section not in out or not rest:
+            raise ConfigError(f"change {key!r}: only recipe.* and harness.* fields can change")
+        put_dotted(out[section], rest, value, name=key)
+    for section in ("recipe", "harness"):
+        try:
+            validate_section(section, out[section])
+        except ValueError as e:
+            shown = {k: v for k, v in changes.items() if k.startswith(section + ".")}
+            raise ConfigError(f"changes {shown} do not apply: {e}") from None
+    return out["recipe"], out["harness"]
