@@ -219,14 +219,14 @@ def load_yaml(path: str | pathlib.Path, what: str) -> Any:
 def check_yaml_size(data: Any, where: str) -> None:
     """ConfigError naming the field where `data` passes the YAML_MAX_* bounds (nodes, depth, string lengths)."""
     nodes = chars = 0
-    stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    stack: list[tuple[Any, tuple[str, ...], int]] = [(data, (), 0)]
     while stack:
-        node, loc = stack.pop()
+        node, loc, depth = stack.pop()
         nodes += 1
         field = ".".join(loc) or "<top>"
         if nodes > YAML_MAX_NODES:
             raise ConfigError(f"{where}: {field}: more than {YAML_MAX_NODES} values in all (anchors and aliases count at each use)")
-        if len(loc) > YAML_MAX_DEPTH:
+        if depth > YAML_MAX_DEPTH:
             raise ConfigError(f"{where}: {field}: nested deeper than {YAML_MAX_DEPTH} levels")
         if isinstance(node, (str, bytes)):
             if len(node) > YAML_MAX_STRING:
@@ -237,10 +237,10 @@ def check_yaml_size(data: Any, where: str) -> None:
                                   "(anchors and aliases count at each use)")
         elif isinstance(node, dict):
             for k, v in node.items():
-                stack.append((k, loc + ("<key>",)))
-                stack.append((v, loc + (str(k)[:64],)))
+                stack.append((k, loc + ("<key>",), depth + 1))
+                stack.append((v, loc + (str(k)[:64],), depth + 1))
         elif isinstance(node, (list, tuple, set)):
-            stack.extend((v, loc[:-1] + (f"{loc[-1] if loc else ''}[{i}]",)) for i, v in enumerate(node))
+            stack.extend((v, loc[:-1] + (f"{loc[-1] if loc else ''}[{i}]",), depth + 1) for i, v in enumerate(node))
 
 
 def format_validation_error(e: ValidationError, data: Any = None) -> str:
