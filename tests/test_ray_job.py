@@ -1,9 +1,11 @@
-"""The trainer as a real Ray job on a private head (127.0.0.1, token auth off): metrics stream
-while it runs, a control command is acknowledged and obeyed; and data-parallel training on two
+"""The trainer as a real Ray job on a private head (127.0.0.1, token auth on: the job inherits the
+token, a client reconnecting by address finds it): metrics stream while it runs, a control command
+is acknowledged and obeyed; and data-parallel training on two
 Ray Train workers (gloo on CPU; about 40 s here, most of it Ray Train's start-up). Every head is
 stopped in a `finally`, by its own processes only (never `ray stop`, which stops every Ray)."""
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import time
 
@@ -11,7 +13,7 @@ import pytest
 
 from trainer.config import RunConfig
 from trainer.control import send_command, wait_for_ack
-from trainer.launch import RayHead, _head_processes, start_head, stop_head, submit_job, wait_job
+from trainer.launch import RayHead, _head_processes, ensure_head, start_head, stop_head, submit_job, wait_job
 from trainer.runlog import read_heartbeat, read_jsonl
 
 pytestmark = pytest.mark.ray
@@ -47,6 +49,10 @@ def test_ray_job_streams_metrics_and_obeys_commands(make_cfg, tmp_path):
     try:
         assert head.dashboard_url.startswith("http://127.0.0.1:") and head.gcs_address.startswith("127.0.0.1:")
         assert not _listening_beyond_loopback(head)
+        token = pathlib.Path(head.token_path)
+        assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
+        again = ensure_head(head.dashboard_url)  # a controller reconnecting after a restart
+        assert not again.owned and again.token_path == head.token_path and again.client().list_jobs() == []
         job = submit_job(head, path)
         _wait(lambda: len(step_rows(cfg.run_dir)) >= 3, 120, "the job's first metrics")
         n = len(step_rows(cfg.run_dir))
@@ -66,6 +72,7 @@ def test_ray_job_streams_metrics_and_obeys_commands(make_cfg, tmp_path):
     finally:
         stop_head(head)
     assert not _head_processes(head), "head processes left running"
+    assert not pathlib.Path(head.token_path).exists()
 
 
 def test_ray_train_data_parallel_two_workers(make_cfg, tmp_path):

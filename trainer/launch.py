@@ -4,24 +4,36 @@
     job_id = submit_job(head, "run.yaml")     # the trainer runs as a Ray job
     wait_job(head, job_id)
 
-When no cluster address is given the system starts its own head, bound to loopback, with token
-auth disabled (Ray 2.60 enables it by default; a private loopback head is what makes disabling it
-safe) and its own temp dir; `stop_head` stops it. `num_workers > 1` in the run config makes the
-job's entrypoint run the loop data-parallel on Ray Train workers (gloo on CPU).
+When no cluster address is given the system starts its own head, bound to loopback, with its own
+temp dir and Ray's token auth on: a random token per head in a 0600 file (`RAY_AUTH_MODE=token`,
+`RAY_AUTH_TOKEN_PATH`), given to `ray start`, sent by every client of this module (HTTP header
+`Authorization: Bearer <token>`) and inherited by the jobs it submits, so a local process without
+the token (sandboxed code included) can neither submit jobs nor read them: the Jobs API answers
+401. The token files live in `auth_dir()` (0700), named after the head's dashboard address, so a
+controller that reconnects to its head after a restart finds the token again; `stop_head` stops the
+head and removes its token. For an existing cluster (`address`) the token comes from the caller's
+environment (`RAY_AUTH_TOKEN_PATH` or `RAY_AUTH_TOKEN`, as for Ray's own clients) when it is set.
+`num_workers > 1` in the run config makes the job's entrypoint run the loop data-parallel on Ray
+Train workers (gloo on CPU).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import pathlib
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from typing import Any
 
+from sandboxes.private import private_dir, write_private
 from trainer.config import RunConfig
+
+AUTH_DIR_ENV = "SWARMLAB_RAY_AUTH_DIR"  # where private heads' token files go (default: auth_dir())
 
 
 def _free_port() -> int:
@@ -35,22 +47,53 @@ def _ray_bin() -> str:
     return str(cand) if cand.exists() else (shutil.which("ray") or "ray")
 
 
+def auth_dir() -> pathlib.Path:
+    """The folder (0700) holding the token files of the private heads this user started."""
+    d = os.environ.get(AUTH_DIR_ENV) or pathlib.Path.home() / ".cache" / "swarmlab" / "ray-auth"
+    return private_dir(d)
+
+
+def token_path_for(dashboard_url: str) -> pathlib.Path:
+    """Where the token of the private head answering at `dashboard_url` is kept."""
+    u = urllib.parse.urlsplit(dashboard_url if "//" in dashboard_url else f"http://{dashboard_url}")
+    return auth_dir() / f"{u.hostname}_{u.port}.token"
+
+
+def new_token(path: pathlib.Path) -> pathlib.Path:
+    """A fresh random token (256 bits) in a 0600 file."""
+    return write_private(path, secrets.token_hex(32))
+
+
+def _read_token(path: str | os.PathLike) -> str:
+    return pathlib.Path(path).read_text().strip()
+
+
 @dataclasses.dataclass
 class RayHead:
     gcs_address: str | None       # "127.0.0.1:PORT" (None for an external cluster reached by dashboard URL)
     dashboard_url: str
     temp_dir: str | None = None
     owned: bool = False
+    token_path: str | None = None  # the head's auth token file (None: no token known; Ray's own env applies)
+
+    def auth_env(self) -> dict[str, str]:
+        """The variables that make Ray processes (`ray start`, jobs, ray.init) use this head's token."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)} if self.token_path else {}
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {_read_token(self.token_path)}"} if self.token_path else {}
 
     def client(self):
         from ray.job_submission import JobSubmissionClient
 
-        return JobSubmissionClient(self.dashboard_url)
+        return JobSubmissionClient(self.dashboard_url, headers=self.headers() or None)
 
 
-def _env() -> dict[str, str]:
+def _env(head: RayHead | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("RAY_AUTH_MODE", "disabled")
+    if head is not None and head.token_path:
+        env.pop("RAY_AUTH_TOKEN", None)  # an inline token in the caller's environment would win over the file
+        env.update(head.auth_env())
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # `ray start --node-ip-address=127.0.0.1` swaps loopback for the external address (and then
     # binds to it and 0.0.0.0); with "cluster mode" off the node address stays 127.0.0.1 and every
@@ -60,18 +103,25 @@ def _env() -> dict[str, str]:
 
 
 def start_head(num_cpus: int | None = None, temp_dir: str | None = None, timeout: float = 90.0) -> RayHead:
-    """Start a private Ray head bound to 127.0.0.1 (GCS, dashboard and Jobs API on loopback)."""
+    """Start a private Ray head bound to 127.0.0.1 (GCS, dashboard and Jobs API on loopback),
+    with token auth on and a new token (see the module docstring)."""
     port, dash = _free_port(), _free_port()
     temp_dir = temp_dir or f"/tmp/swarmlab-ray-{os.getpid()}-{port}"
+    url = f"http://127.0.0.1:{dash}"
+    head = RayHead(f"127.0.0.1:{port}", url, temp_dir, owned=True, token_path=str(new_token(token_path_for(url))))
     cmd = [_ray_bin(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
            f"--temp-dir={temp_dir}", "--disable-usage-stats"]
     if num_cpus:
         cmd.append(f"--num-cpus={num_cpus}")
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, env=_env(head), capture_output=True, text=True, timeout=timeout)
+    except BaseException:
+        stop_head(head)
+        raise
     if proc.returncode != 0:
+        stop_head(head)
         raise RuntimeError(f"ray start failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
-    head = RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, owned=True)
     deadline = time.time() + timeout
     last: Exception | None = None
     while time.time() < deadline:
@@ -106,7 +156,7 @@ def _head_processes(head: RayHead) -> list:
 
 
 def stop_head(head: RayHead, timeout: float = 5.0) -> None:
-    """Stop a head this process started (SIGTERM, then SIGKILL), and remove its temp dir."""
+    """Stop a head this process started (SIGTERM, then SIGKILL), and remove its temp dir and token."""
     if not head.owned:
         return
     import psutil
@@ -126,13 +176,21 @@ def stop_head(head: RayHead, timeout: float = 5.0) -> None:
     psutil.wait_procs(alive, timeout=5)
     if head.temp_dir:
         shutil.rmtree(head.temp_dir, ignore_errors=True)
+    if head.token_path:
+        pathlib.Path(head.token_path).unlink(missing_ok=True)
 
 
 def ensure_head(address: str | None = None, num_cpus: int | None = None) -> RayHead:
-    """An existing cluster (dashboard URL, e.g. http://HOST:8265) or a new private local head."""
+    """An existing cluster (dashboard URL, e.g. http://HOST:8265) or a new private local head.
+    The token for an address: the caller's `RAY_AUTH_TOKEN_PATH`, else the one this user's private
+    head at that address was started with (a controller reconnecting after a restart), else none
+    (Ray's own `RAY_AUTH_MODE`/`RAY_AUTH_TOKEN` environment then decides)."""
     if address:
         url = address if address.startswith("http") else f"http://{address}"
-        return RayHead(None, url, owned=False)
+        token = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        if not token and token_path_for(url).is_file():
+            token = str(token_path_for(url))
+        return RayHead(None, url, owned=False, token_path=token)
     return start_head(num_cpus=num_cpus)
 
 
@@ -142,7 +200,11 @@ def submit_job(head: RayHead, config_path: str | os.PathLike, job_id: str | None
     RunConfig.from_yaml(cfg_path)  # validate before anything starts
     root = pathlib.Path(__file__).resolve().parent.parent
     entry = f"cd {root} && {sys.executable} -m trainer.entry {cfg_path}"
-    env = {"RAY_AUTH_MODE": _env()["RAY_AUTH_MODE"], "PYTHONUNBUFFERED": "1"}
+    env = {**head.auth_env(), "PYTHONUNBUFFERED": "1"}  # the job's own ray.init (Ray Train) needs the token too
+    from sandboxes.base import PLAIN_OPT_IN_ENV
+
+    if os.environ.get(PLAIN_OPT_IN_ENV):  # the goal's sandbox opt-in reaches code-task rewards in the job
+        env[PLAIN_OPT_IN_ENV] = os.environ[PLAIN_OPT_IN_ENV]
     if head.owned:  # the job's own ray.init must resolve this node as 127.0.0.1 too (see _env)
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = _env()["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
     if head.gcs_address:
