@@ -208,7 +208,7 @@ def control(
 def status(run_dir: Optional[str] = typer.Argument(None, help="a run's directory (default: the workspace's live run)"),
            workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
     """Heartbeat, last metrics and the last commands of a run (and the swarm's interventions)."""
-    from trainer.runlog import read_heartbeat, read_jsonl
+    from trainer.runlog import read_heartbeat, tail_jsonl
 
     if run_dir is None:
         run_dir = str(pathlib.Path(workspace) / ".swarm" / "runs" / "train")
@@ -218,8 +218,8 @@ def status(run_dir: Optional[str] = typer.Argument(None, help="a run's directory
     if not p.is_dir():
         fail(f"run directory {run_dir!r} not found")
     hb = read_heartbeat(p)
-    rows = read_jsonl(p / "metrics.jsonl")
-    acks = read_jsonl(p / "command_log.jsonl")
+    rows = tail_jsonl(p / "metrics.jsonl", 50)       # the newest rows only: the file grows for days
+    acks = tail_jsonl(p / "command_log.jsonl", 5)
     age = f"{time.time() - hb['time']:.1f}s ago" if hb else "never"
     out.print(f"state: {hb['state'] if hb else 'unknown'}  step: {hb['step'] if hb else '-'}  heartbeat: {age}")
     if rows:

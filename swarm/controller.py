@@ -27,7 +27,7 @@ from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
 from trainer.control import send_command
-from trainer.runlog import atomic_write_text, iter_jsonl, read_heartbeat, read_jsonl
+from trainer.runlog import atomic_write_text, iter_jsonl, metrics_history, read_heartbeat, tail_jsonl
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # findings whose rollback skips the backtest: the run diverged (or its reward did from the task's
@@ -516,7 +516,7 @@ class Controller:
     def open_pr(self, iv: Intervention) -> None:
         from swarm.report import intervention_report
 
-        md, pngs = intervention_report(iv, read_jsonl(self.run_dir / "metrics.jsonl"), read_jsonl(self.run_dir / "samples.jsonl")[-200:])
+        md, pngs = intervention_report(iv, metrics_history(self.run_dir), tail_jsonl(self.run_dir / "samples.jsonl", 200))
         iv.branch = self.ws.open_pr(iv, md, pngs)
         self.store.put(iv)
         self.knowledge.record_report(iv.id, md, kind=iv.kind.value, diagnosis=iv.diagnosis.name, status=iv.status.value)
@@ -684,7 +684,6 @@ class Controller:
         """Evaluated interventions become episodes in memory; when there are new ones, the skill
         miner distils, updates or retires skills (swarm/knowledge.py, agents/miner.py)."""
         done = {(r.get("id"), r.get("status")) for r in self.store.timeline("episode")}
-        new = 0
         for iv in self.store.list():
             if iv.status not in (Status.KEPT, Status.ROLLED_BACK, Status.REJECTED) or (iv.id, iv.status.value) in done:
                 continue
@@ -692,9 +691,14 @@ class Controller:
             window = json.loads(p.read_text()) if p.exists() else {}
             recorded = self.knowledge.record(iv, window)
             self.store.log("episode", id=iv.id, status=iv.status.value, recorded=recorded)
-            new += recorded
-        if new and self.goal.memory.mine:
+        # idempotent from the episode log: `skills_mined` names the newest episode row a finished
+        # pass covered, so episodes written by a controller killed before or while mining are mined
+        # on resume (the miner skips what the library already holds: nothing is added twice)
+        eps, mined = self.store.timeline("episode"), self.store.timeline("skills_mined")
+        newest = eps[-1]["seq"] if eps else -1
+        if self.goal.memory.mine and newest > (mined[-1].get("through", -1) if mined else -1):
             self.knowledge.mine(llm=self.llm)
+            self.store.log("skills_mined", through=newest)
         return {}
 
     _reported_seq: int = -1
@@ -730,7 +734,7 @@ class Controller:
         self.node_mine_skills(s)             # so the run's episodes and skills are not lost
         summary = self.summary(s)
         md, pngs = final_report(self.goal.public(), self.store.timeline(), self.store.list(),
-                                read_jsonl(self.run_dir / "metrics.jsonl"), summary)
+                                metrics_history(self.run_dir), summary)
         path = self.ws.write_final_report(md, pngs)
         if self.knowledge.opened:   # a run that needed memory: its report joins it (a quiet run does not load it)
             self.knowledge.record_report("final", md, kind="final", reached=bool(summary["reached"]), reason=str(s.done))
@@ -743,7 +747,7 @@ class Controller:
 
     def summary(self, s: SwarmState) -> dict[str, Any]:
         ivs = self.store.list()
-        rows = read_jsonl(self.run_dir / "metrics.jsonl")
+        rows = metrics_history(self.run_dir)   # bounded: the downsampled summary keeps every final row and each record
         final = [r for r in rows if r.get("final")]
         value = final[-1].get(self.goal.target.metric) if final else s.best
         reached = self.goal.target.met(value)

@@ -273,10 +273,10 @@ class LifecycleReports:
         self.ws, self.run_dir, self.samples = ws, pathlib.Path(run_dir), samples
 
     def __call__(self, iv: Intervention) -> None:
-        from trainer.runlog import read_jsonl
+        from trainer.runlog import metrics_history, tail_jsonl   # bounded reads: this runs on every status change
 
-        md, files = intervention_report(iv, read_jsonl(self.run_dir / "metrics.jsonl"),
-                                        read_jsonl(self.run_dir / "samples.jsonl")[-self.samples:])
+        md, files = intervention_report(iv, metrics_history(self.run_dir),
+                                        tail_jsonl(self.run_dir / "samples.jsonl", self.samples))
         self.ws.update_report(iv, md, files)
 
 
