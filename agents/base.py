@@ -23,21 +23,14 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from agents.detectors import THRESHOLDS, Known, Thresholds, run_detectors
-from swarm.domain import Diagnosis, Intervention, InterventionKind, Status, Target
-from swarm.evidence import Evidence
+from agents.detection import THRESHOLDS, Known, Thresholds, run_detectors
+from agents.domain import Diagnosis, Intervention, InterventionKind, Status, Target
+from agents.evidence import Evidence
+from trainer.config import get_dotted
 
 log = logging.getLogger(__name__)
 
 BUILTIN = "builtin"
-
-
-def _dotted(node: Any, path: str, default: Any = None) -> Any:
-    for part in path.split(".") if path else []:
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return default if node is None else node
 
 
 class OperatorContext(BaseModel):
@@ -77,8 +70,8 @@ class OperatorContext(BaseModel):
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """A known field by its dotted name (`recipe.lr`, `harness.sampling.max_new_tokens`)."""
-        head, _, rest = dotted.partition(".")
-        return _dotted({"recipe": self.recipe, "harness": self.harness}.get(head), rest, default)
+        found, v = get_dotted({"recipe": self.recipe, "harness": self.harness}, dotted)
+        return default if not found or v is None else v
 
     def checkpoint_before(self, step: int) -> dict[str, Any] | None:
         """The newest checkpoint taken at or before `step`."""
@@ -112,7 +105,7 @@ def tainted(iv: Intervention, ev: Evidence, ctx: OperatorContext, min_len: int =
     for k, v in iv.changes.items():
         if not isinstance(v, str) or len(v) < min_len:
             continue
-        if v in (ctx.get(k), _dotted(ctx.start_harness or {}, k.removeprefix("harness."))):
+        if v in (ctx.get(k), get_dotted(ctx.start_harness or {}, k.removeprefix("harness."))[1]):
             continue
         if any(v in t for t in texts):
             return k

@@ -1,6 +1,6 @@
 """Detectors: pure functions over a run's Evidence that name what is going wrong, with the numbers.
 
-    from agents.detectors import run_detectors, Known
+    from agents.detection import run_detectors, Known
     diagnoses = run_detectors(ev, known=Known(eval_difficulty=3))
 
 Each detector looks at one failure mode and returns a `Diagnosis` (its `evidence` holds the metric
@@ -19,273 +19,19 @@ runs stay quiet, and the truncation, broken_template, too_hard, lr_spike and low
 perturbations trip their detectors. The label-noise, KL, entropy and job detectors are checked
 on hand-built windows only (a 30-step run does not get there); reward hacking on windows shaped
 like a measured reward_hack run (sort, SFT warm-up then GRPO; tests/test_grpo_goals.py).
-Detectors are registered by name in `DETECTORS` (duplicate names are an error); the harness and
-data detectors are in `agents.harness_detectors`, which this module imports to register them.
+The contract, the registry and the shared helpers are in `agents/detection.py`; the harness and
+data detectors are in `agents/harness_detectors.py`.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import statistics
-from typing import Any, Callable
+from typing import Any
 
-from swarm.domain import Diagnosis
-from swarm.evidence import Evidence, is_eval_row
-
-# ---- thresholds ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Thresholds:
-    """Every number a detector compares against. Windows count metric rows (one row per step)."""
-
-    min_rows: int = 8                  # rows of history a trend detector needs before it judges
-    recent: int = 5                    # rows in the "now" window
-    trailing: int = 30                 # rows in the trailing baseline window
-    scan: int = 20                     # how far back (rows) a spike's onset is searched
-    # non-finite loss
-    nonfinite_min: int = 2             # non-finite rows in the scan window (or the latest row) to fire
-    # loss spike: robust z-score of a row vs the median/MAD of the rows before it
-    spike_z: float = 6.0
-    spike_ratio: float = 1.5           # and at least this multiple of the trailing median
-    spike_abs: float = 0.05            # and at least this far above it (nats/token)
-    # grad-norm explosion (pre-clip norm)
-    grad_z: float = 6.0
-    grad_ratio: float = 10.0
-    grad_abs: float = 1.0              # and at least this large (a norm of 0.02 after zeros is no explosion)
-    # plateau of the target metric over evals, or of the loss when there are no evals
-    plateau_evals: int = 4             # evals without improvement
-    plateau_min_delta: float = 0.01    # improvement smaller than this is no improvement
-    plateau_loss_rows: int = 60        # loss rows compared (first half vs second half)
-    plateau_loss_rel: float = 0.02     # relative loss improvement below this is a plateau
-    # entropy collapse (GRPO / distill)
-    entropy_min: float = 0.05          # nats/token
-    entropy_drop: float = 0.1          # or below this fraction of the early-window median
-    entropy_pass_max: float = 0.9      # a policy solving ≥ this share may be confident
-    # KL blow-up
-    kl_max: float = 0.5                # nats/token (k3 estimator)
-    kl_min: float = 0.1                # relative blow-up only counts above this
-    kl_ratio: float = 10.0
-    # truncation / malformed answers
-    truncation_max: float = 0.5
-    malformed_max: float = 0.8         # persistently above this
-    malformed_jump: float = 0.3        # or up this much vs the window's best
-    # train reward vs held-out (reward hacking)
-    hack_train_min: float = 0.5
-    hack_gap: float = 0.3
-    hack_unclosed_min: int = 4         # or ≥ this many (and this share) of recent correct samples
-    hack_unclosed_share: float = 0.5   # were cut off, while held-out answers close (see the detector)
-    # throughput
-    throughput_ratio: float = 0.5      # recent median tokens/s below this share of the trailing median
-    # heartbeat / crash
-    stale_heartbeat_s: float = 30.0    # floor of the stale-heartbeat threshold
-    stale_step_factor: float = 10.0    # and at least this many median step times
-    # prompt template
-    template_mismatch: float = 0.5     # share of recent samples whose prompt lacks the template's text
-    template_min_samples: int = 4
-    # too-hard curriculum
-    too_hard_pass_max: float = 0.02
-    too_hard_heldout_max: float = 0.05
-    too_hard_jump: int = 2             # a difficulty rise this large within the window is a jump
-    # low temperature (GRPO / distill): groups of samples with identical completions
-    low_temp_identical: float = 0.8
-    low_temp_min_groups: int = 3
-    low_temp_pass_max: float = 0.9
-    # label noise (SFT): loss flat at a high floor while the policy is mostly right
-    label_noise_rows: int = 20
-    label_noise_floor: float = 0.15
-    label_noise_rel: float = 0.05
-    label_noise_pass_min: float = 0.3
-    label_noise_heldout_evals: int = 3  # ... and held-out accuracy has stopped improving over this many evals
-    # not learning: the loss has barely moved since the run began and held-out stays near zero
-    not_learning_rows: int = 100
-    not_learning_rel: float = 0.1
-    not_learning_heldout_max: float = 0.05
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"Thresholds.{f.name}={v!r}: must be a finite number >= 0")
-        for name in ("min_rows", "recent", "trailing", "scan", "plateau_evals", "label_noise_rows",
-                     "label_noise_heldout_evals", "not_learning_rows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Thresholds.{name}={getattr(self, name)!r}: must be >= 1")
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-THRESHOLDS = Thresholds()
-
-
-@dataclasses.dataclass(frozen=True)
-class Known:
-    """What the controller knows that the run's files do not say."""
-
-    eval_difficulty: int | None = None     # the difficulty held-out evals run at
-    target_metric: str = "heldout_acc"
-    target_op: str = ">="
-    target_threshold: float | None = None
-    template: str | None = None            # the template the controller believes is live
-
-
-NOTHING = Known()
-
-Detector = Callable[[Evidence, Thresholds, Known], "Diagnosis | None"]
-DETECTORS: dict[str, Detector] = {}
-
-
-def detector(name: str) -> Callable[[Detector], Detector]:
-    def deco(fn: Detector) -> Detector:
-        if name in DETECTORS:
-            raise ValueError(f"detector {name!r} is already registered")
-        DETECTORS[name] = fn
-        fn.detector_name = name  # type: ignore[attr-defined]
-        return fn
-
-    return deco
-
-
-def run_detectors(ev: Evidence, names: list[str] | tuple[str, ...] | None = None,
-                  th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> list[Diagnosis]:
-    """The findings of the detectors in `names` (all, in registry order, when None)."""
-    out = []
-    for name in names if names is not None else list(DETECTORS):
-        if name not in DETECTORS:
-            raise ValueError(f"unknown detector {name!r}; known: {', '.join(DETECTORS)}")
-        d = DETECTORS[name](ev, th, known)
-        if d is not None:
-            out.append(d)
-    return out
-
-
-# ---- helpers ------------------------------------------------------------------------------------
-
-
-def _num(x: Any) -> Any:
-    """A JSON-safe, readable number for evidence."""
-    if isinstance(x, float):
-        return float(f"{x:.6g}") if math.isfinite(x) else str(x)
-    return x
-
-
-def _nums(xs: list[float]) -> list[Any]:
-    return [_num(x) for x in xs]
-
-
-def _f(v: Any) -> float | None:
-    if isinstance(v, (bool, int, float)) or (isinstance(v, str) and v in ("nan", "inf", "-inf")):
-        return float(v)
-    return None
-
-
-def _finite(v: float | None) -> bool:
-    return v is not None and math.isfinite(v)
-
-
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def _mad(xs: list[float]) -> float:
-    m = _median(xs)
-    return _median([abs(x - m) for x in xs])
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def _loss_halves(ev: Evidence, n: int) -> tuple[list[float], float, float, float] | None:
-    """The last `n` finite losses of the current segment, the medians of their two halves and the
-    relative improvement from the first half to the second; None with fewer than `n` rows."""
-    loss = _col(current_rows(ev), "loss", skip_skipped=True, finite=True)[1][-n:]
-    if len(loss) < n:
-        return None
-    half = len(loss) // 2
-    a, b = _median(loss[:half]), _median(loss[half:])
-    return loss, a, b, (a - b) / max(abs(a), 1e-12)
-
-
-def _diag(ev: Evidence, name: str, summary: str, severity: str, evidence: dict[str, Any]) -> Diagnosis:
-    clean = {k: (_nums(v) if isinstance(v, list) else _num(v)) for k, v in evidence.items()}
-    return Diagnosis(name=name, summary=summary, severity=severity, operator="detectors", policy="builtin",
-                     evidence=clean, step=ev.step)
-
-
-def algorithm(ev: Evidence) -> str | None:
-    for r in reversed(ev.metrics):
-        if isinstance(r.get("algorithm"), str):
-            return r["algorithm"]
-    if ev.recipe and isinstance(ev.recipe.get("algorithm"), str):
-        return ev.recipe["algorithm"]
-    return None
-
-
-def current_rows(ev: Evidence) -> list[dict[str, Any]]:
-    """Rows since the last change of algorithm (a loss or entropy scale belongs to one algorithm)."""
-    rows = ev.metrics
-    algo = algorithm(ev)
-    i = len(rows)
-    while i > 0 and rows[i - 1].get("algorithm", algo) == algo:
-        i -= 1
-    return rows[i:]
-
-
-def _col(rows: list[dict[str, Any]], key: str, *, skip_skipped: bool = False,
-         skip_eval: bool = False, finite: bool = False) -> tuple[list[int], list[float]]:
-    """(steps, values) of `key` over `rows`; optionally without skipped steps, eval rows or
-    non-finite values."""
-    steps, vals = [], []
-    for r in rows:
-        if skip_skipped and r.get("skipped"):
-            continue
-        if skip_eval and is_eval_row(r):
-            continue
-        v = _f(r.get(key))
-        if v is not None and (not finite or math.isfinite(v)):
-            steps.append(int(r.get("step", 0)))
-            vals.append(v)
-    return steps, vals
-
-
-def eval_difficulty(ev: Evidence, known: Known) -> int | None:
-    if known.eval_difficulty is not None:
-        return known.eval_difficulty
-    cur = (ev.harness or {}).get("curriculum") or {}
-    d = cur.get("end") or cur.get("start")
-    return int(d) if isinstance(d, int) else None
-
-
-def known_template(ev: Evidence, known: Known) -> str | None:
-    t = known.template or (ev.harness or {}).get("template")
-    return t if isinstance(t, str) else None
-
-
-def _onset(steps: list[int], vals: list[float], th: Thresholds, z_thr: float, ratio: float,
-           abs_min: float, groups: list[Any] | None = None) -> dict[str, Any] | None:
-    """The earliest of the last `th.scan` rows that is an outlier above the rows before it (robust
-    z-score vs the trailing window's median and MAD, and `ratio`× / `abs_min` above the median).
-    With `groups` (e.g. each row's difficulty) a row is compared only with rows of its group: a
-    curriculum step raises the loss legitimately."""
-    n = len(vals)
-    for i in range(max(th.min_rows, n - th.scan), n):
-        v = vals[i]
-        if not math.isfinite(v):
-            continue
-        lo = max(0, i - th.trailing)
-        base = [x for j, x in enumerate(vals[lo:i], lo)
-                if math.isfinite(x) and (groups is None or groups[j] == groups[i])]
-        if len(base) < th.min_rows:
-            continue
-        med, mad = _median(base), _mad(base)
-        scale = max(1.4826 * mad, 1e-3 * abs(med), 1e-12)
-        z = (v - med) / scale
-        if z >= z_thr and v >= ratio * med and v - med >= abs_min:
-            return {"onset_step": steps[i], "onset_index": i, "value": v, "baseline_median": med,
-                    "baseline_mad": mad, "z": z, "baseline": base[-10:]}
-    return None
+from agents.detection import (NOTHING, THRESHOLDS, algorithm, column, current_rows, detector, eval_difficulty,
+                              is_finite, Known, loss_halves, make_diagnosis, mean_of, median_of, spike_onset,
+                              Thresholds, to_float)
+from agents.domain import Diagnosis
+from agents.evidence import Evidence
 
 
 # ---- metric detectors ---------------------------------------------------------------------------
@@ -297,20 +43,20 @@ def nonfinite_loss(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
     step is harmless; several in the scan window, or the latest row, mean the weights or the
     learning rate are broken and the run makes no progress."""
     rows = ev.metrics[-th.scan :]
-    bad = [r for r in rows if r.get("nonfinite") or not _finite(_f(r.get("loss", 0.0)))
-           or not _finite(_f(r.get("grad_norm", 0.0)))]
+    bad = [r for r in rows if r.get("nonfinite") or not is_finite(to_float(r.get("loss", 0.0)))
+           or not is_finite(to_float(r.get("grad_norm", 0.0)))]
     if not bad:
         return None
     latest_bad = bool(rows) and rows[-1] in bad
     if len(bad) < th.nonfinite_min and not latest_bad:
         return None
     steps = [int(r.get("step", 0)) for r in bad]
-    return _diag(ev, "nonfinite_loss",
-                 f"{len(bad)} of the last {len(rows)} steps had a non-finite loss or gradient norm (first at step {steps[0]})",
-                 "critical",
-                 {"onset_step": steps[0], "nonfinite_steps": steps[-10:], "window_rows": len(rows),
-                  "latest_row_nonfinite": latest_bad, "lr": _f(rows[-1].get("lr")) if rows else None,
-                  "threshold_count": th.nonfinite_min})
+    return make_diagnosis(ev, "nonfinite_loss",
+                          f"{len(bad)} of the last {len(rows)} steps had a non-finite loss or gradient norm (first at step {steps[0]})",
+                          "critical",
+                          {"onset_step": steps[0], "nonfinite_steps": steps[-10:], "window_rows": len(rows),
+                           "latest_row_nonfinite": latest_bad, "lr": to_float(rows[-1].get("lr")) if rows else None,
+                           "threshold_count": th.nonfinite_min})
 
 
 @detector("loss_spike")
@@ -320,29 +66,29 @@ def loss_spike(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
     too high). Only for likelihood losses (SFT, distill); the GRPO surrogate hovers around zero."""
     if algorithm(ev) not in ("sft", "distill"):
         return None
-    rows = [r for r in current_rows(ev) if not r.get("skipped") and _f(r.get("loss")) is not None]
-    steps, vals = _col(rows, "loss")
-    hit = _onset(steps, vals, th, th.spike_z, th.spike_ratio, th.spike_abs,
-                 groups=[r.get("difficulty") for r in rows])
+    rows = [r for r in current_rows(ev) if not r.get("skipped") and to_float(r.get("loss")) is not None]
+    steps, vals = column(rows, "loss")
+    hit = spike_onset(steps, vals, th, th.spike_z, th.spike_ratio, th.spike_abs,
+                      groups=[r.get("difficulty") for r in rows])
     if hit is None:
         return None
     recent = [v for v in vals[-th.recent :] if math.isfinite(v)]
-    now = _median(recent) if recent else hit["value"]
+    now = median_of(recent) if recent else hit["value"]
     if not (now >= th.spike_ratio * hit["baseline_median"] and now - hit["baseline_median"] >= th.spike_abs):
         return None  # spiked and recovered (near a loss of zero, 1.5x the median is still a recovery)
     i = hit["onset_index"]
     # the lr that trained the rows before the onset (the row just before it may already carry a new lr)
-    lrs_before = [x for x in (_f(r.get("lr")) for r in rows[max(0, i - th.trailing) : max(0, i - 1)]) if _finite(x)]
-    lr_before = _median(lrs_before) if lrs_before else None
-    lr_now = _f(rows[-1].get("lr"))
-    return _diag(ev, "loss_spike",
-                 f"loss jumped to {hit['value']:.3g} at step {hit['onset_step']} from a median of "
-                 f"{hit['baseline_median']:.3g} (robust z {hit['z']:.1f}) and is still {now:.3g}",
-                 "critical",
-                 {"onset_step": hit["onset_step"], "spike_value": hit["value"], "baseline_median": hit["baseline_median"],
-                  "baseline_mad": hit["baseline_mad"], "z": hit["z"], "recent": recent, "baseline_tail": hit["baseline"],
-                  "lr_before": lr_before, "lr_now": lr_now,
-                  "threshold_z": th.spike_z, "threshold_ratio": th.spike_ratio, "threshold_abs": th.spike_abs})
+    lrs_before = [x for x in (to_float(r.get("lr")) for r in rows[max(0, i - th.trailing) : max(0, i - 1)]) if is_finite(x)]
+    lr_before = median_of(lrs_before) if lrs_before else None
+    lr_now = to_float(rows[-1].get("lr"))
+    return make_diagnosis(ev, "loss_spike",
+                          f"loss jumped to {hit['value']:.3g} at step {hit['onset_step']} from a median of "
+                          f"{hit['baseline_median']:.3g} (robust z {hit['z']:.1f}) and is still {now:.3g}",
+                          "critical",
+                          {"onset_step": hit["onset_step"], "spike_value": hit["value"], "baseline_median": hit["baseline_median"],
+                           "baseline_mad": hit["baseline_mad"], "z": hit["z"], "recent": recent, "baseline_tail": hit["baseline"],
+                           "lr_before": lr_before, "lr_now": lr_now,
+                           "threshold_z": th.spike_z, "threshold_ratio": th.spike_ratio, "threshold_abs": th.spike_abs})
 
 
 @detector("grad_norm_explosion")
@@ -350,22 +96,22 @@ def grad_norm_explosion(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
     """The pre-clip gradient norm jumps ≥ `grad_ratio`× its trailing median (robust z ≥ `grad_z`,
     and ≥ `grad_abs`) and stays there: updates are being clipped hard and the optimiser state is poisoned."""
     rows = current_rows(ev)
-    steps, vals = _col(rows, "grad_norm", skip_skipped=True)
-    hit = _onset(steps, vals, th, th.grad_z, th.grad_ratio, 0.0)
+    steps, vals = column(rows, "grad_norm", skip_skipped=True)
+    hit = spike_onset(steps, vals, th, th.grad_z, th.grad_ratio, 0.0)
     if hit is not None and hit["value"] < th.grad_abs:
         return None
     if hit is None:
         return None
     recent = [v for v in vals[-th.recent :] if math.isfinite(v)]
-    now = _median(recent) if recent else hit["value"]
+    now = median_of(recent) if recent else hit["value"]
     if not now >= th.grad_ratio * hit["baseline_median"] / 2:
         return None
-    return _diag(ev, "grad_norm_explosion",
-                 f"grad norm jumped to {hit['value']:.3g} at step {hit['onset_step']} from a median of {hit['baseline_median']:.3g}",
-                 "critical",
-                 {"onset_step": hit["onset_step"], "spike_value": hit["value"], "baseline_median": hit["baseline_median"],
-                  "z": hit["z"], "recent": recent, "lr_now": _f(rows[-1].get("lr")) if rows else None,
-                  "threshold_z": th.grad_z, "threshold_ratio": th.grad_ratio, "threshold_abs": th.grad_abs})
+    return make_diagnosis(ev, "grad_norm_explosion",
+                          f"grad norm jumped to {hit['value']:.3g} at step {hit['onset_step']} from a median of {hit['baseline_median']:.3g}",
+                          "critical",
+                          {"onset_step": hit["onset_step"], "spike_value": hit["value"], "baseline_median": hit["baseline_median"],
+                           "z": hit["z"], "recent": recent, "lr_now": to_float(rows[-1].get("lr")) if rows else None,
+                           "threshold_z": th.grad_z, "threshold_ratio": th.grad_ratio, "threshold_abs": th.grad_abs})
 
 
 @detector("plateau")
@@ -376,7 +122,7 @@ def plateau(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -
     stuck, the other detectors say why."""
     metric = known.target_metric
     higher = known.target_op != "<="
-    vals = [v for v in (_f(r.get(metric)) for r in ev.evals) if _finite(v)]
+    vals = [v for v in (to_float(r.get(metric)) for r in ev.evals) if is_finite(v)]
     if len(vals) >= th.plateau_evals + 1:
         last = vals[-1]
         if known.target_threshold is not None and (last >= known.target_threshold if higher else last <= known.target_threshold):
@@ -386,22 +132,22 @@ def plateau(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -
         best_window = max(window) if higher else min(window)
         gain = (best_window - best_before) if higher else (best_before - best_window)
         if gain < th.plateau_min_delta:
-            return _diag(ev, "plateau",
-                         f"{metric} has not improved over the last {th.plateau_evals} evals (best {best_window:.3g}, before {best_before:.3g})",
-                         "info",
-                         {"metric": metric, "evals": vals[-(th.plateau_evals + 3) :], "gain": gain,
-                          "threshold_evals": th.plateau_evals, "threshold_min_delta": th.plateau_min_delta})
+            return make_diagnosis(ev, "plateau",
+                                  f"{metric} has not improved over the last {th.plateau_evals} evals (best {best_window:.3g}, before {best_before:.3g})",
+                                  "info",
+                                  {"metric": metric, "evals": vals[-(th.plateau_evals + 3) :], "gain": gain,
+                                   "threshold_evals": th.plateau_evals, "threshold_min_delta": th.plateau_min_delta})
         return None
     if ev.evals:
         return None
-    halves = _loss_halves(ev, th.plateau_loss_rows)
+    halves = loss_halves(ev, th.plateau_loss_rows)
     if halves is None:
         return None
     loss, a, b, rel = halves
     if rel < th.plateau_loss_rel:
-        return _diag(ev, "plateau", f"loss flat over {len(loss)} steps ({a:.3g} → {b:.3g})", "info",
-                     {"metric": "loss", "first_half_median": a, "second_half_median": b, "relative_improvement": rel,
-                      "threshold_rel": th.plateau_loss_rel})
+        return make_diagnosis(ev, "plateau", f"loss flat over {len(loss)} steps ({a:.3g} → {b:.3g})", "info",
+                              {"metric": "loss", "first_half_median": a, "second_half_median": b, "relative_improvement": rel,
+                               "threshold_rel": th.plateau_loss_rel})
     return None
 
 
@@ -413,22 +159,22 @@ def entropy_collapse(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = N
     if algorithm(ev) not in ("grpo", "distill"):
         return None
     rows = current_rows(ev)
-    _, ent = _col(rows, "entropy", skip_skipped=True, finite=True)
+    _, ent = column(rows, "entropy", skip_skipped=True, finite=True)
     if len(ent) < th.min_rows:
         return None
     recent = ent[-th.recent :]
-    early = _median(ent[: max(th.recent, len(ent) // 4)])
-    now = _mean(recent)
-    _, pr = _col(rows[-th.recent :], "pass_rate")
-    passing = _mean(pr) if pr else 0.0
+    early = median_of(ent[: max(th.recent, len(ent) // 4)])
+    now = mean_of(recent)
+    _, pr = column(rows[-th.recent :], "pass_rate")
+    passing = mean_of(pr) if pr else 0.0
     if passing >= th.entropy_pass_max:
         return None
     if now < th.entropy_min or (early > th.entropy_min and now < th.entropy_drop * early):
-        return _diag(ev, "entropy_collapse",
-                     f"policy entropy fell to {now:.3g} nats/token (early {early:.3g}) with pass rate {passing:.2f}",
-                     "warning",
-                     {"entropy_recent": recent, "entropy_early_median": early, "pass_rate_recent": passing,
-                      "threshold_min": th.entropy_min, "threshold_drop": th.entropy_drop})
+        return make_diagnosis(ev, "entropy_collapse",
+                              f"policy entropy fell to {now:.3g} nats/token (early {early:.3g}) with pass rate {passing:.2f}",
+                              "warning",
+                              {"entropy_recent": recent, "entropy_early_median": early, "pass_rate_recent": passing,
+                               "threshold_min": th.entropy_min, "threshold_drop": th.entropy_drop})
     return None
 
 
@@ -438,16 +184,16 @@ def kl_blowup(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING)
     `kl_min` and `kl_ratio`× its trailing median: the policy is running away from the reference
     faster than the reward justifies."""
     rows = current_rows(ev)
-    _, kl = _col(rows, "kl", skip_skipped=True, finite=True)
+    _, kl = column(rows, "kl", skip_skipped=True, finite=True)
     if len(kl) < th.min_rows:
         return None
     recent = kl[-th.recent :]
     base = kl[-(th.recent + th.trailing) : -th.recent]
-    now, med = _mean(recent), _median(base)
+    now, med = mean_of(recent), median_of(base)
     if now >= th.kl_max or (now >= th.kl_min and base and now >= th.kl_ratio * med):
-        return _diag(ev, "kl_blowup", f"KL to the reference is {now:.3g} (trailing median {med:.3g})", "warning",
-                     {"kl_recent": recent, "kl_trailing_median": med, "threshold_max": th.kl_max,
-                      "threshold_min": th.kl_min, "threshold_ratio": th.kl_ratio})
+        return make_diagnosis(ev, "kl_blowup", f"KL to the reference is {now:.3g} (trailing median {med:.3g})", "warning",
+                              {"kl_recent": recent, "kl_trailing_median": med, "threshold_max": th.kl_max,
+                               "threshold_min": th.kl_min, "threshold_ratio": th.kl_ratio})
     return None
 
 
@@ -460,29 +206,29 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
     rows = ev.metrics
     if len(rows) < th.min_rows:
         return None
-    _, tr = _col(rows[-th.recent :], "truncation_rate")
-    if len(tr) < min(th.recent, len(rows)) or _mean(tr) < th.truncation_max:
+    _, tr = column(rows[-th.recent :], "truncation_rate")
+    if len(tr) < min(th.recent, len(rows)) or mean_of(tr) < th.truncation_max:
         return None
-    last = next((r for r in reversed(ev.evals) if _finite(_f(r.get("heldout_truncated")))), None)
-    if last is not None and _f(last["heldout_truncated"]) < th.truncation_max:  # and training was cut off then
+    last = next((r for r in reversed(ev.evals) if is_finite(to_float(r.get("heldout_truncated")))), None)
+    if last is not None and to_float(last["heldout_truncated"]) < th.truncation_max:  # and training was cut off then
         at = int(last.get("step", 0))
-        _, then = _col([r for r in rows if at - th.recent < int(r.get("step", 0)) <= at], "truncation_rate")
-        if then and _mean(then) >= th.truncation_max:
+        _, then = column([r for r in rows if at - th.recent < int(r.get("step", 0)) <= at], "truncation_rate")
+        if then and mean_of(then) >= th.truncation_max:
             return None
-    _, rl = _col(rows[-th.recent :], "response_len")
+    _, rl = column(rows[-th.recent :], "response_len")
     recent_samples = [s for s in ev.samples if isinstance(s.get("completion"), str)]
     correct = [len(s["completion"]) for s in recent_samples if s.get("verdict") == "correct"]
     truncated = [len(s["completion"]) for s in recent_samples if s.get("truncated")]
     if len(unclosed_correct(ev)) > len(truncated) / 2:
         return None  # the cut-off answers are scored correct: the limit costs no reward (see reward_hacking)
-    return _diag(ev, "truncation",
-                 f"{_mean(tr):.0%} of recent completions were cut off at max_new_tokens (mean length {_mean(rl) if rl else float('nan'):.3g} tokens)",
-                 "warning", {"truncation_rate_recent": tr, "response_len_recent": rl,
-                  "response_len_max": max(rl) if rl else None,
-                  "longest_correct_chars": max(correct) if correct else None,
-                  "longest_truncated_chars": max(truncated) if truncated else None,
-                  "samples_truncated": len(truncated), "samples_seen": len(recent_samples),
-                  "heldout_truncated": _f(last["heldout_truncated"]) if last else None, "threshold": th.truncation_max})
+    return make_diagnosis(ev, "truncation",
+                          f"{mean_of(tr):.0%} of recent completions were cut off at max_new_tokens (mean length {mean_of(rl) if rl else float('nan'):.3g} tokens)",
+                          "warning", {"truncation_rate_recent": tr, "response_len_recent": rl,
+                           "response_len_max": max(rl) if rl else None,
+                           "longest_correct_chars": max(correct) if correct else None,
+                           "longest_truncated_chars": max(truncated) if truncated else None,
+                           "samples_truncated": len(truncated), "samples_seen": len(recent_samples),
+                           "heldout_truncated": to_float(last["heldout_truncated"]) if last else None, "threshold": th.truncation_max})
 
 
 @detector("malformed_rate")
@@ -490,15 +236,15 @@ def malformed_rate(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
     """The share of answers the verifier cannot parse is high: persistently above `malformed_max`,
     or up `malformed_jump` from the best of the window (a regression, e.g. after a harness change).
     Rows of one algorithm only: greedy SFT samples and a GRPO warm-up's sampled ones do not compare."""
-    _, mal = _col(current_rows(ev)[-(th.trailing + th.recent) :], "malformed_rate")
+    _, mal = column(current_rows(ev)[-(th.trailing + th.recent) :], "malformed_rate")
     if len(mal) < th.min_rows:
         return None
     recent = mal[-th.recent :]
-    now, best = _mean(recent), min(mal[: -th.recent] or recent)
+    now, best = mean_of(recent), min(mal[: -th.recent] or recent)
     if now >= th.malformed_max or now - best >= th.malformed_jump:
-        return _diag(ev, "malformed_rate", f"{now:.0%} of recent answers are malformed (best in window {best:.0%})",
-                     "warning", {"malformed_recent": recent, "malformed_best": best, "threshold_max": th.malformed_max,
-                      "threshold_jump": th.malformed_jump})
+        return make_diagnosis(ev, "malformed_rate", f"{now:.0%} of recent answers are malformed (best in window {best:.0%})",
+                              "warning", {"malformed_recent": recent, "malformed_best": best, "threshold_max": th.malformed_max,
+                               "threshold_jump": th.malformed_jump})
     return None
 
 
@@ -515,7 +261,7 @@ def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
     eval's: the training reward accepts answers the task does not (an exploitable verifier). An
     earlier sign (mode `unclosed_correct`): most recent samples scored correct were cut off before
     their answer closed while greedy held-out answers do close: the reward takes unfinished answers."""
-    evals = [(s, v) for s, v in ((int(r.get("step", 0)), _f(r.get("heldout_acc"))) for r in ev.evals) if _finite(v)]
+    evals = [(s, v) for s, v in ((int(r.get("step", 0)), to_float(r.get("heldout_acc"))) for r in ev.evals) if is_finite(v)]
     if not evals or len(ev.metrics) < th.min_rows:
         return None
     eval_step, held = evals[-1]
@@ -523,13 +269,13 @@ def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
     # optimised, and runs ahead of the last held-out eval while the model learns fast
     rewarded = [r for r in ev.metrics if r.get("algorithm") != "sft"]
     rows = [r for r in rewarded if int(r.get("step", 0)) <= eval_step][-th.recent :] or rewarded[-th.recent :]
-    _, pr = _col(rows, "pass_rate")
-    _, rw = _col(rows, "reward_mean")
+    _, pr = column(rows, "pass_rate")
+    _, rw = column(rows, "reward_mean")
     if not pr:
         return None
-    train = _mean(pr)
+    train = mean_of(pr)
     d_eval = eval_difficulty(ev, known)
-    _, diffs = _col(rows, "difficulty")
+    _, diffs = column(rows, "difficulty")
     if d_eval is not None and diffs and min(diffs) < d_eval:
         return None  # training on easier problems than the eval: a gap is expected
     unclosed = unclosed_correct(ev)
@@ -544,13 +290,13 @@ def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
     if train >= th.hack_train_min and (gap or early):
         what = (f"train pass rate {train:.2f} vs held-out accuracy {held:.2f} at step {eval_step}" if gap else
                 f"{len(unclosed)} of {n_correct} recent samples scored correct were cut off unfinished (held-out {held:.2f})")
-        return _diag(ev, "reward_hacking", f"{what}: the training reward accepts wrong answers", "critical",
-                     {"mode": "gap" if gap else "unclosed_correct", "train_pass_rate": pr, "train_reward_mean": rw,
-                      "heldout_acc": held, "eval_step": eval_step,
-                      "gap": train - held, "onset_step": onset, "correct_unclosed_samples": len(unclosed), "correct_samples": n_correct,
-                      "heldout_truncated": held_trunc, "train_difficulty": diffs[-1] if diffs else None,
-                      "eval_difficulty": d_eval, "threshold_train_min": th.hack_train_min, "threshold_gap": th.hack_gap,
-                      "threshold_unclosed_min": th.hack_unclosed_min, "threshold_unclosed_share": th.hack_unclosed_share})
+        return make_diagnosis(ev, "reward_hacking", f"{what}: the training reward accepts wrong answers", "critical",
+                              {"mode": "gap" if gap else "unclosed_correct", "train_pass_rate": pr, "train_reward_mean": rw,
+                               "heldout_acc": held, "eval_step": eval_step,
+                               "gap": train - held, "onset_step": onset, "correct_unclosed_samples": len(unclosed), "correct_samples": n_correct,
+                               "heldout_truncated": held_trunc, "train_difficulty": diffs[-1] if diffs else None,
+                               "eval_difficulty": d_eval, "threshold_train_min": th.hack_train_min, "threshold_gap": th.hack_gap,
+                               "threshold_unclosed_min": th.hack_unclosed_min, "threshold_unclosed_share": th.hack_unclosed_share})
     return None
 
 
@@ -558,15 +304,15 @@ def reward_hacking(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOT
 def throughput_drop(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """tokens/s (eval steps excluded, same algorithm) fell below `throughput_ratio` of its trailing
     median: a slow or contended worker. Informational."""
-    _, tps = _col(current_rows(ev), "tokens_per_s", skip_eval=True, finite=True)
+    _, tps = column(current_rows(ev), "tokens_per_s", skip_eval=True, finite=True)
     if len(tps) < th.recent + th.min_rows:
         return None
     recent, base = tps[-th.recent :], tps[-(th.recent + th.trailing) : -th.recent]
-    now, med = _median(recent), _median(base)
+    now, med = median_of(recent), median_of(base)
     if med > 0 and now < th.throughput_ratio * med:
-        return _diag(ev, "throughput_drop", f"throughput fell to {now:.3g} tokens/s from a median of {med:.3g}", "info",
-                     {"tokens_per_s_recent": recent, "tokens_per_s_trailing_median": med, "ratio": now / med,
-                      "threshold_ratio": th.throughput_ratio})
+        return make_diagnosis(ev, "throughput_drop", f"throughput fell to {now:.3g} tokens/s from a median of {med:.3g}", "info",
+                              {"tokens_per_s_recent": recent, "tokens_per_s_trailing_median": med, "ratio": now / med,
+                               "threshold_ratio": th.throughput_ratio})
     return None
 
 
@@ -576,10 +322,10 @@ def throughput_drop(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
 def stale_threshold(ev: Evidence, th: Thresholds) -> float:
     """Seconds without a heartbeat that count as stale: the floor, or many median step times (an
     eval step may take several)."""
-    _, st = _col(ev.metrics[-th.trailing :], "step_time", skip_eval=True)
-    _, st_all = _col(ev.metrics[-th.trailing :], "step_time")
+    _, st = column(ev.metrics[-th.trailing :], "step_time", skip_eval=True)
+    _, st_all = column(ev.metrics[-th.trailing :], "step_time")
     floors = [th.stale_heartbeat_s, 2.0 * max(st_all, default=0.0)]
-    return max(floors + ([th.stale_step_factor * _median(st)] if st else []))
+    return max(floors + ([th.stale_step_factor * median_of(st)] if st else []))
 
 
 @detector("stale_heartbeat")
@@ -591,11 +337,11 @@ def stale_heartbeat(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
     limit = stale_threshold(ev, th)
     if ev.heartbeat_age_s <= limit:
         return None
-    return _diag(ev, "stale_heartbeat",
-                 f"no heartbeat for {ev.heartbeat_age_s:.0f} s (limit {limit:.0f} s) while the job is RUNNING, last step {ev.step}",
-                 "critical",
-                 {"heartbeat_age_s": ev.heartbeat_age_s, "threshold_s": limit, "heartbeat_state": ev.heartbeat_state,
-                  "job_status": ev.job_status, "last_step": ev.step})
+    return make_diagnosis(ev, "stale_heartbeat",
+                          f"no heartbeat for {ev.heartbeat_age_s:.0f} s (limit {limit:.0f} s) while the job is RUNNING, last step {ev.step}",
+                          "critical",
+                          {"heartbeat_age_s": ev.heartbeat_age_s, "threshold_s": limit, "heartbeat_state": ev.heartbeat_state,
+                           "job_status": ev.job_status, "last_step": ev.step})
 
 
 @detector("crashed_job")
@@ -612,12 +358,8 @@ def crashed_job(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     else:
         return None
     last = ev.events[-1] if ev.events else {}
-    return _diag(ev, "crashed_job", f"{why} at step {ev.step}", "critical",
-                 {"job_status": ev.job_status, "heartbeat_age_s": ev.heartbeat_age_s,
-                  "heartbeat_state": ev.heartbeat_state, "last_step": ev.step, "end_event": ended,
-                  "last_event": last.get("event"), "last_event_step": last.get("step"),
-                  "threshold_s": stale_threshold(ev, th)})
-
-
-# harness and data detectors live in their own module; importing it registers them
-import agents.harness_detectors  # noqa: E402,F401
+    return make_diagnosis(ev, "crashed_job", f"{why} at step {ev.step}", "critical",
+                          {"job_status": ev.job_status, "heartbeat_age_s": ev.heartbeat_age_s,
+                           "heartbeat_state": ev.heartbeat_state, "last_step": ev.step, "end_event": ended,
+                           "last_event": last.get("event"), "last_event_step": last.get("step"),
+                           "threshold_s": stale_threshold(ev, th)})

@@ -1,6 +1,6 @@
 """Harness and data detectors: a broken prompt template, a curriculum too hard to learn, a sampling
-temperature too low, noisy labels, a run that does not learn. Registered in `agents.detectors.DETECTORS`
-like the metric and job detectors (that module imports this one), with the same contract: pure
+temperature too low, noisy labels, a run that does not learn. Registered in `agents.detection.DETECTORS`
+like the metric and job detectors (`agents/__init__.py` imports both modules), with the same contract: pure
 functions over Evidence that read the shape of sample text, never copy it.
 """
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agents.detectors import (NOTHING, THRESHOLDS, Known, Thresholds, _col, _diag, _f, _finite, _loss_halves, _mean,
-                              _median, algorithm, current_rows, detector, eval_difficulty, known_template)
-from swarm.domain import Diagnosis
-from swarm.evidence import Evidence
-
+from agents.detection import (NOTHING, THRESHOLDS, Known, Thresholds, algorithm, column, current_rows, detector,
+                              eval_difficulty, is_finite, known_template, loss_halves, make_diagnosis, mean_of,
+                              median_of, to_float)
+from agents.domain import Diagnosis
+from agents.evidence import Evidence
 
 
 def _last_version_change(rows: list[dict[str, Any]]) -> int | None:
@@ -58,28 +58,28 @@ def template_mismatch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
             if frac >= th.template_mismatch:
                 prefix, suffix = tmpl.split("{question}", 1)
                 exact = sum(isinstance(s.get("question"), str) for s in recent)
-                return _diag(ev, "template_mismatch",
-                             f"{frac:.0%} of recent prompts are not the known template applied to their question",
-                             "critical",
-                             {"mode": "prompt_shape", "mismatch_fraction": frac, "samples_checked": len(recent),
-                              "checked_against_question": exact,
-                              "expected_prefix_len": len(prefix), "expected_suffix_len": len(suffix),
-                              "mean_prompt_len": _mean([len(s["prompt"]) for s in recent]),
-                              "first_bad_step": min(int(s.get("step", 0)) for s in bad),
-                              # the step the live harness changed, when the metrics show it (a
-                              # template broken from the start has no such step)
-                              "harness_changed_at_step": int(rows[ch].get("step", 0)) if ch is not None else None,
-                              "threshold": th.template_mismatch})
+                return make_diagnosis(ev, "template_mismatch",
+                                      f"{frac:.0%} of recent prompts are not the known template applied to their question",
+                                      "critical",
+                                      {"mode": "prompt_shape", "mismatch_fraction": frac, "samples_checked": len(recent),
+                                       "checked_against_question": exact,
+                                       "expected_prefix_len": len(prefix), "expected_suffix_len": len(suffix),
+                                       "mean_prompt_len": mean_of([len(s["prompt"]) for s in recent]),
+                                       "first_bad_step": min(int(s.get("step", 0)) for s in bad),
+                                       # the step the live harness changed, when the metrics show it (a
+                                       # template broken from the start has no such step)
+                                       "harness_changed_at_step": int(rows[ch].get("step", 0)) if ch is not None else None,
+                                       "threshold": th.template_mismatch})
     if ch is not None and len(rows) - ch >= th.recent // 2 + 1 and ch >= 2:
-        _, before = _col(rows[max(0, ch - th.trailing) : ch], "malformed_rate")
-        _, after = _col(rows[ch:], "malformed_rate")
-        if before and after and _mean(after) - _mean(before) >= th.malformed_jump:
-            return _diag(ev, "template_mismatch",
-                         f"malformed rate rose from {_mean(before):.0%} to {_mean(after):.0%} right after the harness changed at step {rows[ch].get('step')}",
-                         "critical",
-                         {"mode": "malformed_after_harness_change", "change_step": rows[ch].get("step"),
-                          "malformed_before": before[-10:], "malformed_after": after[-10:],
-                          "threshold_jump": th.malformed_jump})
+        _, before = column(rows[max(0, ch - th.trailing) : ch], "malformed_rate")
+        _, after = column(rows[ch:], "malformed_rate")
+        if before and after and mean_of(after) - mean_of(before) >= th.malformed_jump:
+            return make_diagnosis(ev, "template_mismatch",
+                                  f"malformed rate rose from {mean_of(before):.0%} to {mean_of(after):.0%} right after the harness changed at step {rows[ch].get('step')}",
+                                  "critical",
+                                  {"mode": "malformed_after_harness_change", "change_step": rows[ch].get("step"),
+                                   "malformed_before": before[-10:], "malformed_after": after[-10:],
+                                   "threshold_jump": th.malformed_jump})
     return None
 
 
@@ -91,13 +91,13 @@ def too_hard_curriculum(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
     rows = ev.metrics
     if len(rows) < th.min_rows:
         return None
-    _, pr = _col(rows[-th.recent :], "pass_rate")
-    if not pr or _mean(pr) > th.too_hard_pass_max:
+    _, pr = column(rows[-th.recent :], "pass_rate")
+    if not pr or mean_of(pr) > th.too_hard_pass_max:
         return None
     held = ev.latest_eval("heldout_acc")
     if held is not None and held > th.too_hard_heldout_max:
         return None
-    _, diffs = _col(rows[-(th.trailing + th.recent) :], "difficulty")
+    _, diffs = column(rows[-(th.trailing + th.recent) :], "difficulty")
     if not diffs:
         return None
     d_now = int(diffs[-1])
@@ -109,11 +109,11 @@ def too_hard_curriculum(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
         mode = "jumped"
     else:
         return None
-    return _diag(ev, "too_hard_curriculum",
-                 f"pass rate {_mean(pr):.2f} at training difficulty {d_now} (eval difficulty {d_eval}, held-out {held})",
-                 "warning", {"mode": mode, "train_difficulty": d_now, "eval_difficulty": d_eval,
-                  "window_min_difficulty": int(min(diffs)), "pass_rate_recent": pr, "heldout_acc": held,
-                  "threshold_pass": th.too_hard_pass_max, "threshold_heldout": th.too_hard_heldout_max})
+    return make_diagnosis(ev, "too_hard_curriculum",
+                          f"pass rate {mean_of(pr):.2f} at training difficulty {d_now} (eval difficulty {d_eval}, held-out {held})",
+                          "warning", {"mode": mode, "train_difficulty": d_now, "eval_difficulty": d_eval,
+                           "window_min_difficulty": int(min(diffs)), "pass_rate_recent": pr, "heldout_acc": held,
+                           "threshold_pass": th.too_hard_pass_max, "threshold_heldout": th.too_hard_heldout_max})
 
 
 @detector("low_temperature")
@@ -133,20 +133,20 @@ def low_temperature(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
     multi = [g for g in groups.values() if len(g) >= 2 and not all(ok for _, ok in g)]  # failing groups
     identical = sum(len({c for c, _ in g}) == 1 for g in multi)
     rows = current_rows(ev)[-th.recent :]
-    (_, pr), (_, ent), (_, rstd) = (_col(rows, k) for k in ("pass_rate", "entropy", "reward_std"))
-    passing = _mean(pr) if pr else 0.0
+    (_, pr), (_, ent), (_, rstd) = (column(rows, k) for k in ("pass_rate", "entropy", "reward_std"))
+    passing = mean_of(pr) if pr else 0.0
     if passing >= th.low_temp_pass_max:
         return None
     frac = identical / len(multi) if multi else 0.0
     by_groups = len(multi) >= th.low_temp_min_groups and frac >= th.low_temp_identical
-    by_entropy = bool(ent) and bool(rstd) and _mean(ent) < th.entropy_min and max(rstd) == 0.0
+    by_entropy = bool(ent) and bool(rstd) and mean_of(ent) < th.entropy_min and max(rstd) == 0.0
     if not (by_groups or by_entropy):
         return None
-    return _diag(ev, "low_temperature",
-                 f"{identical} of {len(multi)} failing sampled groups are identical completions (pass rate {passing:.2f})",
-                 "warning", {"identical_groups": identical, "groups": len(multi), "identical_fraction": frac,
-                  "pass_rate_recent": passing, "entropy_recent": ent, "reward_std_recent": rstd,
-                  "threshold_identical": th.low_temp_identical, "threshold_min_groups": th.low_temp_min_groups})
+    return make_diagnosis(ev, "low_temperature",
+                          f"{identical} of {len(multi)} failing sampled groups are identical completions (pass rate {passing:.2f})",
+                          "warning", {"identical_groups": identical, "groups": len(multi), "identical_fraction": frac,
+                           "pass_rate_recent": passing, "entropy_recent": ent, "reward_std_recent": rstd,
+                           "threshold_identical": th.low_temp_identical, "threshold_min_groups": th.low_temp_min_groups})
 
 
 @detector("label_noise")
@@ -160,24 +160,24 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     what the evidence allows.)"""
     if algorithm(ev) != "sft":
         return None
-    halves = _loss_halves(ev, th.label_noise_rows)
+    halves = loss_halves(ev, th.label_noise_rows)
     if halves is None:
         return None
     _, a, b, rel = halves
-    _, pr = _col(ev.metrics[-th.label_noise_rows :], "pass_rate")
+    _, pr = column(ev.metrics[-th.label_noise_rows :], "pass_rate")
     held = ev.latest_eval("heldout_acc")
-    right = max(_mean(pr) if pr else 0.0, held or 0.0)
-    evals = [v for v in (_f(r.get("heldout_acc")) for r in ev.evals) if _finite(v)]
+    right = max(mean_of(pr) if pr else 0.0, held or 0.0)
+    evals = [v for v in (to_float(r.get("heldout_acc")) for r in ev.evals) if is_finite(v)]
     k = th.label_noise_heldout_evals
     stalled = len(evals) > k and max(evals[-k:]) - max(evals[:-k]) < th.plateau_min_delta
     if b >= th.label_noise_floor and rel < th.label_noise_rel and right >= th.label_noise_pass_min and stalled:
-        return _diag(ev, "label_noise",
-                     f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
-                     "warning",
-                     {"loss_first_half_median": a, "loss_second_half_median": b, "relative_improvement": rel,
-                      "pass_rate_recent": pr[-th.recent :], "heldout_acc": held,
-                      "threshold_floor": th.label_noise_floor, "threshold_rel": th.label_noise_rel,
-                      "threshold_pass": th.label_noise_pass_min})
+        return make_diagnosis(ev, "label_noise",
+                              f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
+                              "warning",
+                              {"loss_first_half_median": a, "loss_second_half_median": b, "relative_improvement": rel,
+                               "pass_rate_recent": pr[-th.recent :], "heldout_acc": held,
+                               "threshold_floor": th.label_noise_floor, "threshold_rel": th.label_noise_rel,
+                               "threshold_pass": th.label_noise_pass_min})
     return None
 
 
@@ -191,11 +191,11 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     if algorithm(ev) not in ("sft", "distill"):
         return None
     rows = current_rows(ev)
-    steps, loss = _col(rows, "loss", skip_skipped=True, finite=True)
+    steps, loss = column(rows, "loss", skip_skipped=True, finite=True)
     if len(loss) < th.not_learning_rows:
         return None
     n = max(5, th.not_learning_rows // 5)
-    first, last = _median(loss[:n]), _median(loss[-n:])
+    first, last = median_of(loss[:n]), median_of(loss[-n:])
     rel = (first - last) / max(abs(first), 1e-12)
     # held-out accuracy measured in this segment: an eval from before a harness change (e.g. the
     # truncation just fixed) says nothing about whether the run learns now
@@ -205,11 +205,11 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     if held is None:
         return None
     if rel < th.not_learning_rel and held <= th.not_learning_heldout_max:
-        _, lr = _col(rows, "lr")
-        return _diag(ev, "not_learning",
-                     f"loss {first:.3g} → {last:.3g} over {len(loss)} steps and held-out {held}: the run is not learning",
-                     "warning",
-                     {"loss_start_median": first, "loss_recent_median": last, "relative_improvement": rel,
-                      "heldout_acc": held, "lr_now": lr[-1] if lr else None, "rows": len(loss),
-                      "threshold_rel": th.not_learning_rel, "threshold_heldout": th.not_learning_heldout_max})
+        _, lr = column(rows, "lr")
+        return make_diagnosis(ev, "not_learning",
+                              f"loss {first:.3g} → {last:.3g} over {len(loss)} steps and held-out {held}: the run is not learning",
+                              "warning",
+                              {"loss_start_median": first, "loss_recent_median": last, "relative_improvement": rel,
+                               "heldout_acc": held, "lr_now": lr[-1] if lr else None, "rows": len(loss),
+                               "threshold_rel": th.not_learning_rel, "threshold_heldout": th.not_learning_heldout_max})
     return None

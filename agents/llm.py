@@ -59,7 +59,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm 
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from swarm.domain import Diagnosis, Intervention, InterventionKind, LLMSettings, Risk
+from agents.domain import Diagnosis, Intervention, InterventionKind, LLMSettings, Risk
 from agents.prompts import (UNTRUSTED_CLOSE, UNTRUSTED_OPEN, MAX_PROPOSALS, OperatorLike,  # noqa: F401 (re-exported)
                             _checkpoints, _dump, summarize_evidence, system_prompt, user_prompt)
 from trainer.config import ConfigError, RunConfig, set_dotted

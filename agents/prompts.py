@@ -14,8 +14,8 @@ import json
 import math
 from typing import Any, Protocol
 
-from swarm.domain import InterventionKind
-from swarm.evidence import as_number
+from agents.domain import InterventionKind
+from agents.evidence import as_number
 
 UNTRUSTED_OPEN = "<untrusted_samples>"
 UNTRUSTED_CLOSE = "</untrusted_samples>"

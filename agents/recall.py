@@ -26,8 +26,9 @@ import math
 from typing import Any, Iterable
 
 from agents.base import Operator, OperatorContext
-from swarm.domain import Intervention, InterventionKind, Risk
-from swarm.evidence import Evidence, as_number
+from agents.domain import Intervention, InterventionKind, Risk
+from agents.evidence import Evidence, as_number
+from trainer.config import apply_changes
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,6 @@ def prescribes(skill: Any, kind: str, changes: Any, diagnosis: str) -> bool:
 def apply_skills(proposals: list[Intervention], fired: list[tuple[Any, dict[str, Any] | None, str | None]],
                  operators: list[Operator], diagnoses: list[Any], ctx: OperatorContext) -> list[Intervention]:
     """Proposals with firing skills attributed, plus the proposals of skills no operator matched."""
-    from swarm.workspace import apply_changes
-
     out = list(proposals)
     by_diag = {d.name: d for d in diagnoses}
     for sk, program_prop, err in fired:

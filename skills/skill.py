@@ -47,7 +47,7 @@ NAME_MAX = 64
 DESCRIPTION_MAX = 1024
 FIELD_RE = re.compile(r"^(recipe|harness)(\.[A-Za-z0-9_]+)+$")
 PROGRAM_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.py$")
-# swarm.domain.InterventionKind's values (tests check they agree; no import, so skills stay a leaf)
+# agents.domain.InterventionKind's values (tests check they agree; no import, so skills stay a leaf)
 KINDS: tuple[str, ...] = ("recipe_edit", "harness_edit", "data_change", "restart", "rollback", "distill")
 Kind = Literal["recipe_edit", "harness_edit", "data_change", "restart", "rollback", "distill"]
 DOCUMENT_BODY_CHARS = 1000
@@ -181,7 +181,7 @@ class Skill(BaseModel):
         return self.path.parent if self.path is not None else None
 
     def signature(self) -> str | None:
-        """diagnosis|kind|fields, as swarm.domain.Intervention.signature() spells the same fix."""
+        """diagnosis|kind|fields, as agents.domain.Intervention.signature() spells the same fix."""
         sw = self.swarmlab
         if sw is None or sw.diagnosis is None or sw.intervention is None:
             return None

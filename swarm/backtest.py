@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import yaml
 
-from swarm.domain import BacktestResult, Intervention, Target
+from agents.domain import BacktestResult, Intervention, Target
 from swarm.jobs import Jobs
 from trainer.runlog import read_heartbeat, read_jsonl
 
@@ -95,7 +95,7 @@ def noop_harness_edit(changes: dict[str, Any], harness: dict[str, Any], live_ver
     if not changes or not all(k.startswith("harness.") for k in changes):
         return None
     from harness.spec import HarnessSpec
-    from swarm.workspace import apply_changes
+    from trainer.config import apply_changes
 
     try:
         want = HarnessSpec.model_validate(apply_changes({}, harness, changes)[1]).version

@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from swarm.backtest import run_backtest
-from swarm.domain import JOB_ACTIONS, Intervention, InterventionKind, Status
-from swarm.evidence import Evidence, collect
+from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, Status
+from agents.evidence import Evidence, collect
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
@@ -290,7 +290,7 @@ class Controller:
 
     def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
         from agents.base import Operator
-        from agents.detectors import run_detectors
+        from agents.detection import run_detectors
         from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
 
         ev = self.evidence(s.job_status)

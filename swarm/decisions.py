@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from swarm.domain import DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
+from agents.domain import DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
 
 # ---- plan ---------------------------------------------------------------------------------------
 

@@ -241,7 +241,7 @@ class Knowledge:
         """An evaluated intervention as an episode. Only measured outcomes are episodes: kept,
         rolled back, or rejected by a backtest."""
         from memory import Episode
-        from swarm.domain import Status
+        from agents.domain import Status
 
         if iv.status == Status.KEPT:
             outcome = "kept"

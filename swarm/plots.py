@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape
 
-from swarm.evidence import as_number
+from agents.evidence import as_number
 
 PANELS: list[tuple[str, tuple[str, ...]]] = [
     ("loss", ("loss",)),

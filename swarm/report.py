@@ -22,8 +22,8 @@ import pathlib
 import re
 from typing import Any, Iterable
 
-from swarm.evidence import as_number
-from swarm.domain import Intervention
+from agents.evidence import as_number
+from agents.domain import Intervention
 from swarm.plots import curves, segments, to_png, to_svg
 
 _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")

@@ -31,7 +31,7 @@ import pathlib
 import re
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
-from swarm.domain import Intervention, InterventionKind, Status
+from agents.domain import Intervention, InterventionKind, Status
 
 KEEP_KEPT = 3     # kept interventions whose pre-apply checkpoint stays for a human rollback
 _NAME = re.compile(r"^(bt|pre)-([0-9a-f]{8})$")

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from swarm.domain import Intervention, Status
+from agents.domain import Intervention, Status
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Store:
         return [intervention_from_json(r["data"]) for r in rows]
 
     def transition(self, id: str, to: Status | str, note: str = "", **updates: Any) -> Intervention:
-        """Move intervention `id` to status `to` (lifecycle rules in `swarm.domain.TRANSITIONS`) and
+        """Move intervention `id` to status `to` (lifecycle rules in `agents.domain.TRANSITIONS`) and
         append a timeline row, atomically. `updates` set other fields in the same write
         (e.g. `applied_step=120`, `branch=...`). An invalid move raises ValueError and writes
         nothing; an unknown id raises KeyError."""

@@ -60,12 +60,11 @@ from typing import Any, Iterator
 import git
 import yaml
 from gitdb.base import IStream
-from pydantic import ValidationError
 
 from harness.spec import HarnessSpec
-from swarm.domain import Intervention, InterventionKind
+from agents.domain import Intervention, InterventionKind
 from swarm.store import SWARM_DIR, intervention_from_json, intervention_json
-from trainer.config import Recipe, format_validation_error, parse_yaml
+from trainer.config import apply_changes, del_dotted, get_dotted, parse_yaml, put_dotted, validate_section
 
 log = logging.getLogger(__name__)
 
@@ -79,62 +78,6 @@ _IDENTITY = ("swarmlab", "swarmlab@localhost")
 
 def _dump_yaml(d: dict[str, Any]) -> str:
     return yaml.safe_dump(d, sort_keys=False, default_flow_style=False, allow_unicode=True)
-
-
-def _validate(section: str, data: dict[str, Any]) -> None:
-    model = Recipe if section == "recipe" else HarnessSpec
-    try:
-        model.model_validate(data)
-    except ValidationError as e:
-        msg = format_validation_error(e).removeprefix("invalid config: ")
-        raise ValueError(f"invalid {section}: {msg}") from None
-
-
-def _get_dotted(d: dict[str, Any], parts: list[str]) -> tuple[bool, Any]:
-    node: Any = d
-    for p in parts:
-        if not isinstance(node, dict) or p not in node:
-            return False, None
-        node = node[p]
-    return True, node
-
-
-def _set_dotted(d: dict[str, Any], parts: list[str], value: Any, key: str) -> None:
-    node = d
-    for p in parts[:-1]:
-        nxt = node.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise ValueError(f"change {key!r}: {p!r} is not a section")
-        node = nxt
-    node[parts[-1]] = value
-
-
-def _del_dotted(d: dict[str, Any], parts: list[str]) -> None:
-    node = d
-    for p in parts[:-1]:
-        node = node.get(p)
-        if not isinstance(node, dict):
-            return
-    node.pop(parts[-1], None)
-
-
-def apply_changes(recipe: dict[str, Any], harness: dict[str, Any],
-                  changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """New (recipe, harness) dicts with dotted `recipe.*`/`harness.*` changes set, each validated
-    against `Recipe`/`HarnessSpec`. Raises ValueError naming the key and value."""
-    out = {"recipe": copy.deepcopy(recipe), "harness": copy.deepcopy(harness)}
-    for key, value in changes.items():
-        section, _, rest = key.partition(".")
-        if section not in out or not rest:
-            raise ValueError(f"change {key!r}: only recipe.* and harness.* fields can change")
-        _set_dotted(out[section], rest.split("."), value, key)
-    for section in ("recipe", "harness"):
-        try:
-            _validate(section, out[section])
-        except ValueError as e:
-            shown = {k: v for k, v in changes.items() if k.startswith(section + ".")}
-            raise ValueError(f"changes {shown} do not apply: {e}") from None
-    return out["recipe"], out["harness"]
 
 
 def _check_id(id: str) -> None:
@@ -172,8 +115,8 @@ class Workspace:
             raise ValueError(f"goal is not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(goal, dict):
             raise ValueError(f"goal must be a YAML mapping, got {type(goal).__name__}")
-        _validate("recipe", recipe)
-        _validate("harness", harness)
+        validate_section("recipe", recipe)
+        validate_section("harness", harness)
         root.mkdir(parents=True, exist_ok=True)
         try:
             repo = git.Repo(root)
@@ -649,14 +592,13 @@ class Workspace:
                 sec, _, rest = key.partition(".")
                 if sec != section:
                     continue
-                parts = rest.split(".")
-                if _get_dotted(cur, parts) != _get_dotted(a, parts):
+                if get_dotted(cur, rest) != get_dotted(a, rest):
                     continue   # changed again since: the later change stands
-                had, old = _get_dotted(b, parts)
+                had, old = get_dotted(b, rest)
                 if had:
-                    _set_dotted(new, parts, old, key)
+                    put_dotted(new, rest, old, name=key)
                 else:
-                    _del_dotted(new, parts)
+                    del_dotted(new, rest)
             if new != cur:
                 (self.root / path).write_text(_dump_yaml(new), encoding="utf-8")
                 self.repo.git.add("--", path)

@@ -14,7 +14,7 @@ import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Status
+from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Status
 from swarm.goal import Goal
 from swarm.graph import prune_checkpoints
 from test_swarm import tiny_goal
@@ -135,7 +135,7 @@ def test_backtest_breaks_a_double_tie_on_the_sft_loss_only_when_it_compares(tmp_
     falls wins on the loss when the arms' losses are over the same targets (a recipe or template
     change); a change to the examples (curriculum) or to the targets (answer format) does not."""
     from swarm.backtest import run_backtest
-    from swarm.domain import Target
+    from agents.domain import Target
 
     iv = Intervention(kind=InterventionKind.RECIPE_EDIT if "recipe.lr" in changes else InterventionKind.HARNESS_EDIT,
                       changes=changes, diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics",
@@ -160,7 +160,7 @@ def test_backtest_treats_one_held_out_example_as_a_tie_and_goes_on_to_the_loss(t
     """A restart from scratch 40 steps in: one candidate seed gets 1 of 200 held-out right (0.005)
     by chance, the others nothing. That is no evidence either way; the SFT loss decides."""
     from swarm.backtest import run_backtest
-    from swarm.domain import Target
+    from agents.domain import Target
 
     iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001},
                       diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics", policy="builtin"),
@@ -369,7 +369,7 @@ def test_backtest_validates_on_a_lower_sft_loss_when_the_target_cannot_tell_yet(
     candidate's SFT loss is clearly lower on every seed. Validated — unless the target is worse by
     more than one held-out example on some seed."""
     from swarm.backtest import run_backtest
-    from swarm.domain import Target
+    from agents.domain import Target
 
     iv = Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.template": "{question}="},
                       diagnosis=Diagnosis(name="template_mismatch", summary="cut", operator="harness_critic",
@@ -389,7 +389,7 @@ def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeyp
     `critical_extend` × the horizon (its own arms, the same fork) and the record says so; any other
     fix is rejected after one backtest."""
     from swarm.controller import Controller
-    from swarm.domain import BacktestResult
+    from agents.domain import BacktestResult
     from swarm.graph import SwarmState
 
     goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
@@ -426,7 +426,7 @@ def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeyp
 @pytest.mark.parametrize("name,backtested", [("loss_spike", False), ("reward_hacking", False), ("template_mismatch", True)])
 def test_only_a_rollback_of_a_divergence_skips_its_backtest(tmp_path, monkeypatch, name, backtested):
     from swarm.controller import Controller
-    from swarm.domain import BacktestResult
+    from agents.domain import BacktestResult
     from swarm.graph import SwarmState
 
     goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
@@ -459,7 +459,7 @@ def test_a_tie_on_the_target_goes_to_the_sft_loss_before_a_noisy_pass_rate(tmp_p
     held-out, the control "passes" 2.5% of training answers by guessing a frequent one, and the
     candidate's loss is clearly lower. The loss decides, not the guessing."""
     from swarm.backtest import run_backtest
-    from swarm.domain import Target
+    from agents.domain import Target
 
     iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001},
                       diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics", policy="builtin"),

@@ -5,7 +5,7 @@ import pytest
 
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Pair, Refuse, Rejected,
                              RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, plan, wasted)
-from swarm.domain import Diagnosis, Intervention, InterventionKind as K, Risk
+from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 

@@ -14,8 +14,8 @@ import random
 import pytest
 import torch
 
-from agents.detectors import (DETECTORS, THRESHOLDS, Known, Thresholds, run_detectors)
-from swarm.evidence import Evidence, collect
+from agents.detection import DETECTORS, THRESHOLDS, Known, Thresholds, run_detectors
+from agents.evidence import Evidence, collect
 
 HARNESS = {"template": "{question}=", "answer": {"reverse_digits": True, "stop": "\n"},
            "sampling": {"temperature": 1.0, "max_new_tokens": 6}, "curriculum": {"start": 3}}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from swarm.evidence import _Tail, collect
+from agents.evidence import _Tail, collect
 
 
 def test_tail_reads_only_complete_new_lines_and_restarts_on_replacement(tmp_path):
@@ -64,7 +64,7 @@ def test_memory_stays_bounded_on_a_long_run(tmp_path):
     """The tail and the index keep only the newest rows (at most twice `keep`), read the file in
     chunks, and the index still sees every appended row once — also when one read brings many more
     rows than `keep` (a resume over a long run, a fast trainer during a long wait)."""
-    from swarm.evidence import _SegmentIndex
+    from agents.evidence import _SegmentIndex
 
     t, idx = _Tail(keep=10, chunk=64), _SegmentIndex(keep=10)
     m = tmp_path / "metrics.jsonl"

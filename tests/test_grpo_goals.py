@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import copy
 
-from agents.detectors import DETECTORS, THRESHOLDS, Known
+from agents.detection import DETECTORS, THRESHOLDS, Known
 from agents.operators import Diagnostics, HarnessCritic
-from swarm.domain import InterventionKind as K, Risk
+from agents.domain import InterventionKind as K, Risk
 from test_detectors import grpo_rows, make_ev, sft_rows
 from test_operators import ctx
 

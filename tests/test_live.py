@@ -13,7 +13,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from swarm.cli import app
-from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Status
+from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Status
 from swarm.live import fit_table
 from swarm.store import Store
 from swarm.workspace import Workspace

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from swarm.domain import Diagnosis, Intervention, InterventionKind, Status
+from agents.domain import Diagnosis, Intervention, InterventionKind, Status
 from swarm.retention import enforce_retention, plan_retention
 
 PATHS = {

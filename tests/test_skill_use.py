@@ -19,8 +19,8 @@ from agents.operators import Lead, default_operators
 from agents.recall import apply_skills, avoid_reason, episode_summaries, evidence_view, firing_skills, skill_proposed
 from memory import Episode
 from skills import SkillLibrary, Utility, parse_skill, seed_dir
-from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind as K, Risk, Status
-from swarm.evidence import Evidence
+from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind as K, Risk, Status
+from agents.evidence import Evidence
 from swarm.goal import MemorySettings
 from swarm.knowledge import Knowledge, seed_workspace
 from swarm.workspace import Workspace
@@ -269,7 +269,7 @@ def test_llm_miner_writes_the_text_only_and_falls_back_on_malformed_replies(tmp_
     from fake_llm_server import FakeLLMServer, text, tool_call
 
     from agents.llm import LLMPolicy
-    from swarm.domain import LLMSettings
+    from agents.domain import LLMSettings
 
     monkeypatch.setenv("SWARMLAB_TEST_LLM_KEY", "sk-test")
     eps = [episode(1, "truncation", "harness_edit", {"harness.sampling.max_new_tokens": 6}, "kept", 0.4)]

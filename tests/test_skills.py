@@ -35,7 +35,7 @@ from skills import (
     verify,
 )
 from skills.skill import KINDS
-from swarm.domain import Diagnosis, Intervention, InterventionKind
+from agents.domain import Diagnosis, Intervention, InterventionKind
 
 SEED_NAMES = {
     "raise-max-new-tokens-on-truncation": "truncation",

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Status
+from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Status
 from swarm.store import Store, WorkspaceLocked, acquire_lock, lock_holder
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

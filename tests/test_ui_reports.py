@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from swarm.cli import app
-from swarm.domain import Diagnosis, Intervention, InterventionKind, Risk, Status
+from agents.domain import Diagnosis, Intervention, InterventionKind, Risk, Status
 from swarm.report import LifecycleReports, intervention_report
 from swarm.store import Store
 from swarm.workspace import Workspace

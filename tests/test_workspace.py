@@ -16,9 +16,10 @@ import git
 import pytest
 import yaml
 
-from swarm.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Risk, Status
+from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Risk, Status
 from swarm.report import final_report, intervention_report, quote_untrusted
-from swarm.workspace import Workspace, apply_changes
+from swarm.workspace import Workspace
+from trainer.config import apply_changes
 
 PNG = b"\x89PNG\r\n\x1a\n"
 RECIPE = {"algorithm": "sft", "lr": 0.003, "schedule": "cosine", "warmup_steps": 10, "steps": 300}

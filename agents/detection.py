@@ -1,0 +1,277 @@
+"""The detector contract: thresholds, what the controller knows, the registry and the helpers every
+detector shares.
+
+    from agents.detection import run_detectors, Known
+    diagnoses = run_detectors(ev, known=Known(eval_difficulty=3))
+
+A detector is a pure function `(Evidence, Thresholds, Known) -> Diagnosis | None`, registered by
+name with `@detector("name")` (a duplicate name is an error). The detectors themselves live in
+`agents/detectors.py` (metrics, jobs) and `agents/harness_detectors.py` (harness, data); both import
+this module and neither imports the other. `agents/__init__.py` imports the two so that the registry
+is complete whichever agents module is imported first, in a fixed order (metric and job detectors
+first). Thresholds and their calibration are described in `agents/detectors.py`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Any, Callable
+
+from agents.domain import Diagnosis
+from agents.evidence import Evidence, is_eval_row
+
+# ---- thresholds ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Every number a detector compares against. Windows count metric rows (one row per step)."""
+
+    min_rows: int = 8                  # rows of history a trend detector needs before it judges
+    recent: int = 5                    # rows in the "now" window
+    trailing: int = 30                 # rows in the trailing baseline window
+    scan: int = 20                     # how far back (rows) a spike's onset is searched
+    # non-finite loss
+    nonfinite_min: int = 2             # non-finite rows in the scan window (or the latest row) to fire
+    # loss spike: robust z-score of a row vs the median/MAD of the rows before it
+    spike_z: float = 6.0
+    spike_ratio: float = 1.5           # and at least this multiple of the trailing median
+    spike_abs: float = 0.05            # and at least this far above it (nats/token)
+    # grad-norm explosion (pre-clip norm)
+    grad_z: float = 6.0
+    grad_ratio: float = 10.0
+    grad_abs: float = 1.0              # and at least this large (a norm of 0.02 after zeros is no explosion)
+    # plateau of the target metric over evals, or of the loss when there are no evals
+    plateau_evals: int = 4             # evals without improvement
+    plateau_min_delta: float = 0.01    # improvement smaller than this is no improvement
+    plateau_loss_rows: int = 60        # loss rows compared (first half vs second half)
+    plateau_loss_rel: float = 0.02     # relative loss improvement below this is a plateau
+    # entropy collapse (GRPO / distill)
+    entropy_min: float = 0.05          # nats/token
+    entropy_drop: float = 0.1          # or below this fraction of the early-window median
+    entropy_pass_max: float = 0.9      # a policy solving ≥ this share may be confident
+    # KL blow-up
+    kl_max: float = 0.5                # nats/token (k3 estimator)
+    kl_min: float = 0.1                # relative blow-up only counts above this
+    kl_ratio: float = 10.0
+    # truncation / malformed answers
+    truncation_max: float = 0.5
+    malformed_max: float = 0.8         # persistently above this
+    malformed_jump: float = 0.3        # or up this much vs the window's best
+    # train reward vs held-out (reward hacking)
+    hack_train_min: float = 0.5
+    hack_gap: float = 0.3
+    hack_unclosed_min: int = 4         # or ≥ this many (and this share) of recent correct samples
+    hack_unclosed_share: float = 0.5   # were cut off, while held-out answers close (see the detector)
+    # throughput
+    throughput_ratio: float = 0.5      # recent median tokens/s below this share of the trailing median
+    # heartbeat / crash
+    stale_heartbeat_s: float = 30.0    # floor of the stale-heartbeat threshold
+    stale_step_factor: float = 10.0    # and at least this many median step times
+    # prompt template
+    template_mismatch: float = 0.5     # share of recent samples whose prompt lacks the template's text
+    template_min_samples: int = 4
+    # too-hard curriculum
+    too_hard_pass_max: float = 0.02
+    too_hard_heldout_max: float = 0.05
+    too_hard_jump: int = 2             # a difficulty rise this large within the window is a jump
+    # low temperature (GRPO / distill): groups of samples with identical completions
+    low_temp_identical: float = 0.8
+    low_temp_min_groups: int = 3
+    low_temp_pass_max: float = 0.9
+    # label noise (SFT): loss flat at a high floor while the policy is mostly right
+    label_noise_rows: int = 20
+    label_noise_floor: float = 0.15
+    label_noise_rel: float = 0.05
+    label_noise_pass_min: float = 0.3
+    label_noise_heldout_evals: int = 3  # ... and held-out accuracy has stopped improving over this many evals
+    # not learning: the loss has barely moved since the run began and held-out stays near zero
+    not_learning_rows: int = 100
+    not_learning_rel: float = 0.1
+    not_learning_heldout_max: float = 0.05
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"Thresholds.{f.name}={v!r}: must be a finite number >= 0")
+        for name in ("min_rows", "recent", "trailing", "scan", "plateau_evals", "label_noise_rows",
+                     "label_noise_heldout_evals", "not_learning_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Thresholds.{name}={getattr(self, name)!r}: must be >= 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+THRESHOLDS = Thresholds()
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """What the controller knows that the run's files do not say."""
+
+    eval_difficulty: int | None = None     # the difficulty held-out evals run at
+    target_metric: str = "heldout_acc"
+    target_op: str = ">="
+    target_threshold: float | None = None
+    template: str | None = None            # the template the controller believes is live
+
+
+NOTHING = Known()
+
+Detector = Callable[[Evidence, Thresholds, Known], "Diagnosis | None"]
+DETECTORS: dict[str, Detector] = {}
+
+
+def detector(name: str) -> Callable[[Detector], Detector]:
+    def deco(fn: Detector) -> Detector:
+        if name in DETECTORS:
+            raise ValueError(f"detector {name!r} is already registered")
+        DETECTORS[name] = fn
+        fn.detector_name = name  # type: ignore[attr-defined]
+        return fn
+
+    return deco
+
+
+def run_detectors(ev: Evidence, names: list[str] | tuple[str, ...] | None = None,
+                  th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> list[Diagnosis]:
+    """The findings of the detectors in `names` (all, in registry order, when None)."""
+    out = []
+    for name in names if names is not None else list(DETECTORS):
+        if name not in DETECTORS:
+            raise ValueError(f"unknown detector {name!r}; known: {', '.join(DETECTORS)}")
+        d = DETECTORS[name](ev, th, known)
+        if d is not None:
+            out.append(d)
+    return out
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def readable(x: Any) -> Any:
+    """A JSON-safe, readable number for evidence."""
+    if isinstance(x, float):
+        return float(f"{x:.6g}") if math.isfinite(x) else str(x)
+    return x
+
+
+def readables(xs: list[float]) -> list[Any]:
+    return [readable(x) for x in xs]
+
+
+def to_float(v: Any) -> float | None:
+    if isinstance(v, (bool, int, float)) or (isinstance(v, str) and v in ("nan", "inf", "-inf")):
+        return float(v)
+    return None
+
+
+def is_finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def median_of(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def mad_of(xs: list[float]) -> float:
+    m = median_of(xs)
+    return median_of([abs(x - m) for x in xs])
+
+
+def mean_of(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def loss_halves(ev: Evidence, n: int) -> tuple[list[float], float, float, float] | None:
+    """The last `n` finite losses of the current segment, the medians of their two halves and the
+    relative improvement from the first half to the second; None with fewer than `n` rows."""
+    loss = column(current_rows(ev), "loss", skip_skipped=True, finite=True)[1][-n:]
+    if len(loss) < n:
+        return None
+    half = len(loss) // 2
+    a, b = median_of(loss[:half]), median_of(loss[half:])
+    return loss, a, b, (a - b) / max(abs(a), 1e-12)
+
+
+def make_diagnosis(ev: Evidence, name: str, summary: str, severity: str, evidence: dict[str, Any]) -> Diagnosis:
+    clean = {k: (readables(v) if isinstance(v, list) else readable(v)) for k, v in evidence.items()}
+    return Diagnosis(name=name, summary=summary, severity=severity, operator="detectors", policy="builtin",
+                     evidence=clean, step=ev.step)
+
+
+def algorithm(ev: Evidence) -> str | None:
+    for r in reversed(ev.metrics):
+        if isinstance(r.get("algorithm"), str):
+            return r["algorithm"]
+    if ev.recipe and isinstance(ev.recipe.get("algorithm"), str):
+        return ev.recipe["algorithm"]
+    return None
+
+
+def current_rows(ev: Evidence) -> list[dict[str, Any]]:
+    """Rows since the last change of algorithm (a loss or entropy scale belongs to one algorithm)."""
+    rows = ev.metrics
+    algo = algorithm(ev)
+    i = len(rows)
+    while i > 0 and rows[i - 1].get("algorithm", algo) == algo:
+        i -= 1
+    return rows[i:]
+
+
+def column(rows: list[dict[str, Any]], key: str, *, skip_skipped: bool = False,
+           skip_eval: bool = False, finite: bool = False) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key` over `rows`; optionally without skipped steps, eval rows or
+    non-finite values."""
+    steps, vals = [], []
+    for r in rows:
+        if skip_skipped and r.get("skipped"):
+            continue
+        if skip_eval and is_eval_row(r):
+            continue
+        v = to_float(r.get(key))
+        if v is not None and (not finite or math.isfinite(v)):
+            steps.append(int(r.get("step", 0)))
+            vals.append(v)
+    return steps, vals
+
+
+def eval_difficulty(ev: Evidence, known: Known) -> int | None:
+    if known.eval_difficulty is not None:
+        return known.eval_difficulty
+    cur = (ev.harness or {}).get("curriculum") or {}
+    d = cur.get("end") or cur.get("start")
+    return int(d) if isinstance(d, int) else None
+
+
+def known_template(ev: Evidence, known: Known) -> str | None:
+    t = known.template or (ev.harness or {}).get("template")
+    return t if isinstance(t, str) else None
+
+
+def spike_onset(steps: list[int], vals: list[float], th: Thresholds, z_thr: float, ratio: float,
+                abs_min: float, groups: list[Any] | None = None) -> dict[str, Any] | None:
+    """The earliest of the last `th.scan` rows that is an outlier above the rows before it (robust
+    z-score vs the trailing window's median and MAD, and `ratio`× / `abs_min` above the median).
+    With `groups` (e.g. each row's difficulty) a row is compared only with rows of its group: a
+    curriculum step raises the loss legitimately."""
+    n = len(vals)
+    for i in range(max(th.min_rows, n - th.scan), n):
+        v = vals[i]
+        if not math.isfinite(v):
+            continue
+        lo = max(0, i - th.trailing)
+        base = [x for j, x in enumerate(vals[lo:i], lo)
+                if math.isfinite(x) and (groups is None or groups[j] == groups[i])]
+        if len(base) < th.min_rows:
+            continue
+        med, mad = median_of(base), mad_of(base)
+        scale = max(1.4826 * mad, 1e-3 * abs(med), 1e-12)
+        z = (v - med) / scale
+        if z >= z_thr and v >= ratio * med and v - med >= abs_min:
+            return {"onset_step": steps[i], "onset_index": i, "value": v, "baseline_median": med,
+                    "baseline_mad": mad, "z": z, "baseline": base[-10:]}
+    return None
