@@ -132,7 +132,9 @@ class Memory:
         if backend not in ("chroma", "memory"):
             raise ValueError(f"Memory.open: backend={backend!r}; expected 'chroma' or 'memory'")
         root = Path(root)
-        root.mkdir(parents=True, exist_ok=True)
+        from sandboxes.private import private_dir
+
+        private_dir(root)   # episodes, reports and skills: 0700 whatever the umask
         mem = cls(root, None, backend, embedder)  # type: ignore[arg-type]
         mem._load_logs()
         if backend == "memory":

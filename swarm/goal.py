@@ -9,6 +9,7 @@
     perturbations: [{shortcut: lr_spike, at_step: 200}]   # evaluation only; handed to the trainer alone
     swarm: {observe_every_s: 2, observe_quiet_s: 4, backtest: {...}}
     memory: {library: ~/swarm-library, seed_skills: true}   # skills + episodes shared across workspaces
+    sandbox: isolated                                     # unsafe_plain: run untrusted code unisolated where nothing isolates
 
 Validated up front: a malformed goal is one line naming the field, exit code 2.
 """
@@ -93,6 +94,10 @@ class Goal(BaseModel):
     perturbations: list[Perturbation] = Field(default_factory=list)
     swarm: SwarmSettings = Field(default_factory=SwarmSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
+    sandbox: Literal["isolated", "unsafe_plain"] = Field(
+        "isolated", description="untrusted code (skill programs, code-task rewards) runs in Docker, bubblewrap or "
+        "unshare namespaces, and is refused where none works; unsafe_plain lets it run in a plain subprocess that "
+        "shares the host's network and files instead (warned at run start and in the report)")
 
     def run_config(self, name: str, out_dir: str, with_perturbations: bool = False) -> RunConfig:
         """The trainer config. Perturbations are included only for the job the trainer runs."""

@@ -109,7 +109,10 @@ class Store:
         p = pathlib.Path(path)
         if p.is_dir():
             p = state_db_path(p)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        from sandboxes.private import private_dir, touch_private
+
+        private_dir(p.parent)   # .swarm/: 0700, and the database (its -wal/-shm follow its mode) 0600
+        touch_private(p)
         self.path = p
         # isolation_level=None: autocommit, transactions are explicit (BEGIN IMMEDIATE below)
         self._lock = threading.RLock()
@@ -317,8 +320,10 @@ def acquire_lock(workspace: str | os.PathLike | Any) -> ControllerLock:
     `Workspace`. Raises `WorkspaceLocked` naming the holder's pid if another controller has it."""
     ws = _ws_dir(workspace)
     path = ws / SWARM_DIR / LOCK_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    from sandboxes.private import private_dir
+
+    private_dir(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
