@@ -66,6 +66,7 @@ from trainer.config import ConfigError, RunConfig, set_dotted
 
 RECORD_FILE = "llm_exchanges.jsonl"
 MIN_COPY_CHARS = 4            # shorter string values are not checked against sample text
+MAX_DECISIONS = 200           # decisions held in memory and in the state; older ones are in `decision_log`
 
 _litellm_mod: Any = None
 
@@ -260,6 +261,7 @@ class OperatorUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    unchanged: int = 0             # proposals answered from the last decision: its input had not changed
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def note(self, text: str) -> None:
@@ -316,7 +318,8 @@ class LLMPolicy:
     """`propose(operator, ev, ctx)` through litellm; see the module docstring."""
 
     def __init__(self, settings: LLMSettings, *, spend_cap_usd: float | None = None,
-                 usd_per_token: tuple[float, float] | None = None, max_samples: int = 8) -> None:
+                 usd_per_token: tuple[float, float] | None = None, max_samples: int = 8,
+                 decision_log: str | pathlib.Path | None = None) -> None:
         if not settings.model:
             raise ValueError("LLMPolicy needs settings.model (a litellm model string); with none, use the built-in policies")
         if settings.replay and not settings.record_dir:
@@ -335,6 +338,11 @@ class LLMPolicy:
         self.decisions: list[dict[str, Any]] = []
         self.log = ExchangeLog(settings.record_dir) if settings.record_dir else None
         self._lock = threading.Lock()
+        # every decision is appended here (a rolled JSONL stream, trainer/runlog.py); memory and the
+        # state hold the newest MAX_DECISIONS, so the state file rewritten each tick stays small
+        self.decision_log = pathlib.Path(decision_log) if decision_log else None
+        self._decision_writer: Any = None
+        self.asked: dict[str, dict[str, Any]] = {}   # operator -> {"digest", "answer"} of its last answered decision
 
     @classmethod
     def from_goal(cls, goal: Any, **kw: Any) -> "LLMPolicy":
@@ -357,15 +365,33 @@ class LLMPolicy:
                 "spend_cap_usd": self.spend_cap_usd, "cap_reached": self.cap_reached(), "per_operator": per}
 
     def state(self) -> dict[str, Any]:
-        """Accounting and decisions as JSON, for the controller's checkpoint (the cap survives a resume)."""
+        """Accounting, the newest decisions and each operator's last input digest as JSON, for the
+        controller's checkpoint (the cap survives a resume; bounded: see MAX_DECISIONS)."""
         with self._lock:
             return {"usage": {k: dataclasses.asdict(u) for k, u in self.usage.items()},
-                    "decisions": [dict(d) for d in self.decisions]}
+                    "decisions": [dict(d) for d in self.decisions[-MAX_DECISIONS:]],
+                    "asked": {k: dict(v) for k, v in self.asked.items()}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         with self._lock:
             self.usage = {k: OperatorUsage(**u) for k, u in state.get("usage", {}).items()}
-            self.decisions = list(state.get("decisions", []))
+            self.decisions = list(state.get("decisions", []))[-MAX_DECISIONS:]
+            self.asked = {k: dict(v) for k, v in (state.get("asked") or {}).items()
+                          if isinstance(v, dict) and v.get("answer") in ([], None)}
+
+    @staticmethod
+    def input_digest(summary: dict[str, Any], ctx: Any) -> str:
+        """What an operator's decision rests on, as a hash: the detectors' findings (name, severity),
+        the job's and heartbeat's state, the recipe, harness, target, skills, past episodes, the
+        interventions so far and the command acks. Metric values, evals, checkpoints, events and
+        samples move every step; the findings are what summarise them, so an unchanged digest
+        means nothing an operator acts on has changed and it is not asked again."""
+        findings = sorted((str(getattr(d, "name", "")), str(getattr(d, "severity", "")))
+                          for d in (getattr(ctx, "findings", None) or []))
+        keys = ("job_status", "heartbeat_state", "recipe", "harness", "target", "goal", "skills",
+                "past_episodes", "interventions_so_far", "acks")
+        data = {"findings": findings, **{k: summary.get(k) for k in keys}}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def _account(self, op: str) -> OperatorUsage:
         return self.usage.setdefault(op, OperatorUsage())
@@ -479,6 +505,15 @@ class LLMPolicy:
         record: dict[str, Any] = {"time": time.time(), "operator": op, "policy": self.policy, "step": getattr(ev, "step", 0),
                                   "outcome": "fallback", "retries": 0, "reason": "", "interventions": [],
                                   "requests": [], "errors": []}
+        # without the controller's findings (ctx.findings) there is nothing to tell a change by: asked
+        digest = self.input_digest(summary, ctx) if getattr(ctx, "findings", None) is not None else None
+        last = self.asked.get(op)
+        if digest is not None and last is not None and last.get("digest") == digest and not self.cap_reached():
+            # nothing it decides on changed since it last answered: that answer stands (what it
+            # proposed then was handed over then), and no call is made
+            with self._lock:
+                self._account(op).unchanged += 1
+            return [] if last.get("answer") == [] else None
         evidence = {k: summary[k] for k in ("job_status", "step", "heartbeat_state", "metrics", "evals", "events")}
         evidence.update(heartbeat_age_s=clock.get("heartbeat_age_s"), samples_quoted=min(len(samples), self.max_samples))
         step = getattr(ev, "step", 0)
@@ -493,6 +528,8 @@ class LLMPolicy:
         except _Fallback as e:
             record["reason"] = str(e)
             return self._done(record, None)
+        if digest is not None:
+            self.asked[op] = {"digest": digest, "answer": []}     # answered: not asked again on the same input
         if isinstance(out, str):
             record.update(outcome="no_action", reason=out)
             return self._done(record, [])
@@ -558,6 +595,14 @@ class LLMPolicy:
     def _done(self, record: dict[str, Any], out: list[Intervention] | None) -> list[Intervention] | None:
         with self._lock:
             self.decisions.append(record)
+            if len(self.decisions) > 2 * MAX_DECISIONS:
+                del self.decisions[:-MAX_DECISIONS]
+            if self.decision_log is not None:
+                from trainer.runlog import JsonlWriter, Rotation
+
+                if self._decision_writer is None:
+                    self._decision_writer = JsonlWriter(self.decision_log, Rotation.from_env())
+                self._decision_writer.write(json.loads(json.dumps(record, default=str)))
         return out
 
     def _base_config(self, ev: Any, ctx: Any) -> RunConfig:

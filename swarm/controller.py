@@ -64,7 +64,7 @@ class Controller:
         if goal.llm.model:
             from agents.llm import LLMPolicy
 
-            self.llm = LLMPolicy(goal.llm, spend_cap_usd=goal.budget.llm_usd)
+            self.llm = LLMPolicy(goal.llm, spend_cap_usd=goal.budget.llm_usd, decision_log=self.sdir / "llm_decisions.jsonl")
             saved = self.sdir / "llm_state.json"
             if saved.exists():  # spend and token counts survive a controller restart
                 self.llm.load_state(json.loads(saved.read_text()))
