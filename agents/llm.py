@@ -62,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agents.domain import Diagnosis, Intervention, InterventionKind, LLMSettings, Risk
 from agents.prompts import (UNTRUSTED_CLOSE, UNTRUSTED_OPEN, MAX_PROPOSALS, OperatorLike,  # noqa: F401 (re-exported)
                             _checkpoints, _dump, summarize_evidence, system_prompt, user_prompt)
+from sandboxes.errors import SwarmlabError
 from trainer.config import ConfigError, RunConfig, set_dotted
 
 RECORD_FILE = "llm_exchanges.jsonl"
@@ -82,7 +83,7 @@ def _litellm() -> Any:
     return _litellm_mod
 
 
-class ToolCallError(ValueError):
+class ToolCallError(SwarmlabError, ValueError):
     """The model's reply cannot be used; the message is sent back to the model to correct."""
 
 

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from sandboxes.errors import SwarmlabError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -55,7 +57,7 @@ _MAX_INT = 2**53  # beyond this an int does not survive chroma's float storage
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]$")
 
 
-class MemoryStoreError(RuntimeError):
+class MemoryStoreError(SwarmlabError, RuntimeError):
     """The vector store failed (unreadable index, embedder mismatch, backend error)."""
 
 

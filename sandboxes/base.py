@@ -31,6 +31,8 @@ import posixpath
 import time
 from typing import Any, ClassVar, Mapping, Sequence
 
+from sandboxes.errors import SwarmlabError
+
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
@@ -69,7 +71,7 @@ def plain_opted_in() -> bool:
     return os.environ.get(PLAIN_OPT_IN_ENV) == "unsafe_plain"
 
 
-class SandboxError(Exception):
+class SandboxError(SwarmlabError):
     """Base of the sandbox package's own errors (not raised for anything the sandboxed code does)."""
 
 

@@ -34,6 +34,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel
 
+from sandboxes.errors import SwarmlabError
 from skills.skill import SKILL_FILE, Skill, SkillError, SwarmlabBlock, check_name, parse_skill
 
 MANIFEST = "manifest.json"
@@ -44,7 +45,7 @@ PACK_MAX_TOTAL = 32 << 20        # bytes in all
 PACK_MAX_DEPTH = 4               # <skill>/<dir>/<dir>/<file>
 
 
-class SkillPackError(ValueError):
+class SkillPackError(SwarmlabError, ValueError):
     """A pack that cannot be imported at all (unsafe or unreadable archive); nothing was written."""
 
 

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sandboxes.errors import SwarmlabError
 from skills.trigger import TriggerSpec
 from trainer.config import parse_yaml
 
@@ -57,7 +58,7 @@ _SUBFIELD_RE = re.compile(r"^([a-z_][a-z0-9_.]*): (.+)$", re.S)
 _TYPE_PARTS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
 
 
-class SkillError(ValueError):
+class SkillError(SwarmlabError, ValueError):
     """A skill file that cannot be used. `path`: the file; `field`: the dotted front-matter field
     (or "front matter" when the file's structure is wrong; None when the whole file is)."""
 

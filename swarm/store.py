@@ -36,6 +36,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from agents.domain import Intervention, Status
+from sandboxes.errors import SwarmlabError
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ class Store:
 
 
 # ---- the controller lock ------------------------------------------------------------------------
-class WorkspaceLocked(RuntimeError):
+class WorkspaceLocked(SwarmlabError, RuntimeError):
     """Another live controller holds this workspace."""
 
     def __init__(self, workspace: pathlib.Path, pid: int | None) -> None:

@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
+from sandboxes.errors import SwarmlabError
 
-class CheckpointError(RuntimeError):
+
+class CheckpointError(SwarmlabError, RuntimeError):
     pass
 
 

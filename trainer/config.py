@@ -14,13 +14,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.spec import HarnessSpec
+from sandboxes.errors import SwarmlabError
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ConfigError(ValueError):
+class ConfigError(SwarmlabError, ValueError):
     """A config that cannot be used; the message is one line naming the field and the value."""
 
 

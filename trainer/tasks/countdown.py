@@ -24,6 +24,7 @@ import random
 from fractions import Fraction
 from typing import Any, ClassVar
 
+from sandboxes.errors import SwarmlabError
 from trainer.tasks.base import Example, Task, Verdict, VerifyResult, register_task
 
 MAX_ANSWER_CHARS = 200  # a longer answer is MALFORMED before any parsing
@@ -32,7 +33,7 @@ _OPS: dict[type[ast.operator], str] = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
-class MalformedExpression(ValueError):
+class MalformedExpression(SwarmlabError, ValueError):
     """The answer is not an expression of the allowed form."""
 
 
