@@ -31,18 +31,28 @@ engine_answers() {
   timeout 10 docker -H "unix://$sock" version --format '{{.Server.Version}}' >/dev/null 2>&1
 }
 
-install_missing() {
-  local pkgs=()
-  command -v dockerd >/dev/null 2>&1 || pkgs+=(docker.io)
-  command -v bwrap >/dev/null 2>&1 || pkgs+=(bubblewrap)
-  command -v debootstrap >/dev/null 2>&1 || pkgs+=(debootstrap)
-  [ ${#pkgs[@]} -eq 0 ] && return 0
-  log "installing ${pkgs[*]}"
+apt_install() {
   export DEBIAN_FRONTEND=noninteractive
-  if ! { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null; }; then
-    log "apt-get install ${pkgs[*]} failed"
+  log "installing $*"
+  if ! { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }; then
+    log "apt-get install $* failed"
     return 1
   fi
+}
+
+install_missing() {
+  # bubblewrap on its own first: it is what isolates untrusted code on a machine without an
+  # engine, so a failing docker.io install must not cost it (util-linux's unshare, the next
+  # backend, is part of every Debian system)
+  command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap || true
+  if command -v bwrap >/dev/null 2>&1; then
+    log "bubblewrap: $(bwrap --version 2>&1)"
+  fi
+  local pkgs=()
+  command -v dockerd >/dev/null 2>&1 || pkgs+=(docker.io)
+  command -v debootstrap >/dev/null 2>&1 || pkgs+=(debootstrap)
+  [ ${#pkgs[@]} -eq 0 ] && return 0
+  apt_install "${pkgs[@]}"
 }
 
 our_pids() {  # processes started from our state dir (dockerd's containerd and shims), by pid
