@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from agents.detection import THRESHOLDS, Known, Thresholds, run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind, Status, Target
 from agents.evidence import Evidence
+from agents.prompts import MIN_COPY_CHARS
 from trainer.config import get_dotted
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def sampled_text(ev: Evidence) -> list[str]:
     return [s[k] for s in ev.samples for k in ("prompt", "completion") if isinstance(s.get(k), str)]
 
 
-def tainted(iv: Intervention, ev: Evidence, ctx: OperatorContext, min_len: int = 6) -> str | None:
+def tainted(iv: Intervention, ev: Evidence, ctx: OperatorContext, min_len: int = MIN_COPY_CHARS) -> str | None:
     """The first change whose string value occurs in the run's sampled text (and is not what the
     controller already knows for that field), or None. Such a value could only have come from the
     trajectories, which are data, never instructions."""

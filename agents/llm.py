@@ -60,13 +60,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.domain import Diagnosis, Intervention, InterventionKind, LLMSettings, Risk
-from agents.prompts import (UNTRUSTED_CLOSE, UNTRUSTED_OPEN, MAX_PROPOSALS, OperatorLike,  # noqa: F401 (re-exported)
+from agents.prompts import (UNTRUSTED_CLOSE, UNTRUSTED_OPEN, MAX_PROPOSALS, MIN_COPY_CHARS, OperatorLike,  # noqa: F401 (re-exported)
                             _checkpoints, _dump, summarize_evidence, system_prompt, user_prompt)
 from sandboxes.errors import SwarmlabError
 from trainer.config import ConfigError, RunConfig, set_dotted
 
 RECORD_FILE = "llm_exchanges.jsonl"
-MIN_COPY_CHARS = 4            # shorter string values are not checked against sample text
 MAX_DECISIONS = 200           # decisions held in memory and in the state; older ones are in `decision_log`
 
 _litellm_mod: Any = None
@@ -344,11 +343,6 @@ class LLMPolicy:
         self.decision_log = pathlib.Path(decision_log) if decision_log else None
         self._decision_writer: Any = None
         self.asked: dict[str, dict[str, Any]] = {}   # operator -> {"digest", "answer"} of its last answered decision
-
-    @classmethod
-    def from_goal(cls, goal: Any, **kw: Any) -> "LLMPolicy":
-        budget = getattr(goal, "budget", None)
-        return cls(goal.llm, spend_cap_usd=getattr(budget, "llm_usd", None), **kw)
 
     # ---- accounting ---------------------------------------------------------------------------
     @property

@@ -20,6 +20,10 @@ from agents.evidence import as_number
 UNTRUSTED_OPEN = "<untrusted_samples>"
 UNTRUSTED_CLOSE = "</untrusted_samples>"
 MAX_PROPOSALS = 3             # propose_intervention calls accepted in one reply
+# string values shorter than this are not checked against sample text (a "\n" or "=" occurs in
+# completions by chance, and so short a value carries no instruction): the LLM policy's tool-call
+# check and the operators' filter on every proposal (agents.base.tainted) use the same limit
+MIN_COPY_CHARS = 4
 PROMPT_CHARS = 300            # per quoted sample prompt
 COMPLETION_CHARS = 600        # per quoted sample completion
 CLOCK_KEYS = {"time", "wall_s", "step_time", "tokens_per_s"}   # and every t_* metric

@@ -3,7 +3,7 @@
 The prompt template, how the answer is written and extracted, sampling parameters, the reward
 configuration, the curriculum and data filters. A harness is versioned by the SHA-256 of its
 canonical JSON (`HarnessSpec.version`), so two runs with the same version saw the same harness.
-Only interventions change it (next issues); the trainer can switch versions at a safe point.
+Only interventions change it (`harness_edit`, `data_change`); the trainer switches versions at a safe point.
 """
 from __future__ import annotations
 
