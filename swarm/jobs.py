@@ -6,6 +6,11 @@
 
 Worker CPU seconds are metered from the trainer processes' pids (the heartbeat names its pid),
 so the same accounting works for both launchers.
+
+Every request to a private head carries its auth token (`trainer.launch`: token auth on, the jobs
+inherit it); a controller restarted on a workspace reconnects to its head by address and finds
+the token there. Both launchers pass on the goal's sandbox opt-in (`sandboxes.base.PLAIN_OPT_IN_ENV`):
+local processes inherit the environment, Ray jobs get it in their runtime env.
 """
 from __future__ import annotations
 

@@ -22,7 +22,9 @@ passing tests as reward (`reward="fraction"`, the default) or 0 (`reward="all"`)
 is always the share. A timeout, a crash, a memory or output blow-up keeps the tests that finished
 before it. A sandbox that cannot run at all (an engine gone away) scores 0 and is logged as an error.
 
-Options: `sandbox` (local | docker | auto, or a `sandboxes.Sandbox`), `n_tests` (1..64, default 8),
+Options: `sandbox` (local: bubblewrap, else unshare namespaces | docker | auto: Docker first, or a
+`sandboxes.Sandbox`; where nothing isolates the sandbox is refused and the job stops, unless the
+goal opted in with `sandbox: unsafe_plain`, which the job inherits), `n_tests` (1..64, default 8),
 `timeout` (wall seconds per solution, all tests together, default 5), `reward` (fraction | all),
 `workers` (threads for `verify_many`, default the CPU count). The code runs with the sandbox's
 Python (standard library only). Answers are multi-line code: the harness needs a delimited answer
