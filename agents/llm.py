@@ -285,8 +285,10 @@ class ExchangeLog:
     def append(self, entry: dict[str, Any]) -> None:
         line = json.dumps(entry, default=str) + "\n"
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
+            from sandboxes.private import open_private, private_dir
+
+            private_dir(self.path.parent)   # prompts and answers: 0700 / 0600 whatever the umask
+            with open_private(self.path, "a") as f:
                 f.write(line)
 
     def lookup(self, key: str) -> dict[str, Any] | None:

@@ -24,16 +24,22 @@ from typing import Any, Iterable
 
 from agents.evidence import as_number
 from agents.domain import Intervention
+from sandboxes.text import clean_text
 from swarm.plots import curves, segments, to_png, to_svg
 
 _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _clean(text: Any) -> str:
+    """Escape sequences and control characters out (sandboxes.text.clean_text), zero-width too."""
+    return _CTRL.sub("", clean_text(text))
 
 
 # ---- escaping -------------------------------------------------------------------------------------
 def quote_untrusted(text: Any, limit: int = 800) -> str:
     """Untrusted text made safe to place inside a ``` fence: no backticks (they become '),
     no control or bidi characters, at most `limit` characters."""
-    s = _CTRL.sub("", str(text).replace("\r\n", "\n").replace("\r", "\n")).replace("`", "'")
+    s = _clean(str(text).replace("\r\n", "\n").replace("\r", "\n")).replace("`", "'")
     if len(s) > limit:
         s = s[:limit] + f"… [cut, {len(s) - limit} more characters]"
     return s
@@ -49,19 +55,19 @@ def cell(v: Any, limit: int = 120) -> str:
         s = _num_str(v)
     else:
         s = str(v)
-    s = _CTRL.sub("", s).replace("\n", " ").replace("\r", " ").replace("`", "'")
+    s = _clean(s).replace("\n", " ").replace("`", "'")
     s = s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
     return s if len(s) <= limit else s[:limit] + "…"
 
 
 def _code(text: Any) -> str:
     """Inline code: shown literally, so only backticks and line breaks need removing."""
-    return "`" + _CTRL.sub("", str(text)).replace("`", "'").replace("\n", " ") + "`"
+    return "`" + _clean(text).replace("`", "'").replace("\n", " ") + "`"
 
 
 def _prose(text: str) -> str:
     """Text written by an operator (possibly an LLM): kept as markdown, but no raw HTML."""
-    return _CTRL.sub("", str(text)).replace("<", "&lt;").replace(">", "&gt;").strip()
+    return _clean(text).replace("<", "&lt;").replace(">", "&gt;").strip()
 
 
 def _num_str(v: Any) -> str:
@@ -259,7 +265,7 @@ Expected effect: {_prose(iv.expected_effect) or '_not stated_'}
         md += "\n### Lifecycle\n\n" + _table(["time", "from", "to", "note"], _history_rows(iv)) + "\n"
     if iv.outcome:
         md += "\n## Outcome\n\n" + _table(["measure", "value"], [[k, _num_str(v)] for k, v in _flatten(iv.outcome).items()]) + "\n"
-    return md, {"metrics.png": png}
+    return clean_text(md), {"metrics.png": png}
 
 
 class LifecycleReports:
@@ -385,7 +391,11 @@ Each intervention's full report is `reports/<id>/REPORT.md` on its branch `iv/<i
 """
     if len(timeline) > max_events:
         md += f"\n_(showing the last {max_events} of {len(timeline)} events)_\n"
-    return md, {"curves.svg": svg}
+    if goal.get("sandbox") == "unsafe_plain":
+        md = md.replace("\n## Outcome\n", "\n> **Warning: `sandbox: unsafe_plain`.** Where neither Docker, "
+                        "bubblewrap nor unshare isolated, untrusted code (skill programs, code-task rewards) ran "
+                        "in a plain subprocess sharing this machine's network and files.\n\n## Outcome\n", 1)
+    return clean_text(md), {"curves.svg": svg}
 
 
 __all__ = ["intervention_report", "final_report", "LifecycleReports", "metrics_plot", "quote_untrusted", "cell"]
