@@ -9,6 +9,7 @@ the job's status. Perturbation settings are never in any of these files, so neve
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import pathlib
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainer.runlog import read_heartbeat
+from trainer.runlog import read_heartbeat, rotated_parts
 
 
 def as_number(v: Any) -> float | None:
@@ -65,14 +66,19 @@ class Evidence(BaseModel):
 Row = dict[str, Any]
 
 
-class _Tail:
-    """Incremental reader of an append-only JSONL file: each call parses only the bytes appended
+class Tail:
+    """Incremental reader of an append-only JSONL stream: each call parses only the bytes appended
     since the last one (a torn last line waits for its newline), so observing a long run costs
     per tick what the run wrote since the previous tick, not its whole history. Bytes are read in
     `chunk` pieces and only the newest `keep` rows (at most twice that between trims) stay in
     memory: a run of days appends millions. `on_row` sees every row once, in order, as it is
-    parsed; `on_reset` is called when reading starts over (a new, replaced, truncated or missing
-    file), so an index built from the rows can start over too."""
+    parsed; `on_reset` is called when reading starts over (a replaced or truncated file), so an
+    index built from the rows can start over too.
+
+    It follows the stream's rotation (trainer/runlog.py): when the live file was rolled, the rest
+    of the rolled part is read before the new live file, so nothing is skipped or read twice; a
+    reader that starts (or starts over) on a rolled stream first reads the newest rolled part, so
+    a controller resumed after a roll still sees the recent history."""
 
     def __init__(self, keep: int = 5000, chunk: int = 1 << 22) -> None:
         self.keep, self.chunk = keep, chunk
@@ -88,32 +94,67 @@ class _Tail:
                 on_reset()
             return []
         state = self.files.get(key)
-        if state is None or state[0] != st.st_ino or st.st_size < state[1]:   # new, replaced or truncated
-            state = (st.st_ino, 0, [])
+        rows: list[Row]
+        if state is not None and state[0] != st.st_ino and (old := self._rolled(path, state[0])) is not None:
+            _, off, rows = state      # rolled since the last call: finish the old file, then the new one
+            with open(old, "rb") as f:
+                self._read(f, off, rows, on_row)
+            state = (st.st_ino, 0, rows)
+        elif state is None or state[0] != st.st_ino or st.st_size < state[1]:   # new, replaced or truncated
             if on_reset:
                 on_reset()
+            rows = []
+            parts = rotated_parts(path)
+            if parts:       # the newest rolled part first: the history just before the live file
+                try:
+                    with (gzip.open(parts[-1], "rb") if parts[-1].suffix == ".gz" else open(parts[-1], "rb")) as f:
+                        self._read(f, 0, rows, on_row)
+                except FileNotFoundError:
+                    pass
+            state = (st.st_ino, 0, rows)
         ino, off, rows = state
         if st.st_size > off:
             with open(path, "rb") as f:
-                f.seek(off)
-                buf = b""
-                while chunk := f.read(self.chunk):
-                    buf += chunk
-                    end = buf.rfind(b"\n") + 1
-                    for line in buf[:end].splitlines():
-                        try:
-                            row = json.loads(line)
-                        except json.JSONDecodeError:
-                            continue
-                        rows.append(row)
-                        if on_row:
-                            on_row(row)
-                    off += end
-                    buf = buf[end:]
-                    if len(rows) > 2 * self.keep:
-                        del rows[: -self.keep]
+                off = self._read(f, off, rows, on_row)
         self.files[key] = (ino, off, rows)
         return rows
+
+    @staticmethod
+    def _rolled(path: pathlib.Path, ino: int) -> pathlib.Path | None:
+        """The rolled part that was the live file with inode `ino` (still plain), if any."""
+        for q in reversed(rotated_parts(path)):
+            if q.suffix == ".gz":
+                continue
+            try:
+                if q.stat().st_ino == ino:
+                    return q
+            except FileNotFoundError:
+                continue
+        return None
+
+    def _read(self, f: Any, off: int, rows: list[Row], on_row: Callable[[Row], None] | None) -> int:
+        """Parse whole lines from byte `off` to the end into `rows`; returns the offset reached."""
+        f.seek(off)
+        buf = b""
+        while chunk := f.read(self.chunk):
+            buf += chunk
+            end = buf.rfind(b"\n") + 1
+            for line in buf[:end].splitlines():
+                try:
+                    row = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    continue
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+            off += end
+            buf = buf[end:]
+            if len(rows) > 2 * self.keep:
+                del rows[: -self.keep]
+        return off
+
+
+_Tail = Tail
 
 
 _TAIL = _Tail()

@@ -143,12 +143,12 @@ def _train_ray(cfg, config_path: str, address: str | None, json_out: bool) -> No
 def _follow(cfg, head, job: str, json_out: bool) -> str:
     from ray.job_submission import JobStatus
 
-    from trainer.runlog import iter_jsonl
+    from agents.evidence import Tail
 
-    client, seen = head.client(), 0
+    client, tail = head.client(), Tail(keep=1)   # each poll parses only what was appended (and follows a roll)
     while True:
-        rows = list(iter_jsonl(cfg.run_dir / "metrics.jsonl", seen))
-        seen += len(rows)
+        rows: list[dict] = []
+        tail.rows(cfg.run_dir / "metrics.jsonl", on_row=rows.append)
         for row in rows:
             if json_out:
                 print(json.dumps(row), flush=True)
