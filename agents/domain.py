@@ -116,8 +116,8 @@ TRANSITIONS: dict[Status, set[Status]] = {
 
 class Target(_Strict):
     metric: str = Field("heldout_acc", description="a metric the trainer writes on eval steps")
-    op: Literal[">=", "<="] = ">="
-    threshold: float = 0.95
+    op: Literal[">=", "<="] = Field(">=", description="how the metric compares with the threshold when the goal is met")
+    threshold: float = Field(0.95, description="the value the metric must reach; the run stops there")
 
     def met(self, value: float | None) -> bool:
         if value is None:
@@ -126,10 +126,11 @@ class Target(_Strict):
 
 
 class Budget(_Strict):
-    wall_s: float = Field(3600.0, gt=0)
+    wall_s: float = Field(3600.0, gt=0, description="wall-clock seconds of the whole swarm run")
     steps: int = Field(100_000, gt=0, description="total trainer steps over all segments")
-    worker_cpu_s: float = Field(7200.0, gt=0)
-    llm_usd: float = Field(1.0, ge=0)
+    worker_cpu_s: float = Field(7200.0, gt=0, description="CPU seconds of every trainer process: the run, its "
+                                "restarts and every backtest arm")
+    llm_usd: float = Field(1.0, ge=0, description="LLM spend cap in USD; at the cap the built-in policies decide")
 
 
 class ApprovalPolicy(_Strict):
@@ -141,11 +142,12 @@ class ApprovalPolicy(_Strict):
 
 class LLMSettings(_Strict):
     model: str | None = Field(None, description="litellm model string, e.g. openai/gpt-4o-mini; None = built-in policies")
-    api_base: str | None = None
+    api_base: str | None = Field(None, description="base URL of the provider, e.g. a local OpenAI-compatible server; "
+                                 "None = the provider's default")
     api_key_env: str | None = Field(None, description="environment variable holding the API key")
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, description="seconds one LLM call may wait for a read")
     max_retries: int = Field(2, ge=0, le=10, description="retries after a malformed reply before the built-in policy decides")
-    temperature: float = Field(0.0, ge=0, le=2)
+    temperature: float = Field(0.0, ge=0, le=2, description="sampling temperature of the LLM policy (0 = deterministic)")
     record_dir: str | None = Field(None, description="record every exchange here (JSONL) for replay")
     replay: bool = Field(False, description="answer from record_dir instead of calling the provider")
 

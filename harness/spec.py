@@ -62,8 +62,9 @@ class AnswerFormat(_Strict):
 
 class Sampling(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=5.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(16, ge=1, le=4096)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the smallest set of tokens with this "
+                         "much probability (1 = all)")
+    max_new_tokens: int = Field(16, ge=1, le=4096, description="longest completion in tokens; a longer one is cut off")
 
 
 class RewardConfig(_Strict):
@@ -72,9 +73,11 @@ class RewardConfig(_Strict):
     verifier; `digits_any_order` is a deliberately exploitable one used by the reward_hack
     perturbation (it accepts the right digits in any order)."""
 
-    kind: Literal["exact", "partial"] = "exact"
-    format_bonus: float = Field(0.0, ge=0.0, le=0.5)
-    verifier: Literal["task", "digits_any_order"] = "task"
+    kind: Literal["exact", "partial"] = Field("exact", description="exact: 1 for a correct answer; partial: the task's "
+                                              "graded credit where it has one")
+    format_bonus: float = Field(0.0, ge=0.0, le=0.5, description="reward for a well-formed but wrong answer (shaping)")
+    verifier: Literal["task", "digits_any_order"] = Field("task", description="the task's verifier, or digits_any_order: "
+                                                          "deliberately exploitable (the reward_hack fault)")
 
 
 class Curriculum(_Strict):
@@ -82,11 +85,12 @@ class Curriculum(_Strict):
     `start`). `pass_rate_filter`: drop prompts whose group pass rate is outside [min, max] from the
     GRPO update (all-correct or all-wrong groups carry no advantage signal)."""
 
-    start: int = Field(3, ge=1, le=64)
-    end: int | None = Field(None, ge=1, le=64)
-    ramp_steps: int = Field(0, ge=0)
-    pass_rate_min: float = Field(0.0, ge=0.0, le=1.0)
-    pass_rate_max: float = Field(1.0, ge=0.0, le=1.0)
+    start: int = Field(3, ge=1, le=64, description="training difficulty at step 0 (e.g. digits for addition)")
+    end: int | None = Field(None, ge=1, le=64, description="difficulty after ramp_steps; None = start")
+    ramp_steps: int = Field(0, ge=0, description="steps of the linear ramp from start to end (0 = fixed at start)")
+    pass_rate_min: float = Field(0.0, ge=0.0, le=1.0, description="GRPO: drop prompts whose group pass rate is below this")
+    pass_rate_max: float = Field(1.0, ge=0.0, le=1.0, description="GRPO: drop prompts whose group pass rate is above this "
+                                 "(all-correct groups carry no advantage signal)")
 
     @model_validator(mode="after")
     def _check(self) -> "Curriculum":
@@ -115,11 +119,11 @@ FORMAT_MAX_WIDTH = 4096        # width or precision in {question:...} (one numbe
 
 class HarnessSpec(_Strict):
     template: str = Field("{question}=", description="prompt template; must contain {question}")
-    answer: AnswerFormat = Field(default_factory=AnswerFormat)
-    sampling: Sampling = Field(default_factory=Sampling)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    curriculum: Curriculum = Field(default_factory=Curriculum)
-    filters: DataFilters = Field(default_factory=DataFilters)
+    answer: AnswerFormat = Field(default_factory=AnswerFormat, description="how the answer is written and extracted")
+    sampling: Sampling = Field(default_factory=Sampling, description="how completions are sampled during training")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="how a completion is scored")
+    curriculum: Curriculum = Field(default_factory=Curriculum, description="the difficulty schedule and the pass-rate filter")
+    filters: DataFilters = Field(default_factory=DataFilters, description="which training examples are skipped")
 
     @field_validator("template")
     @classmethod

@@ -29,7 +29,7 @@ class BacktestSettings(BaseModel):
     horizon_steps: int = Field(60, ge=1, description="steps each arm trains after the fork")
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1, description="one candidate and one control per seed")
     alpha: float = Field(0.2, gt=0, lt=1, description="one-sided significance level of the paired test")
-    eval_size: int = Field(200, ge=10)
+    eval_size: int = Field(200, ge=10, description="held-out examples each arm is scored on at the end of its horizon")
     critical_extend: int = Field(4, ge=1, description="a fix for a critical finding that its backtest did not "
                                  "validate is backtested once more, over this many times horizon_steps (1 = never): "
                                  "e.g. a restored prompt template pays off only once a slow run starts to learn")
@@ -41,11 +41,14 @@ class SwarmSettings(BaseModel):
     observe_quiet_s: float | None = Field(None, gt=0, description="seconds after a quiet tick (nothing wrong, nothing "
                                           "open, nothing new): what a healthy run of days pays for being watched, "
                                           "and how late the first sign of a problem may be seen; None = observe_every_s")
-    min_steps_between_interventions: int = Field(50, ge=0)
+    min_steps_between_interventions: int = Field(50, ge=0, description="trainer steps after an applied intervention "
+                                                 "before the next non-urgent one (restarts and rollbacks are urgent)")
     evaluate_window_steps: int = Field(100, ge=1, description="steps after applying before judging kept / rolled back")
-    stale_heartbeat_s: float = Field(20.0, gt=0)
-    max_restarts: int = Field(5, ge=0)
-    backtest: BacktestSettings = Field(default_factory=BacktestSettings)
+    stale_heartbeat_s: float = Field(20.0, gt=0, description="seconds without a trainer heartbeat, at least, before a "
+                                     "RUNNING job counts as hung (the detector also allows many median step times)")
+    max_restarts: int = Field(5, ge=0, description="job restarts allowed; a job that fails after this many ends the run")
+    backtest: BacktestSettings = Field(default_factory=BacktestSettings, description="how a proposal is tested against "
+                                       "doing nothing before it is applied")
 
     @model_validator(mode="after")
     def _quiet_not_faster(self) -> "SwarmSettings":
@@ -85,15 +88,17 @@ class MemorySettings(BaseModel):
 
 class Goal(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    goal: str = Field(..., min_length=1)
-    target: Target = Field(default_factory=Target)
+    goal: str = Field(..., min_length=1, description="the request in words, for the operators, the reports and memory")
+    target: Target = Field(default_factory=Target, description="the metric and threshold that end the run when met")
     run: dict[str, Any] = Field(default_factory=dict, description="the starting RunConfig (task, model, recipe, harness, …)")
-    budget: Budget = Field(default_factory=Budget)
-    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
-    llm: LLMSettings = Field(default_factory=LLMSettings)
-    perturbations: list[Perturbation] = Field(default_factory=list)
-    swarm: SwarmSettings = Field(default_factory=SwarmSettings)
-    memory: MemorySettings = Field(default_factory=MemorySettings)
+    budget: Budget = Field(default_factory=Budget, description="the limits that end the run when spent")
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy, description="which interventions apply without a human")
+    llm: LLMSettings = Field(default_factory=LLMSettings, description="the LLM behind the operators' policies, if any")
+    perturbations: list[Perturbation] = Field(default_factory=list, description="faults injected for evaluation; handed "
+                                              "to the trainer alone, never shown to the operators")
+    swarm: SwarmSettings = Field(default_factory=SwarmSettings, description="the controller's loop, pacing and backtests")
+    memory: MemorySettings = Field(default_factory=MemorySettings, description="skills and past episodes: where they live, "
+                                   "how many are retrieved, when the miner writes or retires one")
     sandbox: Literal["isolated", "unsafe_plain"] = Field(
         "isolated", description="untrusted code (skill programs, code-task rewards) runs in Docker, bubblewrap or "
         "unshare namespaces, and is refused where none works; unsafe_plain lets it run in a plain subprocess that "

@@ -29,10 +29,10 @@ class ModelConfig(_Strict):
     kind: Literal["builtin", "hf"] = Field("builtin", description="built-in transformer or a local HF causal LM")
     path: str | None = Field(None, description="local directory of a Hugging Face causal LM (kind=hf)")
     d_model: int = Field(128, ge=8, description="built-in: hidden size")
-    n_layers: int = Field(3, ge=1, le=64)
-    n_heads: int = Field(4, ge=1)
+    n_layers: int = Field(3, ge=1, le=64, description="built-in: transformer blocks")
+    n_heads: int = Field(4, ge=1, description="built-in: attention heads (must divide d_model)")
     d_ff: int = Field(0, ge=0, description="built-in: SwiGLU hidden size; 0 = 8/3·d_model rounded to 8")
-    max_seq_len: int = Field(128, ge=8)
+    max_seq_len: int = Field(128, ge=8, description="built-in: longest prompt + completion in tokens")
     kernels: Literal["auto", "torch", "triton"] = Field(
         "auto", description="log-prob/RMSNorm implementation: auto = triton on CUDA; on CPU torch ops, the built-in "
         "model's RMSNorm fused in C (kernels/cpu.py, built on first use; torch ops without a C compiler); torch = torch ops"
@@ -75,19 +75,22 @@ class Recipe(_Strict):
     sft_warmup_batch_size: int | None = Field(None, ge=1, description="examples per SFT warm-up step "
                                                                       "(default: batch_size)")
     lr: float = Field(3e-3, gt=0.0, le=10.0, description="peak learning rate (AdamW)")
-    schedule: Literal["constant", "cosine", "linear"] = "cosine"
-    warmup_steps: int = Field(10, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    schedule: Literal["constant", "cosine", "linear"] = Field("cosine", description="learning-rate decay after warm-up "
+                                                              "down to min_lr_ratio·lr at the last step")
+    warmup_steps: int = Field(10, ge=0, description="steps of linear learning-rate warm-up from 0")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="the schedule's final learning rate as a share of lr")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
     batch_size: int = Field(64, ge=1, description="prompts per step (SFT: examples per step)")
     group_size: int = Field(8, ge=1, description="GRPO/distill: completions sampled per prompt")
     clip_eps: float = Field(0.2, gt=0.0, le=1.0, description="GRPO importance-ratio clip")
     kl_coef: float = Field(0.0, ge=0.0, description="GRPO: weight of the k3 KL to the frozen reference")
     advantage: str = Field("grpo", description="advantage estimator (registry in trainer/algorithms/core.py)")
     loss: str = Field("grpo_clip", description="policy loss (registry in trainer/algorithms/core.py)")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "token_sum"] = "token_mean"
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "token_sum"] = Field(
+        "token_mean", description="GRPO: how per-token losses become one (token_mean: over all completion tokens, as in "
+        "DAPO/Dr.GRPO; seq_mean_token_mean: mean per sequence, then over sequences; token_sum: summed)")
     updates_per_batch: int = Field(1, ge=1, le=16, description="GRPO: optimiser steps per rollout batch")
-    grad_clip: float = Field(1.0, gt=0.0)
+    grad_clip: float = Field(1.0, gt=0.0, description="clip the global gradient norm to this")
     steps: int = Field(300, ge=0, description="total optimiser steps of the run")
     eval_interval: int = Field(25, ge=0, description="held-out eval every N steps (0 = only at the end)")
     eval_size: int = Field(200, ge=1, description="held-out examples per eval (greedy)")
@@ -119,12 +122,14 @@ class Perturbation(_Strict):
     progress), `label_noise` (corrupt `fraction` of SFT labels, as `noise` says), `corrupt_checkpoint` (damage the
     newest checkpoint file). `shortcut` expands to one of these (see trainer/perturb.py)."""
 
-    kind: Literal["override", "kill", "stall", "label_noise", "corrupt_checkpoint"] | None = None
-    shortcut: str | None = None
+    kind: Literal["override", "kill", "stall", "label_noise", "corrupt_checkpoint"] | None = Field(
+        None, description="the fault mechanism (see above); None when `shortcut` names it")
+    shortcut: str | None = Field(None, description="a named fault with its defaults, e.g. lr_spike, broken_template "
+                                 "(trainer/perturb.py SHORTCUTS); explicit fields win")
     at_step: int = Field(0, ge=0, description="apply when this step starts (0 = from the start)")
-    set: dict[str, Any] = Field(default_factory=dict)
-    seconds: float = Field(0.0, ge=0.0)
-    fraction: float = Field(0.0, ge=0.0, le=1.0)
+    set: dict[str, Any] = Field(default_factory=dict, description="override: dotted recipe.*/harness.* fields to set")
+    seconds: float = Field(0.0, ge=0.0, description="stall: seconds the worker sleeps without progress")
+    fraction: float = Field(0.0, ge=0.0, le=1.0, description="label_noise: share of SFT labels corrupted")
     noise: Literal["random_char", "off_by_one"] = Field(
         "random_char", description="label_noise: how a corrupted label is wrong — one character replaced at random, "
         "or an integer answer off by one (+1: a systematic labelling bug, the same on every corrupted example)")
@@ -132,15 +137,16 @@ class Perturbation(_Strict):
 
 
 class RunConfig(_Strict):
-    name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
-    seed: int = 0
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$", description="the run's folder name under out_dir")
+    seed: int = Field(0, description="seed of the model init, the data stream and sampling")
     out_dir: str = Field("runs", description="the run writes to OUT_DIR/NAME")
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    recipe: Recipe = Field(default_factory=Recipe)
-    harness: HarnessSpec = Field(default_factory=HarnessSpec)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    perturbations: list[Perturbation] = Field(default_factory=list)
+    task: TaskConfig = Field(default_factory=TaskConfig, description="what the policy learns: the task family and its options")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy: built-in transformer or a local HF model")
+    recipe: Recipe = Field(default_factory=Recipe, description="the algorithm and its optimisation settings")
+    harness: HarnessSpec = Field(default_factory=HarnessSpec, description="everything outside the weights that shapes "
+                                 "trajectories and reward: template, answer format, sampling, reward, curriculum, filters")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="when checkpoints are written and kept")
+    perturbations: list[Perturbation] = Field(default_factory=list, description="faults injected for evaluation")
     fork_from: str | None = Field(None, description="start from this checkpoint file (.pt) of another run, verified by its checksum")
     fork_mode: Literal["full", "state", "weights"] = Field(
         "full", description="full: weights, optimiser, step, data cursor and RNG, recipe/harness from this config; "
