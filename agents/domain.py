@@ -1,7 +1,11 @@
-"""Domain objects of the swarm: goals, evidence, diagnoses, interventions and their lifecycle.
+"""Domain objects shared by the controller and the operators: the goal's target, budget, approval
+and LLM sections, diagnoses, interventions and their lifecycle.
 
-One home each. Everything here is plain data (pydantic), so it
-round-trips through sqlite, the LangGraph checkpointer, git reports and LLM tool calls.
+One home each, at the bottom of the import graph: this module imports no other project module, so
+the controller (swarm/), the operators (agents/) and the tests share these types and agents/ never
+imports swarm/ (docs/architecture.md, tests/test_layers.py). The operators' view of a run is its
+neighbour `agents/evidence.py`. Everything here is plain data (pydantic), so it round-trips through
+sqlite, the LangGraph checkpointer, git reports and LLM tool calls.
 
 Evidence is built only from what a run writes (metrics, samples, events, command log,
 heartbeat, job status): perturbations are never part of it. Trajectory text inside evidence is

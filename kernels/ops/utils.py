@@ -1,7 +1,7 @@
 """Launch helpers shared by the Triton ops: block sizes, warp counts, program counts.
 
 No autotuning anywhere: `@triton.autotune` with several configs fails under `TRITON_INTERPRET=1`
-(see ../shared/ENVIRONMENT.md), so block sizes and warp counts are chosen here by plain rules,
+("0 active drivers", the mode the CPU tests run in), so block sizes and warp counts are chosen here by plain rules,
 the same ones Liger-Kernel uses on H100-class GPUs.
 """
 
