@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import stat
 import tempfile
 
 DIR_MODE = 0o700
@@ -27,17 +28,27 @@ def private_dir(path: str | os.PathLike) -> pathlib.Path:
     that already exist keep their modes (a home or a project folder is not ours to change)."""
     p = pathlib.Path(path)
     p.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-    os.chmod(p, DIR_MODE)
+    _tighten(p, DIR_MODE)
     return p
+
+
+def _tighten(p: pathlib.Path, mode: int) -> None:
+    # ours and looser than `mode`: tighten it; someone else's (root reading a user's workspace,
+    # say) is left as it is rather than failing the read
+    st = os.stat(p)
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(p, mode)
 
 
 def touch_private(path: str | os.PathLike) -> pathlib.Path:
     """Make sure the file exists and is 0600 (an existing file keeps its content)."""
     p = pathlib.Path(path)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    except FileExistsError:
+        _tighten(p, FILE_MODE)
+    else:
         os.fchmod(fd, FILE_MODE)
-    finally:
         os.close(fd)
     return p
 

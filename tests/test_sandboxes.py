@@ -127,10 +127,12 @@ def test_pool_overlaps_slow_runs():
 def test_make_sandbox_choices():
     with pytest.raises(ValueError, match="kind='vm'"):
         make_sandbox("vm")
-    local = make_sandbox("local", limits=Limits(pids=8))
+    # plain allowed: the choice is what is tested, whether or not this machine can isolate
+    local = make_sandbox("local", limits=Limits(pids=8), allow_plain=True)
     assert isinstance(local, LocalSandbox) and local.limits.pids == 8
-    auto = make_sandbox("auto", docker_base_url=NO_ENGINE)
+    auto = make_sandbox("auto", docker_base_url=NO_ENGINE, allow_plain=True)
     assert isinstance(auto, LocalSandbox)
+    assert make_sandbox("local", isolation="plain").isolation is Isolation.PLAIN
     with pytest.raises(SandboxUnavailable, match="no Docker engine answers"):
         make_sandbox("docker", docker_base_url=NO_ENGINE)
 
