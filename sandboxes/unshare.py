@@ -9,8 +9,9 @@ What one run gets (`Isolation.UNSHARE`, used by `sandboxes.local.LocalSandbox`):
   127.0.0.1 (a Ray head's dashboard and Jobs API included) and its abstract unix sockets too;
 - a new root: a tmpfs holding read-only binds of /usr (and the /bin, /lib... links), the few files
   of /etc the dynamic linker needs, the interpreter's prefix when it lives elsewhere, /dev/null,
-  zero, full, random and urandom, a fresh /proc of its own PID namespace, and tmpfs /tmp and /work
-  of `disk_bytes` each. `pivot_root` then detaches the host's filesystem: no /home, /root, /work,
+  zero, full, random and urandom, a fresh /proc of its own PID namespace (none where the host
+  forbids mounting one, as containers that mask parts of theirs do), and tmpfs /tmp and /work of
+  `disk_bytes` each. `pivot_root` then detaches the host's filesystem: no /home, /root, /work,
   /var, /run or host /tmp, so a workspace's `.swarm/private/` and state database are not there to
   read whatever their modes;
 - the supervisor as PID 1 of the PID namespace (when it exits the kernel kills what is left), and
@@ -52,7 +53,8 @@ while [ "$n" -gt 0 ]; do
 done
 mkdir -p dev proc tmp work .old
 for d in null zero full random urandom; do : > "dev/$d"; mount --bind "/dev/$d" "dev/$d"; done
-mount -t proc -o nosuid,nodev,noexec proc proc
+# a container that masks parts of its /proc forbids a new proc mount: then the sandbox has none
+mount -t proc -o nosuid,nodev,noexec proc proc 2>/dev/null || rmdir proc
 mount -t tmpfs -o nosuid,nodev,size="$size" swarm-tmp tmp
 mount -t tmpfs -o nosuid,nodev,size="$size" swarm-work work
 pivot_root . .old
