@@ -176,3 +176,18 @@ def test_package_sources_parse(pkg):
     assert files, f"{pkg}/ has no Python files"
     for path in files:
         imported_names(ROOT, path)
+
+
+def test_one_home_for_dotted_config_paths():
+    """`recipe.lr`-style paths are read and written by the helpers at the end of trainer/config.py
+    only; a second walker elsewhere drifts from them (missing sections, None, errors)."""
+    home = ROOT / "trainer" / "config.py"
+    others = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if path == home:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "dotted" in node.name.lower():
+                    others.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}")
+    assert not others, "dotted-path helpers outside trainer/config.py: " + ", ".join(others)
