@@ -2,7 +2,8 @@
 
     lib = SkillLibrary(workspace / "skills")
     skills, errors = lib.load()                   # a broken SKILL.md is reported, never blocks the rest
-    lib.write(skill, program=src)                 # <root>/<name>/SKILL.md (+ skill.py), atomically
+    lib.write(skill, program=src)                 # <root>/<name>/: SKILL.md, program and every other file, atomically
+    files = skill_tree(lib.root / "restart-crashed-job")   # {"SKILL.md": b"...", "scripts/x.py": b"..."}
     lib.retire("old-fix", "lost 3 backtests")     # status retired, version + 1; the file stays
     ranked = lib.rank(hits, utility_from_episodes(episodes, retrievals))
     lib.export_pack(Path("pack.tar.gz")); other.import_pack(Path("pack.tar.gz"))
@@ -11,14 +12,22 @@ Ranking multiplies retrieval similarity (1 - cosine distance, from the vector me
 utility weight measured from episodes: a Laplace-smoothed win rate scaled so an untried skill
 weighs 1.0, a skill that keeps winning approaches 2 and one that keeps losing approaches 0.
 
+A skill is its whole folder: SKILL.md, its program, and whatever else a skill written by another
+tool ships (scripts/, references/, assets/, LICENSE.txt, which its `license:` may point at).
+Every file travels with the skill through write, export, import and `skill_tree` (what callers
+commit to git or copy to a shared library), under the same checks: regular files and folders
+only (no links, devices or fifos), no absolute paths, `..` or `.git`, at most PACK_MAX_DEPTH
+levels, SKILL_MAX_FILES files, PACK_MAX_FILE bytes a file and PACK_MAX_TOTAL in all.
+
 Writes go to a temp folder inside the root, are re-parsed there, and only then swapped in, so a
 reader never sees a half-written skill and a bad skill never replaces a good one. Packs are
-read member by member (never `extractall`): absolute paths, `..`, links and devices reject the
-whole archive before anything is written. The root lives in the workspace's git repo; callers
-commit.
+read member by member (never `extractall`): a member that breaks a rule rejects the whole
+archive before anything is written, and the manifest's per-file digests reject a skill whose
+files were altered after export. The root lives in the workspace's git repo; callers commit.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -43,6 +52,8 @@ PACK_FORMAT_VERSION = 1
 PACK_MAX_FILE = 1 << 20          # bytes per file in a pack
 PACK_MAX_TOTAL = 32 << 20        # bytes in all
 PACK_MAX_DEPTH = 4               # <skill>/<dir>/<dir>/<file>
+SKILL_MAX_FILES = 256            # files in one skill folder
+PACK_MAX_MEMBERS = 4096          # files and folders in one pack
 
 
 class SkillPackError(SwarmlabError, ValueError):
@@ -96,13 +107,16 @@ def swarmlab_version() -> str:
         return "unknown"
 
 
-def _is_skill_dir(p: Path) -> bool:
+def is_skill_dir(p: Path) -> bool:
     return p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and (p / SKILL_FILE).exists()
 
 
-def _check_tree(folder: Path) -> None:
-    """Regular files and folders only (no links, devices, fifos), within the size limits."""
-    total = 0
+def _check_tree(folder: Path) -> list[str]:
+    """The folder's files (posix paths relative to it, sorted) if it is regular files and folders
+    only (no links, devices, fifos, no `.git`), within the depth, count and size limits."""
+    total, files = 0, []
+    if folder.is_symlink():
+        raise SkillPackError(f"{folder}: links are not allowed in a skill")
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         for n in dirnames + filenames:
             p = Path(dirpath, n)
@@ -111,13 +125,30 @@ def _check_tree(folder: Path) -> None:
                 raise SkillPackError(f"{folder.name}/{rel}: links are not allowed in a skill")
             if n in filenames and not p.is_file():
                 raise SkillPackError(f"{folder.name}/{rel}: only regular files are allowed in a skill")
+            if n.lower() == ".git" or "\\" in n or "\0" in n:
+                raise SkillPackError(f"{folder.name}/{rel}: not a name a skill's file may have")
             if len(rel.parts) >= PACK_MAX_DEPTH:
                 raise SkillPackError(f"{folder.name}/{rel}: nested deeper than {PACK_MAX_DEPTH} levels")
             if n in filenames:
+                files.append(rel.as_posix())
+                if len(files) > SKILL_MAX_FILES:
+                    raise SkillPackError(f"{folder.name}: more than {SKILL_MAX_FILES} files")
                 size = p.stat().st_size
                 total += size
                 if size > PACK_MAX_FILE or total > PACK_MAX_TOTAL:
                     raise SkillPackError(f"{folder.name}/{rel}: larger than the pack limits")
+    return sorted(files)
+
+
+def skill_tree(folder: Path | str) -> dict[str, bytes]:
+    """Every file of a skill folder, {relative posix path: content}, checked as a pack member is
+    (SkillPackError otherwise): what goes into git or a shared library for that skill."""
+    folder = Path(folder)
+    return {rel: (folder / rel).read_bytes() for rel in _check_tree(folder)}
+
+
+def _file_digests(folder: Path) -> dict[str, str]:
+    return {rel: hashlib.sha256(data).hexdigest() for rel, data in skill_tree(folder).items()}
 
 
 class SkillLibrary:
@@ -129,7 +160,7 @@ class SkillLibrary:
 
     # ------------------------------------------------------------------ reading
     def folders(self) -> list[Path]:
-        return sorted(p for p in self.root.iterdir() if _is_skill_dir(p))
+        return sorted(p for p in self.root.iterdir() if is_skill_dir(p))
 
     def load(self) -> tuple[list[Skill], list[SkillError]]:
         """Every skill that parses (sorted by name), and an error for each that does not."""
@@ -149,7 +180,7 @@ class SkillLibrary:
         except ValueError:
             return None
         folder = self.root / name
-        return parse_skill(folder) if _is_skill_dir(folder) else None
+        return parse_skill(folder) if is_skill_dir(folder) else None
 
     # ------------------------------------------------------------------ writing
     def _swap_in(self, staged: Path, name: str) -> Path:
@@ -172,8 +203,11 @@ class SkillLibrary:
         return Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
 
     def write(self, skill: Skill, program: str | None = None) -> Path:
-        """Write `skill` (and its program) to <root>/<name>/. Other files already in that folder
-        (and the program, when `program` is None) are kept. Validated by re-parsing first."""
+        """Write `skill` (and its program) to <root>/<name>/. The folder's other files (and the
+        program, when `program` is None) are those of the skill's own folder when it was read from
+        one (`skill.path`), else those already at <root>/<name>/: a skill copied from another
+        library arrives whole, one built in memory keeps what the folder holds. Validated by
+        re-parsing first."""
         check_name(skill.name)
         sw = skill.swarmlab
         if program is not None:
@@ -185,8 +219,9 @@ class SkillLibrary:
         staged = self._stage()
         try:
             current = self.root / skill.name
-            source = current if _is_skill_dir(current) else (skill.folder if skill.folder is not None else None)
-            if source is not None and source.is_dir() and source.resolve() != staged.resolve():
+            own = skill.folder if skill.folder is not None and is_skill_dir(skill.folder) else None
+            source = own if own is not None else (current if is_skill_dir(current) else None)
+            if source is not None and source.resolve() != staged.resolve():
                 _check_tree(source)
                 shutil.rmtree(staged)
                 shutil.copytree(source, staged, symlinks=True)
@@ -256,7 +291,8 @@ class SkillLibrary:
                     "swarmlab_version": swarmlab_version(),
                     "skills": [{"name": s.name, "digest": s.digest(),
                                 "version": s.swarmlab.version if s.swarmlab else None,
-                                "status": "active" if s.active else "retired"} for s in skills]}
+                                "status": "active" if s.active else "retired",
+                                "files": _file_digests(self.root / s.name)} for s in skills]}
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             with tarfile.open(tmp, "w:gz") as tar:
@@ -294,16 +330,17 @@ class SkillLibrary:
                 for p in sorted(tree.iterdir()):
                     if p.is_symlink():
                         raise SkillPackError(f"{p}: links are not allowed in a skill pack")
-                    if _is_skill_dir(p):
+                    if is_skill_dir(p):
                         _check_tree(p)
             else:
                 tree = work / "pack"
                 _safe_extract(src, tree)
             manifest = _read_manifest(tree)
             digests = {e.get("name"): e.get("digest") for e in manifest.get("skills", []) if isinstance(e, dict)}
+            listed = {e.get("name"): e.get("files") for e in manifest.get("skills", []) if isinstance(e, dict)}
             results: dict[str, str] = {}
             ready: list[tuple[str, Path]] = []
-            for folder in sorted(p for p in tree.iterdir() if _is_skill_dir(p)):
+            for folder in sorted(p for p in tree.iterdir() if is_skill_dir(p)):
                 name = folder.name
                 try:
                     check_name(name)
@@ -315,9 +352,17 @@ class SkillLibrary:
                 if want is not None and want != skill.digest():
                     results[name] = "rejected: digest differs from the manifest's (altered after export)"
                     continue
+                files = listed.get(name)
+                if isinstance(files, dict):
+                    have = _file_digests(folder)
+                    odd = sorted(set(have) ^ set(files)) or sorted(k for k in have if have[k] != files[k])
+                    if odd:
+                        results[name] = (f"rejected: file {odd[0]!r} differs from the manifest's list "
+                                         "(altered, added or removed after export)")
+                        continue
                 ready.append((name, folder))
             for name, folder in ready:
-                exists = _is_skill_dir(self.root / name)
+                exists = is_skill_dir(self.root / name)
                 if exists and not replace:
                     results[name] = "skipped (exists)"
                     continue
@@ -358,13 +403,22 @@ def _safe_extract(archive: Path, dest: Path) -> None:
             members = tar.getmembers()
         except (OSError, tarfile.TarError, EOFError) as e:
             raise SkillPackError(f"{archive}: corrupt archive ({e})") from None
+        if len(members) > PACK_MAX_MEMBERS:
+            raise SkillPackError(f"{archive}: more than {PACK_MAX_MEMBERS} members")
         total = 0
         seen: set[tuple[str, ...]] = set()
+        per_skill: dict[str, int] = {}
         for m in members:
             name = m.name
             parts = PurePosixPath(name).parts
             if not name or name.startswith("/") or "\\" in name or "\0" in name or ".." in parts or (parts and ":" in parts[0]):
                 raise SkillPackError(f"{archive}: unsafe member path {name!r} (absolute or escaping)")
+            if any(p.lower() == ".git" for p in parts):
+                raise SkillPackError(f"{archive}: member {name!r}: a .git path is not allowed in a skill")
+            if m.isfile() and len(parts) > 1:
+                per_skill[parts[0]] = per_skill.get(parts[0], 0) + 1
+                if per_skill[parts[0]] > SKILL_MAX_FILES:
+                    raise SkillPackError(f"{archive}: skill {parts[0]!r} has more than {SKILL_MAX_FILES} files")
             if not (m.isfile() or m.isdir()):
                 raise SkillPackError(f"{archive}: member {name!r} is a link or special file; only files and folders are allowed")
             if len(parts) > PACK_MAX_DEPTH:

@@ -38,8 +38,15 @@ def shared_library(settings: Any) -> pathlib.Path | None:
 
 
 def skill_files(skill: Any, program: str | None = None) -> dict[str, bytes]:
-    """The files of a skill as they go into git: SKILL.md (+ its program)."""
-    files = {f"skills/{skill.name}/SKILL.md": skill.to_markdown().encode()}
+    """The files of a skill as they go into git: every file of the folder it was read from
+    (scripts, references, assets, licence: skills.library.skill_tree, with its path checks), then
+    SKILL.md as the skill now reads and its program (`program`, else the folder's)."""
+    from skills.library import is_skill_dir, skill_tree
+
+    folder = getattr(skill, "folder", None)
+    files = {f"skills/{skill.name}/{rel}": data for rel, data in skill_tree(folder).items()} \
+        if folder is not None and is_skill_dir(folder) else {}
+    files[f"skills/{skill.name}/SKILL.md"] = skill.to_markdown().encode()
     sw = skill.swarmlab
     if sw is not None and sw.program:
         program = program if program is not None else skill.program_source()
@@ -238,8 +245,10 @@ class Knowledge:
 
     # ---- learning -------------------------------------------------------------------------------
     def record(self, iv: Any, window: dict[str, Any]) -> bool:
-        """An evaluated intervention as an episode. Only measured outcomes are episodes: kept,
-        rolled back, or rejected by a backtest."""
+        """An evaluated intervention as an episode. Only measured outcomes are episodes: kept (a
+        measured gain over the control, swarm.decisions.judge), rolled back (credibly worse, or no
+        measured gain), rejected by a backtest, or refused as a change the live trainer does not
+        accept (a loss: the same change is not tried again)."""
         from memory import Episode
         from agents.domain import Status
 
@@ -247,11 +256,11 @@ class Knowledge:
             outcome = "kept"
         elif iv.status == Status.ROLLED_BACK:
             outcome = "rolled_back"
-        elif iv.status == Status.REJECTED and iv.backtest is not None:
+        elif iv.status == Status.REJECTED and (iv.backtest is not None or iv.outcome.get("refused")):
             outcome = "rejected"
         else:
             return False
-        effect = iv.backtest.effect if iv.backtest is not None else None
+        effect = iv.backtest.effect if iv.backtest is not None and not iv.outcome.get("refused") else None
         if iv.backtest is None and isinstance(iv.outcome.get("after"), (int, float)) and isinstance(iv.outcome.get("baseline"), (int, float)):
             effect = float(iv.outcome["after"]) - float(iv.outcome["baseline"])
         ep = Episode(
@@ -261,7 +270,7 @@ class Knowledge:
             p_value=iv.backtest.p_value if iv.backtest is not None else None,
             metric=iv.backtest.metric if iv.backtest is not None else "heldout_acc",
             window={**(window or {}), "risk": iv.risk.value}, skills_used=list(iv.skills_used),
-            step=iv.applied_step or iv.diagnosis.step,
+            worker_cpu_s=iv.outcome.get("backtest_cpu_s"), step=iv.applied_step or iv.diagnosis.step,
             time=iv.history[-1]["time"] if iv.history else iv.created)   # deterministic: re-recording is a no-op
         new = self.memory.record_episode(ep)
         self.version += new

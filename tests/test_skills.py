@@ -438,3 +438,146 @@ def test_folder_with_symlink_rejected(tmp_path):
     with pytest.raises(SkillPackError):
         lib.import_pack(folder)
     assert os.listdir(lib.root) == []
+
+
+# ---------------------------------------------------------------------- skills written by others
+
+PUBLISHED = {   # the shape of a published Agent Skill (the pdf one has 12 files): text, scripts, binaries
+    "SKILL.md": ("---\nname: pdf\ndescription: Extract text and tables from PDF files, fill PDF forms, merge and "
+                 "split documents.\nlicense: Complete terms in LICENSE.txt\n---\n# PDF processing\n\n"
+                 "Forms: see [forms.md](forms.md). Tables: `python scripts/x.py in.pdf`.\n").encode(),
+    "LICENSE.txt": b"Copyright the authors.\n\nPermission is granted to use these materials ...\n",
+    "forms.md": b"# Filling forms\n\n1. Run scripts/check_fields.py\n",
+    "reference.md": b"# Advanced reference\n\npypdf, pdfplumber, qpdf ...\n",
+    "scripts/x.py": b"#!/usr/bin/env python3\nimport sys\nprint(open(sys.argv[1], 'rb').read(4))\n",
+    "scripts/check_fields.py": b"def fields(doc):\n    return []\n",
+    "scripts/requirements.txt": b"pypdf\npdfplumber\n",
+    "references/a.md": b"# A\n\nmore detail\n",
+    "references/api/deep.md": b"# Deep\n\nthree levels down\n",
+    "assets/b.bin": bytes(range(256)) * 16 + b"\x00\xff\xfe",        # not UTF-8, NUL bytes
+    "assets/logo.png": b"\x89PNG\r\n\x1a\n" + bytes(200),
+    "assets/empty.dat": b"",
+}
+
+
+def _published(root: Path) -> Path:
+    for rel, data in PUBLISHED.items():
+        p = root / "pdf" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return root
+
+
+def _git_files(repo: Path, prefix: str) -> dict[str, bytes]:
+    import subprocess
+
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True).stdout
+
+    names = git("ls-tree", "-r", "--name-only", "main", "--", prefix).decode().split("\n")
+    return {n.removeprefix(prefix): git("show", f"main:{n}") for n in names if n}
+
+
+def test_a_published_skill_keeps_every_file_through_import_export_git_and_the_shared_library(tmp_path):
+    """The 12 files of a published-style skill (its licence, scripts, references, binary assets)
+    through `swarm skills import` of a folder → the workspace's git → `swarm skills export` →
+    import into a second workspace → the shared library → a third workspace seeded from it; a
+    miner-style update (SKILL.md only) keeps the other files; an altered file fails the manifest."""
+    from typer.testing import CliRunner
+
+    from swarm.cli import app
+    from swarm.goal import MemorySettings
+    from swarm.knowledge import Knowledge, seed_workspace, skill_files
+    from swarm.workspace import Workspace
+
+    assert len(PUBLISHED) == 12
+    runner = CliRunner()
+
+    def new_ws(name: str) -> Workspace:
+        return Workspace.init(tmp_path / name, "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+
+    ws1 = new_ws("ws1")
+    res = runner.invoke(app, ["skills", "import", str(_published(tmp_path / "download")), "--workspace", str(ws1.root)])
+    assert res.exit_code == 0 and "pdf: added" in res.stdout, res.output
+    assert _git_files(ws1.root, "skills/pdf/") == PUBLISHED
+    assert _tree(ws1.root / "skills" / "pdf") == PUBLISHED                 # the work tree is main
+    lic = parse_skill(ws1.root / "skills" / "pdf").license
+    assert lic == "Complete terms in LICENSE.txt" and (ws1.root / "skills" / "pdf" / "LICENSE.txt").is_file()
+
+    pack = tmp_path / "pack.tar.gz"
+    res = runner.invoke(app, ["skills", "export", str(pack), "--workspace", str(ws1.root), "--name", "pdf"])
+    assert res.exit_code == 0, res.output
+    with tarfile.open(pack) as tar:
+        assert {m.name.removeprefix("pdf/") for m in tar.getmembers() if m.isfile() and m.name != "manifest.json"} \
+            == set(PUBLISHED)
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert set(manifest["skills"][0]["files"]) == set(PUBLISHED)
+
+    ws2 = new_ws("ws2")
+    res = runner.invoke(app, ["skills", "import", str(pack), "--workspace", str(ws2.root)])
+    assert res.exit_code == 0 and "pdf: added" in res.stdout, res.output
+    assert _git_files(ws2.root, "skills/pdf/") == PUBLISHED
+
+    lib = tmp_path / "library"
+    settings = MemorySettings(library=str(lib), seed_skills=False, backend="memory")
+    k = Knowledge(ws2, settings, task="addition", sandbox=None)
+    assert k.export() == 1
+    k.close()
+    assert _tree(lib / "skills" / "pdf") == PUBLISHED
+    ws3 = new_ws("ws3")
+    assert seed_workspace(ws3, settings) == ["pdf"]
+    assert _git_files(ws3.root, "skills/pdf/") == PUBLISHED
+
+    # an update written in memory (as the miner writes one: no folder) changes SKILL.md only
+    sk = parse_skill(ws3.root / "skills" / "pdf")
+    v2 = sk.model_copy(update={"path": None, "description": "PDF text, tables and forms."})
+    assert set(skill_files(v2)) == {"skills/pdf/SKILL.md"}
+    ws3.skill_pr("pdf", 2, skill_files(v2), "Skill pdf v2: update")
+    after = _git_files(ws3.root, "skills/pdf/")
+    assert after.pop("SKILL.md") != PUBLISHED["SKILL.md"]
+    assert after == {k_: v for k_, v in PUBLISHED.items() if k_ != "SKILL.md"}
+    # retired in the library: the folder is kept whole
+    SkillLibrary(lib / "skills").retire("pdf", "superseded")
+    assert set(_tree(lib / "skills" / "pdf")) == set(PUBLISHED)
+
+    # a file altered (or added) after export no longer matches the manifest: rejected, nothing written
+    for change in ("alter", "add"):
+        bad = tmp_path / f"{change}.tar.gz"
+        with tarfile.open(pack) as tin, tarfile.open(bad, "w:gz") as tout:
+            for m in tin.getmembers():
+                data = tin.extractfile(m).read() if m.isfile() else None
+                if change == "alter" and m.name == "pdf/assets/b.bin":
+                    data = data[:-1] + b"\x01"
+                tout.addfile(m, io.BytesIO(data) if data is not None else None)
+            if change == "add":
+                extra = tarfile.TarInfo("pdf/scripts/extra.py")
+                extra.size = 2
+                tout.addfile(extra, io.BytesIO(b"x\n"))
+        out = SkillLibrary(tmp_path / f"fresh-{change}").import_pack(bad)
+        want = "assets/b.bin" if change == "alter" else "scripts/extra.py"
+        assert out["pdf"].startswith("rejected: file") and want in out["pdf"], out
+        assert not (tmp_path / f"fresh-{change}" / "pdf").exists()
+
+
+@pytest.mark.parametrize("case", ["git_dir", "too_many_files", "too_deep", "nested_symlink"])
+def test_a_skill_folder_breaking_the_path_rules_is_refused_whole(tmp_path, case):
+    from skills.library import PACK_MAX_DEPTH, SKILL_MAX_FILES
+
+    d = _published(tmp_path / "src") / "pdf"
+    if case == "git_dir":
+        (d / ".git").mkdir()
+        (d / ".git" / "config").write_text("[core]\n")
+    elif case == "too_many_files":
+        for i in range(SKILL_MAX_FILES):
+            (d / "references" / f"r{i}.md").write_text("x")
+    elif case == "too_deep":
+        deep = d.joinpath(*[f"l{i}" for i in range(PACK_MAX_DEPTH)])
+        deep.mkdir(parents=True)
+        (deep / "f.md").write_text("x")
+    else:
+        (tmp_path / "secret").write_text("s")
+        (d / "scripts" / "link.py").symlink_to(tmp_path / "secret")
+    lib = SkillLibrary(tmp_path / "lib")
+    with pytest.raises(SkillPackError):
+        lib.import_pack(tmp_path / "src")
+    assert os.listdir(lib.root) == []
