@@ -18,16 +18,28 @@ import pathlib
 import time
 from typing import Any
 
+import psutil
 import yaml
 
-from swarm.backtest import run_backtest
+from agents.base import Operator, OperatorContext, rollback_target
+from agents.detection import run_detectors
 from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, Status
 from agents.evidence import Evidence, collect
+from agents.llm import LLMPolicy
+from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
+from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_proposed, skill_summary
+from swarm.backtest import noop_harness_edit, run_backtest
 from swarm.goal import Goal
-from swarm.graph import SwarmState, build_graph
+from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
+from swarm.knowledge import Knowledge, seed_workspace
+from swarm.report import LifecycleReports, final_report, intervention_report
+from swarm.retention import enforce_retention
+from swarm.store import Store, acquire_lock
+from swarm.workspace import Workspace
 from trainer.control import send_command
 from trainer.runlog import atomic_write_text, iter_jsonl, metrics_history, read_heartbeat, tail_jsonl
+
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # findings whose rollback skips the backtest: the run diverged (or its reward did from the task's
@@ -41,11 +53,6 @@ KEEP_CHECKPOINTS = 200
 
 class Controller:
     def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None) -> None:
-        from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
-        from swarm.report import LifecycleReports
-        from swarm.store import Store, acquire_lock
-        from swarm.workspace import Workspace
-
         self.dir = pathlib.Path(workspace).resolve()
         self.sdir = self.dir / ".swarm"
         self.sdir.mkdir(parents=True, exist_ok=True)
@@ -62,14 +69,11 @@ class Controller:
         self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)
         self.llm = None
         if goal.llm.model:
-            from agents.llm import LLMPolicy
-
             self.llm = LLMPolicy(goal.llm, spend_cap_usd=goal.budget.llm_usd, decision_log=self.sdir / "llm_decisions.jsonl")
             saved = self.sdir / "llm_state.json"
             if saved.exists():  # spend and token counts survive a controller restart
                 self.llm.load_state(json.loads(saved.read_text()))
         self.meter = CpuMeter()
-        from swarm.knowledge import Knowledge
 
         self.knowledge = Knowledge(self.ws, goal.memory, task=(goal.run.get("task") or {}).get("name"), timeline=self.store.log)
         self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
@@ -84,15 +88,12 @@ class Controller:
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def create(cls, workspace: str | pathlib.Path, goal: Goal, **kw: Any) -> "Controller":
-        from swarm.workspace import Workspace
-
         d = pathlib.Path(workspace)
         if (d / ".swarm" / "graph.db").exists():
             raise ValueError(f"workspace {str(d)!r} already holds a run; use `swarm resume --workspace {d}`")
         cfg = goal.run_config("train", "runs")
         Workspace.init(d, yaml.safe_dump(goal.public(), sort_keys=False), cfg.recipe.model_dump(mode="json"),
                        cfg.harness.model_dump(mode="json"))
-        from swarm.knowledge import seed_workspace
 
         seed_workspace(Workspace.open(d), goal.memory)
         priv = d / ".swarm" / "private"
@@ -144,8 +145,6 @@ class Controller:
         return ev
 
     def context(self, ev: Evidence):
-        from agents.base import OperatorContext
-
         cfg = self.base_cfg
         return OperatorContext(
             goal=self.goal.goal, start_harness=cfg["harness"], target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
@@ -215,7 +214,7 @@ class Controller:
         self.jobs.stop(handle)
         hb = read_heartbeat(self.run_dir)
         if isinstance(self.jobs, ProcessJobs) and self.jobs.status(handle) == "UNKNOWN" and hb and _alive(hb.get("pid")):
-            import psutil   # a trainer started by the previous controller: this one has no handle on it
+            # a trainer started by the previous controller: this one has no handle on it
 
             try:
                 psutil.Process(hb["pid"]).kill()
@@ -289,10 +288,6 @@ class Controller:
         return upd
 
     def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
-        from agents.base import Operator
-        from agents.detection import run_detectors
-        from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
-
         ev = self.evidence(s.job_status)
         self._recall = ([], [])
         ctx = self.context(ev)
@@ -413,7 +408,6 @@ class Controller:
                 self.store.put(iv)
                 self.store.transition(iid, Status.VALIDATED, iv.backtest_skipped)
                 continue
-            from agents.recall import skill_proposed
 
             trust = (self.knowledge.trusted(iv.skills_used)
                      if iv.status == Status.PROPOSED and not skill_proposed(iv) else None)
@@ -477,8 +471,6 @@ class Controller:
 
     def noop_harness_edit(self, iv: Intervention, job_status: str) -> str | None:
         """Why a harness-only edit would change nothing (else None): see swarm.backtest.noop_harness_edit."""
-        from swarm.backtest import noop_harness_edit
-
         live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics)
                      if r.get("harness_version")), None)
         return noop_harness_edit(iv.changes, self.ws.current_harness(), live)
@@ -514,8 +506,6 @@ class Controller:
         return {}
 
     def open_pr(self, iv: Intervention) -> None:
-        from swarm.report import intervention_report
-
         md, pngs = intervention_report(iv, metrics_history(self.run_dir), tail_jsonl(self.run_dir / "samples.jsonl", 200))
         iv.branch = self.ws.open_pr(iv, md, pngs)
         self.store.put(iv)
@@ -619,8 +609,6 @@ class Controller:
     def rollback_target(self, iv: Intervention) -> str | None:
         """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else
         the newest checkpoint from before the problem's evidence window began."""
-        from agents.base import rollback_target
-
         named = rollback_target(iv)
         if named and any(c["name"] == named for c in self.checkpoints()):
             return named
@@ -709,10 +697,8 @@ class Controller:
         where decisions are made (PRs at backtest/gate); this rewrites the status file only when
         the timeline moved, so a quiet tick costs nothing."""
         if s.tick % PRUNE_EVERY_TICKS == 0:
-            from swarm.graph import prune_checkpoints
-
             prune_checkpoints(self.graph.checkpointer, "main", KEEP_CHECKPOINTS)
-        from swarm.retention import enforce_retention   # backtest forks, pre-apply checkpoints, arms no one needs
+        # backtest forks, pre-apply checkpoints, arms no one needs
 
         enforce_retention(self.run_dir, self.sdir / "backtests", self.private / "backtests", self.store.list(), s.cpu)
         if not s.quiet:
@@ -725,8 +711,6 @@ class Controller:
         return {}
 
     def node_finish(self, s: SwarmState) -> dict[str, Any]:
-        from swarm.report import final_report
-
         if s.job and self.job_status(s.job) not in TERMINAL:
             self.command("stop", "controller-stop", timeout=120)
             self.stop_job(s.job)
@@ -787,8 +771,6 @@ class Controller:
 
 
 def _alive(pid: int | None) -> bool:
-    import psutil
-
     try:
         return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
