@@ -18,6 +18,8 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from sandboxes.text import clean_text  # model and trajectory text reaches the terminal without escapes
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="swarmlab: autonomous model-training R&D")
 err = Console(stderr=True)
 out = Console()
@@ -31,7 +33,7 @@ def fail(msg: str, code: int = 2) -> None:
     from rich.markup import escape
 
     # one line whatever the message holds: values quoted from a file may carry newlines or "[...]"
-    err.print(f"[bold red]error:[/] {escape(' '.join(str(msg).splitlines()))}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(clean_text(msg, newlines=False))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -243,20 +245,60 @@ def _store(workspace: str):
     return Store(db)
 
 
-def _run_controller(make, summary_path: str | None, json_out: bool) -> None:
+def _sandbox_policy(goal) -> None:
+    """The goal decides, for the controller and the jobs it starts (they inherit the variable),
+    whether untrusted code may run unisolated. Without its opt-in a machine where no sandbox
+    isolates is refused here, in one line, before anything starts; with it, a loud warning."""
+    from sandboxes import SandboxUnavailable, make_sandbox
+    from sandboxes.base import PLAIN_OPT_IN_ENV
+
+    if goal.sandbox == "unsafe_plain":
+        os.environ[PLAIN_OPT_IN_ENV] = "unsafe_plain"
+        err.print("[bold red]WARNING: sandbox: unsafe_plain[/] — where neither Docker, bubblewrap nor unshare "
+                  "isolates, skill programs and code-task rewards run in a plain subprocess that shares this "
+                  "machine's network (the Ray head included) and files", highlight=False, soft_wrap=True)
+        return
+    os.environ.pop(PLAIN_OPT_IN_ENV, None)
+    try:
+        make_sandbox("auto").close()
+    except SandboxUnavailable as e:
+        fail(f"no sandbox for untrusted code: {e}")
+
+
+QUIET_HELP = "no live view: only the final lines (for scripts and logs)"
+JSON_HELP = "machine-readable: one JSON line per timeline event ({\"event\": ...}) as it happens, then the summary"
+
+
+def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = None, quiet: bool = False) -> None:
+    """`goal`: known before `make` (a new run), its sandbox policy is checked before anything is
+    created; otherwise (resume) once the controller has read it. The run is shown live (swarm.live:
+    rich Live on a terminal, one line per event otherwise), as JSON lines with `json_out`, or not
+    at all with `quiet`."""
     from swarm.store import WorkspaceLocked
     from trainer.config import ConfigError
 
+    if goal is not None:
+        _sandbox_policy(goal)
     try:
         ctrl = make()
     except WorkspaceLocked as e:
         fail(str(e))
     except (ConfigError, ValueError) as e:
         fail(str(e))
+    if goal is None:
+        _sandbox_policy(ctrl.goal)
     err.print(f"swarm running in {ctrl.dir} (policies: {'LLM ' + ctrl.goal.llm.model if ctrl.llm else 'built-in, no LLM configured'}); "
               f"follow with `swarm status --workspace {ctrl.dir}`")
+    from swarm.live import Follower, sinks_for
+
+    sinks = sinks_for("json" if json_out else "quiet" if quiet else "live", out)
+    follower = Follower(ctrl.dir, sinks).start() if sinks else None
     try:
-        summary = ctrl.run()
+        try:
+            summary = ctrl.run()
+        finally:
+            if follower is not None:
+                follower.stop()
     except KeyboardInterrupt:
         fail(f"interrupted; the run's state is kept: `swarm resume --workspace {ctrl.dir}` continues it", code=130)
     except Exception as e:  # the boundary: the state is in sqlite/git, the error becomes one line
@@ -305,15 +347,16 @@ def run(
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
     jobs: str = typer.Option("ray", help="ray (Ray Jobs on a private loopback head or --address) | process"),
     address: Optional[str] = typer.Option(None, help="Ray dashboard address of an existing cluster"),
-    json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
-    """Drive training jobs toward GOAL with the operator swarm."""
-    from swarm.controller import Controller
-
+    """Drive training jobs toward GOAL with the operator swarm (shown live on a terminal)."""
     g = _load_goal(goal)
     if jobs not in ("ray", "process"):
         fail(f"--jobs={jobs!r}: must be 'ray' or 'process'")
-    _run_controller(lambda: Controller.create(workspace, g, jobs=jobs, ray_address=address), summary, json_out)
+    from swarm.controller import Controller
+    _run_controller(lambda: Controller.create(workspace, g, jobs=jobs, ray_address=address), summary, json_out, goal=g,
+                    quiet=quiet)
 
 
 @app.command()
@@ -323,6 +366,8 @@ def demo(
                              help="the goal to run"),
     jobs: str = typer.Option("ray", help="ray | process"),
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """A short run on the embedded defaults (local Ray, sqlite, local git, built-in policies unless
     an LLM is configured): the run starts badly, the swarm diagnoses and fixes it, the goal is reached."""
@@ -335,9 +380,9 @@ def demo(
         g = Goal.load(goal)
     except ConfigError as e:
         fail(str(e))
-    out.print(f"[bold]demo[/]: {g.goal}\nworkspace {ws}; watch it from another terminal with "
-              f"`swarm status --workspace {ws}` and `swarm interventions --workspace {ws}`")
-    _run_controller(lambda: Controller.create(ws, g, jobs=jobs), summary, False)
+    (err if json_out else out).print(f"[bold]demo[/]: {g.goal}\nworkspace {ws}; review it in a browser with "
+                                     f"`swarm ui --workspace {ws}`, or `swarm interventions --workspace {ws}`")
+    _run_controller(lambda: Controller.create(ws, g, jobs=jobs), summary, json_out, goal=g, quiet=quiet)
 
 
 @app.command()
@@ -345,12 +390,13 @@ def resume(
     workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
     jobs: str = typer.Option("ray", help="ray | process (as the run was started)"),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Continue a swarm run after the controller stopped or was killed."""
     from swarm.controller import Controller
 
-    _run_controller(lambda: Controller.open(workspace, jobs=jobs), summary, json_out)
+    _run_controller(lambda: Controller.open(workspace, jobs=jobs), summary, json_out, quiet=quiet)
 
 
 @app.command()
@@ -370,6 +416,7 @@ def interventions(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
                      f"{bt.effect:+.3f}" if bt else (iv.backtest_skipped and "skipped") or "-",
                      f"{bt.p_value:.3f}" if bt else "-", str(iv.applied_step) if iv.applied_step is not None else "-",
                      iv.risk.value, iv.operator, iv.policy])
+        rows[-1] = [clean_text(c, newlines=False) for c in rows[-1]]
     out.print(fit_table(out, ["id", "status", "kind", "diagnosis", "effect", "p", "applied at", "risk", "operator", "policy"], rows))
 
 
@@ -390,8 +437,8 @@ def review(iid: str = typer.Argument(..., help="intervention id"), workspace: st
     ws = Workspace.open(workspace)
     if iv.branch is None:
         fail(f"intervention {iid} has no PR yet (status {iv.status.value})")
-    out.print(ws.report(iid), markup=False, highlight=False)
-    out.print(ws.diff(iid), markup=False, highlight=False)
+    out.print(clean_text(ws.report(iid)), markup=False, highlight=False)
+    out.print(clean_text(ws.diff(iid)), markup=False, highlight=False)
 
 
 # what a human may ask for, and the statuses it needs: the CLI, `swarm ui` and `swarm mcp` all go
@@ -430,10 +477,20 @@ def queue_human(workspace: str | os.PathLike, iid: str, action: str, by: str) ->
             iv = st.get(iid)
         except KeyError:
             raise ValueError(f"unknown intervention {iid!r} in workspace {str(workspace)!r} (see `swarm interventions`)") from None
+        done = st.timeline("finished")
+        if done:   # no controller tick follows: a queued decision would never be acted on
+            raise ValueError(f"the run in workspace {str(workspace)!r} is finished ({done[-1].get('reason')}); "
+                             f"intervention {iid} stays {iv.status.value}, nothing would act on a {action}")
         if iv.status.value not in allowed:
             raise ValueError(f"intervention {iid} is {iv.status.value}; {action} needs status {' or '.join(allowed)}")
-        if any(r.get("id") == iid for r in st.timeline(kind=kind)):
-            raise ValueError(f"intervention {iid}: {action} already requested")
+        asked = [r["kind"] for r in st.timeline() if r.get("id") == iid and r.get("kind", "").startswith("human_")]
+        if kind in asked:
+            raise ValueError(f"intervention {iid} is {iv.status.value}: {action} already requested")
+        # approve and reject: the controller acts on the first one, so a second is refused, not queued
+        first = next((k for k in asked if k in ("human_approve", "human_reject")), None)
+        if action in ("approve", "reject") and first is not None:
+            raise ValueError(f"intervention {iid} is {iv.status.value} with {first.removeprefix('human_')} already "
+                             f"requested; that decision stands, {action} is refused")
         st.log(kind, id=iid, by=by)
     return f"{action} of {iid} queued; the controller applies it at its next tick"
 
@@ -480,6 +537,14 @@ def rollback(iid: str = typer.Argument(...), workspace: str = typer.Option(DEFAU
     _human(iid, workspace, "human_rollback", ("applied", "evaluating", "kept"))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def bench(ctx: typer.Context) -> None:
+    """Benchmark suite: swarm vs plain, oracle, Ray Tune PBT/PB2/ASHA (`swarm bench --help`; docs/benchmarks.md)."""
+    from swarm.bench.cli import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))
+
+
 @app.command()
 def stop(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
     """Ask the controller to stop: it stops the job and writes the final report."""
@@ -494,9 +559,40 @@ def report(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP)) -> None:
     """Print the final report (or, while running, where things stand)."""
     p = pathlib.Path(workspace) / "reports" / "final" / "REPORT.md"
     if p.exists():
-        out.print(p.read_text())
+        out.print(clean_text(p.read_text()), markup=False, highlight=False)
         return
     interventions(workspace, json_out=False)
+
+
+@app.command()
+def ui(
+    workspace: Optional[str] = typer.Option(None, help="serve this one workspace"),
+    root: Optional[str] = typer.Option(None, help="serve every workspace found under this folder (default: the current one)"),
+    port: int = typer.Option(8765, min=0, max=65535, help="port on 127.0.0.1 (0: any free port)"),
+) -> None:
+    """The review cockpit in a browser: live runs, curves, reports and diffs, approve / reject /
+    rollback. Listens on 127.0.0.1 only; open the one-time link it prints."""
+    from swarm.ui import Runs, bind, make_app, serve
+
+    if workspace and root:
+        fail("give --workspace or --root, not both")
+    if workspace and not (pathlib.Path(workspace) / ".swarm" / "state.db").is_file():
+        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
+    if root and not pathlib.Path(root).is_dir():
+        fail(f"--root={root!r}: not a directory")
+    try:
+        sock = bind(port)
+    except OSError as e:
+        fail(f"--port={port}: cannot listen on 127.0.0.1:{port}: {e.strerror or e}")
+    runs = Runs(workspace=pathlib.Path(workspace)) if workspace else Runs(root=pathlib.Path(root or "."))
+    app_, guard = make_app(runs, port=sock.getsockname()[1])
+    out.print(f"swarm cockpit on 127.0.0.1:{guard.port} — open (works once):\n{guard.login_url()}", highlight=False, soft_wrap=True)
+    try:
+        serve(app_, sock)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        runs.close()
 
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="sandboxes for untrusted code")
@@ -535,8 +631,17 @@ def sandbox_status() -> None:
     """Which sandbox backends can run here."""
     from sandboxes.docker_backend import docker_status
 
+    from sandboxes import SandboxUnavailable
+    from sandboxes.local import LocalSandbox
+
     ok, why = docker_status()
-    out.print(f"docker: {'available' if ok else 'unavailable'} ({why})")
+    out.print(f"docker: {'available' if ok else 'unavailable'} ({why})", markup=False, highlight=False)
+    for kind in ("bwrap", "unshare"):
+        try:
+            LocalSandbox(isolation=kind)
+            out.print(f"{kind}: available", markup=False, highlight=False)
+        except SandboxUnavailable as e:
+            out.print(f"{kind}: unavailable ({clean_text(e, newlines=False)})", markup=False, highlight=False)
 
 
 skills_app = typer.Typer(no_args_is_help=True, help="the skill library (skills/ in the workspace's git)")
@@ -587,10 +692,13 @@ def skills_list(
                   f"{iv.kind} {','.join(iv.fields)}" if iv is not None else "-",
                   *(str(getattr(u, k)) if u is not None else "0" for k in ("retrieved", "applied", "wins", "losses")),
                   f"{u.mean_effect:+.3f}" if u is not None and u.mean_effect is not None else "-"])
+        rows[-1] = [clean_text(c, newlines=False) for c in rows[-1]]   # names and text from others' libraries
     out.print(fit_table(out, ["name", "status", "v", "diagnosis", "intervention", "retrieved", "applied", "wins", "losses",
                               "mean effect"], rows, keep=("name",)))
     for e in errors:
-        err.print(f"[yellow]skipped:[/] {e}", highlight=False, soft_wrap=True)
+        from rich.markup import escape
+
+        err.print(f"[yellow]skipped:[/] {escape(clean_text(e, newlines=False))}", highlight=False, soft_wrap=True)
     mem.close()
 
 
@@ -613,7 +721,7 @@ def skills_show(name: str = typer.Argument(..., help="skill name"), workspace: s
         fail(str(e))
     if sk is None:
         fail(f"no skill {name!r} in {workspace}/skills (see `swarm skills list --all`)")
-    out.print(sk.to_markdown(), markup=False, highlight=False)
+    out.print(clean_text(sk.to_markdown()), markup=False, highlight=False)
 
 
 @skills_app.command("export")
@@ -655,9 +763,9 @@ def skills_import(
     current = SkillLibrary(ws.root / "skills")
     with tempfile.TemporaryDirectory() as d:
         staged = SkillLibrary(pathlib.Path(d) / "skills")
-        for sk in current.load()[0]:
-            staged.write(sk, sk.program_source())
         try:
+            for sk in current.load()[0]:
+                staged.write(sk, sk.program_source())
             result = staged.import_pack(pathlib.Path(pack), replace=replace)
         except (ValueError, OSError) as e:
             fail(str(e))
@@ -668,7 +776,8 @@ def skills_import(
             if what in ("added", "replaced"):
                 sk = staged.get(nm)
                 version = sk.swarmlab.version if sk.swarmlab is not None else 1
-                ws.skill_pr(nm, version, skill_files(sk), f"Skill {nm} v{version}: imported from {pathlib.Path(pack).name}")
+                ws.skill_pr(nm, version, skill_files(sk), f"Skill {nm} v{version}: imported from {pathlib.Path(pack).name}",
+                            replace=True)    # the imported folder, whole: files the old version had go
             out.print(f"{nm}: {what}")
 
 

@@ -97,3 +97,134 @@ def test_interventions_through_a_pipe(ws_with_ivs):
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert all(iid in out.stdout for iid in ids) and "…" not in out.stdout
+
+
+# ---- the live view --------------------------------------------------------------------------------
+import re  # noqa: E402
+import time  # noqa: E402
+
+from swarm.live import EventLines, Follower, JsonLines, Tick, render, sinks_for, sparkline  # noqa: E402
+from test_ui import built, template  # noqa: E402,F401  (fixtures: a copy of one built workspace per test)
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_sparkline():
+    assert sparkline([0.0, 0.5, 1.0], lo=0.0, hi=1.0) == "▁▅█"
+    assert sparkline([]) == "" and sparkline([2.0, 2.0]) == "▅▅"
+    assert len(sparkline(list(range(100)), width=10)) == 10
+
+
+def test_render_shows_step_target_budget_open_interventions_and_events(built):
+    f = Follower(built["root"], [])
+    t = f.tick()
+    events = list(reversed(f.view.store.timeline()[-4:]))
+    con = Console(width=110, record=True, color_system=None)
+    con.print(render(t.overview, events, t0=None, width=110))
+    text = con.export_text()
+    f.view.close()
+    assert "step 119/2000" in text
+    assert "heldout_acc 0.846 ≥ 0.9" in text and "▂▂▃▃▄▅▅▆▆▇█" in text, "target against threshold, sparkline of the evals"
+    assert "steps" in text and "119 / 2000" in text and "wall clock" in text and "42s / 600s" in text and "━" in text
+    assert built["awaiting"] in text and "awaiting_approval" in text and f"swarm approve {built['awaiting']}" in text
+    assert built["kept"] not in text.split("newest events")[0], "only open interventions are listed"
+    assert "newest events" in text and "transition" in text
+
+
+def test_follower_hands_new_rows_and_events_and_drops_a_failing_sink(built, caplog):
+    from test_ui import write_metrics
+
+    got: list[Tick] = []
+
+    class Rec:
+        closed = False
+
+        def update(self, view, tick):
+            got.append(tick)
+
+        def close(self):
+            Rec.closed = True
+
+    class Broken:
+        def update(self, view, tick):
+            raise RuntimeError("terminal gone")
+
+        def close(self):
+            pass
+
+    f = Follower(built["root"], [Broken(), Rec()], interval_s=0.05).start()
+    try:
+        deadline = time.time() + 10
+        while not got and time.time() < deadline:
+            time.sleep(0.02)
+        first_rows = sum(len(t.rows) for t in got)
+        assert first_rows == 119 and any(e["kind"] == "transition" for t in got for e in t.events)
+        write_metrics(built["run"], 120, 130)
+        with Store(built["root"]) as st:
+            st.log("diagnosis", name="plateau", step=129)
+    finally:
+        f.stop()
+    assert Rec.closed and got[-1].final
+    assert sum(len(t.rows) for t in got) == 129, "every row exactly once"
+    assert [e["name"] for t in got for e in t.events if e["kind"] == "diagnosis"] == ["plateau"]
+    assert "Broken stopped following the run" in caplog.text and len(f.sinks) == 1
+
+
+def test_event_lines_and_json_lines(built):
+    import io
+
+    f = Follower(built["root"], [])
+    t = f.tick(final=True)
+    con = Console(width=200, record=True, color_system=None)
+    EventLines(con).update(f.view, t)
+    text = con.export_text()
+    assert f"transition {built['kept']} evaluating → kept" in text
+    assert "step 119" in text and f"awaiting approval: {built['awaiting']}" in text
+    buf = io.StringIO()
+    JsonLines(buf).update(f.view, t)
+    rows = [json.loads(x) for x in buf.getvalue().splitlines()]
+    assert len(rows) == len(t.events) and rows[0]["event"]["kind"] == t.events[0]["kind"]
+    f.view.close()
+    with pytest.raises(ValueError, match="loud"):
+        sinks_for("loud", con)
+    assert sinks_for("quiet", con) == [] and type(sinks_for("live", con)[0]).__name__ == "EventLines"
+    assert type(sinks_for("live", Console(force_terminal=True))[0]).__name__ == "LiveView"
+
+
+def _real_run(tmp_path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    from test_swarm import tiny_goal, write_goal
+
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(perturbations=[{"shortcut": "truncation", "at_step": 0}]))
+    return subprocess.run([sys.executable, "-m", "swarm.cli", "run", str(goal), "--workspace", str(tmp_path / "ws"),
+                           "--jobs", "process", *extra], cwd=tmp_path, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+@pytest.mark.slow
+def test_live_view_captured_from_a_real_run(tmp_path):
+    """`swarm run` on a terminal (rich told it is one): frames of the live view as the run goes."""
+    r = _real_run(tmp_path, env={"TTY_COMPATIBLE": "1", "COLUMNS": "110"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = ANSI.sub("", r.stdout)
+    assert "swarm · ws" in text and "target heldout_acc" in text and "≥ 0.6" in text
+    assert "steps" in text and "wall clock" in text and "worker CPU" in text
+    assert "newest events" in text and "transition" in text and "job_started" in text
+    assert "open interventions" in text, "the truncation fix is shown while it is open"
+    assert "✓ met" in text and "target_met" in text, "the last frame, then the summary line"
+    steps = [int(m) for m in re.findall(r"step (\d+)/1500", text)]
+    assert len(set(steps)) > 3 and steps == sorted(steps), "redrawn as the run goes"
+
+
+@pytest.mark.slow
+def test_json_lines_from_a_real_run(tmp_path):
+    r = _real_run(tmp_path, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    events, summary = lines[:-1], lines[-1]
+    assert events and all(set(x) == {"event"} for x in events)
+    kinds = [x["event"]["kind"] for x in events]
+    assert "job_started" in kinds and "transition" in kinds and kinds[-1] == "finished"
+    assert summary["reached"] is True and summary["reason"] == "target_met"
+    r = subprocess.run([sys.executable, "-m", "swarm.cli", "resume", "--workspace", str(tmp_path / "ws"), "--jobs",
+                        "process", "--quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    assert "swarm · " not in r.stdout and "{" not in r.stdout

@@ -10,7 +10,20 @@ raw HTML, the diff, plots, backtest, lifecycle, and approve / reject / rollback 
 through the CLI's own functions) and the skill library. See `swarm.ui.app` for the routes and
 `swarm.ui.security` for the login, CSRF, Host and Origin checks.
 """
-from swarm.ui.app import Runs, bind, make_app, serve
-from swarm.ui.security import Guard
+from typing import Any
 
 __all__ = ["Runs", "Guard", "bind", "make_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    # imported on first use: `swarm run`'s terminal view reads workspaces with swarm.ui.data
+    # and should not pay for importing FastAPI
+    if name == "Guard":
+        from swarm.ui.security import Guard
+
+        return Guard
+    if name in __all__:
+        from swarm.ui import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'swarm.ui' has no attribute {name!r}")

@@ -87,13 +87,17 @@ def _fmt(v: Any, unit: str = "") -> str:
     return f"{v}{unit}"
 
 
-def _diff_lines(diff: str) -> list[tuple[str, str]]:
-    out = []
+def _diff_files(diff: str) -> list[dict[str, Any]]:
+    """The diff cut per file: {"path", "lines": [(css class, line)], "report": under reports/}."""
+    files: list[dict[str, Any]] = []
     for line in diff.splitlines():
-        cls = ("hunk" if line.startswith("@@") else "meta" if line.startswith(("diff ", "index ", "+++", "---"))
+        if line.startswith("diff --git ") or not files:
+            path = line.split(" b/", 1)[-1] if line.startswith("diff --git ") else ""
+            files.append({"path": path, "lines": [], "report": path.startswith("reports/")})
+        cls = ("hunk" if line.startswith("@@") else "meta" if line.startswith(("diff ", "index ", "+++", "---", "new file"))
                else "add" if line.startswith("+") else "del" if line.startswith("-") else "")
-        out.append((cls, line))
-    return out
+        files[-1]["lines"].append((cls, line))
+    return files
 
 
 def make_app(runs: Runs, port: int, guard: Guard | None = None) -> tuple[FastAPI, Guard]:
@@ -181,7 +185,7 @@ def make_app(runs: Runs, port: int, guard: Guard | None = None) -> tuple[FastAPI
             d = v.intervention_page(iid)
         except KeyError:
             raise HTTPException(404, f"no intervention {iid!r} in run {v.name!r}") from None
-        return {"run": {"name": v.name}, **d, "report_html": md.render(d["report"]), "diff_lines": _diff_lines(d["diff"])}
+        return {"run": {"name": v.name}, **d, "report_html": md.render(d["report"]), "diff_files": _diff_files(d["diff"])}
 
     def iv_parts(v: RunView, iid: str) -> dict[str, str]:
         ctx = iv_ctx(v, iid)

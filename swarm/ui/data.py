@@ -163,6 +163,8 @@ class RunView:
         self.run_dir = self.sdir / "runs" / "train"
         self.metrics = MetricsTail(self.run_dir / "metrics.jsonl")
         self._goal: dict[str, Any] | None = None
+        self._seen: dict[str, tuple[int, list[float]]] = {}
+        self._last_row: dict[str, Any] = {}
 
     def close(self) -> None:
         self.store.close()
@@ -200,8 +202,7 @@ class RunView:
     def target(self) -> dict[str, Any]:
         t = self.goal.get("target") or {}
         metric, op, thr = str(t.get("metric", "heldout_acc")), str(t.get("op", ">=")), float(t.get("threshold", 0.95))
-        values = [r[metric] for r in self.metrics.refresh() if isinstance(r.get(metric), (int, float))
-                  and not isinstance(r.get(metric), bool) and math.isfinite(r[metric])]
+        values = self._values(metric)
         latest = values[-1] if values else None
         best = (max(values) if op == ">=" else min(values)) if values else None
         met = latest is not None and (latest >= thr if op == ">=" else latest <= thr)
@@ -212,6 +213,20 @@ class RunView:
             progress = max(0.0, min(1.0, thr / latest))
         return {"metric": metric, "op": op, "threshold": thr, "latest": latest, "best": best, "met": met,
                 "progress": progress, "values": values}
+
+    def _values(self, metric: str) -> list[float]:
+        """The finite values of `metric`, oldest first; only rows new since the last call are scanned."""
+        rows = self.metrics.refresh()
+        seen, vals = self._seen.get(metric, (0, []))
+        if len(rows) < seen or (rows and seen and rows[seen - 1] is not self._last_row.get(metric)):
+            seen, vals = 0, []          # the file was rewritten: start over
+        for r in rows[seen:]:
+            v = r.get(metric)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                vals.append(float(v))
+        self._seen[metric] = (len(rows), vals)
+        self._last_row[metric] = rows[-1] if rows else None
+        return vals
 
     def budget(self) -> list[dict[str, Any]]:
         """Spent against the goal's budget, from the controller's status file (current as of the
@@ -272,7 +287,8 @@ class RunView:
         out = []
         for r in reversed(rows):
             data = {k: v for k, v in r.items() if k not in ("seq", "time", "kind")}
-            out.append({"seq": r["seq"], "t": r["time"] - t0, "kind": r["kind"], "id": data.get("id"),
+            iid = data.pop("id", None)
+            out.append({"seq": r["seq"], "t": r["time"] - t0, "kind": r["kind"], "id": iid,
                         "details": ", ".join(f"{k}={_short(v)}" for k, v in data.items())})
         return out
 
