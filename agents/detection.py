@@ -117,6 +117,8 @@ class Known:
     target_op: str = ">="
     target_threshold: float | None = None
     template: str | None = None            # the template the controller believes is live
+    stale_heartbeat_s: float | None = None  # the goal's swarm.stale_heartbeat_s (None: Thresholds' floor)
+    since_launch_s: float | None = None    # seconds since the live job was launched (a new job's grace)
 
 
 NOTHING = Known()

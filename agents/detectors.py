@@ -319,41 +319,54 @@ def throughput_drop(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
 # ---- job detectors ------------------------------------------------------------------------------
 
 
-def stale_threshold(ev: Evidence, th: Thresholds) -> float:
-    """Seconds without a heartbeat that count as stale: the floor, or many median step times (an
-    eval step may take several)."""
+def stale_threshold(ev: Evidence, th: Thresholds, known: Known = NOTHING) -> float:
+    """Seconds without a heartbeat that count as stale: the floor (the goal's
+    `swarm.stale_heartbeat_s` when the controller passes it, else `Thresholds.stale_heartbeat_s`),
+    or many median step times (an eval step may take several)."""
     _, st = column(ev.metrics[-th.trailing :], "step_time", skip_eval=True)
     _, st_all = column(ev.metrics[-th.trailing :], "step_time")
-    floors = [th.stale_heartbeat_s, 2.0 * max(st_all, default=0.0)]
+    floor = known.stale_heartbeat_s if known.stale_heartbeat_s is not None else th.stale_heartbeat_s
+    floors = [floor, 2.0 * max(st_all, default=0.0)]
     return max(floors + ([th.stale_step_factor * median_of(st)] if st else []))
+
+
+def in_grace(ev: Evidence, th: Thresholds, known: Known) -> bool:
+    """The live job was launched less than a stale threshold ago, or its heartbeat predates the
+    launch (a previous worker's): a new job gets as long to write its first heartbeat as a
+    running one gets between two."""
+    if known.since_launch_s is None:
+        return False
+    limit = stale_threshold(ev, th, known)
+    return known.since_launch_s <= limit or (ev.heartbeat_age_s is not None and ev.heartbeat_age_s >= known.since_launch_s
+                                             and known.since_launch_s <= 2 * limit)
 
 
 @detector("stale_heartbeat")
 def stale_heartbeat(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The job says RUNNING but the heartbeat (rewritten every step, and while paused) is older than
-    the stale threshold: the worker hangs."""
+    the stale threshold, and the job is past its launch grace: the worker hangs."""
     if ev.job_status != "RUNNING" or ev.heartbeat_age_s is None or ev.heartbeat_state not in (None, "running"):
         return None  # paused (heartbeats continue) or finished (the job status follows shortly)
-    limit = stale_threshold(ev, th)
-    if ev.heartbeat_age_s <= limit:
+    limit = stale_threshold(ev, th, known)
+    if ev.heartbeat_age_s <= limit or in_grace(ev, th, known):
         return None
     return make_diagnosis(ev, "stale_heartbeat",
                           f"no heartbeat for {ev.heartbeat_age_s:.0f} s (limit {limit:.0f} s) while the job is RUNNING, last step {ev.step}",
                           "critical",
                           {"heartbeat_age_s": ev.heartbeat_age_s, "threshold_s": limit, "heartbeat_state": ev.heartbeat_state,
-                           "job_status": ev.job_status, "last_step": ev.step})
+                           "job_status": ev.job_status, "last_step": ev.step, "since_launch_s": known.since_launch_s})
 
 
 @detector("crashed_job")
 def crashed_job(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The job FAILED, or its status is unknown while the heartbeat still says 'running' but is
-    stale and no 'end' event was written: the worker process died without finishing."""
+    stale (past the launch grace) and no 'end' event was written: the worker died without finishing."""
     life = [e.get("event") for e in ev.events if e.get("event") in ("start", "resume", "end")]
     ended = bool(life) and life[-1] == "end"   # the newest segment wrote its end event
     if ev.job_status == "FAILED":
         why = "the job FAILED"
-    elif (ev.job_status == "UNKNOWN" and ev.heartbeat_state == "running" and not ended
-          and ev.heartbeat_age_s is not None and ev.heartbeat_age_s > stale_threshold(ev, th)):
+    elif (ev.job_status == "UNKNOWN" and ev.heartbeat_state == "running" and not ended and not in_grace(ev, th, known)
+          and ev.heartbeat_age_s is not None and ev.heartbeat_age_s > stale_threshold(ev, th, known)):
         why = "the worker stopped writing heartbeats without an end event"
     else:
         return None
@@ -362,4 +375,68 @@ def crashed_job(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                           {"job_status": ev.job_status, "heartbeat_age_s": ev.heartbeat_age_s,
                            "heartbeat_state": ev.heartbeat_state, "last_step": ev.step, "end_event": ended,
                            "last_event": last.get("event"), "last_event_step": last.get("step"),
-                           "threshold_s": stale_threshold(ev, th)})
+                           "threshold_s": stale_threshold(ev, th, known)})
+
+
+# ---- what the trainer noticed -------------------------------------------------------------------
+# The trainer handles these itself (falls back to an older checkpoint, refuses a command, skips a
+# non-finite step, resumes after a restart); the findings make them evidence the operators read
+# and the reports show. They propose nothing on their own.
+
+
+@detector("checkpoint_corrupt")
+def checkpoint_corrupt(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The trainer found a checkpoint that failed its checksum (or would not load) and fell back
+    to an older one: the steps since that one were trained again."""
+    bad = [e for e in ev.events if e.get("event") == "checkpoint_corrupt"]
+    if not bad:
+        return None
+    names = [str(e.get("name")) for e in bad]
+    return make_diagnosis(ev, "checkpoint_corrupt",
+                          f"the trainer found {len(bad)} corrupt checkpoint(s) ({', '.join(names[-3:])}) and fell back to an older one",
+                          "warning", {"checkpoints": names[-10:], "errors": [str(e.get("error"))[:200] for e in bad[-3:]],
+                                      "at_steps": [int(e.get("step", 0)) for e in bad[-10:]]})
+
+
+@detector("command_refused")
+def command_refused(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The trainer refused a command (an invalid field value, an unknown checkpoint): what the
+    controller asked for is not in force."""
+    bad = [a for a in ev.acks if a.get("status") == "rejected"]
+    if not bad:
+        return None
+    last = bad[-1]
+    return make_diagnosis(ev, "command_refused",
+                          f"the trainer refused {len(bad)} recent command(s); the last, {last.get('cmd')} {last.get('id')}, "
+                          f"at step {last.get('step')}: {str(last.get('reason'))[:200]}",
+                          "warning", {"ids": [str(a.get("id")) for a in bad[-10:]], "cmds": [str(a.get("cmd")) for a in bad[-10:]],
+                                      "reasons": [str(a.get("reason"))[:200] for a in bad[-3:]]})
+
+
+@detector("skipped_steps")
+def skipped_steps(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """Steps the trainer skipped (a non-finite loss or gradient norm, or nothing to train on)
+    among the recent rows, fewer than `nonfinite_loss` needs to fire."""
+    rows = ev.metrics[-th.scan :]
+    skipped = [int(r.get("step", 0)) for r in rows if r.get("skipped")]
+    if not skipped:
+        return None
+    nonfinite = sum(1 for r in rows if r.get("nonfinite"))
+    return make_diagnosis(ev, "skipped_steps", f"the trainer skipped {len(skipped)} of the last {len(rows)} steps "
+                          f"({nonfinite} non-finite), at steps {', '.join(map(str, skipped[-5:]))}", "info",
+                          {"skipped_steps": skipped[-10:], "nonfinite": nonfinite, "window_rows": len(rows)})
+
+
+@detector("job_restarted")
+def job_restarted(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The job resumed from a checkpoint (after a crash, a stall or a restart): the steps after
+    that checkpoint were lost and trained again."""
+    resumes = [e for e in ev.events if e.get("event") == "resume"]
+    if not resumes:
+        return None
+    return make_diagnosis(ev, "job_restarted", f"the job resumed from a checkpoint {len(resumes)} time(s) in the recent events, "
+                          f"last at step {resumes[-1].get('step')}", "info",
+                          {"resumed_at_steps": [int(e.get("step", 0)) for e in resumes[-10:]]})
+
+
+TRAINER_NOTICES = ("checkpoint_corrupt", "command_refused", "skipped_steps", "job_restarted")

@@ -60,10 +60,12 @@ class ClusterOps(Operator):
     name = "cluster_ops"
     role = ("Cluster operations: keeps the training job alive. Watches the job status, the heartbeat and the "
             "throughput. When the job has crashed or hangs (heartbeat stale while RUNNING), restarts it from the "
-            "newest good checkpoint; it never edits the recipe or the harness. A throughput drop is reported, "
+            "newest good checkpoint; it never edits the recipe or the harness. A throughput drop, a corrupt "
+            "checkpoint the trainer fell back from, a refused command, skipped steps and resumes are reported, "
             "not acted on.")
     tools = frozenset({K.RESTART})
-    detectors = ("crashed_job", "stale_heartbeat", "throughput_drop")
+    detectors = ("crashed_job", "stale_heartbeat", "throughput_drop", "checkpoint_corrupt", "command_refused",
+                 "skipped_steps", "job_restarted")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         for d in self.diagnose(ev, ctx):
@@ -392,7 +394,7 @@ class Lead:
                 drop(iv, why)
                 continue
             prior = next((h for h in reversed(recent) if _same(h, iv)), None)
-            if prior is not None and prior.status in FAILED:
+            if prior is not None and prior.status in FAILED and iv.kind != K.RESTART:   # a job can die again
                 drop(iv, f"identical to {prior.id}, {prior.status.value}")
                 continue
             if prior is not None and prior.status in PENDING:

@@ -1,82 +1,78 @@
-"""Backtests: does an intervention beat doing nothing, from the same checkpoint, on the same data?
+"""Backtests: the I/O behind `swarm.decisions.decide` — does an intervention beat doing nothing,
+from the same checkpoint, on the same data?
+
+    pairs, cpu_s = run_arms(iv, base_config=…, ckpt=…, step=…, horizon=…, seeds=[0, 1], …)
+    decision = decide(pairs, Rule(...))          # swarm/decisions.py: Validated | Rejected | Extend
 
 For each seed, two arms fork the live run's checkpoint with `fork_mode: state` (weights,
-optimiser, data cursor and the run's current recipe and harness): the control keeps them, the
-candidate applies the intervention's changes. Both train `horizon_steps` with the same seed
-(hence the same data and sampling stream) and end with a held-out eval of the target metric.
+optimiser, data cursor, the run's current recipe and harness, and the data faults it trains
+under — the trainer's fork carries them; the controller never hands any fault to an arm): the
+control keeps them, the candidate applies the intervention's changes. Both train `horizon_steps`
+with the same seed (hence the same data and sampling stream) and end with a held-out eval.
+A rollback's candidate forks the checkpoint it rolls back to.
 
-Statistical test (stated in every result): one-sided paired t-test over seeds on
-candidate − control of the target metric (signed so that + is better). With zero variance of
-the differences the sign decides (p = 0 if all improve, 1 otherwise). When both arms score the
-same on the target metric for every seed (e.g. both 0 early in a run), the mean training loss
-over the horizon's second half breaks the tie when both arms train SFT on the same targets (same
-data; the harness differs at most in the template or sampling; lower is better), else the mean
-training pass rate over the second half does. The result's `test` names the one used. A candidate that does not
-move the target significantly (but is no worse on any seed) is still validated when it
-significantly reduces the held-out format-failure rate (truncated + malformed answers): the
-symptom the harness fixes target — or, when the arms' SFT losses compare and the candidate forks
-from the same checkpoint, significantly lowers the training loss (the target no worse than one
-held-out example on any seed): a fix whose effect the target cannot show within the horizon.
+Also here: `check_change` (the validation the live trainer applies to a change, run before any
+arm starts), `nearest_valid` (the closest change the trainer accepts), `noop_harness_edit`.
 """
 from __future__ import annotations
 
 import math
 import pathlib
 import shutil
+import statistics
 import time
 from typing import Any
 
 import psutil
 import yaml
 
-from agents.domain import BacktestResult, Intervention, Target
+from swarm.decisions import ArmScore, Decision, Pair, Rule, Validated
+from agents.domain import BacktestResult, Intervention
 from swarm.jobs import Jobs
 from trainer.runlog import read_heartbeat, read_jsonl
 
 
-def paired_one_sided_p(diffs: list[float]) -> float:
-    n = len(diffs)
-    mean = sum(diffs) / n
-    if n < 2:
-        return 0.0 if mean > 0 else 1.0
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-    if var <= 1e-18:
-        return 0.0 if mean > 0 else 1.0
-    t = mean / math.sqrt(var / n)
-    from scipy.stats import t as student_t
-
-    return float(student_t.sf(t, df=n - 1))
-
-
 def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: int, step: int,
-               horizon: int, eval_size: int, changes: dict[str, Any], private: list[dict]) -> dict[str, Any]:
+               horizon: int, eval_size: int, changes: dict[str, Any]) -> dict[str, Any]:
     cfg = {k: v for k, v in base.items() if k not in ("perturbations", "fork_from", "fork_mode", "fork_overrides")}
     overrides = {"recipe.steps": step + horizon, "recipe.eval_interval": horizon, "recipe.eval_size": eval_size,
                  "recipe.stop_at_heldout": None, **changes}
     return {**cfg, "name": name, "out_dir": out_dir, "seed": seed, "fork_from": ckpt, "fork_mode": "state",
             "fork_overrides": overrides, "checkpoint": {"interval": 0, "keep_last": 1}, "samples_per_step": 1,
-            "perturbations": private}
+            "perturbations": []}
 
 
-def arm_score(run_dir: pathlib.Path, metric: str, horizon: int) -> tuple[float | None, float, float, float | None]:
-    """(target metric at the end, mean train pass rate over the second half, held-out format
-    failure rate = truncated + malformed at the end, mean training loss over the second half —
-    None when any loss there is not finite)."""
+def _mean_se(xs: list[float]) -> tuple[float | None, float | None]:
+    if not xs or not all(math.isfinite(x) for x in xs):
+        return None, None
+    m = sum(xs) / len(xs)
+    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
+    return m, se
+
+
+def arm_score(run_dir: pathlib.Path, metric: str) -> ArmScore:
+    """One arm's measurements: the target metric at the end, the held-out format-failure rate
+    (truncated + malformed) there, and the means (with standard errors) of the training loss and
+    pass rate over the second half of its steps. A non-finite loss there leaves the loss unmeasured."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
     final = [r for r in rows if metric in r and isinstance(r[metric], (int, float))]
-    train = [r.get("pass_rate", 0.0) for r in rows if "loss" in r and isinstance(r.get("pass_rate"), (int, float))]
-    half = train[len(train) // 2 :] or [0.0]
-    fail = (final[-1].get("heldout_truncated", 0.0) + final[-1].get("heldout_malformed", 0.0)) if final else 1.0
-    losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) or r.get("loss") in ("nan", "inf")]
-    lh = [float(x) for x in losses[len(losses) // 2 :]]
-    loss = sum(lh) / len(lh) if lh and all(math.isfinite(x) for x in lh) else None
-    return (final[-1][metric] if final else None), sum(half) / len(half), float(fail), loss
+    train = [r for r in rows if "loss" in r]
+    half = train[len(train) // 2 :]
+    losses = [float(r["loss"]) for r in half if isinstance(r.get("loss"), (int, float)) or r.get("loss") in ("nan", "inf")]
+    passes = [float(r["pass_rate"]) for r in half if isinstance(r.get("pass_rate"), (int, float))]
+    loss, loss_se = _mean_se(losses)
+    pr, pr_se = _mean_se(passes)
+    ff = (float(final[-1].get("heldout_truncated", 0.0)) + float(final[-1].get("heldout_malformed", 0.0))) if final else None
+    return ArmScore(target=float(final[-1][metric]) if final else None, format_fail=ff, loss=loss, loss_se=loss_se,
+                    pass_rate=pr, pass_se=pr_se)
 
 
 # harness fields that change neither the SFT targets nor which examples are trained on: the
 # template (it wraps the same question; it can hold nothing but {question}) and sampling (SFT
 # does not sample)
 _SAME_TARGETS = ("harness.template", "harness.sampling.")
+# fields that change which examples are trained on
+_DATA = ("harness.curriculum.", "harness.filters.", "recipe.batch_size")
 
 
 def sft_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
@@ -86,6 +82,49 @@ def sft_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
     algo = ((base.get("recipe") or {}).get("algorithm") or "sft")
     return algo == "sft" and not any(k == "recipe.algorithm" or (k.startswith("harness.") and not k.startswith(_SAME_TARGETS))
                                      for k in changes)
+
+
+def same_data(changes: dict[str, Any]) -> bool:
+    """Both arms train on the same examples (their training pass rates compare)."""
+    return not any(k.startswith(_DATA) for k in changes)
+
+
+def check_change(base: dict[str, Any], recipe: dict[str, Any], harness: dict[str, Any], changes: dict[str, Any]) -> str | None:
+    """Why the live trainer would refuse `changes` on a run with this recipe and harness (its
+    `set_fields` validation: every field re-validated, the curriculum's start difficulty within
+    the task's range), else None."""
+    from trainer.config import ConfigError, RunConfig, set_dotted
+    from trainer.tasks import make_task
+
+    try:
+        cfg = RunConfig.parse({**{k: v for k, v in base.items() if k != "perturbations"}, "recipe": recipe, "harness": harness})
+        for k, v in changes.items():
+            if not k.startswith(("recipe.", "harness.")):
+                return f"can only change recipe.* or harness.* fields, not {k!r}"
+            cfg = set_dotted(cfg, k, v)
+        make_task(cfg.task.name, seed=cfg.seed, **cfg.task.options).check_difficulty(cfg.harness.curriculum.start)
+    except (ConfigError, ValueError, TypeError) as e:
+        return str(e).replace("invalid config: ", "")
+    return None
+
+
+def task_range(base: dict[str, Any]) -> tuple[int, int]:
+    """The task's (lowest, highest) difficulty."""
+    from trainer.tasks import make_task
+
+    task = base.get("task") or {}
+    t = make_task(task.get("name"), seed=int(base.get("seed", 0)), **(task.get("options") or {}))
+    return int(t.min_difficulty), int(t.max_difficulty)
+
+
+def nearest_valid(changes: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+    """The change with its curriculum difficulties clamped to the task's range [lo, hi]."""
+    out = dict(changes)
+    for k in ("harness.curriculum.start", "harness.curriculum.end"):
+        v = out.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[k] = min(max(v, lo), hi)
+    return out
 
 
 def noop_harness_edit(changes: dict[str, Any], harness: dict[str, Any], live_version: str | None) -> str | None:
@@ -122,16 +161,14 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
-def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, target: Target,
-                 horizon: int, seeds: list[int], eval_size: int, alpha: float, jobs: Jobs,
-                 workdir: pathlib.Path, private_perturbations: list[dict] | None = None,
-                 config_dir: pathlib.Path | None = None, timeout_s: float = 1800.0,
-                 candidate_ckpt: str | None = None, candidate_step: int | None = None, label: str = "") -> BacktestResult:
-    """`config_dir` holds the arms' job configs (they may carry the evaluation's perturbations,
-    so the controller puts them under .swarm/private); the arms' run files go to `workdir`.
-    A rollback is tested from where it rolls back to: `candidate_ckpt` (at `candidate_step`) is the
-    candidate arms' fork point; the control arms carry on from `ckpt`. Both train `horizon` steps.
-    `label` tells the arms of a second backtest of the same intervention from the first's."""
+def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, metric: str,
+             horizon: int, seeds: list[int] | tuple[int, ...], eval_size: int, jobs: Jobs, workdir: pathlib.Path,
+             config_dir: pathlib.Path | None = None, timeout_s: float = 1800.0,
+             candidate_ckpt: str | None = None, candidate_step: int | None = None,
+             label: str = "") -> tuple[list[Pair], float]:
+    """Run a candidate and a control arm per seed; returns their scores and the arms' worker CPU
+    seconds. `config_dir` holds the arms' job configs; the arms' run files go to `workdir`.
+    `label` tells the arms of a second look at the same intervention from the first's."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_dir = config_dir or workdir
     config_dir.mkdir(parents=True, exist_ok=True)
@@ -140,8 +177,7 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
         for arm, changes in (("candidate", iv.changes), ("control", {})):
             name = f"bt-{iv.id}{label}-{arm}-s{seed}"
             fork, at = (candidate_ckpt, candidate_step) if arm == "candidate" and candidate_ckpt else (ckpt, step)
-            cfg = arm_config(base_config, name, str(workdir), fork, seed, at or 0, horizon, eval_size, changes,
-                             private_perturbations or [])
+            cfg = arm_config(base_config, name, str(workdir), fork, seed, at or 0, horizon, eval_size, changes)
             path = config_dir / f"{name}.yaml"
             left = leftover_arm(workdir / name, path)   # after a controller restart: reuse, don't rerun
             if left is None:
@@ -162,74 +198,37 @@ def run_backtest(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, st
                 jobs.stop(h)
             elif h:
                 h.kill()
-    sign = 1.0 if target.op == ">=" else -1.0
-    cand, ctrl, cand_tb, ctrl_tb, cand_ff, ctrl_ff, failed = [], [], [], [], [], [], []
-    cand_loss, ctrl_loss = [], []
-    for seed in seeds:
-        c, ctb, cff, cl = arm_score(handles[("candidate", seed)][1], target.metric, horizon)
-        k, ktb, kff, kl = arm_score(handles[("control", seed)][1], target.metric, horizon)
-        cand_loss.append(cl)
-        ctrl_loss.append(kl)
-        cand_ff.append(cff)
-        ctrl_ff.append(kff)
-        if c is None:
-            failed.append(f"candidate seed {seed}")
-        if k is None:
-            failed.append(f"control seed {seed}")
-        cand.append(c if c is not None else (0.0 if sign > 0 else 1.0))
-        ctrl.append(k if k is not None else (0.0 if sign > 0 else 1.0))
-        cand_tb.append(ctb)
-        ctrl_tb.append(ktb)
-    diffs = [sign * (a - b) for a, b in zip(cand, ctrl)]
-    target_diffs = list(diffs)
-    losses_compare = sft_comparable(base_config, iv.changes) and None not in cand_loss and None not in ctrl_loss
-    note = "; ".join(f"{f} produced no eval (counted as worst)" for f in failed)
-    test = "one-sided paired t-test over seeds on the target metric"
-    # a tie: equal on every seed, or an inconclusive difference of at most one held-out example per
-    # seed (e.g. 0.005 vs 0 at eval_size 200 while nothing scores yet) — then the next signal decides
-    one_example = 1.0 / eval_size + 1e-9 if target.metric == "heldout_acc" else 1e-12
-    near = all(abs(d) <= one_example for d in diffs) and not (sum(diffs) / len(diffs) > 0 and paired_one_sided_p(diffs) <= alpha)
-    if all(abs(d) < 1e-12 for d in diffs) or near:
-        tie = "tie" if all(abs(d) < 1e-12 for d in diffs) else f"near-tie (|difference| ≤ one held-out example of {eval_size} per seed)"
-        target_effect = sum(diffs) / len(diffs)
-        if losses_compare:
-            # SFT arms on the same targets: their loss is the finer signal (a training pass rate of a
-            # few percent in a run that barely scores is noise: a policy guessing a frequent answer)
-            diffs = [b - a for a, b in zip(cand_loss, ctrl_loss)]
-            test = (f"{tie} on the target metric → one-sided paired t-test on the mean SFT training loss (second "
-                    "half of the horizon; control − candidate)")
-        else:
-            diffs = [a - b for a, b in zip(cand_tb, ctrl_tb)]
-            test = f"{tie} on the target metric → one-sided paired t-test on mean training pass rate (second half of the horizon)"
-        if target_effect < 0:
-            note = (note + "; " if note else "") + f"target metric slightly lower for the candidate ({target_effect:+.4f})"
-    effect = sum(diffs) / len(diffs)
-    p = paired_one_sided_p(diffs)
-    passed = effect > 0 and p <= alpha
-    if not passed and effect >= 0:
-        # the target did not move significantly (common early in a run, before the policy can
-        # score): accept a fix whose symptom — held-out answers truncated or malformed — is
-        # significantly reduced, provided the target is not worse on any seed
-        ff = [b - a for a, b in zip(cand_ff, ctrl_ff)]
-        p_ff = paired_one_sided_p(ff)
-        if min(diffs) >= 0 and sum(ff) / len(ff) > 0 and p_ff <= alpha:
-            passed = True
-            note = (note + "; " if note else "") + (
-                f"target not significantly better (p={p:.3f}); validated on the held-out format-failure rate "
-                f"(truncated + malformed) {sum(ctrl_ff) / len(ctrl_ff):.3f} → {sum(cand_ff) / len(cand_ff):.3f}, "
-                f"one-sided paired t-test p={p_ff:.3f}, target no worse on any seed")
-    if not passed and losses_compare and candidate_ckpt is None and "SFT training loss" not in test:
-        # the target did not move significantly in the horizon (e.g. a policy that barely scores
-        # yet); arms that train SFT on the same targets from the same checkpoint also compare on
-        # their loss: a fix that lowers it significantly, while the target is no worse on any seed
-        # by more than one held-out example, is validated
-        ld = [b - a for a, b in zip(cand_loss, ctrl_loss)]
-        p_loss = paired_one_sided_p(ld)
-        if min(target_diffs) >= -one_example and sum(ld) / len(ld) > 0 and p_loss <= alpha:
-            passed = True
-            note = (note + "; " if note else "") + (
-                f"target not significantly better (p={p:.3f}); validated on the mean SFT training loss (second half "
-                f"of the horizon) {sum(ctrl_loss) / len(ctrl_loss):.3f} → {sum(cand_loss) / len(cand_loss):.3f}, "
-                f"one-sided paired t-test p={p_loss:.3f}, target no worse than one held-out example on any seed")
-    return BacktestResult(metric=target.metric, candidate=cand, control=ctrl, effect=effect, p_value=p, test=test,
-                          horizon_steps=horizon, seeds=list(seeds), passed=passed, note=note)
+    cpu = sum(float((read_heartbeat(d) or {}).get("cpu_s") or 0.0) for _, d in handles.values())
+    pairs = [Pair(seed, arm_score(handles[("candidate", seed)][1], metric), arm_score(handles[("control", seed)][1], metric))
+             for seed in seeds]
+    return pairs, cpu
+
+
+def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_better: bool, metric: str,
+             eval_size: int, looks: int, look: int, extend_factor: int) -> Rule:
+    """The decision rule's settings for this intervention's arms."""
+    return Rule(alpha=alpha, higher_is_better=higher_is_better, eval_size=eval_size,
+                target_is_rate=metric in ("heldout_acc", "heldout_malformed", "heldout_truncated"),
+                losses_compare=sft_comparable(base, iv.changes), same_data=same_data(iv.changes),
+                looks=looks, look=look, extend_factor=extend_factor)
+
+
+def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, seeds: list[int] | tuple[int, ...],
+           cpu_s: float, note: str = "") -> BacktestResult:
+    """The recorded result of a backtest's decision."""
+    worst = 0.0
+    sig = decision.signal if isinstance(decision, Validated) else (decision.signals[0] if decision.signals else None)
+    missing = [f"{a} seed {p.seed}" for p in pairs for a, s in (("candidate", p.candidate), ("control", p.control))
+               if s.target is None]
+    notes = [n for n in (note, "; ".join(f"{m} produced no eval" for m in missing), decision.reason) if n]
+    level = getattr(decision, "level", 0.0)
+    return BacktestResult(
+        metric=metric, candidate=[p.candidate.target if p.candidate.target is not None else worst for p in pairs],
+        control=[p.control.target if p.control.target is not None else worst for p in pairs],
+        effect=sig.effect if sig else 0.0, p_value=(1.0 - sig.p_gain) if sig else 1.0,
+        test=(f"posterior P(gain > minimum effect) ≥ {level:.3f} on the first conclusive of: "
+              + ", ".join(s.name for s in decision.signals) + " (swarm.decisions.decide)") if decision.signals else "no signal",
+        horizon_steps=horizon, seeds=list(seeds), passed=isinstance(decision, Validated), note="; ".join(notes),
+        signal=sig.name if sig else "none", cpu_s=cpu_s)
+
+

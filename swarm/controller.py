@@ -13,9 +13,11 @@ job keeps running; `swarm approve ID` (any terminal) queues the approval, applie
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -23,12 +25,16 @@ import yaml
 
 from agents.base import Operator, OperatorContext, rollback_target
 from agents.detection import run_detectors
-from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, Status
+from agents.detectors import TRAINER_NOTICES
+from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import Evidence, collect
 from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
-from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_proposed, skill_summary
-from swarm.backtest import noop_harness_edit, run_backtest
+from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
+from sandboxes.private import write_private
+from swarm.backtest import nearest_valid, task_range
+from swarm.deciding import Deciding, in_force
+from swarm.decisions import restart_hold
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
@@ -40,18 +46,44 @@ from swarm.workspace import Workspace
 from trainer.control import send_command
 from trainer.runlog import atomic_write_text, iter_jsonl, metrics_history, read_heartbeat, tail_jsonl
 
-
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-# findings whose rollback skips the backtest: the run diverged (or its reward did from the task's
-# verifier), so the control arm would only continue the divergence
-DIVERGENCE = frozenset({"nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "reward_hacking"})
-OPEN = (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL, Status.APPLIED, Status.EVALUATING)
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
 PRUNE_EVERY_TICKS = 50        # graph.db keeps the newest KEEP_CHECKPOINTS LangGraph checkpoints
 KEEP_CHECKPOINTS = 200
 
 
-class Controller:
+@dataclass
+class Tick:
+    """What this tick's nodes computed and later nodes of the same tick reuse (never checkpointed:
+    a resumed tick computes it again)."""
+    evidence: Evidence | None = None               # read once by observe; dropped after a command
+    findings: list[Any] = field(default_factory=list)       # every detector's, on the controller's own run
+    proposals: list[Intervention] = field(default_factory=list)
+    view: dict[str, Any] = field(default_factory=dict)      # the evidence view the proposals were made on
+    recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])   # skills, episodes
+
+
+@dataclass
+class Memo:
+    """What this controller process remembers between ticks to avoid redoing work (rebuilt after a
+    restart of the controller: everything that decides is in the store)."""
+    recall_key: tuple | None = None                # findings + library version of the last retrieval
+    ranked: list[Any] = field(default_factory=list)
+    program_cache: dict[str, Any] = field(default_factory=dict)
+    firing: set[tuple[str, bool]] = field(default_factory=set)   # skills logged as firing (edge-triggered)
+    findings: set[tuple[str, str]] = field(default_factory=set)  # findings logged to the timeline
+    avoided: set[str] = field(default_factory=set)
+    closed: set[str] = field(default_factory=set)
+    held: set[float] = field(default_factory=set)  # launches whose restart hold was logged
+    # the timeline's last seq when this process's last full pass began (rows logged during or
+    # after it, a human decision included, make the next tick a full pass)
+    full_seq: int | None = None
+    pass_seq: int | None = None
+    reported_seq: int = -1
+    ckpts: tuple[int, list[dict[str, Any]]] | None = None
+    recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+
+
+class Controller(Deciding):
     def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None) -> None:
         self.dir = pathlib.Path(workspace).resolve()
         self.sdir = self.dir / ".swarm"
@@ -74,6 +106,8 @@ class Controller:
             if saved.exists():  # spend and token counts survive a controller restart
                 self.llm.load_state(json.loads(saved.read_text()))
         self.meter = CpuMeter()
+        self.tick, self.memo = Tick(), Memo()
+        self.state_job: str | None = None       # the live job's handle (commands wait on it)
 
         self.knowledge = Knowledge(self.ws, goal.memory, task=(goal.run.get("task") or {}).get("name"), timeline=self.store.log)
         self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
@@ -84,6 +118,8 @@ class Controller:
         self.base_cfg["recipe"]["steps"] = goal.budget.steps
         if goal.target.op == ">=" and goal.target.metric == "heldout_acc":   # the trainer's early stop is on accuracy
             self.base_cfg["recipe"]["stop_at_heldout"] = goal.target.threshold
+
+        self.task_range = task_range(self.base_cfg)   # the task's difficulties: what a curriculum may ask for
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -98,7 +134,8 @@ class Controller:
         seed_workspace(Workspace.open(d), goal.memory)
         priv = d / ".swarm" / "private"
         priv.mkdir(parents=True, exist_ok=True)
-        (priv / "goal.yaml").write_text(yaml.safe_dump(goal.model_dump(mode="json"), sort_keys=False))
+
+        write_private(priv / "goal.yaml", yaml.safe_dump(goal.model_dump(mode="json"), sort_keys=False))  # 0600
         return cls(d, goal, **kw)
 
     @classmethod
@@ -134,14 +171,12 @@ class Controller:
     def run_dir(self) -> pathlib.Path:
         return self.runs / "train"
 
-    _tick_ev: Evidence | None = None   # this tick's evidence, read once by observe and reused
-
     def evidence(self, status: str) -> Evidence:
         """The run's evidence: the copy `observe` read this tick unless a command went to the
         trainer since (its files may have moved on: a rollback starts a new segment)."""
-        ev = self._tick_ev
+        ev = self.tick.evidence
         if ev is None or ev.job_status != status:
-            ev = self._tick_ev = collect(self.run_dir, status)
+            ev = self.tick.evidence = collect(self.run_dir, status)
         return ev
 
     def context(self, ev: Evidence):
@@ -149,12 +184,9 @@ class Controller:
         return OperatorContext(
             goal=self.goal.goal, start_harness=cfg["harness"], target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
             eval_difficulty=cfg["harness"]["curriculum"].get("end") or cfg["harness"]["curriculum"]["start"],
-            history=self.store.list(), checkpoints=self.checkpoints(), skills=self._recall[0], episodes=self._recall[1],
+            history=self.store.list(), checkpoints=self.checkpoints(), skills=self.tick.recall[0], episodes=self.tick.recall[1],
+            min_difficulty=self.task_range[0],
         )
-
-    _recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])   # the last diagnose's skills, episodes
-
-    _ckpts: tuple[int, list[dict[str, Any]]] | None = None
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """The live run's checkpoint metadata, oldest first; re-read only when the checkpoint
@@ -165,8 +197,8 @@ class Controller:
             mtime = d.stat().st_mtime_ns
         except FileNotFoundError:
             return []
-        if self._ckpts is not None and self._ckpts[0] == mtime and time.time_ns() - mtime > 1_000_000_000:
-            return list(self._ckpts[1])
+        if self.memo.ckpts is not None and self.memo.ckpts[0] == mtime and time.time_ns() - mtime > 1_000_000_000:
+            return list(self.memo.ckpts[1])
         out = []
         for m in sorted(d.glob("*.json")):
             try:
@@ -174,13 +206,13 @@ class Controller:
             except (OSError, json.JSONDecodeError):
                 continue
         out.sort(key=lambda m: m["step"])
-        self._ckpts = (mtime, out)
+        self.memo.ckpts = (mtime, out)
         return list(out)
 
     def command(self, cmd: str, cid: str, timeout: float = 60.0, **args: Any) -> dict[str, Any] | None:
         """Send a command with a deterministic id (re-sending after a crash is a no-op: the trainer
         acknowledges an id once) and wait for its acknowledgement while the job is alive."""
-        self._tick_ev = None
+        self.tick.evidence = None
         log = self.run_dir / "command_log.jsonl"
         for row in iter_jsonl(log):
             if row.get("id") == cid:
@@ -193,24 +225,24 @@ class Controller:
             for row in iter_jsonl(log):
                 if row.get("id") == cid:
                     return row
-            if self.job_status(self.state_job) in TERMINAL:
+            if self.job_status(self.state_job) in JobStatus.terminal():
                 return None
             time.sleep(0.2)
         return None
 
-    state_job: str | None = None
-
-    def job_status(self, handle: str | None) -> str:
+    def job_status(self, handle: str | None) -> JobStatus:
         """The launcher's status; for a job it does not know (ProcessJobs after a controller restart:
         the trainer outlives a killed controller), judged by the run's heartbeat."""
-        status = self.jobs.status(handle) if handle else "UNKNOWN"
-        if status == "UNKNOWN" and handle:
+        raw = self.jobs.status(handle) if handle else "UNKNOWN"
+        status = JobStatus(raw) if raw in JobStatus.__members__ else JobStatus.UNKNOWN
+        if status == JobStatus.UNKNOWN and handle:
             hb = read_heartbeat(self.run_dir)
-            status = "RUNNING" if hb and _alive(hb.get("pid")) else ("SUCCEEDED" if hb and hb.get("state") in ("completed", "target_reached") else "FAILED")
+            status = (JobStatus.RUNNING if hb and _alive(hb.get("pid")) else
+                      JobStatus.SUCCEEDED if hb and hb.get("state") in ("completed", "target_reached") else JobStatus.FAILED)
         return status
 
     def stop_job(self, handle: str) -> None:
-        self._tick_ev = None
+        self.tick.evidence = None
         self.jobs.stop(handle)
         hb = read_heartbeat(self.run_dir)
         if isinstance(self.jobs, ProcessJobs) and self.jobs.status(handle) == "UNKNOWN" and hb and _alive(hb.get("pid")):
@@ -228,17 +260,18 @@ class Controller:
         plan = self.lead.plan(self.goal.public())
         policy = "built-in policies (no LLM configured)" if self.llm is None else f"LLM policy {self.goal.llm.model} with built-in fallback"
         self.store.log("plan", plan=plan, policy=policy)
-        return {"plan": plan, "started": time.time(), "log": [f"plan: {policy}"]}
+        return {"plan": plan, "started": time.time()}
 
     def write_job_config(self) -> pathlib.Path:
         cfg = dict(self.base_cfg)
         cfg["perturbations"] = [p.model_dump(exclude_unset=True) for p in self.goal.perturbations]
         path = self.private / "train.yaml"
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+        write_private(path, yaml.safe_dump(cfg, sort_keys=False))  # the perturbations: 0600
         return path
 
     def start_job(self) -> str:
-        self._tick_ev = None
+        self.tick.evidence = None
         handle = self.jobs.start("train", self.write_job_config())
         if isinstance(self.jobs, RayJobs) and self.jobs.head is not None and self.jobs.head.owned:
             (self.sdir / "ray_head.json").write_text(json.dumps({"dashboard_url": self.jobs.head.dashboard_url}))
@@ -246,24 +279,24 @@ class Controller:
         return handle
 
     def node_launch(self, s: SwarmState) -> dict[str, Any]:
-        if s.job and self.job_status(s.job) in ("RUNNING", "PENDING"):
+        if s.job and self.job_status(s.job) in JobStatus.alive():
             self.state_job = s.job
             return {}
         job = self.start_job()
         self.state_job = job
-        return {"job": job, "job_status": "PENDING", "log": [f"launched {job}"]}
+        return {"job": job, "job_status": JobStatus.PENDING, "launched": time.time()}
 
     def node_observe(self, s: SwarmState) -> dict[str, Any]:
         self.state_job = s.job
         if s.tick:
             time.sleep(self.goal.swarm.wait_s(s.quiet))
+        self.tick = Tick()
         status = self.job_status(s.job)
         self.meter = CpuMeter(s.cpu)
         self.meter.observe(self.run_dir)
         for arm in (self.sdir / "backtests").glob("bt-*"):
             if arm.is_dir():
                 self.meter.observe(arm)
-        self._tick_ev = None
         ev = self.evidence(status)
         upd: dict[str, Any] = {"tick": s.tick + 1, "job_status": status, "step": ev.step, "cpu": self.meter.state()}
         value = ev.latest_eval(self.goal.target.metric)
@@ -275,10 +308,10 @@ class Controller:
         done = None
         if (self.sdir / "stop").exists():
             done = "stopped_by_user"
-        elif status == "SUCCEEDED":
+        elif status == JobStatus.SUCCEEDED:
             done = "target_met" if self.goal.target.met(value) else "steps_exhausted"
-        elif status == "FAILED" and s.restarts >= self.goal.swarm.max_restarts:
-            done = "job_failed"   # it crashed again after max_restarts restarts
+        elif status == JobStatus.FAILED and s.restarts >= self.goal.swarm.max_restarts:
+            done = "job_failed"   # it died again after max_restarts restarts (all of them, whatever the cause)
         elif time.time() - s.started > b.wall_s:
             done = "budget_wall_clock"
         elif self.meter.total > b.worker_cpu_s:
@@ -287,77 +320,107 @@ class Controller:
             upd["done"] = done
         return upd
 
+    def known(self, ctx: Any, s: SwarmState) -> Any:
+        """What the detectors are told beyond the run's files: the context's, the goal's stale
+        heartbeat threshold and how long ago the live job was launched (its grace)."""
+        return dataclasses.replace(ctx.known(), stale_heartbeat_s=self.goal.swarm.stale_heartbeat_s,
+                                   since_launch_s=(time.time() - s.launched) if s.launched else None)
+
     def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
         ev = self.evidence(s.job_status)
-        self._recall = ([], [])
         ctx = self.context(ev)
-        findings = run_detectors(Operator.view(ev, ctx), known=ctx.known())   # once: the operators reuse them
+        findings = run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s))   # once: the operators reuse them
+        self.tick.findings = findings
         ctx.with_findings(findings)
+        self.log_findings(findings)
         wrong = [d for d in findings if d.severity != "info"]
         # skills and past episodes only when something is wrong (a healthy tick costs nothing), and
         # retrieved again only when what is wrong, the library or the memory changed: a finding that
         # persists for an hour is not re-embedded and re-queried every tick
+        m = self.memo
         key = (tuple(sorted({d.name for d in wrong})), self.knowledge.version)
-        if key != self._recall_key:
-            self._recall_key, self._program_cache = key, {}
-            self._ranked = self.knowledge.retrieve(wrong) if wrong else []
+        if key != m.recall_key:
+            m.recall_key, m.program_cache = key, {}
+            m.ranked = self.knowledge.retrieve(wrong) if wrong else []
             util = self.knowledge.utility() if wrong else {}
-            self._recall = ([skill_summary(sk, util.get(sk.name), sc) for sk, sc in self._ranked],
-                            episode_summaries(self.knowledge.relevant_episodes(wrong)) if wrong else [])
-        ranked = self._ranked
+            m.recall = ([skill_summary(sk, util.get(sk.name), sc) for sk, sc in m.ranked],
+                        episode_summaries(self.knowledge.relevant_episodes(wrong)) if wrong else [])
+        self.tick.recall = m.recall if wrong else ([], [])
+        ranked = m.ranked
         if wrong:
-            ctx = ctx.model_copy(update={"skills": self._recall[0], "episodes": self._recall[1]}).with_findings(findings)
+            ctx = ctx.model_copy(update={"skills": m.recall[0], "episodes": m.recall[1]}).with_findings(findings)
         proposals: list[Intervention] = []
         for op in self.operators:
             proposals += op.propose(ev, ctx, llm=self.llm)
         view = evidence_view(ev, findings, ctx, task=self.knowledge.task) if (proposals or ranked) else {}
         if ranked:
             fired = firing_skills([sk for sk, _ in ranked], view, self.knowledge.sandbox, self.goal.memory.program_timeout_s,
-                                  cache=self._program_cache)
+                                  cache=m.program_cache)
             now = {(sk.name, err is None) for sk, _, err in fired}
             for sk, _, err in fired:   # edge-triggered: a skill that keeps firing (or failing) is logged once
-                if (sk.name, err is None) not in self._firing:
+                if (sk.name, err is None) not in m.firing:
                     self.store.log("skill_fired" if err is None else "skill_failed", name=sk.name, step=ev.step,
                                    **({"error": err} if err else {}))
-            self._firing = now
+            m.firing = now
             proposals = apply_skills(proposals, fired, self.operators, findings, ctx)
         else:
-            self._firing = set()
-        self._view = view
-        self._proposals = proposals
+            m.firing = set()
+        self.tick.view, self.tick.proposals = view, proposals
         if self.llm is not None:
             (self.sdir / "llm_state.json").write_text(json.dumps(self.llm.state(), default=str))
         # a quiet tick skips propose … mine_skills: nothing proposed, no intervention open, and no
         # timeline row (a human decision, a transition, an episode) since the last full pass
         seq = self.store.last_seq()
-        quiet = (not proposals and self._full_seq is not None and seq == self._full_seq
-                 and not any(iv.status in OPEN for iv in self.store.list()))
-        self._pass_seq = None if quiet else seq
+        quiet = (not proposals and m.full_seq is not None and seq == m.full_seq
+                 and not any(iv.status in Status.open() for iv in self.store.list()))
+        m.pass_seq = None if quiet else seq
         return {"quiet": quiet}
 
-    # the timeline's last seq when this process's last full pass began (rows logged during or
-    # after it, a human decision included, make the next tick a full pass)
-    _full_seq: int | None = None
-    _pass_seq: int | None = None
+    def log_findings(self, findings: list[Any]) -> None:
+        """Findings about what the trainer itself noticed (a corrupt checkpoint it fell back from, a
+        refused command, skipped steps, a resume) go into the timeline once each, so the reports
+        show them; the other findings show through the interventions they lead to."""
+        for d in findings:
+            if d.name not in TRAINER_NOTICES:
+                continue
+            k = (d.name, d.summary)
+            if k not in self.memo.findings and not any(r.get("summary") == d.summary for r in self.store.timeline("finding")):
+                self.store.log("finding", name=d.name, severity=d.severity, summary=d.summary, step=d.step)
+            self.memo.findings.add(k)
 
-    _proposals: list[Intervention] = []
-    _view: dict[str, Any] = {}
-    _firing: set[tuple[str, bool]] = set()
-    _recall_key: tuple | None = None
-    _ranked: list = []
-    _program_cache: dict = {}
-    _avoided: set[str] = set()
+    def prepare(self, iv: Intervention, s: SwarmState) -> Intervention | None:
+        """A proposal as the controller will record it: the nearest change the live trainer accepts
+        (curriculum difficulties clamped to the task's range) and the controller's risk; None for
+        a restart held by the cap or the backoff (swarm.decisions.restart_hold)."""
+        if iv.kind == InterventionKind.RESTART:
+            why = restart_hold(s.restarts, self.goal.swarm.max_restarts,
+                               (time.time() - s.launched) if s.launched else None, self.goal.swarm.stale_heartbeat_s)
+            if why is not None:
+                if s.launched not in self.memo.held:     # once per launch
+                    self.memo.held.add(s.launched)
+                    self.store.log("restart_held", operator=iv.operator, diagnosis=iv.diagnosis.name, reason=why, step=s.step)
+                return None
+        if iv.changes and self.validity(iv) is not None:
+            variant = nearest_valid(iv.changes, *self.task_range)
+            if variant != iv.changes and self.validity(iv.model_copy(update={"changes": variant})) is None:
+                iv = iv.model_copy(update={"changes": variant, "rationale": iv.rationale + (
+                    f" (difficulties clamped to the task's range {self.task_range[0]}-{self.task_range[1]}: the trainer "
+                    "refuses a curriculum outside it)")})
+        return self.assess(iv)
 
     def node_propose(self, s: SwarmState) -> dict[str, Any]:
-        proposals, self._proposals = self._proposals, []
+        proposals, self.tick.proposals = self.tick.proposals, []
+        proposals = [x for x in (self.prepare(iv, s) for iv in proposals) if x is not None]
         if not proposals:
             return {}
         ev = self.evidence(s.job_status)
         ctx = self.context(ev)
-        in_flight = [iv for iv in self.store.list() if iv.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED,
-                                                                    Status.APPLIED, Status.EVALUATING)]
+        # one intervention at a time, until its first window is judged (one still inconclusive after
+        # it is looked at again later, but no longer holds the others back)
+        in_flight = [iv for iv in self.store.list() if iv.status in Status.in_flight()
+                     and not (iv.status == Status.EVALUATING and iv.outcome.get("looks"))]
         last_applied = max((iv.applied_step or 0 for iv in self.store.list() if iv.applied_step is not None), default=None)
-        chosen, last_created = [], 0.0
+        last_created = 0.0
         for iv in self.lead.arbitrate(proposals, ctx):
             urgent = iv.kind in JOB_ACTIONS
             if in_flight and not urgent:
@@ -367,121 +430,30 @@ class Controller:
                 continue
             if any(x.kind == iv.kind and x.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED) for x in in_flight):
                 continue
-            (self.windows / f"{iv.id}.json").write_text(json.dumps(self._view, default=str))
+            (self.windows / f"{iv.id}.json").write_text(json.dumps(self.tick.view, default=str))
             # the store lists (and backtests) oldest first: record in the lead's order, most urgent
             # first, not in the order the operators happened to build their proposals
             iv.created = max(time.time(), last_created + 1e-6)
             last_created = iv.created
             self.store.put(iv)
-            chosen.append(iv.id)
             self.store.log("proposed", id=iv.id, iv_kind=iv.kind.value, operator=iv.operator, policy=iv.policy,
-                           diagnosis=iv.diagnosis.name, skills=iv.skills_used)
+                           diagnosis=iv.diagnosis.name, skills=iv.skills_used, risk=iv.risk.value)
         for iv, why in self.lead.dropped:
-            if why.startswith("memory:") and iv.signature() not in self._avoided:   # once per fix, not per tick
-                self._avoided = self._avoided | {iv.signature()}
+            if why.startswith("memory:") and iv.signature() not in self.memo.avoided:   # once per fix, not per tick
+                self.memo.avoided.add(iv.signature())
                 self.store.log("avoided", signature=iv.signature(), operator=iv.operator, reason=why, step=s.step)
-        return {"proposed": self.pending()} if chosen else {}
+        return {}
 
     def pending(self) -> list[str]:
         """Interventions not yet decided, oldest first. The store, not the graph state, is the
         source of truth, so nothing proposed is lost when the controller dies mid-node."""
-        return [iv.id for iv in self.store.list() if iv.status in (Status.PROPOSED, Status.BACKTESTING,
-                                                                  Status.VALIDATED, Status.AWAITING_APPROVAL)]
-
-    def node_backtest(self, s: SwarmState) -> dict[str, Any]:
-        bt = self.goal.swarm.backtest
-        for iid in self.pending():
-            iv = self.store.get(iid)
-            if iv.status not in (Status.PROPOSED, Status.BACKTESTING):
-                continue
-            if iv.kind not in JOB_ACTIONS and self.job_action_first(s.job_status):
-                continue
-            noop = self.noop_harness_edit(iv, s.job_status) if iv.status == Status.PROPOSED else None
-            if noop:
-                self.store.transition(iid, Status.REJECTED, noop)
-                self.open_pr(self.store.get(iid))
-                self.ws.reject(iid, note=noop)
-                continue
-            if iv.kind == InterventionKind.RESTART or (iv.kind == InterventionKind.ROLLBACK and iv.diagnosis.name in DIVERGENCE):
-                iv.backtest_skipped = ("restart after a crash/stall: nothing to compare against" if iv.kind == InterventionKind.RESTART
-                                       else "rollback of a diverged run: the control arm is the divergence")
-                self.store.put(iv)
-                self.store.transition(iid, Status.VALIDATED, iv.backtest_skipped)
-                continue
-
-            trust = (self.knowledge.trusted(iv.skills_used)
-                     if iv.status == Status.PROPOSED and not skill_proposed(iv) else None)
-            if trust is not None:
-                iv.backtest_skipped = trust
-                self.store.put(iv)
-                self.store.transition(iid, Status.VALIDATED, trust)
-                continue
-            ack = self.command("checkpoint", f"{iid}-bt", name=f"bt-{iid}")
-            if not ack or ack.get("status") != "applied":
-                self.store.transition(iid, Status.REJECTED, "could not checkpoint the live job for a backtest")
-                continue
-            if iv.status == Status.PROPOSED:
-                self.store.transition(iid, Status.BACKTESTING, f"forked at step {ack['step']}")
-            target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
-            cand = next((c for c in self.checkpoints() if c["name"] == target), None)
-            def backtest(horizon: int, label: str = ""):
-                return run_backtest(
-                    iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
-                    candidate_ckpt=str(self.run_dir / "checkpoints" / f"{target}.pt") if cand else None,
-                    candidate_step=cand["step"] if cand else None,
-                    target=self.goal.target, horizon=horizon, seeds=bt.seeds, eval_size=bt.eval_size, alpha=bt.alpha,
-                    jobs=self.jobs, workdir=self.sdir / "backtests", config_dir=self.private / "backtests", label=label,
-                    private_perturbations=[p.model_dump(exclude_unset=True) | {"at_step": 0}
-                                           for p in self.goal.perturbations if p.kind == "label_noise" or p.shortcut == "label_noise"],
-                )
-
-            res = backtest(bt.horizon_steps)
-            if not res.passed and iv.diagnosis.severity == "critical" and bt.critical_extend > 1:
-                # a critical finding's fix gets a second, longer look from the same fork before it
-                # is given up: its effect may need more than the horizon to show
-                first = res
-                res = backtest(bt.horizon_steps * bt.critical_extend, label=f"-x{bt.critical_extend}")
-                res.note = "; ".join(x for x in (
-                    f"first backtest over {first.horizon_steps} steps not validated (effect {first.effect:+.3f}, "
-                    f"p={first.p_value:.3f}, {first.test}); a critical finding: tested again over {res.horizon_steps} steps",
-                    res.note) if x)
-            iv = self.store.get(iid)
-            iv.backtest = res
-            self.store.put(iv)
-            self.store.transition(iid, Status.VALIDATED if res.passed else Status.REJECTED,
-                                  f"effect {res.effect:+.3f}, p={res.p_value:.3f}")
-            if not res.passed:  # a rejected intervention is still a PR: closed, with its report
-                self.open_pr(self.store.get(iid))
-                self.ws.reject(iid, note=f"backtest: effect {res.effect:+.3f}, p={res.p_value:.3f}")
-        return {}
-
-    def job_action_first(self, job_status: str) -> bool:
-        """Hold other backtests while a restart or rollback is validated but not yet applied (this
-        tick's gate and apply do it: a backtest now would fork the run it replaces, and meanwhile
-        the checkpoint it rolls back to could leave the trainer's retention window), and until the
-        job it started has written its first metrics row."""
-        ivs = self.store.list()
-        if any(x.kind in JOB_ACTIONS and x.status == Status.VALIDATED for x in ivs):
-            return True
-        applied = [h["time"] for x in ivs if x.kind in JOB_ACTIONS for h in x.history if h.get("to") == "applied"]
-        if not applied:
-            return False
-        rows = self.evidence(job_status).metrics
-        return not rows or float(rows[-1].get("time", 0.0)) < max(applied)
-
-    def noop_harness_edit(self, iv: Intervention, job_status: str) -> str | None:
-        """Why a harness-only edit would change nothing (else None): see swarm.backtest.noop_harness_edit."""
-        live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics)
-                     if r.get("harness_version")), None)
-        return noop_harness_edit(iv.changes, self.ws.current_harness(), live)
-
-    _closed: set[str] = set()
+        return [iv.id for iv in self.store.list() if iv.status in Status.undecided()]
 
     def close_rejected(self) -> None:
         """Every rejected intervention is a closed PR with its report. A controller killed between
         recording a rejection and closing its PR (or before opening one) finishes the job here."""
         for iv in self.store.list():
-            if iv.status != Status.REJECTED or iv.id in self._closed:
+            if iv.status != Status.REJECTED or iv.id in self.memo.closed:
                 continue
             try:
                 state = self.ws.pr_state(iv.id)
@@ -489,10 +461,10 @@ class Controller:
                 self.open_pr(iv)
                 state = "open"
             if state == "open":
-                note = f"backtest: effect {iv.backtest.effect:+.3f}, p={iv.backtest.p_value:.3f}" if iv.backtest else \
+                note = f"backtest: {iv.backtest.signal} effect {iv.backtest.effect:+.3f}, P(no gain)={iv.backtest.p_value:.3f}" if iv.backtest else \
                     (iv.history[-1]["note"] if iv.history else "")
                 self.ws.reject(iv.id, note=note)
-            self._closed = self._closed | {iv.id}
+            self.memo.closed.add(iv.id)
 
     def node_gate(self, s: SwarmState) -> dict[str, Any]:
         self.close_rejected()
@@ -523,7 +495,6 @@ class Controller:
     def node_apply(self, s: SwarmState) -> dict[str, Any]:
         upd: dict[str, Any] = {}
         human = self.human_decisions()
-        remaining = []
         for iid in self.pending():
             iv = self.store.get(iid)
             decision = human.get(iid)
@@ -534,21 +505,21 @@ class Controller:
                 continue
             if iv.status == Status.VALIDATED or (iv.status == Status.AWAITING_APPROVAL and decision == "human_approve"):
                 upd.update(self.apply(iv, s))
-                continue
-            if iv.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL):
-                remaining.append(iid)
-        upd["proposed"] = remaining
         return upd
 
     def apply(self, iv: Intervention, s: SwarmState) -> dict[str, Any]:
         upd: dict[str, Any] = {}
         began, pre = time.time(), None
+        iv.outcome["cpu_at_apply"] = round(self.live_cpu(), 3)
         if iv.kind == InterventionKind.RESTART:
-            if s.job and self.job_status(s.job) not in TERMINAL:
+            if s.restarts >= self.goal.swarm.max_restarts:   # the cap, whatever validated the restart
+                self.store.transition(iv.id, Status.REJECTED, f"max_restarts={self.goal.swarm.max_restarts} reached")
+                return {}
+            if s.job and self.job_status(s.job) not in JobStatus.terminal():
                 self.stop_job(s.job)
             job = self.start_job()
             self.state_job = job
-            upd = {"job": job, "restarts": s.restarts + 1, "job_status": "PENDING"}
+            upd = {"job": job, "restarts": s.restarts + 1, "job_status": JobStatus.PENDING, "launched": time.time()}
             step = s.step
         else:
             pre = self.command("checkpoint", f"{iv.id}-pre", name=f"pre-{iv.id}")
@@ -562,7 +533,11 @@ class Controller:
             if changes:
                 ack = self.command("set_fields", f"{iv.id}-apply", fields=changes)
                 if not ack or ack.get("status") != "applied":
-                    self.store.transition(iv.id, Status.REJECTED, f"the trainer refused the change: {ack and ack.get('reason')}")
+                    why = f"the trainer refused the change: {ack and ack.get('reason')}"
+                    iv = self.store.get(iv.id)
+                    iv.outcome["refused"] = why      # a loss in memory: never retried
+                    self.store.put(iv)
+                    self.store.transition(iv.id, Status.REJECTED, why)
                     self.ws.reject(iv.id)
                     return {}
                 step = ack["step"]
@@ -590,8 +565,7 @@ class Controller:
         t_ckpt = next((c.get("time", 0.0) for c in self.checkpoints() if c["name"] == checkpoint), None)
         if t_ckpt is None:
             return {}
-        live = (Status.APPLIED, Status.EVALUATING, Status.KEPT)
-        later = [x for x in self.store.list() if x.id != exclude and x.status in live and x.changes
+        later = [x for x in self.store.list() if x.id != exclude and in_force(x) and x.changes
                  and x.outcome.get("since_time", 0.0) > t_ckpt]
         return {x.id: dict(x.changes) for x in sorted(later, key=lambda x: x.outcome["since_time"])}
 
@@ -616,64 +590,12 @@ class Controller:
         good = [c for c in self.checkpoints() if c["step"] < start and not c["name"].startswith("bt-")]
         return good[-1]["name"] if good else None
 
-    def node_evaluate(self, s: SwarmState, final: bool = False) -> dict[str, Any]:
-        """Judge applied interventions once `evaluate_window_steps` have passed (with `final`, at the
-        end of the run, on whatever window there is)."""
-        window = self.goal.swarm.evaluate_window_steps
-        human = self.human_decisions()
-        ev = None
-        for iv in self.store.list():
-            if iv.status == Status.APPLIED:
-                self.store.transition(iv.id, Status.EVALUATING, f"judged over the next {window} steps")
-                iv = self.store.get(iv.id)
-            if iv.status not in (Status.EVALUATING, Status.KEPT):
-                continue
-            if human.get(iv.id) == "human_rollback":
-                self.roll_back(iv, "rolled back by a human")
-                continue
-            if iv.status != Status.EVALUATING or iv.applied_step is None:
-                continue
-            # the live step and evals of the timeline it created: a rollback moved the step counter
-            # back, so the graph state's step (from before it) and older evals say nothing about it
-            ev = ev or self.evidence(s.job_status)
-            if ev.step < iv.applied_step + window and not final:
-                continue
-            t_applied = iv.outcome.get("since_time", 0.0)
-            after = [r[self.goal.target.metric] for r in ev.evals if r.get("step", 0) > iv.applied_step
-                     and r.get("time", t_applied) >= t_applied and isinstance(r.get(self.goal.target.metric), (int, float))]
-            if final and not after:
-                continue     # nothing measured after it: stays evaluating, no episode
-            base = iv.outcome.get("baseline")
-            now = after[-1] if after else None
-            steps = min(window, max(ev.step - iv.applied_step, 0))
-            iv.outcome.update({"after": now, "window_steps": steps,
-                               "rule": "kept unless the target metric after the window is worse than before applying"
-                                       + (" (judged at the end of the run, before the full window)" if steps < window else "")})
-            self.store.put(iv)
-            worse = now is not None and base is not None and (now < base - 0.02 if self.goal.target.op == ">=" else now > base + 0.02)
-            if worse:
-                self.roll_back(iv, f"{self.goal.target.metric} {base} → {now} over {steps} steps")
-            else:
-                self.store.transition(iv.id, Status.KEPT, f"{self.goal.target.metric} {base} → {now} over {steps} steps")
-        return {}
-
-    def roll_back(self, iv: Intervention, note: str) -> None:
-        # the checkpoint taken before applying holds the recipe and harness of that moment too
-        if iv.checkpoint_before:
-            self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
-            carried = self.carry_over(iv.id, iv.checkpoint_before)
-            if carried:  # fixes applied after this one stay in force
-                self.command("set_fields", f"{iv.id}-undo-carry", fields=carried)
-        if self.ws.pr_state(iv.id) == "merged":   # reverted before a crash: not again
-            self.ws.rollback(iv.id)
-        self.store.transition(iv.id, Status.ROLLED_BACK, note)
-
     def node_mine_skills(self, s: SwarmState) -> dict[str, Any]:
         """Evaluated interventions become episodes in memory; when there are new ones, the skill
         miner distils, updates or retires skills (swarm/knowledge.py, agents/miner.py)."""
         done = {(r.get("id"), r.get("status")) for r in self.store.timeline("episode")}
         for iv in self.store.list():
-            if iv.status not in (Status.KEPT, Status.ROLLED_BACK, Status.REJECTED) or (iv.id, iv.status.value) in done:
+            if iv.status not in Status.judged() or (iv.id, iv.status.value) in done:
                 continue
             p = self.windows / f"{iv.id}.json"
             window = json.loads(p.read_text()) if p.exists() else {}
@@ -689,8 +611,6 @@ class Controller:
             self.store.log("skills_mined", through=newest)
         return {}
 
-    _reported_seq: int = -1
-
     def node_report(self, s: SwarmState) -> dict[str, Any]:
         """Keep `.swarm/status.json` (the summary so far: target, steps, CPU, every intervention and
         its status) current for readers in other terminals. Per-intervention reports are written
@@ -701,17 +621,18 @@ class Controller:
         # backtest forks, pre-apply checkpoints, arms no one needs
 
         enforce_retention(self.run_dir, self.sdir / "backtests", self.private / "backtests", self.store.list(), s.cpu)
+        m = self.memo
         if not s.quiet:
-            self._full_seq = self._pass_seq
-        rows = self.store.timeline(since=max(self._reported_seq, 0))
-        seq = rows[-1]["seq"] if rows else self._reported_seq
-        if seq != self._reported_seq:
+            m.full_seq = m.pass_seq
+        rows = self.store.timeline(since=max(m.reported_seq, 0))
+        seq = rows[-1]["seq"] if rows else m.reported_seq
+        if seq != m.reported_seq:
             atomic_write_text(self.sdir / "status.json", json.dumps(self.summary(s), indent=1, default=str))
-            self._reported_seq = seq
+            m.reported_seq = seq
         return {}
 
     def node_finish(self, s: SwarmState) -> dict[str, Any]:
-        if s.job and self.job_status(s.job) not in TERMINAL:
+        if s.job and self.job_status(s.job) not in JobStatus.terminal():
             self.command("stop", "controller-stop", timeout=120)
             self.stop_job(s.job)
         self.node_evaluate(s, final=True)    # what was applied is judged on the window it got,
@@ -727,7 +648,7 @@ class Controller:
         self.jobs.close()
         self.knowledge.export()
         (self.sdir / "ray_head.json").unlink(missing_ok=True)
-        return {"log": [f"finished: {s.done}; report {path}"]}
+        return {}
 
     def summary(self, s: SwarmState) -> dict[str, Any]:
         ivs = self.store.list()
@@ -736,6 +657,8 @@ class Controller:
         value = final[-1].get(self.goal.target.metric) if final else s.best
         reached = self.goal.target.met(value)
         t_target = next((r["time"] - s.started for r in rows if self.goal.target.met(r.get(self.goal.target.metric))), None)
+        waste = self.wasted_cpu()
+        wasted = waste["by_intervention"]
         return {
             "reached": bool(reached), "reason": s.done, "final_metric": value, "metric": self.goal.target.metric,
             "steps": s.step, "wall_s": time.time() - s.started if s.started else 0.0,
@@ -747,8 +670,14 @@ class Controller:
                                "diagnosis": iv.diagnosis.name, "status": iv.status.value,
                                "effect": iv.backtest.effect if iv.backtest else None,
                                "p_value": iv.backtest.p_value if iv.backtest else None,
+                               "signal": iv.backtest.signal if iv.backtest else None, "risk": iv.risk.value,
+                               "backtest_cpu_s": iv.outcome.get("backtest_cpu_s"),
+                               "wasted_cpu_s": wasted[iv.id]["cpu_s"] if iv.id in wasted else 0.0,
                                "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step} for iv in ivs],
             "backtests": sum(1 for iv in ivs if iv.backtest is not None),
+            "wasted_cpu_s": waste["total_cpu_s"],
+            "trainer_notices": [{"name": r.get("name"), "summary": r.get("summary"), "step": r.get("step")}
+                                for r in self.store.timeline("finding")],
             "rejected_by_backtest": sum(1 for iv in ivs if iv.status == Status.REJECTED and iv.backtest is not None),
             "skills": self.skill_summary(),
             "llm": self.llm.summary() if self.llm is not None else {"calls": 0, "tokens": 0, "cost_usd": 0.0, "policy": "built-in"},

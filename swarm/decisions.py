@@ -353,6 +353,8 @@ class Window:
     eval_size: int = 200
     target_is_rate: bool = True
     higher_is_better: bool = True
+    look: int = 1                         # this look's number (one per window; the error rate is spent over them)
+    last_look: bool = True                # no look after this one (the run ends)
 
 
 @dataclass(frozen=True)
@@ -375,7 +377,13 @@ class RolledBack:
     undo: bool            # True: the window is credibly worse than the control, restore the pre-apply state
 
 
-Judgement = Union[Kept, RolledBack]
+@dataclass(frozen=True)
+class Pending:
+    """Inconclusive, and a later window will be looked at."""
+    reason: str
+
+
+Judgement = Union[Kept, RolledBack, Pending]
 
 
 def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
@@ -383,12 +391,18 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     (the control, a dead or hung job, trains none). Any other intervention: the target after the
     window against the control, with the posterior of `decide` (one observation, binomial noise on
     a rate, the control's own standard error): P(worse by delta) >= 1 - alpha → RolledBack(undo);
-    P(better by delta) >= 1 - alpha → Kept; otherwise RolledBack(undo=False): no measured gain is
-    counted as a loss, and the run is not set back for it (the pre-apply state was no better)."""
+    P(better by delta) >= 1 - alpha / 2^look → Kept (the error rate spent over the looks: at most
+    alpha in all, however many windows are looked at); otherwise Pending until the last look
+    (the end of the run), then RolledBack(undo=False): no measured gain is counted as a loss, and
+    the run is not set back for it (the pre-apply state was no better)."""
     if window.kind == K.RESTART:
         if window.steps >= window.window_steps:
             return Kept(f"the job trained {window.steps} steps after the restart (a dead job trains none)")
+        if not window.last_look:
+            return Pending(f"the job trained {window.steps} of {window.window_steps} steps after the restart so far")
         return RolledBack(f"the job trained only {window.steps} of {window.window_steps} steps after the restart", undo=False)
+    if (window.after is None or control.value is None) and not window.last_look:
+        return Pending(f"nothing to compare yet ({control.source} {control.value}, after {window.after})")
     if window.after is None or control.value is None:
         return RolledBack(f"no measured gain: nothing to compare ({control.source} {control.value}, after {window.after})",
                           undo=False)
@@ -403,14 +417,18 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     if var <= 0:
         if d > delta:
             return Kept(f"{what}: better")
+        if d >= -delta and not window.last_look:
+            return Pending(f"{what}: no measured gain yet")
         return RolledBack(f"{what}: no measured gain", undo=d < -delta)
     se = math.sqrt(var)
     p_gain, p_harm = _phi((d - delta) / se), _phi((-delta - d) / se)
     odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
     if p_harm >= 1 - alpha:
         return RolledBack(f"{what}: credibly worse ({odds})", undo=True)
-    if p_gain >= 1 - alpha:
+    if p_gain >= 1 - alpha / 2 ** max(window.look, 1):
         return Kept(f"{what}: credibly better ({odds})")
+    if not window.last_look:
+        return Pending(f"{what}: no measured gain yet ({odds})")
     return RolledBack(f"{what}: no measured gain ({odds})", undo=False)
 
 
@@ -438,3 +456,18 @@ def wasted(status: str, outcome: dict[str, Any]) -> Waste:
         return Waste(bt, win if undone else 0.0, ("backtest and window of an intervention rolled back" if undone
                                                   else "backtest of an intervention with no measured gain",))
     return Waste()
+
+
+# ---- restarts -----------------------------------------------------------------------------------
+
+
+def restart_hold(restarts: int, max_restarts: int, since_launch_s: float | None, grace_s: float) -> str | None:
+    """Why no restart may be proposed now (None: one may). One cap over all restarts of the run,
+    whatever their cause; and an exponential backoff: the live job gets grace_s × 2^restarts
+    seconds from its launch before it can be restarted (the first launch's grace is grace_s)."""
+    if restarts >= max_restarts:
+        return f"max_restarts={max_restarts} reached ({restarts} restarts)"
+    wait = grace_s * 2 ** restarts
+    if since_launch_s is not None and since_launch_s < wait:
+        return f"backoff: the job was launched {since_launch_s:.0f} s ago, restart {restarts + 1} waits {wait:.0f} s"
+    return None

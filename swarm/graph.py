@@ -11,32 +11,34 @@ ids that the trainer acknowledges once, and intervention statuses move only forw
 """
 from __future__ import annotations
 
-import operator
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
+from agents.domain import JobStatus
+
 
 @dataclass
 class SwarmState:
+    """The graph's checkpointed state. What an intervention is and where it stands lives in the
+    store (swarm/store.py), not here: nothing proposed is lost when the controller dies mid-node."""
     tick: int = 0
     job: str | None = None             # the live job's handle
     job_name: str = "train"
-    job_status: str = "PENDING"
-    restarts: int = 0
+    job_status: JobStatus = JobStatus.PENDING
+    restarts: int = 0                  # every restart of the run, whatever its cause (capped by max_restarts)
+    launched: float = 0.0              # when the live job was launched (its grace and the restart backoff)
     step: int = 0
     best: float | None = None
     started: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
     to_target: dict[str, float] = field(default_factory=dict)  # wall and worker-CPU seconds when first met
-    proposed: list[str] = field(default_factory=list)   # intervention ids waiting for the backtest/gate
     done: str | None = None            # why the run ended
     quiet: bool = False                # this tick found nothing to do past diagnose
     plan: str = ""
-    log: Annotated[list[str], operator.add] = field(default_factory=list)
 
 
 def route_after_observe(state: SwarmState) -> Literal["finish", "diagnose"]:

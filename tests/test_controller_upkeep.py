@@ -98,6 +98,20 @@ def test_git_identity_from_git_config_global_is_respected(tmp_path, monkeypatch)
     assert author.strip() == "swarmlab"
 
 
+def backtest(iv, jobs, tmp_path, *, step, seeds, eval_size, **kw):
+    """The arms through swarm.backtest.run_arms and the decision through swarm.decisions.decide,
+    with the settings the controller uses (swarm.backtest.rule_for)."""
+    from swarm.backtest import result, rule_for, run_arms
+    from swarm.decisions import decide
+
+    base = {"recipe": {"algorithm": "sft"}}
+    pairs, cpu = run_arms(iv, base_config=base, ckpt="x.pt", step=step, metric="heldout_acc", horizon=40, seeds=seeds,
+                          eval_size=eval_size, jobs=jobs, workdir=tmp_path / "bt", **kw)
+    d = decide(pairs, rule_for(iv, base, alpha=0.2, higher_is_better=True, metric="heldout_acc", eval_size=eval_size,
+                               looks=1, look=1, extend_factor=1))
+    return result(d, pairs, metric="heldout_acc", horizon=40, seeds=seeds, cpu_s=cpu)
+
+
 class ScriptedArms:
     """A launcher for backtest arms that writes the metrics an arm would (tests only): every arm
     scores 0 held-out and 0 pass rate; the loss is `loss(arm_config)`."""
@@ -134,9 +148,6 @@ def test_backtest_breaks_a_double_tie_on_the_sft_loss_only_when_it_compares(tmp_
     both arms score 0 held-out and 0 pass rate over a short horizon. The candidate whose SFT loss
     falls wins on the loss when the arms' losses are over the same targets (a recipe or template
     change); a change to the examples (curriculum) or to the targets (answer format) does not."""
-    from swarm.backtest import run_backtest
-    from agents.domain import Target
-
     iv = Intervention(kind=InterventionKind.RECIPE_EDIT if "recipe.lr" in changes else InterventionKind.HARNESS_EDIT,
                       changes=changes, diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics",
                                                            policy="builtin"), rationale="r", operator="diagnostics", policy="builtin")
@@ -146,32 +157,26 @@ def test_backtest_breaks_a_double_tie_on_the_sft_loss_only_when_it_compares(tmp_
         cand = "candidate" in cfg["name"]
         return (1.9 - (0.02 * step if cand else 0.0)) + seed_noise[cfg["seed"]]
 
-    res = run_backtest(iv, base_config={"recipe": {"algorithm": "sft"}}, ckpt="x.pt", step=100, target=Target(threshold=0.9),
-                       horizon=40, seeds=[0, 1, 2], eval_size=50, alpha=0.2, jobs=ScriptedArms(loss), workdir=tmp_path / "bt")
+    res = backtest(iv, ScriptedArms(loss), tmp_path, step=100, seeds=[0, 1, 2], eval_size=50)
     assert res.candidate == [0.0, 0.0, 0.0] == res.control
     assert res.passed is passes
     if passes:
-        assert "SFT training loss" in res.test and res.effect == pytest.approx(0.02 * 30.5, rel=1e-6) and res.p_value < 0.01
+        assert res.signal == "SFT training loss" and res.effect == pytest.approx(0.02 * 30.5, rel=1e-6) and res.p_value < 0.01
     else:
-        assert "pass rate" in res.test and res.effect == 0.0
+        assert "no measured gain" in res.note and "SFT training loss" not in res.test
 
 
 def test_backtest_treats_one_held_out_example_as_a_tie_and_goes_on_to_the_loss(tmp_path):
     """A restart from scratch 40 steps in: one candidate seed gets 1 of 200 held-out right (0.005)
     by chance, the others nothing. That is no evidence either way; the SFT loss decides."""
-    from swarm.backtest import run_backtest
-    from agents.domain import Target
-
     iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001},
                       diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics", policy="builtin"),
                       rationale="r", operator="diagnostics", policy="builtin")
     arms = ScriptedArms(lambda cfg, step: 1.9 - (0.02 * step if "candidate" in cfg["name"] else 0.0) + 0.01 * cfg["seed"],
                         heldout=lambda cfg: 0.005 if cfg["name"].endswith("candidate-s1") else 0.0)
-    res = run_backtest(iv, base_config={"recipe": {"algorithm": "sft"}}, ckpt="x.pt", step=400, target=Target(threshold=0.9),
-                       horizon=40, seeds=[0, 1, 2], eval_size=200, alpha=0.2, jobs=arms, workdir=tmp_path / "bt",
-                       candidate_ckpt="init.pt", candidate_step=0)
+    res = backtest(iv, arms, tmp_path, step=400, seeds=[0, 1, 2], eval_size=200, candidate_ckpt="init.pt", candidate_step=0)
     assert res.candidate == [0.0, 0.005, 0.0] and res.passed
-    assert res.test.startswith("near-tie (|difference| ≤ one held-out example of 200 per seed)") and "SFT training loss" in res.test
+    assert res.signal == "SFT training loss" and "target" in res.test
     cand_cfg = (tmp_path / "bt" / f"bt-{iv.id}-candidate-s0.yaml")
     import yaml
 
@@ -309,7 +314,7 @@ def test_proposals_are_recorded_and_backtested_in_the_leads_order(tmp_path):
     rollback = iv(InterventionKind.ROLLBACK, "not_learning", "warning", {"recipe.lr": 0.001})
     template = iv(InterventionKind.HARNESS_EDIT, "template_mismatch", "critical", {"harness.template": "{question}="})
     assert rollback.created < template.created
-    ctrl._proposals = [rollback, template]
+    ctrl.tick.proposals = [rollback, template]
     ctrl.node_propose(SwarmState(job_status="RUNNING", tick=1, step=100))
     assert [x.id for x in ctrl.store.list()] == [template.id, rollback.id]
     assert ctrl.pending() == [template.id, rollback.id]
@@ -340,14 +345,14 @@ def test_a_validated_rollback_holds_other_backtests_until_its_job_writes_and_noo
     ctrl.store.transition(rb.id, Status.VALIDATED, "rollback of a diverged run")
     assert ctrl.job_action_first("RUNNING") is True
     ctrl.store.transition(rb.id, Status.APPLIED, "applied")
-    ctrl._tick_ev = None
+    ctrl.tick.evidence = None
     assert ctrl.job_action_first("RUNNING") is True                      # the new job has written nothing yet
     harness = ctrl.ws.current_harness()
     ctrl.run_dir.mkdir(parents=True, exist_ok=True)
     row = {"step": 1, "segment": 1, "time": time.time() + 1, "loss": 1.0,
            "harness_version": HarnessSpec.model_validate(harness).version}
     (ctrl.run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
-    ctrl._tick_ev = None
+    ctrl.tick.evidence = None
     assert ctrl.job_action_first("RUNNING") is False
 
     def edit(template):
@@ -368,19 +373,16 @@ def test_backtest_validates_on_a_lower_sft_loss_when_the_target_cannot_tell_yet(
     """A template fix early in a run: held-out differs by noise (not a tie, not significant), the
     candidate's SFT loss is clearly lower on every seed. Validated — unless the target is worse by
     more than one held-out example on some seed."""
-    from swarm.backtest import run_backtest
-    from agents.domain import Target
-
     iv = Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.template": "{question}="},
                       diagnosis=Diagnosis(name="template_mismatch", summary="cut", operator="harness_critic",
                                           policy="builtin"), rationale="r", operator="harness_critic", policy="builtin")
     arms = ScriptedArms(lambda cfg, step: (1.0 if "candidate" in cfg["name"] else 1.4) + 0.01 * cfg["seed"],
                         heldout=lambda cfg: next((v for k, v in heldout.items() if cfg["name"].endswith(k)), 0.0))
-    res = run_backtest(iv, base_config={"recipe": {"algorithm": "sft"}}, ckpt="x.pt", step=300, target=Target(threshold=0.9),
-                       horizon=40, seeds=[0, 1], eval_size=200, alpha=0.2, jobs=arms, workdir=tmp_path / "bt")
-    assert res.test == "one-sided paired t-test over seeds on the target metric"
+    res = backtest(iv, arms, tmp_path, step=300, seeds=[0, 1], eval_size=200)
     assert res.passed is passes
-    assert ("validated on the mean SFT training loss" in res.note) is passes
+    assert (res.signal == "SFT training loss") is passes
+    if not passes:
+        assert "target lower for the candidate" in res.note
 
 
 @pytest.mark.parametrize("severity,validated", [("critical", True), ("warning", False)])
@@ -396,14 +398,15 @@ def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeyp
     ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
     calls = []
 
-    def fake_backtest(iv, *, horizon, label="", **kw):
+    def fake_arms(iv, *, horizon, label="", **kw):
+        """Arms that score 0 vs 0 over the horizon and 0.3 vs 0 over a longer one."""
+        from swarm.decisions import ArmScore, Pair
+
         calls.append((horizon, label, kw["ckpt"], kw["step"]))
         long = horizon > goal.swarm.backtest.horizon_steps
-        return BacktestResult(metric="heldout_acc", candidate=[0.3 if long else 0.0] * 2, control=[0.0] * 2,
-                              effect=0.3 if long else 0.0, p_value=0.0 if long else 1.0, test="paired t",
-                              horizon_steps=horizon, seeds=[0, 1], passed=long)
+        return [Pair(s, ArmScore(0.3 if long else 0.0), ArmScore(0.0)) for s in kw["seeds"]], 1.5
 
-    monkeypatch.setattr("swarm.controller.run_backtest", fake_backtest)
+    monkeypatch.setattr("swarm.deciding.run_arms", fake_arms)
     monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120})
     d = Diagnosis(name="template_mismatch", summary="cut", operator="harness_critic", policy="builtin", severity=severity)
     iv = Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.template": "Q: {question}\nA:"}, diagnosis=d,
@@ -415,7 +418,8 @@ def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeyp
     if validated:
         assert [c[:2] for c in calls] == [(h, ""), (4 * h, "-x4")] and calls[0][2:] == calls[1][2:]
         assert got.status == Status.VALIDATED and got.backtest.horizon_steps == 4 * h
-        assert got.backtest.note.startswith(f"first backtest over {h} steps not validated")
+        assert got.backtest.note.startswith(f"look 1 over {h} steps: inconclusive")
+        assert got.outcome["backtest_cpu_s"] == 3.0 == got.backtest.cpu_s      # both looks' arms
     else:
         assert [c[:2] for c in calls] == [(h, "")] and got.status == Status.REJECTED
     ctrl.knowledge.close()
@@ -423,8 +427,11 @@ def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeyp
     ctrl.lock.release()
 
 
-@pytest.mark.parametrize("name,backtested", [("loss_spike", False), ("reward_hacking", False), ("template_mismatch", True)])
-def test_only_a_rollback_of_a_divergence_skips_its_backtest(tmp_path, monkeypatch, name, backtested):
+@pytest.mark.parametrize("name,confirmed,backtested", [("loss_spike", True, False), ("reward_hacking", True, False),
+                                                      ("loss_spike", False, True), ("template_mismatch", True, True)])
+def test_only_a_confirmed_divergence_rollback_skips_its_backtest(tmp_path, monkeypatch, name, confirmed, backtested):
+    """A rollback claiming a divergence skips the backtest only when the controller's own detectors
+    find a divergence on this tick's evidence; a claim they do not confirm is backtested."""
     from swarm.controller import Controller
     from agents.domain import BacktestResult
     from swarm.graph import SwarmState
@@ -433,18 +440,20 @@ def test_only_a_rollback_of_a_divergence_skips_its_backtest(tmp_path, monkeypatc
     ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
     calls = []
 
-    def fake_backtest(iv, *, horizon, label="", **kw):
-        calls.append(horizon)
-        return BacktestResult(metric="heldout_acc", candidate=[0.5] * 2, control=[0.0] * 2, effect=0.5, p_value=0.0,
-                              test="paired t", horizon_steps=horizon, seeds=[0, 1], passed=True)
+    def fake_arms(iv, *, horizon, label="", **kw):
+        from swarm.decisions import ArmScore, Pair
 
-    monkeypatch.setattr("swarm.controller.run_backtest", fake_backtest)
+        calls.append(horizon)
+        return [Pair(s, ArmScore(0.8), ArmScore(0.0)) for s in kw["seeds"]], 1.0
+
+    monkeypatch.setattr("swarm.deciding.run_arms", fake_arms)
     monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120})
     d = Diagnosis(name=name, summary="s", operator="x", policy="builtin", severity="critical",
                   evidence={"rollback_to": "step_0000050"})
     iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"harness.template": "{question}="}, diagnosis=d,
                       rationale="r", operator="x", policy="builtin")
     ctrl.store.put(iv)
+    ctrl.tick.findings = [d] if confirmed else []
     ctrl.node_backtest(SwarmState(job_status="RUNNING", tick=1, step=120))
     got = ctrl.store.get(iv.id)
     assert got.status == Status.VALIDATED and bool(calls) is backtested
@@ -458,17 +467,12 @@ def test_a_tie_on_the_target_goes_to_the_sft_loss_before_a_noisy_pass_rate(tmp_p
     """Measured on lr_too_high: a rollback to init at a lower lr ties the diverged control at ~0
     held-out, the control "passes" 2.5% of training answers by guessing a frequent one, and the
     candidate's loss is clearly lower. The loss decides, not the guessing."""
-    from swarm.backtest import run_backtest
-    from agents.domain import Target
-
     iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001},
                       diagnosis=Diagnosis(name="not_learning", summary="flat", operator="diagnostics", policy="builtin"),
                       rationale="r", operator="diagnostics", policy="builtin")
     arms = ScriptedArms(lambda cfg, step: (1.77 if "candidate" in cfg["name"] else 1.86) + 0.01 * cfg["seed"],
                         heldout=lambda cfg: 0.005 if cfg["seed"] == 1 else 0.0,
                         pass_rate=lambda cfg: 0.0 if "candidate" in cfg["name"] else 0.025)
-    res = run_backtest(iv, base_config={"recipe": {"algorithm": "sft"}}, ckpt="x.pt", step=300, target=Target(threshold=0.9),
-                       horizon=40, seeds=[0, 1], eval_size=200, alpha=0.2, jobs=arms, workdir=tmp_path / "bt",
-                       candidate_ckpt="init.pt", candidate_step=0)
-    assert res.test.startswith("tie on the target metric → one-sided paired t-test on the mean SFT training loss")
+    res = backtest(iv, arms, tmp_path, step=300, seeds=[0, 1], eval_size=200, candidate_ckpt="init.pt", candidate_step=0)
+    assert res.signal == "SFT training loss" and res.test.index("SFT training loss") < res.test.index("training pass rate")
     assert res.passed and res.effect == pytest.approx(0.09)

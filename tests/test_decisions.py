@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Pair, Refuse, Rejected,
-                             RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, plan, wasted)
+                             Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, plan, wasted)
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
@@ -176,6 +176,19 @@ def test_judge(name, w, c, want, undo):
     assert isinstance(got, want), (name, got)
     if undo is not None:
         assert got.undo is undo
+
+
+def test_judge_waits_for_a_later_window_while_inconclusive():
+    w = Window(K.HARNESS_EDIT, 0.0, 100, 100, look=1, last_look=False)
+    assert isinstance(judge(w, Control(0.0, 0.005, "backtest control")), Pending)
+    # credible harm is undone at once, without waiting
+    got = judge(Window(K.ROLLBACK, 0.0, 100, 100, look=1, last_look=False), Control(0.74, 0.03, "before applying"))
+    assert isinstance(got, RolledBack) and got.undo
+    # each later look needs more evidence (alpha / 2^look): 4 of 200 vs 0 is kept at the first, not the third
+    assert isinstance(judge(Window(K.HARNESS_EDIT, 0.02, 100, 100, look=1), Control(0.0, 0.005, "c")), RolledBack)
+    assert isinstance(judge(Window(K.HARNESS_EDIT, 0.03, 100, 100, look=1), Control(0.0, 0.005, "c")), Kept)
+    assert isinstance(judge(Window(K.HARNESS_EDIT, 0.03, 100, 100, look=3, last_look=False), Control(0.0, 0.005, "c")), Pending)
+    assert isinstance(judge(Window(K.RESTART, None, 20, 100, look=1, last_look=False), Control(None, None, "dead")), Pending)
 
 
 def test_waste():

@@ -7,6 +7,8 @@ The synthetic windows are hand-built metric rows, shaped like the trainer's (`tr
 """
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import math
 import random
@@ -113,7 +115,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 17
+    assert len(DETECTORS) == 21
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -287,6 +289,42 @@ def test_throughput_drop():
             r["tokens_per_s"] = 1500.0
     d = fired(make_ev(rows), "throughput_drop")
     assert d.severity == "info" and d.evidence["ratio"] < 0.5
+
+
+def test_stale_heartbeat_reads_the_goals_threshold_and_gives_every_launch_a_grace():
+    rows = sft_rows()
+    ev = make_ev(rows, heartbeat_age_s=25.0)
+    assert DETECTORS["stale_heartbeat"](ev, THRESHOLDS, KNOWN) is None                     # the 30 s floor
+    goal = dataclasses.replace(KNOWN, stale_heartbeat_s=20.0)
+    assert fired(ev, "stale_heartbeat", goal).evidence["threshold_s"] == 20.0               # swarm.stale_heartbeat_s
+    # a job launched 10 s ago, whose heartbeat file is still the dead worker's: not stale yet
+    fresh = dataclasses.replace(goal, since_launch_s=10.0)
+    assert DETECTORS["stale_heartbeat"](make_ev(rows, heartbeat_age_s=300.0), THRESHOLDS, fresh) is None
+    assert DETECTORS["crashed_job"](make_ev(rows, job_status="UNKNOWN", heartbeat_age_s=300.0), THRESHOLDS, fresh) is None
+    # past twice the threshold with no heartbeat of its own, it is stale
+    late = dataclasses.replace(goal, since_launch_s=45.0)
+    assert fired(make_ev(rows, heartbeat_age_s=300.0), "stale_heartbeat", late)
+    # a job launched long ago whose heartbeat stopped 25 s ago
+    assert fired(make_ev(rows, heartbeat_age_s=25.0), "stale_heartbeat", dataclasses.replace(goal, since_launch_s=600.0))
+
+
+def test_what_the_trainer_noticed_becomes_findings():
+    rows = sft_rows()
+    assert names(make_ev(rows)) & {"checkpoint_corrupt", "command_refused", "skipped_steps", "job_restarted"} == set()
+    ev = make_ev(rows, events=[{"event": "start", "step": 0},
+                               {"event": "checkpoint_corrupt", "step": 50, "name": "step-000050", "error": "checksum mismatch"},
+                               {"event": "resume", "step": 40}],
+                 acks=[{"id": "a1-apply", "cmd": "set_fields", "status": "rejected", "step": 55,
+                        "reason": "task 'addition': difficulty=0 outside [1, 12]"}])
+    d = fired(ev, "checkpoint_corrupt")
+    assert d.severity == "warning" and d.evidence["checkpoints"] == ["step-000050"] and "checksum" in d.evidence["errors"][0]
+    d = fired(ev, "command_refused")
+    assert "difficulty=0 outside" in d.summary and d.evidence["ids"] == ["a1-apply"]
+    assert fired(ev, "job_restarted").evidence["resumed_at_steps"] == [40]
+    rows[-3]["skipped"], rows[-3]["nonfinite"] = 1.0, 1.0
+    d = fired(make_ev(rows), "skipped_steps")
+    assert d.evidence["nonfinite"] == 1 and d.severity == "info"
+    assert "nonfinite_loss" not in names(make_ev(rows))       # one skipped step is not a divergence
 
 
 def test_stale_heartbeat_threshold_scales_with_step_time():

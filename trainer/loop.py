@@ -244,6 +244,7 @@ class Trainer:
             "step": self.step, "cursor": self.cursor, "segment": self.segment, "seen": sorted(self.seen),
             "recipe": self.recipe.model_dump(mode="json"), "harness": self.harness.model_dump(mode="json"),
             "shown": self.shown.model_dump(mode="json"), "ref": self.ref_state,
+            "faults": {"label_noise": list(self.perturber.label_noise())},   # carried into state forks only
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                     "torch": torch.get_rng_state(), "gen": self.gen.get_state()},
         }
@@ -416,6 +417,9 @@ class Trainer:
             if self.cfg.fork_mode == "full":
                 self.recipe = self.cfg.recipe.model_copy(deep=True)
                 self.harness = self.shown = self.cfg.harness.model_copy(deep=True)
+            if self.cfg.fork_mode == "state":   # the forked run's data faults go on in the fork (backtests)
+                frac, how = (st.get("faults") or {}).get("label_noise") or (0.0, "random_char")
+                self.perturber.inherited = (float(frac), str(how))
             # this run's seed picks its own sampling stream and data (same seed → same stream)
             self.gen.manual_seed(self.cfg.seed * 1000 + 17 + self.dist.rank)
             self.cursor += self.cfg.seed * 1_000_003

@@ -105,10 +105,13 @@ class Perturber:
         tmp.write_text(json.dumps({"fired": sorted(self.fired)}))
         os.replace(tmp, self.state_path)
 
+    inherited: tuple[float, str] = (0.0, "random_char")   # a fork's: the label noise of the run it forked
+
     def label_noise(self) -> tuple[float, str]:
-        """(fraction of SFT labels to corrupt now, how) — label_noise applies from its step on."""
-        return max(((p.fraction, p.noise) for i, p in enumerate(self.items) if p.kind == "label_noise" and i in self.fired),
-                   default=(0.0, "random_char"))
+        """(fraction of SFT labels to corrupt now, how) — label_noise applies from its step on, and
+        in a run forked (fork_mode state) from one where it was on."""
+        return max([(p.fraction, p.noise) for i, p in enumerate(self.items) if p.kind == "label_noise" and i in self.fired]
+                   + [self.inherited])
 
     def before_step(self, step: int, trainer: Any) -> None:
         """Apply what is due at `step`. Overrides mutate the trainer's live recipe/harness once."""

@@ -1,0 +1,251 @@
+"""The controller's side of the decision model: gathers the inputs of `swarm.decisions`' pure
+functions (the tick's findings, the change's validity and risk, the backtest's arms, the
+evaluation window and its control) and acts on their results. A mixin of
+`swarm.controller.Controller` (the graph's backtest and evaluate nodes live here); every rule is
+in swarm/decisions.py, this module only does the I/O.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, Status
+from swarm.backtest import check_change, noop_harness_edit, result, rule_for, run_arms
+from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pending, Refuse, Skip, Window, assign_risk, decide,
+                             judge, plan, rate_var, wasted)
+from trainer.config import get_dotted
+
+
+class Deciding:
+    """Backtest and evaluate nodes, and the inputs of plan / decide / judge."""
+
+    # ---- inputs ---------------------------------------------------------------------------------
+    def values_in_force(self, keys: list[str]) -> dict[str, Any]:
+        """The dotted fields' values in force: what the live run reports (its metrics' `lr`), else
+        the recipe and harness the controller last set."""
+        known = {"recipe": self.ws.current_recipe(), "harness": self.ws.current_harness()}
+        out = {k: get_dotted(known, k)[1] for k in keys}
+        rows = self.tick.evidence.metrics if self.tick.evidence is not None else []
+        live_lr = next((r.get("lr") for r in reversed(rows) if isinstance(r.get("lr"), (int, float))), None)
+        if "recipe.lr" in out and live_lr and live_lr > 0:
+            # a schedule's warm-up or decay moves the lr; compare with the larger of the two
+            out["recipe.lr"] = max(float(live_lr), float(out["recipe.lr"] or 0.0))
+        return out
+
+    def start_values(self, keys: list[str]) -> dict[str, Any]:
+        cfg = self.goal.run_config("start", "/tmp").model_dump(mode="json")
+        return {k: get_dotted(cfg, k)[1] for k in keys}
+
+    def assess(self, iv: Intervention) -> Intervention:
+        """The intervention with the controller's risk (the proposer's is kept in its outcome)."""
+        keys = list(iv.changes)
+        risk, why = assign_risk(iv, self.values_in_force(keys), self.start_values(keys))
+        return iv.model_copy(update={"risk": risk, "outcome": {**iv.outcome, "proposed_risk": iv.risk.value, "risk_reason": why}})
+
+    def validity(self, iv: Intervention) -> str | None:
+        if not iv.changes:
+            return None
+        return check_change(self.base_cfg, self.ws.current_recipe(), self.ws.current_harness(), iv.changes)
+
+    def facts(self, iv: Intervention, job_status: str) -> Facts:
+        from agents.recall import skill_proposed
+
+        bt = self.goal.swarm.backtest
+        live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics) if r.get("harness_version")), None)
+        trusted = self.knowledge.trusted(iv.skills_used) if iv.skills_used and not skill_proposed(iv) else None
+        return Facts(findings=frozenset(d.name for d in self.tick.findings), risk=iv.risk,
+                     spec=BacktestSpec(bt.horizon_steps, tuple(bt.seeds)), invalid=self.validity(iv),
+                     noop=noop_harness_edit(iv.changes, self.ws.current_harness(), live), trusted=trusted)
+
+    # ---- backtest -------------------------------------------------------------------------------
+    def node_backtest(self, s: Any) -> dict[str, Any]:
+        for iid in self.pending():
+            iv = self.store.get(iid)
+            if iv.status not in (Status.PROPOSED, Status.BACKTESTING):
+                continue
+            if iv.kind not in JOB_ACTIONS and self.job_action_first(s.job_status):
+                continue
+            if iv.status == Status.PROPOSED:
+                p = plan(iv, self.facts(iv, s.job_status))
+                if isinstance(p, Refuse):
+                    if p.reason.startswith("the live trainer would refuse"):
+                        iv.outcome["refused"] = p.reason          # a loss in memory: never retried
+                        self.store.put(iv)
+                    self.store.transition(iid, Status.REJECTED, p.reason)
+                    continue
+                if isinstance(p, Skip):
+                    iv.backtest_skipped = p.reason
+                    self.store.put(iv)
+                    self.store.transition(iid, Status.VALIDATED, p.reason)
+                    continue
+            self.backtest(iv)
+        return {}
+
+    def backtest(self, iv: Intervention) -> None:
+        bt = self.goal.swarm.backtest
+        iid = iv.id
+        ack = self.command("checkpoint", f"{iid}-bt", name=f"bt-{iid}")
+        if not ack or ack.get("status") != "applied":
+            self.store.transition(iid, Status.REJECTED, "could not checkpoint the live job for a backtest")
+            return
+        if iv.status == Status.PROPOSED:
+            self.store.transition(iid, Status.BACKTESTING, f"forked at step {ack['step']}")
+        target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
+        cand = next((c for c in self.checkpoints() if c["name"] == target), None)
+        looks = 2 if iv.diagnosis.severity == "critical" and bt.critical_extend > 1 else 1
+        horizon, label, cpu, notes = bt.horizon_steps, "", 0.0, []
+        for look in range(1, looks + 1):
+            pairs, c = run_arms(
+                iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
+                candidate_ckpt=str(self.run_dir / "checkpoints" / f"{target}.pt") if cand else None,
+                candidate_step=cand["step"] if cand else None, metric=self.goal.target.metric, horizon=horizon,
+                seeds=bt.seeds, eval_size=bt.eval_size, jobs=self.jobs, workdir=self.sdir / "backtests",
+                config_dir=self.private / "backtests", label=label)
+            cpu += c
+            rule = rule_for(iv, self.base_cfg, alpha=bt.alpha, higher_is_better=self.goal.target.op == ">=",
+                            metric=self.goal.target.metric, eval_size=bt.eval_size, looks=looks, look=look,
+                            extend_factor=bt.critical_extend)
+            d = decide(pairs, rule)
+            if not isinstance(d, Extend):
+                break
+            notes.append(f"look {look} over {horizon} steps: {d.reason}; a critical finding: looked again over "
+                         f"{horizon * d.horizon_factor} steps")
+            horizon, label = horizon * d.horizon_factor, f"-x{d.horizon_factor}"
+        res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=bt.seeds, cpu_s=cpu, note="; ".join(notes))
+        iv = self.store.get(iid)
+        iv.backtest = res
+        iv.outcome["backtest_cpu_s"] = round(cpu, 3)
+        self.store.put(iv)
+        self.store.transition(iid, Status.VALIDATED if res.passed else Status.REJECTED,
+                              f"{res.signal}: effect {res.effect:+.3f}, P(no gain)={res.p_value:.3f}")
+
+    def job_action_first(self, job_status: str) -> bool:
+        """Hold other backtests while a restart or rollback is validated but not yet applied (this
+        tick's gate and apply do it: a backtest now would fork the run it replaces, and meanwhile
+        the checkpoint it rolls back to could leave the trainer's retention window), and until the
+        job it started has written its first metrics row."""
+        ivs = self.store.list()
+        if any(x.kind in JOB_ACTIONS and x.status == Status.VALIDATED for x in ivs):
+            return True
+        applied = [h["time"] for x in ivs if x.kind in JOB_ACTIONS for h in x.history if h.get("to") == "applied"]
+        if not applied:
+            return False
+        rows = self.evidence(job_status).metrics
+        return not rows or float(rows[-1].get("time", 0.0)) < max(applied)
+
+    def noop_harness_edit(self, iv: Intervention, job_status: str) -> str | None:
+        """Why a harness-only edit would change nothing (else None): see swarm.backtest.noop_harness_edit."""
+        live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics)
+                     if r.get("harness_version")), None)
+        return noop_harness_edit(iv.changes, self.ws.current_harness(), live)
+
+    # ---- evaluate -------------------------------------------------------------------------------
+    def control_for(self, iv: Intervention) -> Control:
+        """The backtest's control arms (mean, binomial standard error), else the value measured just
+        before applying (with its own measurement noise)."""
+        rate = self.goal.target.metric in ("heldout_acc", "heldout_malformed", "heldout_truncated")
+        bt = iv.backtest
+        if bt is not None and bt.control:
+            n = self.goal.swarm.backtest.eval_size
+            m = sum(bt.control) / len(bt.control)
+            se = math.sqrt(sum(rate_var(c, n) for c in bt.control)) / len(bt.control) if rate else None
+            return Control(m, se, f"the backtest's control arms after {bt.horizon_steps} steps")
+        base = iv.outcome.get("baseline")
+        n = int(self.base_cfg["recipe"].get("eval_size") or 200)
+        se = math.sqrt(rate_var(base, n)) if rate and isinstance(base, (int, float)) else None
+        return Control(base if isinstance(base, (int, float)) else None, se, "the value before applying")
+
+    def live_cpu(self) -> float:
+        prefix = f"{self.run_dir}:"
+        return sum(v for k, v in self.meter.state().items() if k.startswith(prefix))
+
+    def node_evaluate(self, s: Any, final: bool = False) -> dict[str, Any]:
+        """Judge applied interventions after each `evaluate_window_steps` window until the judgement is
+        conclusive (with `final`, at the end of the run, on whatever window there is):
+        swarm.decisions.judge against the control."""
+        window = self.goal.swarm.evaluate_window_steps
+        human = self.human_decisions()
+        ev = None
+        for iv in self.store.list():
+            if iv.status == Status.APPLIED:
+                self.store.transition(iv.id, Status.EVALUATING, f"judged over the next {window} steps")
+                iv = self.store.get(iv.id)
+            if iv.status not in (Status.EVALUATING, Status.KEPT):
+                continue
+            if human.get(iv.id) == "human_rollback":
+                self.roll_back(iv, "rolled back by a human")
+                continue
+            if iv.status != Status.EVALUATING or iv.applied_step is None:
+                continue
+            # the live step and evals of the timeline it created: a rollback moved the step counter
+            # back, so the graph state's step (from before it) and older evals say nothing about it
+            ev = ev or self.evidence(s.job_status)
+            looks = int(iv.outcome.get("looks", 0))
+            if ev.step < iv.applied_step + window * (looks + 1) and not final:
+                continue
+            t_applied = iv.outcome.get("since_time", 0.0)
+            after = [r[self.goal.target.metric] for r in ev.evals if r.get("step", 0) > iv.applied_step
+                     and r.get("time", t_applied) >= t_applied and isinstance(r.get(self.goal.target.metric), (int, float))]
+            steps = max(ev.step - iv.applied_step, 0)
+            if final and not after and iv.kind != InterventionKind.RESTART:
+                continue     # nothing measured after it: stays evaluating, no episode
+            control = self.control_for(iv)
+            w = Window(iv.kind, after[-1] if after else None, steps, window if not final else min(window, max(steps, 1)),
+                       eval_size=int(self.base_cfg["recipe"].get("eval_size") or 200),
+                       target_is_rate=control.se is not None, higher_is_better=self.goal.target.op == ">=",
+                       look=looks + 1, last_look=final)
+            verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)
+            iv.outcome["looks"] = looks + 1
+            if isinstance(verdict, Pending):
+                iv.outcome["pending"] = verdict.reason
+                self.store.put(iv)
+                continue
+            iv.outcome.update({"after": w.after, "window_steps": steps, "control": control.value, "control_source": control.source,
+                               "window_cpu_s": round(max(self.live_cpu() - float(iv.outcome.get("cpu_at_apply", 0.0)), 0.0), 3),
+                               "rule": "swarm.decisions.judge: kept only on a measured gain over the control"
+                                       + (" (judged at the end of the run, before the full window)" if steps < window else "")})
+            iv.outcome.pop("pending", None)
+            if isinstance(verdict, Kept):
+                iv.outcome["gain"] = True
+                self.store.put(iv)
+                self.store.transition(iv.id, Status.KEPT, verdict.reason)
+            elif verdict.undo:
+                iv.outcome.update({"gain": False, "undone": True})
+                self.store.put(iv)
+                self.roll_back(iv, verdict.reason)
+            else:
+                # no measured gain: a loss in memory, never a win or a skill; left in force (the state
+                # before it was no better, and undoing costs the window's training)
+                iv.outcome.update({"gain": False, "undone": False})
+                self.store.put(iv)
+                self.store.transition(iv.id, Status.ROLLED_BACK, f"{verdict.reason}; counted as a loss, left in force")
+        return {}
+
+    def roll_back(self, iv: Intervention, note: str) -> None:
+        # the checkpoint taken before applying holds the recipe and harness of that moment too
+        iv = self.store.get(iv.id)
+        iv.outcome["undone"] = True
+        self.store.put(iv)
+        if iv.checkpoint_before:
+            self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
+            carried = self.carry_over(iv.id, iv.checkpoint_before)
+            if carried:  # fixes applied after this one stay in force
+                self.command("set_fields", f"{iv.id}-undo-carry", fields=carried)
+        if self.ws.pr_state(iv.id) == "merged":   # reverted before a crash: not again
+            self.ws.rollback(iv.id)
+        self.store.transition(iv.id, Status.ROLLED_BACK, note)
+
+    def wasted_cpu(self) -> dict[str, Any]:
+        """Worker CPU spent without a measured gain, per intervention and in total."""
+        per = {}
+        for iv in self.store.list():
+            w = wasted(iv.status.value, iv.outcome)
+            if w.total:
+                per[iv.id] = {"cpu_s": round(w.total, 3), "why": list(w.reasons)}
+        return {"total_cpu_s": round(sum(v["cpu_s"] for v in per.values()), 3), "by_intervention": per}
+
+
+def in_force(iv: Intervention) -> bool:
+    """Applied and not undone (an intervention with no measured gain that was left in force counts)."""
+    return iv.status in Status.in_force() or (iv.status == Status.ROLLED_BACK and iv.outcome.get("undone") is False)
+
