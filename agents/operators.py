@@ -446,7 +446,8 @@ class Lead:
             "3. Each proposal is backtested against a control from the current checkpoint (crash restarts and "
             f"divergence rollbacks skip it); risk {', '.join(auto) or 'none'} applies automatically, the rest waits "
             "for approval while training goes on.",
-            "4. After applying, compare the next window with the control; roll back if worse.",
+            "4. After applying, compare the next window with the backtest's control arms (or the value before "
+            "applying); roll back if worse.",
             f"5. Stop at the target (confirmed on held-out) or at the budget: {budget.get('wall_s', '?')} s wall, "
             f"{budget.get('steps', '?')} steps, {budget.get('worker_cpu_s', '?')} worker CPU s.",
         ]
