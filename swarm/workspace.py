@@ -62,6 +62,8 @@ import yaml
 from gitdb.base import IStream
 
 from harness.spec import HarnessSpec
+from sandboxes.private import private_dir
+from sandboxes.text import clean_text
 from agents.domain import Intervention, InterventionKind
 from swarm.store import SWARM_DIR, intervention_from_json, intervention_json
 from trainer.config import apply_changes, del_dotted, get_dotted, parse_yaml, put_dotted, validate_section
@@ -100,7 +102,8 @@ class Workspace:
         self.push = push
         self.push_errors: list[str] = []
         self._parsed: dict[tuple[str, str], dict[str, Any]] = {}
-        self.swarm_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.swarm_dir)             # state, logs and the private goal: 0700 whatever the umask
+        private_dir(self.swarm_dir / "private")
 
     # ---- creation -----------------------------------------------------------------------------
     @classmethod
@@ -139,7 +142,9 @@ class Workspace:
         lines = gi.read_text().splitlines() if gi.exists() else []
         if f"{SWARM_DIR}/" not in lines and SWARM_DIR not in lines:
             gi.write_text("\n".join(lines + [f"{SWARM_DIR}/"]) + "\n")
-        (root / SWARM_DIR).mkdir(exist_ok=True)
+        private_dir(root / SWARM_DIR)
+        private_dir(root / SWARM_DIR / "private")
+        private_dir(root / "skills")            # skill programs: 0700 whatever the umask
         repo.git.add("--", *files, ".gitignore")
         repo.git.commit("-m", "Workspace: goal, recipe and harness", "--", *files, ".gitignore")
         return cls(root, push=push)
@@ -298,14 +303,17 @@ class Workspace:
         hexsha = self.repo.odb.store(IStream(git.Blob.type, len(data), io.BytesIO(data))).hexsha
         return hexsha.decode() if isinstance(hexsha, bytes) else hexsha
 
-    def _tree(self, base: git.Commit, files: dict[str, bytes]) -> str:
-        """Tree sha of `base` with `files` (path → content) written, via a private index file."""
+    def _tree(self, base: git.Commit, files: dict[str, bytes], drop: str | None = None) -> str:
+        """Tree sha of `base` with `files` (path → content) written, via a private index file;
+        with `drop` (a folder path), what `base` has under it goes first."""
         fd, tmp = tempfile.mkstemp(prefix="swarm-index-", dir=self.swarm_dir)
         os.close(fd)
         os.unlink(tmp)   # read-tree wants to create it
         env = {"GIT_INDEX_FILE": tmp}
         try:
             self.repo.git.read_tree(base.hexsha, env=env)
+            if drop:
+                self.repo.git.rm("--cached", "-r", "-q", "--ignore-unmatch", "--", drop, env=env)
             args: list[str] = []
             for path, data in files.items():
                 args += ["--cacheinfo", f"100644,{self._blob(data)},{path}"]
@@ -317,7 +325,9 @@ class Workspace:
                 os.unlink(tmp)
 
     def _commit(self, tree: str, message: str, parents: list[git.Commit]) -> git.Commit:
-        return git.Commit.create_from_tree(self.repo, self.repo.tree(tree), message, parent_commits=parents, head=False)
+        # messages quote model text (rationales, skill descriptions): no escapes reach `git log`
+        return git.Commit.create_from_tree(self.repo, self.repo.tree(tree), clean_text(message), parent_commits=parents,
+                                           head=False)
 
     def _set_ref(self, ref: str, new: git.Commit, old: git.Commit | None) -> None:
         # compare-and-swap: fails if another writer moved the ref meanwhile
@@ -405,7 +415,7 @@ class Workspace:
             if state == "closed":
                 tag = self._tag(f"closed/{iv.id}")
                 message = tag.tag.message if tag.tag is not None else "rejected"
-                self.repo.create_tag(f"closed/{iv.id}", ref=commit, message=message, force=True)
+                self.repo.create_tag(f"closed/{iv.id}", ref=commit, message=clean_text(message), force=True)
             else:
                 self._set_ref(br.path, commit, tip)
         self._push("+" + ref)   # a moved tag is not a fast-forward
@@ -462,7 +472,7 @@ class Workspace:
             msg = (f"Merge intervention {id} ({iv.kind.value}): {iv.diagnosis.name}\n\n"
                    f"{_changes_line(iv.changes)}\nrisk: {iv.risk.value}; proposed by {iv.operator} ({iv.policy})")
             try:
-                self.repo.git.merge("--no-ff", "--no-edit", "-m", msg, br.name)
+                self.repo.git.merge("--no-ff", "--no-edit", "-m", clean_text(msg), br.name)
             except git.GitCommandError as e:
                 if (pathlib.Path(self.repo.git_dir) / "MERGE_HEAD").exists():
                     self.repo.git.merge("--abort")
@@ -479,11 +489,13 @@ class Workspace:
                            **{f"reports/final/{k}": v for k, v in (attachments or {}).items()}}, "Final report")
         return self.root / "reports" / "final" / "REPORT.md"
 
-    def skill_pr(self, name: str, version: int, files: dict[str, bytes], message: str, merge: bool = True) -> str:
+    def skill_pr(self, name: str, version: int, files: dict[str, bytes], message: str, merge: bool = True,
+                 replace: bool = False) -> str:
         """A new or changed skill as a PR: branch `skill/<name>-v<version>` with one commit on top of
         main writing `files` (paths under skills/<name>/), merged `--no-ff` into main when `merge`
-        (tag `merged/skill-<name>-v<version>`). Returns the branch name. Idempotent: a branch that
-        already exists (a crash after opening it) is merged, not opened again."""
+        (tag `merged/skill-<name>-v<version>`). With `replace`, `files` is the whole folder: files
+        main has under skills/<name>/ that it does not list are removed. Returns the branch name.
+        Idempotent: a branch that already exists (a crash after opening it) is merged, not opened again."""
         if not re.match(r"^[a-z0-9][a-z0-9-]{0,63}$", name) or not isinstance(version, int) or version < 1:
             raise ValueError(f"skill PR: name {name!r} / version {version!r} not usable in a branch name")
         for rel in files:
@@ -497,7 +509,7 @@ class Workspace:
             head = self.repo.heads[branch] if branch in self.repo.heads else None
             if head is None:
                 main = self.main
-                tree = self._tree(main, files)
+                tree = self._tree(main, files, drop=f"skills/{name}" if replace else None)
                 if tree == main.tree.hexsha:
                     return branch      # nothing changes
                 commit = self._commit(tree, message, [main])
@@ -521,7 +533,7 @@ class Workspace:
             self.repo.index.add(list(files))
             if not self.repo.index.diff("HEAD"):
                 return None
-            sha = self.repo.index.commit(message).hexsha
+            sha = self.repo.index.commit(clean_text(message)).hexsha
         self._push(f"refs/heads/{MAIN}")
         return sha
 
@@ -537,7 +549,7 @@ class Workspace:
                                  f"use rollback to undo a merged intervention")
             br = self._branch(id)
             tag = f"closed/{id}"
-            self.repo.create_tag(tag, ref=br.commit, message=f"rejected: {note}" if note else "rejected")
+            self.repo.create_tag(tag, ref=br.commit, message=clean_text(f"rejected: {note}" if note else "rejected"))
             name = br.name
             self.repo.delete_head(br, force=True)
         self._push(f"refs/tags/{tag}", f":refs/heads/{name}")
@@ -571,7 +583,7 @@ class Workspace:
                 else:
                     msg += "\nDone key by key: a textual revert conflicted with later changes, which stand."
                     self._semantic_revert(id, merge)
-                self.repo.git.commit("--allow-empty", "-m", msg)
+                self.repo.git.commit("--allow-empty", "-m", clean_text(msg))
             except git.GitCommandError as e:
                 self.repo.git.reset("--merge")
                 raise ValueError(f"intervention {id}: rollback failed, nothing changed: {_git_error(e)}") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import stat
 import urllib.error
 import urllib.request
@@ -128,6 +129,51 @@ def test_isolated_code_reaches_neither_the_job_system_nor_the_private_state(kind
     assert got["submit"] not in (200, 401, 403), got       # not even an answer: nothing to talk to
     assert not any(v.startswith("READ") for v in got["read"].values()), got
     assert head.client().list_jobs() == []
+
+
+SKILL_PROGRAM = r"""
+import socket
+
+
+def trigger(e):
+    # True if any attack got through: the skill would then fire
+    for port in e["ports"]:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            return True
+        except OSError:
+            pass
+    for path in e["paths"]:
+        try:
+            open(path, "rb").read(1)
+            return True
+        except OSError:
+            pass
+    return False
+"""
+
+
+def test_skill_programs_and_code_rewards_run_isolated_through_the_products_own_paths(head, workspace, tmp_path):
+    """The callers, not a sandbox built by the test: `skills.run_program` (what a tick and the
+    miner's verification call) with its default sandbox, and the code task's reward sandbox."""
+    from skills import parse_skill, run_program
+    from trainer.tasks.code import CodeTask
+
+    d = tmp_path / "hostile"
+    d.mkdir()
+    (d / "SKILL.md").write_text("---\nname: hostile\ndescription: Tries to reach the job system.\nswarmlab:\n"
+                                "  diagnosis: truncation\n  intervention: {kind: harness_edit, fields: "
+                                "[harness.sampling.max_new_tokens]}\n  program: skill.py\n---\n## When\n\nNever.\n")
+    (d / "skill.py").write_text(SKILL_PROGRAM)
+    ports = [int(head.dashboard_url.rsplit(":", 1)[1]), int(head.gcs_address.rsplit(":", 1)[1])]
+    paths = [str(workspace / ".swarm" / "private" / "goal.yaml"), str(workspace / ".swarm" / "state.db")]
+    (got,) = run_program(parse_skill(d), [{"ports": ports, "paths": paths}], timeout_s=20)
+    assert got.error is None and got.fired is False, got
+    task = CodeTask(seed=0, sandbox="local")
+    try:
+        assert task.sandbox.isolation in (Isolation.BWRAP, Isolation.UNSHARE) and task.sandbox.warning is None
+    finally:
+        task.close()
 
 
 def test_plain_subprocess_shares_the_network_but_the_token_refuses_the_job(head, workspace):
@@ -249,3 +295,38 @@ def test_model_text_never_reaches_commits_reports_or_the_terminal(tmp_path, clea
     res = CliRunner().invoke(app, ["report", "--workspace", str(tmp_path / "w")])
     assert res.exit_code == 0 and "okred" in res.output
     _no_escapes(res.output)
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def _swarm(tmp_path, *args, env):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "swarm.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_swarm_run_refuses_where_nothing_isolates_and_warns_on_the_opt_in(tmp_path, clean_git_home):
+    from sandboxes.base import PLAIN_OPT_IN_ENV
+
+    goal = yaml.safe_load((ROOT / "examples" / "goals" / "truncation.yaml").read_text())
+    (tmp_path / "goal.yaml").write_text(yaml.safe_dump(goal))
+    bare = {k: v for k, v in os.environ.items() if k != PLAIN_OPT_IN_ENV}
+    bin_dir = tmp_path / "bin"      # git only: no bwrap, no unshare, and no engine at DOCKER_HOST
+    bin_dir.mkdir()
+    (bin_dir / "git").symlink_to(shutil.which("git"))
+    bare.update(PATH=str(bin_dir), DOCKER_HOST="unix:///nonexistent/docker.sock")
+    res = _swarm(tmp_path, "run", "goal.yaml", "--workspace", "ws", "--jobs", "process", env=bare)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no sandbox for untrusted code" in lines[0] and "sandbox: unsafe_plain" in lines[0]
+    assert "Traceback" not in res.stderr and not (tmp_path / "ws").exists()   # nothing created
+
+    (tmp_path / "goal.yaml").write_text(yaml.safe_dump({**goal, "sandbox": "unsafe_plain"}))
+    (tmp_path / "ws" / ".swarm").mkdir(parents=True)
+    (tmp_path / "ws" / ".swarm" / "graph.db").touch()    # a workspace holding a run: refused right after
+    res = _swarm(tmp_path, "run", "goal.yaml", "--workspace", "ws", "--jobs", "process", env=bare)
+    assert res.returncode == 2 and "already holds a run" in res.stderr
+    assert "WARNING: sandbox: unsafe_plain" in res.stderr and "plain subprocess" in res.stderr
