@@ -266,14 +266,16 @@ def _sandbox_policy(goal) -> None:
 
 
 QUIET_HELP = "no live view: only the final lines (for scripts and logs)"
+TB_HELP = "also write the run as TensorBoard event files here (metrics, interventions, harness versions, backtest arms)"
 JSON_HELP = "machine-readable: one JSON line per timeline event ({\"event\": ...}) as it happens, then the summary"
 
 
-def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = None, quiet: bool = False) -> None:
+def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = None, quiet: bool = False,
+                    tensorboard: str | None = None) -> None:
     """`goal`: known before `make` (a new run), its sandbox policy is checked before anything is
     created; otherwise (resume) once the controller has read it. The run is shown live (swarm.live:
     rich Live on a terminal, one line per event otherwise), as JSON lines with `json_out`, or not
-    at all with `quiet`."""
+    at all with `quiet`; `tensorboard`: a log directory the run is also written to (swarm.tensorboard)."""
     from swarm.store import WorkspaceLocked
     from trainer.config import ConfigError
 
@@ -283,7 +285,7 @@ def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = 
         ctrl = make()
     except WorkspaceLocked as e:
         fail(str(e))
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, ValueError, OSError) as e:   # OSError: a folder it cannot write, a full disk
         fail(str(e))
     if goal is None:
         _sandbox_policy(ctrl.goal)
@@ -292,6 +294,10 @@ def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = 
     from swarm.live import Follower, sinks_for
 
     sinks = sinks_for("json" if json_out else "quiet" if quiet else "live", out)
+    if tensorboard:
+        from swarm.tensorboard import TensorBoardSink
+
+        sinks.append(TensorBoardSink(tensorboard))
     follower = Follower(ctrl.dir, sinks).start() if sinks else None
     try:
         try:
@@ -349,14 +355,31 @@ def run(
     address: Optional[str] = typer.Option(None, help="Ray dashboard address of an existing cluster"),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),
 ) -> None:
     """Drive training jobs toward GOAL with the operator swarm (shown live on a terminal)."""
     g = _load_goal(goal)
     if jobs not in ("ray", "process"):
         fail(f"--jobs={jobs!r}: must be 'ray' or 'process'")
+    _run_controller(lambda: _create(workspace, g, jobs=jobs, ray_address=address), summary, json_out, goal=g,
+                    quiet=quiet, tensorboard=tensorboard)
+
+
+def _create(workspace: str, goal: Any, **kw: Any):
+    """Controller.create, which leaves nothing behind when it fails: a workspace folder this call
+    made is removed (one that existed, e.g. the user's git repository, is left as it was)."""
+    import shutil
+
     from swarm.controller import Controller
-    _run_controller(lambda: Controller.create(workspace, g, jobs=jobs, ray_address=address), summary, json_out, goal=g,
-                    quiet=quiet)
+
+    d = pathlib.Path(workspace)
+    existed = d.exists() or d.is_symlink()
+    try:
+        return Controller.create(d, goal, **kw)
+    except BaseException:
+        if not existed:
+            shutil.rmtree(d, ignore_errors=True)
+        raise
 
 
 @app.command()
@@ -368,21 +391,15 @@ def demo(
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),
 ) -> None:
     """A short run on the embedded defaults (local Ray, sqlite, local git, built-in policies unless
     an LLM is configured): the run starts badly, the swarm diagnoses and fixes it, the goal is reached."""
-    from swarm.controller import Controller
-    from swarm.goal import Goal
-    from trainer.config import ConfigError
-
     ws = workspace or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        g = Goal.load(goal)
-    except ConfigError as e:
-        fail(str(e))
+    g = _load_goal(goal)
     (err if json_out else out).print(f"[bold]demo[/]: {g.goal}\nworkspace {ws}; review it in a browser with "
                                      f"`swarm ui --workspace {ws}`, or `swarm interventions --workspace {ws}`")
-    _run_controller(lambda: Controller.create(ws, g, jobs=jobs), summary, json_out, goal=g, quiet=quiet)
+    _run_controller(lambda: _create(ws, g, jobs=jobs), summary, json_out, goal=g, quiet=quiet, tensorboard=tensorboard)
 
 
 @app.command()
@@ -392,11 +409,23 @@ def resume(
     jobs: str = typer.Option("ray", help="ray | process (as the run was started)"),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),
 ) -> None:
     """Continue a swarm run after the controller stopped or was killed."""
     from swarm.controller import Controller
 
-    _run_controller(lambda: Controller.open(workspace, jobs=jobs), summary, json_out, quiet=quiet)
+    _run_controller(lambda: Controller.open(workspace, jobs=jobs), summary, json_out, quiet=quiet, tensorboard=tensorboard)
+
+
+@app.command("tensorboard")
+def tensorboard_export(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
+                       logdir: str = typer.Option(..., help="where the event files go (then: tensorboard --logdir LOGDIR)")) -> None:
+    """Write a run's TensorBoard event files from its records (what `swarm run --tensorboard` writes live)."""
+    from swarm.tensorboard import export
+
+    if not (pathlib.Path(workspace) / ".swarm" / "state.db").is_file():
+        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
+    out.print(f"wrote {export(workspace, logdir)}")
 
 
 @app.command()
