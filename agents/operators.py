@@ -31,10 +31,10 @@ from typing import Any
 import yaml
 
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
-from agents.recall import avoid_reason
-from trainer.runlog import INIT_CHECKPOINT
 from agents.domain import JOB_ACTIONS, Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
+from agents.recall import avoid_reason
+from trainer.runlog import INIT_CHECKPOINT
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 # act on the job first, then on the data, then on the harness, then on the recipe

@@ -26,8 +26,8 @@ from typing import Any
 import psutil
 import yaml
 
-from swarm.decisions import ArmScore, Decision, Pair, Rule, Validated
 from agents.domain import BacktestResult, Intervention
+from swarm.decisions import ArmScore, Decision, Pair, Rule, Validated
 from swarm.jobs import Jobs
 from trainer.runlog import read_heartbeat, read_jsonl
 

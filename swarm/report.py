@@ -22,8 +22,8 @@ import pathlib
 import re
 from typing import Any, Iterable
 
-from agents.evidence import as_number
 from agents.domain import Intervention
+from agents.evidence import as_number
 from sandboxes.text import clean_text
 from swarm.plots import curves, segments, to_png, to_svg
 

@@ -61,10 +61,10 @@ import git
 import yaml
 from gitdb.base import IStream
 
+from agents.domain import Intervention, InterventionKind
 from harness.spec import HarnessSpec
 from sandboxes.private import private_dir
 from sandboxes.text import clean_text
-from agents.domain import Intervention, InterventionKind
 from swarm.store import SWARM_DIR, intervention_from_json, intervention_json
 from trainer.config import apply_changes, del_dotted, get_dotted, parse_yaml, put_dotted, validate_section
 

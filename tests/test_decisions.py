@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Pair, Refuse, Rejected,
                              Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, plan, wasted)
-from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import copy
 
 from agents.detection import DETECTORS, THRESHOLDS, Known
-from agents.operators import Diagnostics, HarnessCritic
 from agents.domain import InterventionKind as K, Risk
+from agents.operators import Diagnostics, HarnessCritic
 from test_detectors import grpo_rows, make_ev, sft_rows
 from test_operators import ctx
 

@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from swarm.cli import app
 from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Status
+from swarm.cli import app
 from swarm.live import fit_table
 from swarm.store import Store
 from swarm.workspace import Workspace

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_llm_server import FakeLLMServer, delay, http_error, text, tool_call, tool_calls  # noqa: E402
 
-from agents.llm import UNTRUSTED_CLOSE, UNTRUSTED_OPEN, LLMPolicy  # noqa: E402
-from harness.spec import HarnessSpec  # noqa: E402
 from agents.domain import InterventionKind, LLMSettings  # noqa: E402
 from agents.evidence import Evidence  # noqa: E402
+from agents.llm import UNTRUSTED_CLOSE, UNTRUSTED_OPEN, LLMPolicy  # noqa: E402
+from harness.spec import HarnessSpec  # noqa: E402
 from trainer.config import Recipe  # noqa: E402
 
 KEY_ENV = "SWARMLAB_TEST_LLM_KEY"

@@ -14,13 +14,13 @@ import subprocess
 import pytest
 
 from agents.base import OperatorContext
+from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind as K, Risk, Status
+from agents.evidence import Evidence
 from agents.miner import SkillMiner
 from agents.operators import Lead, default_operators
 from agents.recall import apply_skills, avoid_reason, episode_summaries, evidence_view, firing_skills, skill_proposed
 from memory import Episode
 from skills import SkillLibrary, Utility, parse_skill, seed_dir
-from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind as K, Risk, Status
-from agents.evidence import Evidence
 from swarm.goal import MemorySettings
 from swarm.knowledge import Knowledge, seed_workspace
 from swarm.workspace import Workspace

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from agents.domain import Diagnosis, Intervention, InterventionKind
 from sandboxes import make_sandbox
 from skills import (
     Skill,
@@ -35,7 +36,6 @@ from skills import (
     verify,
 )
 from skills.skill import KINDS
-from agents.domain import Diagnosis, Intervention, InterventionKind
 
 SEED_NAMES = {
     "raise-max-new-tokens-on-truncation": "truncation",

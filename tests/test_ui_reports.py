@@ -13,8 +13,8 @@ import pathlib
 import pytest
 from typer.testing import CliRunner
 
-from swarm.cli import app
 from agents.domain import Diagnosis, Intervention, InterventionKind, Risk, Status
+from swarm.cli import app
 from swarm.report import LifecycleReports, intervention_report
 from swarm.store import Store
 from swarm.workspace import Workspace
