@@ -624,6 +624,26 @@ def ui(
         runs.close()
 
 
+@app.command("mcp")
+def mcp_server(
+    workspace: Optional[str] = typer.Option(None, help="serve this one workspace"),
+    root: Optional[str] = typer.Option(None, help="serve every workspace found under this folder (default: the current one)"),
+    allow_actions: bool = typer.Option(False, "--allow-actions", help="also offer approve / reject / rollback / stop "
+                                       "(recorded as done through MCP); without it the server is read-only"),
+) -> None:
+    """An MCP server over stdio for agents: runs, status, interventions, review, report (and, with
+    --allow-actions, approve / reject / rollback / stop through the CLI's own path)."""
+    from swarm.mcp_server import build_server
+
+    if workspace and root:
+        fail("give --workspace or --root, not both")
+    if workspace and not (pathlib.Path(workspace) / ".swarm" / "state.db").is_file():
+        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
+    if root and not pathlib.Path(root).is_dir():
+        fail(f"--root={root!r}: not a directory")
+    build_server(workspace=workspace, root=None if workspace else (root or "."), allow_actions=allow_actions).run("stdio")
+
+
 sandbox_app = typer.Typer(no_args_is_help=True, help="sandboxes for untrusted code")
 app.add_typer(sandbox_app, name="sandbox")
 

@@ -181,3 +181,28 @@ def test_skills_commands_on_a_missing_workspace_create_nothing(tmp_path, args):
     assert res.exit_code == 2, res.output
     assert "\n" not in res.stderr.strip() and "no skills folder" in res.stderr, res.output
     assert tree(tmp_path) == []
+
+
+def test_a_run_that_fails_while_creating_its_workspace_leaves_no_workspace(tmp_path, monkeypatch):
+    """A goal that validates but cannot start here (its memory library is held by another
+    controller): one line naming the holder, and the half-made workspace is removed."""
+    import fcntl
+
+    monkeypatch.chdir(tmp_path)
+    lib = tmp_path / "library"
+    lib.mkdir()
+    fd = os.open(lib / "memory.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)          # as a running controller holds it
+    os.write(fd, b"12345\n")
+    goal = tmp_path / "goal.yaml"
+    goal.write_text(yaml.safe_dump({"goal": "add", "run": {"task": {"name": "addition"},
+                                                          "model": {"d_model": 32, "n_layers": 1, "n_heads": 2}},
+                                    "memory": {"library": str(lib), "backend": "memory", "seed_skills": False}}))
+    try:
+        res = runner.invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--jobs", "process", "--quiet"])
+    finally:
+        os.close(fd)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    line = res.stderr.strip()
+    assert "\n" not in line and "in use by another controller (pid 12345)" in line, line
+    assert not (tmp_path / "ws").exists()

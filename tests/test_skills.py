@@ -581,3 +581,26 @@ def test_a_skill_folder_breaking_the_path_rules_is_refused_whole(tmp_path, case)
     with pytest.raises(SkillPackError):
         lib.import_pack(tmp_path / "src")
     assert os.listdir(lib.root) == []
+
+
+def test_import_replace_makes_the_workspace_folder_exactly_the_imported_one(tmp_path):
+    """`swarm skills import --replace` of a newer version: files it adds arrive, files it no
+    longer has leave the workspace's git (the folder is the imported one, not a merge of both)."""
+    from typer.testing import CliRunner
+
+    from swarm.cli import app
+    from swarm.workspace import Workspace
+
+    ws = Workspace.init(tmp_path / "ws", "goal: g\n", {"lr": 0.003}, {"template": "{question}="})
+    runner = CliRunner()
+    for v, files in ((1, {"a.md": b"a\n", "old/b.md": b"b\n"}), (2, {"a.md": b"a2\n", "new/c.md": b"c\n"})):
+        src = tmp_path / f"v{v}"
+        d = make_skill(src, "tool-notes", f"swarmlab:\n  version: {v}\n")
+        for rel, data in files.items():
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / rel).write_bytes(data)
+        res = runner.invoke(app, ["skills", "import", str(src), "--workspace", str(ws.root), "--replace"])
+        assert res.exit_code == 0 and "tool-notes:" in res.stdout, res.output
+        got = _git_files(ws.root, "skills/tool-notes/")
+        assert {k: v_ for k, v_ in got.items() if k != "SKILL.md"} == files
+        assert _tree(ws.root / "skills" / "tool-notes") == got
