@@ -1,0 +1,83 @@
+"""Worker-CPU accounting: CPU seconds of every trainer process a method starts.
+
+`ProcessMeter` polls a process tree (psutil) and keeps, per process (pid + start time, so a reused
+pid is a new process), the largest CPU time seen (user + system, its reaped children included); the
+total is their sum, sampled as a timeline so that the CPU at the moment a held-out eval met the
+target can be read off (`cpu_at`). A process that ends between two polls loses at most one poll
+interval of CPU; the runner takes the exact `getrusage` figure where one exists (a plain run's single
+trainer child) and the Ray Tune methods count in-process (see `tune_methods`).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Callable
+
+import psutil
+
+
+def _cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@dataclasses.dataclass
+class ProcessMeter:
+    root: int
+    match: Callable[[list[str]], bool] = lambda cmd: True   # which descendants count (default: all)
+    include_root: bool = False
+
+    def __post_init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self.cmd: dict[str, str] = {}
+        self.timeline: list[tuple[float, float]] = []   # (time, total worker CPU-s)
+
+    def poll(self, now: float) -> float:
+        try:
+            root = psutil.Process(self.root)
+            procs = ([root] if self.include_root else []) + root.children(recursive=True)
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            try:
+                cmd = p.cmdline()
+                if p.pid != self.root and not self.match(cmd):
+                    continue
+                key = f"{p.pid}:{p.create_time():.2f}"
+                self.cpu[key] = max(self.cpu.get(key, 0.0), _cpu(p))
+                self.cmd.setdefault(key, " ".join(cmd)[-160:])
+            except psutil.Error:
+                continue
+        total = self.total
+        self.timeline.append((now, total))
+        return total
+
+    @property
+    def total(self) -> float:
+        return sum(self.cpu.values())
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.root).children(recursive=True)
+        except psutil.Error:
+            return []
+
+
+def cpu_at(timeline: list[tuple[float, float]], t: float) -> float | None:
+    """Worker CPU-s at time `t`, linear between samples (None before the first sample)."""
+    if not timeline:
+        return None
+    times = [x[0] for x in timeline]
+    i = bisect.bisect_left(times, t)
+    if i == 0:
+        return timeline[0][1]
+    if i >= len(timeline):
+        return timeline[-1][1]
+    (t0, c0), (t1, c1) = timeline[i - 1], timeline[i]
+    return c0 + (c1 - c0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
+
+
+def is_trainer(cmd: list[str]) -> bool:
+    """A trainer process: `python -m trainer.entry CFG` (the plain run, the swarm's live job, its
+    restarts and its backtest arms)."""
+    return "trainer.entry" in cmd

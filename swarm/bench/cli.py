@@ -1,0 +1,95 @@
+"""`swarm bench SUITE ...`: the benchmark suite's command line (swarm/cli.py delegates here).
+
+    swarm bench SUITE [--methods plain oracle pbt pb2 asha swarm] [--seeds 0 1 2 | 0-2]
+                      [--more-seeds 1 2 --more-on 5] [--parallel N] [--name NAME]
+                      [--src head|worktree] [--workdir DIR] [--results DIR] [--cache DIR]
+    swarm bench generate FOLDER --seeds 100-139       write generated scenarios into a suite folder
+
+SUITE: a folder of scenario/goal YAML files, a name under benchmarks/suites/, or `public` (the
+example goals, examples/goals/). Bad input: one line naming the option and the value, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shlex
+import sys
+
+from swarm.bench.methods import METHODS
+from swarm.bench.runner import ROOT, Bench, BenchConfig, live_display, log_display
+from trainer.config import ConfigError
+
+
+def resolve_suite(name: str) -> pathlib.Path:
+    if name == "public":
+        return ROOT / "examples" / "goals"
+    p = pathlib.Path(name)
+    if p.is_dir():
+        return p
+    q = ROOT / "benchmarks" / "suites" / name
+    if q.is_dir():
+        return q
+    raise ConfigError(f"SUITE={name!r}: not a folder, nor a suite under benchmarks/suites/, nor 'public'")
+
+
+def _error(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str]) -> int:
+    from swarm.bench.scenarios import parse_seeds, write_suite
+
+    if argv[:1] == ["generate"]:
+        ap = argparse.ArgumentParser(prog="swarm bench generate", description="write generated scenarios into a suite folder")
+        ap.add_argument("folder")
+        ap.add_argument("--seeds", nargs="+", required=True, help="seeds or ranges, e.g. 100-139")
+        a = ap.parse_args(argv[1:])
+        try:
+            for p in write_suite(a.folder, parse_seeds(a.seeds)):
+                print(p)
+        except ConfigError as e:
+            return _error(str(e))
+        return 0
+    ap = argparse.ArgumentParser(prog="swarm bench", description="run a benchmark suite: calibrate, run each method x seed, "
+                                 "write JSON + markdown + plots under benchmarks/results (resumable)")
+    ap.add_argument("suite", help="folder of scenario YAML files, a name under benchmarks/suites/, or 'public'")
+    ap.add_argument("--methods", nargs="+", default=["plain", "oracle", "pbt", "asha", "swarm"], help=f"of {', '.join(METHODS)}")
+    ap.add_argument("--seeds", nargs="+", default=["0"], help="run seeds on every scenario (ranges like 0-2 allowed)")
+    ap.add_argument("--more-seeds", nargs="*", default=[], help="extra run seeds on the first --more-on failing scenarios")
+    ap.add_argument("--more-on", type=int, default=0, help="how many failing scenarios get --more-seeds")
+    ap.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    ap.add_argument("--name", default=None, help="results name (default: suite_<folder name>)")
+    ap.add_argument("--src", default="head", help="head: a snapshot of git HEAD (default); worktree: the working tree")
+    ap.add_argument("--workdir", default=None, help="where runs write (default: a new temporary folder)")
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--cache", default=str(ROOT / "benchmarks" / "cache" / "calibration"), help="calibration cache")
+    ap.add_argument("--seed-note", default="", help="a sentence for the results (e.g. which seed range is which)")
+    a = ap.parse_args(argv)
+    try:
+        cfg = BenchConfig(suite=str(resolve_suite(a.suite)), methods=a.methods, seeds=parse_seeds(a.seeds),
+                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, parallel=a.parallel, name=a.name,
+                          results=a.results, cache=a.cache, src=a.src, workdir=a.workdir,
+                          command="swarm bench " + " ".join(shlex.quote(x) for x in argv), seed_note=a.seed_note)
+        bench = Bench(cfg)
+    except (ConfigError, ValueError) as e:
+        return _error(str(e).replace("\n", " "))
+    from rich.console import Console
+
+    console = Console()
+    show = live_display(console) if console.is_terminal else log_display()
+    print(f"swarm bench {bench.name}: {len(bench.scenarios)} scenarios, code {bench.src_desc}, work dir {bench.work}", flush=True)
+    try:
+        bench.run(show)
+    except KeyboardInterrupt:
+        show.stop()
+        print(f"interrupted: finished runs are in {bench.ledger.path}; the same command resumes", file=sys.stderr)
+        return 130
+    show.stop()
+    out = pathlib.Path(cfg.results)
+    print(f"wrote {out / (bench.name + '.md')} and .json ({len(bench.current_rows())} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,370 @@
+"""The benchmark runner: calibrate each scenario, run every method x seed, keep a resumable ledger,
+show progress, write the results.
+
+    swarm bench benchmarks/suites/dev --methods plain oracle pbt asha swarm --seeds 0 \\
+        [--more-seeds 1 2 --more-on 5] [--parallel 2] [--name suite_dev] [--src head|worktree]
+
+Ledger: `RESULTS/<name>/ledger.jsonl`, one JSON line per finished run, keyed by the scenario's
+content hash + method + seed + the code state the method depends on (`calibrate.code_state`: the
+trainer for the baselines, the swarm's packages as well for the swarm). A run already in the ledger
+is not run again, so an interrupted bench resumes where it stopped (the same command); a run that
+was going when it was interrupted is started again. Results: `RESULTS/<name>.json`, `.md` and SVG
+plots, rewritten after every finished run from the ledger rows of the current plan and code state.
+
+By default the code under test is a snapshot of git HEAD (`git archive`), so edits in the working
+tree while a long bench runs do not leak into it. Each run is its own process
+(`python -m swarm.bench.worker`) started with the snapshot first on PYTHONPATH.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import json
+import os
+import pathlib
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from swarm.bench import calibrate as cal
+from swarm.bench import report
+from swarm.bench.methods import METHODS, summarise
+from swarm.bench.scenarios import Scenario, load_suite
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    suite: str
+    methods: list[str]
+    seeds: list[int]
+    more_seeds: list[int] = dataclasses.field(default_factory=list)
+    more_on: int = 0
+    parallel: int = 1
+    name: str | None = None
+    results: str = str(ROOT / "benchmarks" / "results")
+    cache: str = str(ROOT / "benchmarks" / "cache" / "calibration")
+    src: str = "head"
+    workdir: str | None = None
+    calib_seed: int = 0
+    command: str = ""
+    seed_note: str = ""
+
+    def check(self) -> None:
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"--methods: unknown {', '.join(map(repr, bad))}; known: {', '.join(METHODS)}")
+        if not self.methods:
+            raise ValueError("--methods: at least one method")
+        if not self.seeds:
+            raise ValueError("--seeds: at least one seed")
+        if self.parallel < 1:
+            raise ValueError(f"--parallel={self.parallel}: must be >= 1")
+        if self.more_on < 0:
+            raise ValueError(f"--more-on={self.more_on}: must be >= 0")
+        if self.src not in ("head", "worktree"):
+            raise ValueError(f"--src={self.src!r}: head or worktree")
+
+
+def prepare_src(mode: str, work: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """The code under test: a snapshot of git HEAD under `work`, or the working tree."""
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if mode == "worktree" or not sha:
+        return ROOT, f"working tree at {sha[:10] or 'no git'}"
+    src = work / f"src-{sha[:10]}"
+    if not src.exists():
+        tmp = work / f".src-{sha[:10]}-{os.getpid()}"
+        tmp.mkdir(parents=True)
+        arc = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=arc, check=True)
+        os.replace(tmp, src)
+    return src, f"snapshot of git HEAD {sha[:10]}"
+
+
+class Ledger:
+    """Append-only JSONL of finished runs; one line is written whole (flush + fsync) under a lock."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.rows: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    r = json.loads(line)
+                    self.rows[r["key"]] = r
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue   # a line cut by an interruption: that run is redone
+
+    @staticmethod
+    def key(scenario_hash: str, method: str, seed: int, code: str) -> str:
+        return f"{scenario_hash}|{method}|{seed}|{code}"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.rows.get(key)
+
+    def add(self, row: dict[str, Any]) -> None:
+        with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            cut = self.path.exists() and self.path.stat().st_size > 0 and not self.path.read_bytes().endswith(b"\n")
+            with open(self.path, "a") as f:
+                # after a line cut by an interruption, start a new one (the cut line stays unreadable)
+                f.write(("\n" if cut else "") + json.dumps(row, default=str) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self.rows[row["key"]] = row
+
+
+class Bench:
+    def __init__(self, cfg: BenchConfig) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.scenarios: list[Scenario] = load_suite(cfg.suite)
+        self.name = cfg.name or f"suite_{pathlib.Path(cfg.suite).resolve().name}"
+        self.results = pathlib.Path(cfg.results)
+        self.ledger = Ledger(self.results / self.name / "ledger.jsonl")
+        self.cache = pathlib.Path(cfg.cache)
+        self.work = pathlib.Path(cfg.workdir or tempfile.mkdtemp(prefix="swarm_bench_"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.src, self.src_desc = prepare_src(cfg.src, self.work)
+        self.code = {"baseline": cal.code_state(self.src, cal.BASELINE_DIRS), "swarm": cal.code_state(self.src, cal.SWARM_DIRS)}
+        self.cals: dict[str, cal.Calibration] = {}
+        self.cal_locks = {s.name: threading.Lock() for s in self.scenarios}
+        self.running: dict[int, dict[str, Any]] = {}
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.done_this_session = 0
+        self.seq = 0
+
+    # ---- one run in its own process ---------------------------------------------------------
+    def _spawn(self, label: dict[str, Any], method: str, goal: dict[str, Any], seed: int, target: float, budget: float,
+               wall_cap: float) -> dict[str, Any]:
+        with self.lock:
+            self.seq += 1
+            rid = self.seq
+        d = self.work / "runs" / f"{rid:05d}-{label['scenario']}-{method}-s{seed}"
+        d.mkdir(parents=True, exist_ok=True)
+        spec = {"method": method, "goal": goal, "seed": seed, "target": target, "budget": budget, "wall_cap": wall_cap,
+                "work": str(d / "work"), "progress": str(d / "progress.json")}
+        (d / "spec.json").write_text(json.dumps(spec))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(self.src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("MPLBACKEND", "Agg")
+        with self.lock:
+            if self.stopping:
+                raise KeyboardInterrupt
+            self.running[rid] = {**label, "method": method, "seed": seed, "budget": budget, "t0": time.time(),
+                                 "progress": d / "progress.json"}
+            with open(d / "worker.log", "wb") as log:
+                p = subprocess.Popen([sys.executable, "-m", "swarm.bench.worker", str(d / "spec.json"), str(d / "result.json")],
+                                     cwd=self.src, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs[rid] = p
+        try:
+            p.wait()
+        finally:
+            with self.lock:
+                self.running.pop(rid, None)
+                self.procs.pop(rid, None)
+        if self.stopping:
+            raise KeyboardInterrupt
+        res_path = d / "result.json"
+        if not res_path.exists():
+            tail = (d / "worker.log").read_text(errors="replace")[-2000:]
+            return {"reached": False, "cpu_to_target": None, "cpu_total": None, "curve": [], "rc": p.returncode,
+                    "stop": "worker died", "log_tail": tail}
+        return json.loads(res_path.read_text())
+
+    # ---- calibration --------------------------------------------------------------------------
+    def calibration(self, s: Scenario) -> cal.Calibration:
+        with self.cal_locks[s.name]:
+            if s.name in self.cals:
+                return self.cals[s.name]
+
+            def run(method, goal, seed, target, budget, wall_cap):
+                return self._spawn({"scenario": s.name, "cls": "calibrating"}, method, goal, seed, target, budget, wall_cap)
+
+            c, _cached = cal.calibrate(s.name, s.goal, self.cfg.calib_seed, self.code["baseline"], self.cache, run,
+                                       has_faults=bool(s.goal.get("perturbations")))
+            self.cals[s.name] = c
+            self._record_calibration_runs(s, c)
+            return c
+
+    def _record_calibration_runs(self, s: Scenario, c: cal.Calibration) -> None:
+        """The healthy and plain runs of the calibration are the oracle's and plain's at its seed."""
+        for method, res in (("oracle", c.healthy), ("plain", c.plain)):
+            if method not in self.cfg.methods or res is None or c.cls == "unlearnable":
+                continue
+            key = Ledger.key(s.content_hash, method, c.seed, self.code["baseline"])
+            if self.ledger.get(key):
+                continue
+            res = dict(res)
+            res.update(summarise(res.get("curve") or [], c.target, c.budget, res.get("cpu_total") or 0.0, bool(res.get("capped"))))
+            if method == "oracle" and res.get("cpu_to_target") is not None and res["cpu_to_target"] > c.budget:
+                res["reached"] = False
+            self.ledger.add(self._row(s, c, method, c.seed, res, from_calibration=True))
+
+    def _row(self, s: Scenario, c: cal.Calibration, method: str, seed: int, res: dict[str, Any], **extra) -> dict[str, Any]:
+        code = self.code["swarm" if method == "swarm" else "baseline"]
+        return {"key": Ledger.key(s.content_hash, method, seed, code), "scenario": s.name, "scenario_hash": s.content_hash,
+                "method": method, "seed": seed, "code_state": code, "cls": c.cls, "target": c.target, "budget": c.budget,
+                "wall_cap": c.wall_cap, "src": self.src_desc, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **extra, **res}
+
+    # ---- the plan -------------------------------------------------------------------------------
+    def plan(self) -> list[tuple[Scenario, str, int]]:
+        """Base seeds on every scenario; more seeds on the first `more_on` failing ones (once known)."""
+        out = [(s, m, seed) for s in self.scenarios for seed in self.cfg.seeds for m in self.cfg.methods]
+        if self.cfg.more_on and self.cfg.more_seeds:
+            failing = [s for s in self.scenarios if s.name in self.cals and self.cals[s.name].cls == "failing"][: self.cfg.more_on]
+            out += [(s, m, seed) for s in failing for seed in self.cfg.more_seeds if seed not in self.cfg.seeds for m in self.cfg.methods]
+        return out
+
+    def calibration_task(self, s: Scenario) -> None:
+        self.calibration(s)
+        self.write_results()
+
+    def run_one(self, s: Scenario, method: str, seed: int) -> None:
+        c = self.calibration(s)
+        if c.cls == "unlearnable":
+            return
+        key = Ledger.key(s.content_hash, method, seed, self.code["swarm" if method == "swarm" else "baseline"])
+        if self.ledger.get(key):
+            return
+        res = self._spawn({"scenario": s.name, "cls": c.cls}, method, s.goal, seed, c.target, c.budget, c.wall_cap)
+        self.ledger.add(self._row(s, c, method, seed, res))
+        self.done_this_session += 1
+        self.write_results()
+
+    def scenario_rows(self) -> list[dict[str, Any]]:
+        out = []
+        for s in self.scenarios:
+            c = self.cals.get(s.name)
+            out.append({"name": s.name, "path": s.path, "hash": s.content_hash, "family": s.family,
+                        "faults": "; ".join(f"{f.get('what')} @ step {f.get('at_step')}" for f in s.faults) or "none",
+                        "fix_in_space": s.fix_in_space, "cls": c.cls if c else None, "target": c.target if c else None,
+                        "budget": c.budget if c else None, "healthy_cpu_to_target": c.healthy_cpu_to_target if c else None,
+                        "wall_cap": c.wall_cap if c else None})
+        return out
+
+    def current_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for s, m, seed in self.plan():
+            r = self.ledger.get(Ledger.key(s.content_hash, m, seed, self.code["swarm" if m == "swarm" else "baseline"]))
+            if r:
+                rows.append(r)
+        return rows
+
+    def write_results(self) -> None:
+        with self.lock:
+            rows = self.current_rows()
+            walls = [r["wall_s"] for r in rows if isinstance(r.get("wall_s"), (int, float)) and not r.get("from_calibration")]
+            meta = {"suite": self.cfg.suite, "command": self.cfg.command, "src": self.src_desc, "code_state": self.code,
+                    "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}",
+                    "parallel": self.cfg.parallel, "planned": len([p for p in self.plan() if self.cals.get(p[0].name) is None
+                                                                   or self.cals[p[0].name].cls != "unlearnable"]),
+                    "scenarios": len(self.scenarios), "calibrated": len(self.cals),
+                    "budget_multiple": cal.BUDGET_MULTIPLE, "median_wall_s": statistics.median(walls) if walls else None,
+                    "wall_sum_s": sum(walls), "seed_note": self.cfg.seed_note,
+                    "unlearnable": [n for n, c in self.cals.items() if c.cls == "unlearnable"]}
+            report.write(self.results, self.name, meta, self.scenario_rows(), rows, self.cfg.methods)
+
+    # ---- driving it ------------------------------------------------------------------------------
+    def stop_all(self) -> None:
+        with self.lock:
+            self.stopping = True
+            procs = list(self.procs.values())
+        for p in procs:
+            try:
+                kids = psutil.Process(p.pid).children(recursive=True)
+            except psutil.Error:
+                kids = []
+            for q in [p, *kids]:
+                try:
+                    os.kill(q.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError, AttributeError):
+                    pass
+
+    def run(self, display: Any = None) -> None:
+        def phase_fn(fn: Any, tasks: list[tuple[Any, ...]]) -> None:
+            ex = cf.ThreadPoolExecutor(self.cfg.parallel)
+            futs = [ex.submit(fn, *t) for t in tasks]
+            try:
+                while True:
+                    for f in futs:
+                        if f.done() and f.exception() is not None:
+                            raise f.exception()   # e.g. an interruption inside a run's thread
+                    if all(f.done() for f in futs):
+                        break
+                    if display:
+                        display(self)
+                    time.sleep(0.5)
+            except BaseException:
+                self.stop_all()
+                ex.shutdown(wait=True, cancel_futures=True)
+                raise
+            ex.shutdown(wait=True)
+
+        # every scenario's calibration first: it gives the target, the budget and the class (which
+        # decides the extra seeds), and the oracle's and plain's rows at the calibration seed
+        phase_fn(self.calibration_task, [(s,) for s in self.scenarios])
+        self.write_results()
+        phase_fn(self.run_one, self.plan())
+        self.write_results()
+
+
+def live_display(console: Any):
+    """A rich table of the running runs (scenario, method, budget spent), refreshed by the runner."""
+    from rich.live import Live
+    from rich.table import Table
+
+    live = Live(console=console, refresh_per_second=2, transient=False)
+    live.start()
+
+    def show(b: Bench) -> None:
+        done = len(b.current_rows())
+        t = Table(title=f"swarm bench {b.name}: {done}/{len(b.plan())} runs finished ({b.done_this_session} this session)")
+        for col in ("scenario", "class", "method", "seed", "worker CPU-s / budget", "wall s"):
+            t.add_column(col)
+        with b.lock:
+            items = list(b.running.values())
+        for r in items:
+            try:
+                pr = json.loads(pathlib.Path(r["progress"]).read_text())
+            except (OSError, json.JSONDecodeError):
+                pr = {}
+            budget = r["budget"]
+            spent = pr.get("cpu_s", 0.0)
+            t.add_row(r["scenario"], r.get("cls", ""), r["method"], str(r["seed"]),
+                      f"{spent:.0f} / {budget:.0f}" + (f" ({100 * spent / budget:.0f}%)" if budget else ""),
+                      f"{time.time() - r['t0']:.0f}")
+        live.update(t)
+
+    show.stop = live.stop  # type: ignore[attr-defined]
+    return show
+
+
+def log_display():
+    """Line-by-line progress for a log file (no terminal): a line when the set of running runs changes."""
+    last: list[Any] = [None]
+
+    def show(b: Bench) -> None:
+        with b.lock:
+            items = sorted((r["scenario"], r["method"], r["seed"]) for r in b.running.values())
+        if items != last[0]:
+            last[0] = items
+            done = len(b.current_rows())
+            print(f"[{time.strftime('%H:%M:%S')}] {done}/{len(b.plan())} finished; running: "
+                  + ", ".join(f"{s}/{m}/s{seed}" for s, m, seed in items), flush=True)
+
+    show.stop = lambda: None  # type: ignore[attr-defined]
+    return show

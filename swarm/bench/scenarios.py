@@ -1,0 +1,363 @@
+"""Scenarios: seeded, deterministic failing runs, and the suite folders that hold them.
+
+A scenario is a goal file (the same format as `examples/goals/*.yaml`) plus a `scenario:` header
+saying where it came from, which faults it carries and whether the baselines' search space can
+express their fix. `generate(seed)` draws one: a task family and difficulty the built-in model learns
+in a minute or two on 2 cores, and 0-2 faults composed from the trainer's generic perturbation
+mechanisms (`trainer/perturb.py`: override of a recipe/harness field at a step, SIGKILL, stall, label
+noise, corrupt newest checkpoint), each with its onset step and magnitude drawn from a range. The
+same seed always gives the same scenario (a `random.Random` seeded with a string, independent of
+`PYTHONHASHSEED` and of the platform).
+
+A suite is a folder of YAML files. Plain goal files (no `scenario:` header) load as scenarios too, so
+`examples/goals/` is a suite as it stands.
+
+    python -m swarm.bench.scenarios benchmarks/suites/dev --seeds 0-39     # (re)write a suite folder
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import pathlib
+import random
+from typing import Any, Callable
+
+import yaml
+
+from trainer.config import ConfigError, load_yaml
+
+GENERATOR_VERSION = 1
+ADDITION_CHARSET = "0123456789+-*=\n "
+
+_SWARM = {"observe_every_s": 2, "observe_quiet_s": 4, "min_steps_between_interventions": 50,
+          "evaluate_window_steps": 100,
+          "backtest": {"horizon_steps": 40, "seeds": [0, 1], "alpha": 0.2, "eval_size": 200}}
+_MODEL = {"kind": "builtin", "d_model": 96, "n_layers": 3, "n_heads": 4, "max_seq_len": 24}
+_SFT = {"algorithm": "sft", "lr": 0.003, "schedule": "constant", "warmup_steps": 0, "batch_size": 64,
+        "eval_interval": 50, "eval_size": 200}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A task the built-in model learns in a minute or two on 2 cores (the example goals' sizes)."""
+
+    name: str
+    goal: str
+    threshold: float
+    run: dict[str, Any]
+    steps: int
+    question_len: int          # characters of a question at the base difficulty (template faults)
+    answer_len: int            # characters of an answer (max_new_tokens faults)
+    grpo: bool = False
+    max_difficulty: int = 12
+
+
+def _run(task: str, start: int, *, charset: str | None = None, reverse: bool = False, mnt: int = 5,
+         recipe: dict[str, Any] | None = None, reward: dict[str, Any] | None = None) -> dict[str, Any]:
+    model = dict(_MODEL, **({"charset": charset} if charset else {}))
+    harness: dict[str, Any] = {"template": "{question}=", "answer": {"stop": "\n", **({"reverse_digits": True} if reverse else {})},
+                               "sampling": {"temperature": 1.0, "max_new_tokens": mnt}, "curriculum": {"start": start}}
+    if reward:
+        harness["reward"] = reward
+    return {"seed": 0, "task": {"name": task}, "model": model, "harness": harness, "recipe": recipe or dict(_SFT),
+            "checkpoint": {"interval": 50, "keep_last": 20}, "samples_per_step": 4, "threads": 1}
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in [
+    Family("addition2", "a policy that adds 2-digit numbers with >= 90% held-out exact match", 0.9,
+           _run("addition", 2, charset=ADDITION_CHARSET, reverse=True), 3000, question_len=5, answer_len=3),
+    Family("sort4", "a policy that sorts 4-digit sequences with >= 90% held-out exact match", 0.9,
+           _run("sort", 4), 3000, question_len=4, answer_len=4),
+    Family("reverse4", "a policy that reverses 4-digit sequences with >= 90% held-out exact match", 0.9,
+           _run("reverse", 4), 3000, question_len=4, answer_len=4),
+    Family("sort3_grpo", "a policy that sorts 3-digit sequences with >= 85% held-out exact match (SFT warm-up, then GRPO)",
+           0.85, _run("sort", 3, mnt=4, reward={"kind": "partial"},
+                      recipe={"algorithm": "grpo", "sft_warmup_steps": 90, "sft_warmup_batch_size": 128, "lr": 0.0003,
+                              "schedule": "constant", "warmup_steps": 0, "batch_size": 16, "eval_interval": 25,
+                              "eval_size": 200, "group_size": 8}),
+           1000, question_len=3, answer_len=3, grpo=True),
+]}
+
+
+# ---- fault mechanisms ---------------------------------------------------------------------------
+# Each builder draws onset and magnitude from its ranges and returns (perturbations, description).
+# `fix_in_space`: whether the baselines' search space (lr, temperature, max_new_tokens, curriculum
+# start, kl_coef) can express the fix.
+
+Builder = Callable[[random.Random, Family], tuple[list[dict[str, Any]], dict[str, Any]]]
+
+
+def _onset(rng: random.Random, lo: int, hi: int, every: int = 10) -> int:
+    return rng.randrange(lo // every, hi // every + 1) * every
+
+
+def _loguniform(rng: random.Random, lo: float, hi: float) -> float:
+    return float(f"{math.exp(rng.uniform(math.log(lo), math.log(hi))):.3g}")
+
+
+def _override(at: int, fields: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"kind": "override", "at_step": at, "set": fields}]
+
+
+def f_lr_scale(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    base = fam.run["recipe"]["lr"]
+    k = _loguniform(rng, 20, 150) if rng.random() < 0.6 else _loguniform(rng, 0.003, 0.03)
+    lr = min(10.0, float(f"{base * k:.3g}"))
+    at = _onset(rng, 0, 300)
+    return _override(at, {"recipe.lr": lr}), {"mechanism": "override", "what": f"recipe.lr x{k:g} -> {lr:g}", "at_step": at,
+                                               "fix_in_space": "yes (lr)"}
+
+
+def f_temperature(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    t = round(rng.uniform(0.01, 0.1), 3) if rng.random() < 0.6 else round(rng.uniform(2.5, 4.0), 2)
+    at = _onset(rng, 0, 120)
+    return _override(at, {"harness.sampling.temperature": t}), {
+        "mechanism": "override", "what": f"harness.sampling.temperature -> {t:g}", "at_step": at, "fix_in_space": "yes (temperature)"}
+
+
+def f_max_new_tokens(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    n = rng.randint(1, fam.answer_len - 1)
+    at = _onset(rng, 0, 200)
+    return _override(at, {"harness.sampling.max_new_tokens": n}), {
+        "mechanism": "override", "what": f"harness.sampling.max_new_tokens -> {n}", "at_step": at,
+        "fix_in_space": "yes (max_new_tokens)"}
+
+
+def f_template(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    kind = rng.choice(["truncate", "separator", "pad", "doubled"])
+    if kind == "truncate":          # a format spec on the placeholder: only the first N characters
+        tpl = "{question:.%d}=" % rng.randint(1, fam.question_len - 1)
+    elif kind == "separator":       # the answer cue changed (characters the addition charset has)
+        tpl = "{question}" + rng.choice(["-", "+", "*", " ", "=="])
+    elif kind == "pad":             # right-aligned in a wider field: the question moves
+        tpl = "{question:>%d}=" % rng.randint(fam.question_len + 3, fam.question_len + 8)
+    else:
+        tpl = "{question}={question}="
+    at = _onset(rng, 0, 400)
+    return _override(at, {"harness.template": tpl}), {
+        "mechanism": "override", "what": f"harness.template ({kind}) -> {tpl!r}", "at_step": at, "fix_in_space": "no (template)"}
+
+
+def f_verifier(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    at = _onset(rng, 0, 150)
+    return _override(at, {"harness.reward.verifier": "digits_any_order"}), {
+        "mechanism": "override", "what": "harness.reward.verifier -> digits_any_order", "at_step": at,
+        "fix_in_space": "no (verifier)"}
+
+
+def f_curriculum(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    d = min(fam.max_difficulty, fam.run["harness"]["curriculum"]["start"] + rng.randint(2, 4))
+    at = _onset(rng, 0, 200)
+    return _override(at, {"harness.curriculum.start": d, "harness.curriculum.end": d}), {
+        "mechanism": "override", "what": f"harness.curriculum start=end -> {d}", "at_step": at,
+        "fix_in_space": "yes (curriculum start: no ramp, so the end the fault also sets is not used)"}
+
+
+def f_recipe_field(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    at = _onset(rng, 0, 300)
+    if rng.random() < 0.5 or fam.grpo:
+        wd = round(rng.uniform(2.0, 10.0), 2)
+        fields, what = {"recipe.weight_decay": wd}, f"recipe.weight_decay -> {wd:g}"
+    else:
+        bs = rng.randint(2, 6)
+        fields, what = {"recipe.batch_size": bs}, f"recipe.batch_size -> {bs}"
+    return _override(at, fields), {"mechanism": "override", "what": what, "at_step": at, "fix_in_space": "no (" + what.split(" ")[0] + ")"}
+
+
+def f_kill(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    at = _onset(rng, 40, 400)
+    return [{"kind": "kill", "at_step": at}], {"mechanism": "kill", "what": "SIGKILL", "at_step": at,
+                                                "fix_in_space": "restart (Tune retries a failed trial from its checkpoint)"}
+
+
+def f_stall(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    at = _onset(rng, 40, 300)
+    s = float(rng.randrange(900, 1800, 60))
+    return [{"kind": "stall", "at_step": at, "seconds": s}], {"mechanism": "stall", "what": f"hang {s:.0f} s", "at_step": at,
+                                                              "fix_in_space": "no (a hung trial is not retried)"}
+
+
+def f_label_noise(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    frac = round(rng.uniform(0.3, 0.7), 2)
+    noise = rng.choice(["random_char", "off_by_one"])
+    at = _onset(rng, 0, 200)
+    return [{"kind": "label_noise", "at_step": at, "fraction": frac, "noise": noise}], {
+        "mechanism": "label_noise", "what": f"{frac:g} of SFT labels ({noise})", "at_step": at, "fix_in_space": "no (data)"}
+
+
+def f_corrupt_checkpoint(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    at = _onset(rng, 100, 400)
+    return [{"kind": "corrupt_checkpoint", "at_step": at}], {"mechanism": "corrupt_checkpoint", "what": "newest checkpoint damaged",
+                                                             "at_step": at, "fix_in_space": "n/a (harmless without a restart)"}
+
+
+# (name, builder, applies to family) — GRPO-only faults act on rollouts; label noise on SFT labels
+MECHANISMS: list[tuple[str, Builder, Callable[[Family], bool]]] = [
+    ("lr_scale", f_lr_scale, lambda f: True),
+    ("temperature", f_temperature, lambda f: f.grpo),
+    ("max_new_tokens", f_max_new_tokens, lambda f: True),
+    ("template", f_template, lambda f: True),
+    ("verifier", f_verifier, lambda f: f.grpo),
+    ("curriculum", f_curriculum, lambda f: True),
+    ("recipe_field", f_recipe_field, lambda f: True),
+    ("kill", f_kill, lambda f: True),
+    ("stall", f_stall, lambda f: True),
+    ("label_noise", f_label_noise, lambda f: not f.grpo),
+    ("corrupt_checkpoint", f_corrupt_checkpoint, lambda f: True),
+]
+
+
+def generate(seed: int) -> dict[str, Any]:
+    """The scenario for `seed`: a dict with `scenario` (header) and the goal file's fields."""
+    rng = random.Random(f"swarmlab-bench-v{GENERATOR_VERSION}-{seed}")
+    fam = FAMILIES[rng.choice(sorted(FAMILIES))]
+    n = rng.choices([0, 1, 2], weights=[0.15, 0.5, 0.35])[0]
+    usable = [m for m in MECHANISMS if m[2](fam)]
+    perts: list[dict[str, Any]] = []
+    faults: list[dict[str, Any]] = []
+    fields: set[str] = set()
+    for name, build, _ in rng.sample(usable, n):
+        p, meta = build(rng, fam)
+        keys = {k for q in p for k in q.get("set", {})}
+        if keys & fields:                      # two faults on one field: the later one would hide the first
+            continue
+        fields |= keys
+        perts += p
+        faults.append({"name": name, **meta})
+    # a corrupt checkpoint only matters to a run that restarts: put it before a kill when both are drawn
+    kills = [p for p in perts if p["kind"] == "kill"]
+    for p in perts:
+        if p["kind"] == "corrupt_checkpoint" and kills and p["at_step"] >= kills[0]["at_step"]:
+            p["at_step"] = max(50, kills[0]["at_step"] - 20)
+            next(f for f in faults if f["name"] == "corrupt_checkpoint")["at_step"] = p["at_step"]
+    label = "+".join(f["name"] for f in faults) or "none"
+    goal: dict[str, Any] = {
+        "goal": fam.goal + ", on 2 CPU cores",
+        "target": {"metric": "heldout_acc", "op": ">=", "threshold": fam.threshold},
+        "run": copy.deepcopy(fam.run),
+        "budget": {"wall_s": 900, "steps": fam.steps, "worker_cpu_s": 1800, "llm_usd": 0.0},
+        "approval": {"auto": ["low", "medium"]},
+        "llm": {"model": None},
+        "swarm": copy.deepcopy(_SWARM),
+    }
+    if perts:
+        goal["perturbations"] = perts
+    return {"scenario": {"name": f"g{seed:04d}-{fam.name}-{label}", "seed": seed, "generator_version": GENERATOR_VERSION,
+                         "family": fam.name, "faults": faults}, **goal}
+
+
+# ---- suites -----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    goal: dict[str, Any]             # a goal file's fields (perturbations included)
+    faults: list[dict[str, Any]]
+    path: str
+    family: str | None = None
+
+    @property
+    def content_hash(self) -> str:
+        """What the scenario runs (its goal, faults included), independent of comments and key order."""
+        return hashlib.sha256(json.dumps(self.goal, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+    @property
+    def fix_in_space(self) -> str:
+        if not self.faults:
+            return "n/a (no fault)"
+        return "; ".join(f"{f['name']}: {f.get('fix_in_space', '?')}" for f in self.faults)
+
+    def healthy_goal(self) -> dict[str, Any]:
+        g = copy.deepcopy(self.goal)
+        g.pop("perturbations", None)
+        return g
+
+
+def scenario_from_data(data: Any, path: str) -> Scenario:
+    """A scenario file (`scenario:` header + goal fields) or a plain goal file, validated as a goal."""
+    from swarm.goal import Goal
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"scenario {path!r}: must be a mapping, got {type(data).__name__}")
+    data = dict(data)
+    head = data.pop("scenario", None)
+    if head is not None and not isinstance(head, dict):
+        raise ConfigError(f"scenario {path!r}: scenario= must be a mapping, got {type(head).__name__}")
+    try:
+        Goal.parse(data)
+    except ConfigError as e:
+        raise ConfigError(f"scenario {path!r}: {e}") from None
+    head = head or {}
+    name = str(head.get("name") or pathlib.Path(path).stem)
+    faults = head.get("faults")
+    if faults is None:   # a plain goal file: describe its perturbations as they are
+        faults = [{"name": p.get("shortcut") or p.get("kind"), "mechanism": p.get("kind") or p.get("shortcut"),
+                   "what": json.dumps({k: v for k, v in p.items() if k not in ("at_step",)}, sort_keys=True),
+                   "at_step": p.get("at_step", 0), "fix_in_space": "?"} for p in data.get("perturbations") or []]
+    return Scenario(name=name, goal=data, faults=list(faults), path=path, family=head.get("family"))
+
+
+def load_suite(folder: str | pathlib.Path) -> list[Scenario]:
+    """Every `*.yaml` in `folder`, sorted by file name; a bad file is a ConfigError naming it."""
+    d = pathlib.Path(folder)
+    if not d.is_dir():
+        raise ConfigError(f"suite {str(d)!r} is not a folder")
+    out = [scenario_from_data(load_yaml(p, "scenario file"), str(p)) for p in sorted(d.glob("*.yaml"))]
+    if not out:
+        raise ConfigError(f"suite {str(d)!r} holds no *.yaml scenario")
+    names = [s.name for s in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"suite {str(d)!r}: scenario names used twice: {', '.join(dup)}")
+    return out
+
+
+def write_suite(folder: str | pathlib.Path, seeds: list[int]) -> list[pathlib.Path]:
+    d = pathlib.Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in seeds:
+        sc = generate(s)
+        p = d / f"{sc['scenario']['name']}.yaml"
+        head = (f"# Generated by `python -m swarm.bench.scenarios {d} --seeds {s}` (generator v{GENERATOR_VERSION}).\n"
+                "# The perturbations are handed to the trainer only; no operator, prompt, report or memory sees them.\n")
+        p.write_text(head + yaml.safe_dump(sc, sort_keys=False, width=120))
+        paths.append(p)
+    return paths
+
+
+def parse_seeds(spec: list[str]) -> list[int]:
+    """`0 1 5-9` → [0, 1, 5, 6, 7, 8, 9]."""
+    out: list[int] = []
+    for part in spec:
+        for tok in str(part).split(","):
+            tok = tok.strip()
+            if not tok:
+                continue
+            try:
+                if "-" in tok[1:]:
+                    a, b = tok.split("-", 1) if not tok.startswith("-") else (tok, tok)
+                    out += list(range(int(a), int(b) + 1))
+                else:
+                    out.append(int(tok))
+            except ValueError:
+                raise ConfigError(f"seeds: {tok!r} is not an integer or a range like 3-7") from None
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="write generated scenarios into a suite folder")
+    ap.add_argument("folder")
+    ap.add_argument("--seeds", nargs="+", required=True, help="seeds or ranges, e.g. 0-39")
+    a = ap.parse_args(argv)
+    for p in write_suite(a.folder, parse_seeds(a.seeds)):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""The benchmark suite (swarm/bench): generator, calibration cache, the Tune trainable's fault and
+override handling, worker-CPU accounting, the resumable runner and a smoke bench.
+
+Real parts throughout: real trainer processes on a tiny 1-digit addition config, real checkpoints,
+real child processes for the accounting. The full suite is a benchmark (`swarm bench`), not a test.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import yaml
+
+from swarm.bench import calibrate as cal
+from swarm.bench.accounting import ProcessMeter, cpu_at, is_trainer
+from swarm.bench.report import auc
+from swarm.bench.runner import Bench, BenchConfig
+from swarm.bench.scenarios import MECHANISMS, generate, load_suite, parse_seeds, scenario_from_data, write_suite
+from swarm.bench.tune_methods import BudgetStopper, fired_after_restore, train_segment
+from trainer.config import ConfigError, Perturbation
+from trainer.perturb import expand
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+TINY_RUN = {
+    "seed": 0, "task": {"name": "addition"},
+    "model": {"kind": "builtin", "d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 16, "charset": "0123456789+-*=\n "},
+    "harness": {"template": "{question}=", "answer": {"stop": "\n", "reverse_digits": True},
+                "sampling": {"temperature": 1.0, "max_new_tokens": 3}, "curriculum": {"start": 1}},
+    "recipe": {"algorithm": "sft", "lr": 0.01, "schedule": "constant", "warmup_steps": 0, "batch_size": 32,
+               "eval_interval": 20, "eval_size": 50},
+    "checkpoint": {"interval": 20, "keep_last": 5}, "samples_per_step": 0, "threads": 1,
+}
+
+
+def tiny_goal(perturbations: list[dict] | None = None, threshold: float = 0.3) -> dict:
+    g = {"goal": "tiny 1-digit addition", "target": {"metric": "heldout_acc", "op": ">=", "threshold": threshold},
+         "run": json.loads(json.dumps(TINY_RUN)), "budget": {"wall_s": 300, "steps": 400, "worker_cpu_s": 300, "llm_usd": 0.0},
+         "llm": {"model": None}}
+    if perturbations:
+        g["perturbations"] = perturbations
+    return g
+
+
+# ---- generator ----------------------------------------------------------------------------------
+
+def test_generator_is_deterministic_and_seeds_differ():
+    assert generate(7) == generate(7)
+    assert generate(7) != generate(8)
+    names = {generate(s)["scenario"]["name"] for s in range(30)}
+    assert len(names) > 20
+
+
+def test_generated_scenarios_are_valid_goals_from_generic_mechanisms():
+    seen_mech, seen_counts = set(), set()
+    for s in range(120):
+        data = generate(s)
+        sc = scenario_from_data(data, f"gen-{s}")           # validated as a goal, faults checked as the trainer will
+        seen_counts.add(len(sc.faults))
+        seen_mech |= {f["name"] for f in sc.faults}
+        for p in data.get("perturbations", []):
+            assert "shortcut" not in p                       # generic mechanisms, never the named shortcuts
+            expand(Perturbation.model_validate(p))
+    assert seen_counts == {0, 1, 2}
+    assert seen_mech == {m[0] for m in MECHANISMS}
+
+
+def test_suite_files_round_trip_and_plain_goal_files_load(tmp_path):
+    paths = write_suite(tmp_path / "s", [3, 4])
+    suite = load_suite(tmp_path / "s")
+    assert [s.name for s in suite] == sorted(generate(x)["scenario"]["name"] for x in (3, 4))
+    again = load_suite(tmp_path / "s")
+    assert [s.content_hash for s in suite] == [s.content_hash for s in again]
+    # a comment does not change the content hash; a field does
+    p = paths[0]
+    p.write_text("# a comment\n" + p.read_text())
+    assert load_suite(tmp_path / "s")[[s.path for s in suite].index(str(p))].content_hash == suite[[s.path for s in suite].index(str(p))].content_hash
+    public = load_suite(ROOT / "examples" / "goals")
+    assert {"healthy", "lr_too_high"} <= {s.name for s in public}
+    assert next(s for s in public if s.name == "healthy").faults == []
+
+
+def test_bad_suite_input_is_one_clear_error(tmp_path):
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"goal": "x", "run": {"recipe": {"lr": -1}}}))
+    with pytest.raises(ConfigError, match=r"bad.yaml.*recipe.lr"):
+        load_suite(tmp_path)
+    with pytest.raises(ConfigError, match="not a folder"):
+        load_suite(tmp_path / "nope")
+    with pytest.raises(ConfigError, match="'x3'"):
+        parse_seeds(["1", "x3"])
+    assert parse_seeds(["0-2", "5"]) == [0, 1, 2, 5]
+
+
+# ---- accounting ---------------------------------------------------------------------------------
+
+BURN = "import time,sys\nt=time.process_time()\nwhile time.process_time()-t<0.6: pass\ntime.sleep(1.5)\n"
+
+
+def test_process_meter_sums_every_process_of_the_tree(tmp_path):
+    # a parent with two CPU-burning children (one of them a grandchild): all three are counted
+    script = tmp_path / "tree.py"
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, sys, time
+        burn = {BURN!r}
+        a = subprocess.Popen([sys.executable, "-c", burn])
+        b = subprocess.Popen([sys.executable, "-c", "import subprocess,sys; subprocess.run([sys.executable, '-c', %r])" % burn])
+        a.wait(); b.wait()
+    """))
+    p = subprocess.Popen([sys.executable, str(script)])
+    meter = ProcessMeter(p.pid, include_root=True)
+    while p.poll() is None:
+        meter.poll(time.time())
+        time.sleep(0.1)
+    burners = [k for k, c in meter.cpu.items() if c >= 0.5]
+    assert len(burners) >= 2, meter.cpu
+    assert meter.total >= 1.2
+    assert meter.timeline[-1][1] == pytest.approx(meter.total)
+    assert cpu_at(meter.timeline, meter.timeline[0][0] - 1) == meter.timeline[0][1]
+    # the swarm's meter counts trainer processes only
+    only = ProcessMeter(p.pid, match=is_trainer)
+    only.poll(time.time())
+    assert only.total == 0.0
+
+
+def test_budget_stopper_sums_trials_and_stops_at_budget_or_target():
+    s = BudgetStopper(budget=10.0, target=0.9)
+    s("a", {"trial_cpu_s": 4.0, "heldout_acc": 0.1})
+    s("b", {"trial_cpu_s": 5.0, "heldout_acc": 0.2})
+    assert not s.stop_all()
+    s("a", {"trial_cpu_s": 6.0, "heldout_acc": 0.3})      # cumulative per trial: 6 + 5 > 10
+    assert s.stop_all() and s.hit is None
+    s2 = BudgetStopper(budget=10.0, target=0.9)
+    s2("a", {"trial_cpu_s": 3.0, "heldout_acc": 0.95})
+    assert s2.stop_all() and s2.hit == pytest.approx(3.0)
+    assert s2.best == (0.95, "a")
+
+
+def test_auc_of_best_so_far_curve():
+    assert auc([], 10.0) == 0.0
+    assert auc([[0.0, 1.0]], 10.0) == pytest.approx(1.0)
+    # 0 until cpu 5, then 0.5 (a later lower value does not lower the best so far); points past the budget ignored
+    assert auc([[5.0, 0.5], [7.0, 0.1], [20.0, 1.0]], 10.0) == pytest.approx(0.25)
+
+
+# ---- the Tune trainable -------------------------------------------------------------------------
+
+class Paused(Exception):
+    """What Tune does to a function trainable it pauses or stops: the report does not return."""
+
+
+def _spec(perturbations: list[dict], steps: int = 80) -> dict:
+    from swarm.bench.methods import trainer_config
+    from swarm.bench.tune_methods import space_bounds
+
+    g = tiny_goal(perturbations)
+    g["budget"]["steps"] = steps
+    cfg = trainer_config(g, "/unused", 0, 0.99)
+    return {"config": cfg, "seed": 0, "bounds": {k: list(v) for k, v in space_bounds(cfg).items()}, "work": "/unused"}
+
+
+PARAMS = {"lr": 0.01, "temperature": 1.0, "max_new_tokens": 3, "curriculum_start": 1, "kl_coef": 0.0}
+
+
+def test_trainable_keeps_the_fault_after_a_restore_and_applies_the_new_values(tmp_path):
+    spec = _spec([{"kind": "override", "at_step": 10, "set": {"harness.template": "{question:.1}="}}])
+    kept = tmp_path / "kept"
+    seen: list[dict] = []
+
+    def report_a(metrics, ck):
+        seen.append(metrics)
+        if metrics["step"] == 40:
+            import shutil
+
+            shutil.copytree(ck, kept)
+            raise Paused
+
+    with pytest.raises(Paused):
+        train_segment(spec, PARAMS, "trialA", tmp_path / "A", None, report_a)
+    assert seen[-1]["live_template"] == "{question:.1}="     # the fault fired at step 10
+    assert seen[0]["live_lr"] == pytest.approx(0.01)
+    # trial B exploits A's checkpoint with other values: PBT's overrides reach the live config,
+    # the template fault stays in force (a "full" fork would have restored the healthy template)
+    got: list[dict] = []
+
+    def report_b(metrics, ck):
+        got.append(metrics)
+        raise Paused
+
+    new = dict(PARAMS, lr=0.0123, max_new_tokens=2)
+    with pytest.raises(Paused):
+        train_segment(spec, new, "trialB", tmp_path / "B", kept, report_b)
+    assert got[0]["step"] == 60                                # continued from step 40
+    assert got[0]["live_template"] == "{question:.1}="
+    assert got[0]["live_lr"] == pytest.approx(0.0123)
+    assert got[0]["live_max_new_tokens"] == 2
+    seg_a = json.loads((tmp_path / "A" / "seg000" / "segment.json").read_text())
+    seg_b = json.loads((tmp_path / "B" / "seg000" / "segment.json").read_text())
+    assert seg_b["donor"] == {"trial_id": "trialA", "segment": 0, "step": 40}
+    assert seg_a["cpu_s"] > 0 and seg_b["cpu_s"] > 0
+
+
+def test_fired_state_after_restore():
+    items = [expand(Perturbation(kind="override", at_step=5, set={"recipe.lr": 0.5})),
+             expand(Perturbation(kind="kill", at_step=5)), expand(Perturbation(kind="label_noise", at_step=0, fraction=0.3))]
+    # state faults follow the checkpoint; a kill that fired in this trial does not fire again
+    assert fired_after_restore(items, {0, 2}, set()) == {0, 2}
+    assert fired_after_restore(items, set(), {0, 1, 2}) == {1}
+    assert fired_after_restore(items, {1}, set()) == {1}
+
+
+KILL_SCRIPT = """
+import json, pathlib, shutil, sys
+from swarm.bench.tune_methods import train_segment
+spec, trial_dir, keep, restore = json.loads(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3]), sys.argv[4]
+steps = []
+def report(m, ck):
+    steps.append(m["step"])
+    if m["step"] == 20 and not keep.exists():
+        shutil.copytree(ck, keep)
+params = {"lr": 0.01, "temperature": 1.0, "max_new_tokens": 3, "curriculum_start": 1, "kl_coef": 0.0}
+s = train_segment(spec, params, "t0", trial_dir, pathlib.Path(restore) if restore != "-" else None, report)
+print(json.dumps({"steps": steps, "status": s["status"]}))
+"""
+
+
+def test_one_shot_kill_does_not_repeat_after_a_restore(tmp_path):
+    spec = _spec([{"kind": "kill", "at_step": 30}], steps=60)
+    keep = tmp_path / "ck20"
+    first = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(spec), str(tmp_path / "trial"), str(keep), "-"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=240)
+    assert first.returncode == -9, first.stderr[-800:]      # SIGKILLed at step 30
+    assert keep.exists()
+    second = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(spec), str(tmp_path / "trial"), str(keep), str(keep)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=240)
+    assert second.returncode == 0, second.stderr[-800:]     # restored from step 20: step 30 passes without a kill
+    out = json.loads(second.stdout.strip().splitlines()[-1])
+    assert out["steps"] == [40, 60] and out["status"] == "completed"
+
+
+# ---- the runner: smoke, calibration cache, resume -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Two tiny scenarios (a broken template from step 0, and no fault) x plain and oracle."""
+    base = tmp_path_factory.mktemp("bench")
+    suite = base / "suite"
+    suite.mkdir()
+    broken = tiny_goal([{"kind": "override", "at_step": 0, "set": {"harness.template": "{question:.1}="}}])
+    (suite / "a_broken.yaml").write_text(yaml.safe_dump({"scenario": {"name": "a_broken", "faults": [
+        {"name": "template", "what": "template cut to 1 char", "at_step": 0, "fix_in_space": "no (template)"}]}, **broken}))
+    (suite / "b_healthy.yaml").write_text(yaml.safe_dump(tiny_goal()))
+    cfg = BenchConfig(suite=str(suite), methods=["plain", "oracle"], seeds=[0], results=str(base / "results"),
+                      cache=str(base / "cache"), src="worktree", workdir=str(base / "work"), command="test")
+    bench = Bench(cfg)
+    bench.run()
+    return base, cfg, bench
+
+
+def test_smoke_bench_two_scenarios_two_methods(smoke):
+    base, cfg, bench = smoke
+    res = json.loads((base / "results" / "suite_suite.json").read_text())
+    rows = {(r["scenario"], r["method"]): r for r in res["runs"]}
+    assert set(rows) == {("a_broken", "plain"), ("a_broken", "oracle"), ("b_healthy", "plain"), ("b_healthy", "oracle")}
+    cls = {s["name"]: s["cls"] for s in res["scenarios"]}
+    assert cls == {"a_broken": "failing", "b_healthy": "healthy"}
+    a = next(s for s in res["scenarios"] if s["name"] == "a_broken")
+    assert a["budget"] == pytest.approx(cal.BUDGET_MULTIPLE * a["healthy_cpu_to_target"], rel=1e-3)
+    assert rows[("a_broken", "oracle")]["reached"] and not rows[("a_broken", "plain")]["reached"]
+    # plain ran until its steps ended or its worker CPU passed the budget (getrusage of the trainer process)
+    p = rows[("a_broken", "plain")]
+    assert p["stop"] in ("completed", "budget") and 0 < p["cpu_total"] <= a["budget"] * 1.1
+    assert p["curve"] and all(v < 0.3 for _, v in p["curve"])
+    md = (base / "results" / "suite_suite.md").read_text()
+    assert "| failing | oracle | 1 | 1/1 (100%)" in md and "| failing | plain | 1 | 0/1 (0%)" in md
+    assert (base / "results" / "suite_suite_success.svg").exists()
+
+
+def test_calibration_is_cached_and_invalidated_by_content(smoke):
+    base, cfg, bench = smoke
+    s = next(x for x in bench.scenarios if x.name == "b_healthy")
+
+    def must_not_run(*a):
+        raise AssertionError("calibration ran although it is cached")
+
+    c, cached = cal.calibrate(s.name, s.goal, 0, bench.code["baseline"], pathlib.Path(cfg.cache), must_not_run, has_faults=False)
+    assert cached and c.cls == "healthy"
+
+    class Ran(Exception):
+        pass
+
+    def ran(*a):
+        raise Ran
+
+    changed = json.loads(json.dumps(s.goal))
+    changed["run"]["recipe"]["lr"] = 0.02
+    with pytest.raises(Ran):          # another scenario content: recalibrated
+        cal.calibrate(s.name, changed, 0, bench.code["baseline"], pathlib.Path(cfg.cache), ran, has_faults=False)
+    with pytest.raises(Ran):          # another trainer code state: recalibrated
+        cal.calibrate(s.name, s.goal, 0, "other-code", pathlib.Path(cfg.cache), ran, has_faults=False)
+
+
+class CountingBench(Bench):
+    """Counts the runs it starts; `interrupt_after` raises KeyboardInterrupt (a Ctrl-C) at the start
+    of the run after that many."""
+
+    def __init__(self, cfg, interrupt_after=None):
+        super().__init__(cfg)
+        self.spawned: list[tuple[str, str, int]] = []
+        self.interrupt_after = interrupt_after
+
+    def _spawn(self, label, method, goal, seed, *a):
+        if self.interrupt_after is not None and len(self.spawned) >= self.interrupt_after:
+            raise KeyboardInterrupt
+        self.spawned.append((label["scenario"], method, seed))
+        return super()._spawn(label, method, goal, seed, *a)
+
+
+def test_interrupted_bench_resumes_without_redoing_finished_runs(smoke):
+    base, cfg, _ = smoke
+    import dataclasses
+
+    more = dataclasses.replace(cfg, methods=["plain"], seeds=[0, 1])
+    b1 = CountingBench(more, interrupt_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        b1.run()
+    assert b1.spawned == [("a_broken", "plain", 1)]            # calibrations were cached; one run finished
+    lines = b1.ledger.path.read_text().splitlines()
+    with open(b1.ledger.path, "a") as f:
+        f.write(lines[-1][: len(lines[-1]) // 2])               # a line cut by the interruption is ignored
+    b2 = CountingBench(more)
+    b2.run()
+    assert b2.spawned == [("b_healthy", "plain", 1)]           # only the run that had not finished
+    b3 = CountingBench(more)
+    b3.run()
+    assert b3.spawned == []
+    assert len(b3.current_rows()) == 4
