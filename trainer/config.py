@@ -200,8 +200,11 @@ def load_yaml(path: str | pathlib.Path, what: str) -> Any:
     p = pathlib.Path(path)
     if not p.is_file():
         raise ConfigError(f"{what} {str(p)!r} not found")
-    with open(p, "rb") as f:
-        raw = f.read(YAML_MAX_BYTES + 1)
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(YAML_MAX_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{what} {str(p)!r} cannot be read: {e.strerror or e}") from None
     if len(raw) > YAML_MAX_BYTES:
         raise ConfigError(f"{what} {str(p)!r} is larger than {YAML_MAX_BYTES} bytes (a {what} is a few KB of YAML)")
     try:
