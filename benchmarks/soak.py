@@ -1,7 +1,7 @@
 """Soak: a compressed long run — does the swarm stay bounded in disk, memory and per-tick CPU?
 
 One `swarm run` (local processes, `--jobs process`) of a tiny built-in model on 2-digit addition for
-`--steps` steps (default 20,000), with a generic fault from trainer/perturb.py every
+`--steps` steps (default 50,000), with a generic fault from trainer/perturb.py every
 `--fault-every` steps (an lr spike, a killed worker, a stall, truncated answers, a corrupt
 checkpoint, a low sampling temperature, … in turn) and `--kills` SIGKILLs of the controller at
 random moments, each followed by `swarm resume`. The trainer's streams roll at
@@ -15,7 +15,7 @@ step rate. At the end the ledger and git are audited: every proposed interventio
 none is applied twice, every trainer command is acknowledged at most once, every decided
 intervention's PR is in the state its status says (merged / reverted / closed).
 
-    python benchmarks/soak.py                       # ~30-40 min on 2 cores
+    python benchmarks/soak.py                       # ~25-35 min on 2 cores
     python benchmarks/soak.py --steps 3000 --kills 1 --fault-every 1000 --out /tmp/soak-smoke
 
 Results: benchmarks/results/soak.{json,md,svg} (or --out PREFIX).
@@ -118,11 +118,11 @@ def heartbeat_step(ws: pathlib.Path) -> int:
         return 0
 
 
-def graph_tick(ws: pathlib.Path) -> int | None:
-    """The LangGraph state's tick counter (the newest checkpoint), read without the controller."""
+def graph_tick(ws: pathlib.Path) -> tuple[int | None, int | None]:
+    """The LangGraph state's tick counter and the size of its newest checkpoint, read without the controller."""
     db = ws / ".swarm" / "graph.db"
     if not db.exists():
-        return None
+        return None, None
     try:
         from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -130,16 +130,19 @@ def graph_tick(ws: pathlib.Path) -> int | None:
         try:
             saver = SqliteSaver(conn)
             t = saver.get_tuple({"configurable": {"thread_id": "main"}})
-            return int(t.checkpoint["channel_values"].get("tick", 0)) if t else None
+            size = conn.execute("SELECT length(checkpoint) FROM checkpoints ORDER BY checkpoint_id DESC LIMIT 1").fetchone()
+            return (int(t.checkpoint["channel_values"].get("tick", 0)) if t else None), (size[0] if size else None)
         finally:
             conn.close()
     except Exception:       # a read racing a write: skip this sample's tick
-        return None
+        return None, None
 
 
 def proc_cpu(p: psutil.Process) -> float:
+    """The controller's own CPU seconds: its children (the trainer, backtest arms, git) are left out —
+    the arms' and the trainer's CPU is worker CPU, not what watching costs."""
     t = p.cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
+    return t.user + t.system
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
@@ -203,7 +206,7 @@ def audit(ws: pathlib.Path) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=20_000)
+    ap.add_argument("--steps", type=int, default=50_000)
     ap.add_argument("--fault-every", type=int, default=2000)
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill moments")
@@ -276,8 +279,9 @@ def main() -> None:
                 cpu_last = proc_cpu(proc)
             except psutil.Error:
                 rss = None
+            tick, ckpt_bytes = graph_tick(ws)
             row = {"t": round(now, 1), "step": step, "disk": du(ws), "rss": rss, "cpu_s": round(cpu_done + cpu_last, 3),
-                   "tick": graph_tick(ws), "kills": len(kills), "up_s": round(time.time() - started, 1), **{f"disk_{k}": v for k, v in parts(ws).items()}}
+                   "tick": tick, "graph_checkpoint_bytes": ckpt_bytes, "kills": len(kills), "up_s": round(time.time() - started, 1), **{f"disk_{k}": v for k, v in parts(ws).items()}}
             samples.append(row)
             print(f"[{now:7.1f}s] step {step} disk {row['disk'] / 1e6:.1f} MB rss {(rss or 0) / 1e6:.0f} MB "
                   f"cpu {row['cpu_s']:.1f}s tick {row['tick']}", flush=True)
@@ -343,6 +347,8 @@ def analyse(a, samples, kills, wall, stopped, summary, aud, work) -> dict[str, A
         "controller_kills": kills, "samples": len(samples),
         "disk_bytes": series(warm, "disk"), "rss_bytes": series(warm_rss, "rss"),
         "tick_cpu_ms": series(warm_ticks, "ms") if warm_ticks else None,
+        "tick_cpu_ms_median": sorted(r["ms"] for r in warm_ticks)[len(warm_ticks) // 2] if warm_ticks else None,
+        "graph_checkpoint_bytes": series([s for s in warm if s.get("graph_checkpoint_bytes")], "graph_checkpoint_bytes"),
         "disk_by_part": disk_parts,
         "projection": {"steps_in_3_days_at_this_rate": steps_3d},
         "audit": aud, "summary": {k: summary.get(k) for k in ("reason", "steps", "restarts", "backtests", "final_metric")},
@@ -373,7 +379,8 @@ def write(a, r: dict[str, Any], samples: list[dict[str, Any]]) -> None:
 
     rows = []
     for name, key, unit, u in (("workspace disk", "disk_bytes", 1e6, "MB"), ("controller RSS", "rss_bytes", 1e6, "MB"),
-                               ("controller CPU per tick", "tick_cpu_ms", 1.0, "ms")):
+                               ("controller CPU per tick", "tick_cpu_ms", 1.0, "ms"),
+                               ("one LangGraph checkpoint (graph.db)", "graph_checkpoint_bytes", 1e3, "kB")):
         s = r.get(key) or {}
         share = s.get("slope_share_of_mean_per_1k")
         rows.append(f"| {name} | {fmt(s.get('mean_after_warmup'), unit)} {u} | {fmt(s.get('end'), unit)} {u} | "
@@ -406,7 +413,9 @@ work, Python {r['machine']['python']}. Raw samples and settings: `soak.json`; pl
 |---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-The 3-day projection extrapolates from the end value at the fitted slope (a negative slope counts as
+CPU per tick is the controller's own CPU (its children — trainer, arms, git — left out) between two
+samples over the ticks between them; median after warm-up {fmt(r['tick_cpu_ms_median'], 1.0, 1)} ms (ticks that ran a
+backtest or wrote PRs cost more than quiet ones). The 3-day projection extrapolates from the end value at the fitted slope (a negative slope counts as
 flat) and, in brackets, at the slope's upper 95% bound, to {r['projection']['steps_in_3_days_at_this_rate']:,.0f} steps (3 days at this
 soak's step rate). Disk by part (end, slope per 1,000 steps):
 

@@ -40,7 +40,7 @@ from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
 from swarm.knowledge import Knowledge, seed_workspace
 from swarm.report import LifecycleReports, final_report, intervention_report
-from swarm.retention import enforce_retention
+from swarm.retention import enforce_retention, fold_cpu
 from swarm.store import Store, acquire_lock
 from swarm.workspace import Workspace
 from trainer.control import send_command
@@ -620,7 +620,7 @@ class Controller(Deciding):
             prune_checkpoints(self.graph.checkpointer, "main", KEEP_CHECKPOINTS)
         # backtest forks, pre-apply checkpoints, arms no one needs
 
-        enforce_retention(self.run_dir, self.sdir / "backtests", self.private / "backtests", self.store.list(), s.cpu)
+        gone = enforce_retention(self.run_dir, self.sdir / "backtests", self.private / "backtests", self.store.list(), s.cpu)
         m = self.memo
         if not s.quiet:
             m.full_seq = m.pass_seq
@@ -629,7 +629,8 @@ class Controller(Deciding):
         if seq != m.reported_seq:
             atomic_write_text(self.sdir / "status.json", json.dumps(self.summary(s), indent=1, default=str))
             m.reported_seq = seq
-        return {}
+        # deleted arms' CPU readings fold into one entry: the checkpointed state stays the same size
+        return {"cpu": fold_cpu(s.cpu, self.sdir / "backtests", gone.arms)} if gone.arms else {}
 
     def node_finish(self, s: SwarmState) -> dict[str, Any]:
         if s.job and self.job_status(s.job) not in JobStatus.terminal():

@@ -4,7 +4,8 @@ checkpoints taken before applying (`pre-<id>`) and the backtest arm folders and 
     plan = plan_retention(interventions, checkpoints=["bt-ab12cd34", "pre-ab12cd34", "step_0000500"],
                           arms=["bt-ab12cd34-candidate-s0"], metered_arms={"bt-ab12cd34-candidate-s0"})
     plan.checkpoints, plan.arms        # what may be deleted, with plan.why[name] saying why
-    enforce_retention(run_dir, backtests_dir, config_dir, store.list(), cpu_state)   # the controller's call
+    plan = enforce_retention(run_dir, backtests_dir, config_dir, store.list(), cpu_state)   # the controller's call
+    cpu_state = fold_cpu(cpu_state, backtests_dir, plan.arms)   # the meter forgets them, keeping their total
 
 Without retention each intervention leaves two model-sized checkpoints and one run folder per
 backtest arm on disk for the rest of the run (for a 0.8M-parameter model ~8 MB + ~16 MB each), so a
@@ -107,6 +108,21 @@ def metered(arm_dirs: Iterable[pathlib.Path], cpu_state: Mapping[str, float]) ->
             continue
         if cpu_state.get(f"{d}:{hb.get('pid')}", -1.0) >= float(hb["cpu_s"]):
             out.add(d.name)
+    return out
+
+
+RETIRED_CPU = "retired"   # the meter key holding the CPU seconds of deleted arms
+
+
+def fold_cpu(cpu_state: Mapping[str, float], backtests_dir: pathlib.Path, arms: Iterable[str]) -> dict[str, float]:
+    """The CPU meter state with the readings of deleted `arms` folded into one `RETIRED_CPU` entry:
+    the total is unchanged, and the state (checkpointed with every graph step) stops growing by an
+    entry per backtest arm."""
+    prefixes = tuple(f"{backtests_dir / name}:" for name in arms)
+    out = {k: v for k, v in cpu_state.items() if not k.startswith(prefixes)} if prefixes else dict(cpu_state)
+    gone = sum(v for k, v in cpu_state.items() if prefixes and k.startswith(prefixes))
+    if gone:
+        out[RETIRED_CPU] = out.get(RETIRED_CPU, 0.0) + gone
     return out
 
 

@@ -108,3 +108,16 @@ def test_enforce_deletes_files_and_folders_on_disk(tmp_path):
     enforce_retention(run, bts, cfgs, [done, live], cpu)
     assert sorted(p.name for p in bts.iterdir()) == sorted(arms(live))
     assert enforce_retention(run, bts, cfgs, [done, live], cpu).empty     # idempotent
+
+
+def test_deleted_arms_fold_into_one_meter_entry_keeping_the_total(tmp_path):
+    from swarm.jobs import CpuMeter
+    from swarm.retention import RETIRED_CPU, fold_cpu
+
+    bts = tmp_path / "backtests"
+    cpu = {f"{tmp_path}/runs/train:11": 50.0, f"{bts}/bt-aaaaaaaa-candidate-s0:12": 3.0,
+           f"{bts}/bt-aaaaaaaa-control-s0:13": 4.0, f"{bts}/bt-bbbbbbbb-control-s0:14": 5.0, RETIRED_CPU: 1.0}
+    out = fold_cpu(cpu, bts, ["bt-aaaaaaaa-candidate-s0", "bt-aaaaaaaa-control-s0"])
+    assert out == {f"{tmp_path}/runs/train:11": 50.0, f"{bts}/bt-bbbbbbbb-control-s0:14": 5.0, RETIRED_CPU: 8.0}
+    assert CpuMeter(out).total == CpuMeter(cpu).total == 63.0
+    assert fold_cpu(cpu, bts, []) == cpu
