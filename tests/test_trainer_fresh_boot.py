@@ -4,6 +4,7 @@ throttle interval ago the first event is throttled. Here the monotonic clock rea
 (a freshly booted machine) while the trainer's heartbeat throttle is an hour."""
 from __future__ import annotations
 
+import itertools
 import time
 
 from trainer.config import RunConfig
@@ -14,8 +15,8 @@ from trainer.runlog import read_heartbeat
 def test_first_running_heartbeat_is_written_on_a_freshly_booted_machine(make_cfg, monkeypatch):
     import trainer.loop
 
-    clock = iter(2.0 + i * 1e-3 for i in range(10**6))   # seconds since boot, rising slowly
-    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    ticks = itertools.count()      # next() on it is atomic: safe if another thread reads the clock
+    monkeypatch.setattr(time, "monotonic", lambda: 2.0 + next(ticks) * 1e-3)   # seconds since boot
     monkeypatch.setattr(trainer.loop, "HEARTBEAT_EVERY_S", 3600.0)
     cfg = RunConfig.parse(make_cfg(recipe={"steps": 4, "eval_interval": 0}))
     tr = Trainer(cfg)
