@@ -34,18 +34,22 @@ MIN_LEARNABLE = 0.3
 WALL_CAP_MULTIPLE = 10.0    # a run's wall-clock cap: this x the healthy run's wall to target ...
 MIN_WALL_CAP = 240.0        # ... and at least this (a hung run ends here)
 
-BASELINE_DIRS = ("trainer", "harness", "kernels", "swarm/bench")
+# what a measurement depends on (the runner, the report and the CLI do not change a measurement)
+BASELINE_DIRS = ("trainer", "harness", "kernels", "swarm/bench/methods.py", "swarm/bench/tune_methods.py",
+                 "swarm/bench/accounting.py", "swarm/bench/worker.py")
 SWARM_DIRS = BASELINE_DIRS + ("swarm", "agents", "skills", "memory", "sandboxes")
 
 
 def code_state(root: pathlib.Path, dirs: tuple[str, ...]) -> str:
-    """A hash of the source files (*.py, *.yaml, *.c, *.md) under `dirs` of `root`: what a result
-    was measured with."""
+    """A hash of the source files (*.py, *.yaml, *.c, *.md) under `dirs` (folders or files) of
+    `root`: what a result was measured with."""
     h = hashlib.sha256()
     files: set[pathlib.Path] = set()
     for d in dirs:
         base = root / d
-        if base.is_dir():
+        if base.is_file():
+            files.add(base)
+        elif base.is_dir():
             files |= {p for p in base.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".c", ".md")
                       and "__pycache__" not in p.parts}
     for p in sorted(files):

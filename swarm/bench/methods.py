@@ -220,7 +220,7 @@ def run_swarm(goal: dict[str, Any], seed: int, target: float, budget: float, wal
             pass
     meter.timeline.append((time.time(), meter.total))
     s = json.loads(summ.read_text()) if summ.exists() else {}
-    rows = read_jsonl(ws / "runs" / "train" / "metrics.jsonl")
+    rows = read_jsonl(ws / ".swarm" / "runs" / "train" / "metrics.jsonl")   # the live job (Controller.run_dir)
     curve = curve_from(rows, meter.timeline)
     out = summarise(curve, target, budget, meter.total, bool(capped))
     ivs = s.get("interventions") or []

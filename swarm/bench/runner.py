@@ -223,15 +223,30 @@ class Bench:
     # ---- the plan -------------------------------------------------------------------------------
     def plan(self) -> list[tuple[Scenario, str, int]]:
         """Base seeds on every scenario; more seeds on the first `more_on` failing ones (once known)."""
-        out = [(s, m, seed) for s in self.scenarios for seed in self.cfg.seeds for m in self.cfg.methods]
-        if self.cfg.more_on and self.cfg.more_seeds:
-            failing = [s for s in self.scenarios if s.name in self.cals and self.cals[s.name].cls == "failing"][: self.cfg.more_on]
-            out += [(s, m, seed) for s in failing for seed in self.cfg.more_seeds if seed not in self.cfg.seeds for m in self.cfg.methods]
+        more = self.more_seed_scenarios()
+        out = []
+        for s in self.scenarios:
+            out += [(s, m, seed) for seed in self.cfg.seeds for m in self.cfg.methods]
+            if s in more:
+                out += [(s, m, seed) for seed in self.cfg.more_seeds if seed not in self.cfg.seeds for m in self.cfg.methods]
         return out
 
-    def calibration_task(self, s: Scenario) -> None:
-        self.calibration(s)
+    def scenario_task(self, s: Scenario) -> None:
+        c = self.calibration(s)
         self.write_results()
+        for seed in self.cfg.seeds:
+            for m in self.cfg.methods:
+                self.run_one(s, m, seed)
+        if c.cls == "failing" and s in self.more_seed_scenarios():
+            for seed in self.cfg.more_seeds:
+                for m in self.cfg.methods:
+                    self.run_one(s, m, seed)
+
+    def more_seed_scenarios(self) -> list[Scenario]:
+        """The first `more_on` failing scenarios in suite order, among those calibrated so far."""
+        if not (self.cfg.more_on and self.cfg.more_seeds):
+            return []
+        return [s for s in self.scenarios if s.name in self.cals and self.cals[s.name].cls == "failing"][: self.cfg.more_on]
 
     def run_one(self, s: Scenario, method: str, seed: int) -> None:
         c = self.calibration(s)
@@ -314,10 +329,11 @@ class Bench:
                 raise
             ex.shutdown(wait=True)
 
-        # every scenario's calibration first: it gives the target, the budget and the class (which
-        # decides the extra seeds), and the oracle's and plain's rows at the calibration seed
-        phase_fn(self.calibration_task, [(s,) for s in self.scenarios])
-        self.write_results()
+        # scenario by scenario (N at a time): its calibration (target, budget, class; the oracle's
+        # and plain's rows at the calibration seed), then its methods x seeds, so that a bench
+        # stopped part way has whole scenarios; then whatever the final plan still lacks (extra
+        # seeds of a scenario whose place among the first failing ones was known only later)
+        phase_fn(self.scenario_task, [(s,) for s in self.scenarios])
         phase_fn(self.run_one, self.plan())
         self.write_results()
 
