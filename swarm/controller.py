@@ -510,7 +510,6 @@ class Controller(Deciding):
     def apply(self, iv: Intervention, s: SwarmState) -> dict[str, Any]:
         upd: dict[str, Any] = {}
         began, pre = time.time(), None
-        iv.outcome["cpu_at_apply"] = round(self.live_cpu(), 3)
         if iv.kind == InterventionKind.RESTART:
             if s.restarts >= self.goal.swarm.max_restarts:   # the cap, whatever validated the restart
                 self.store.transition(iv.id, Status.REJECTED, f"max_restarts={self.goal.swarm.max_restarts} reached")
@@ -551,11 +550,14 @@ class Controller(Deciding):
         # rows written after this moment belong to the timeline the intervention created (the
         # trainer's acknowledgement of the checkpoint taken just before applying, else now)
         iv.outcome["since_time"] = pre["time"] if pre and "time" in pre else began
+        iv.outcome.setdefault("cpu_at_apply", round(self.live_cpu(), 3))   # the evaluation window's CPU counts from here
         self.store.put(iv)
         if iv.status in (Status.AWAITING_APPROVAL, Status.VALIDATED) and self.ws.pr_state(iv.id) == "open":
             self.ws.approve(iv.id)   # merged before a crash: not again
+        # logged before the transition, once: a kill between the two re-runs apply on resume
+        if not any(r.get("id") == iv.id for r in self.store.timeline("applied")):
+            self.store.log("applied", id=iv.id, step=step)
         self.store.transition(iv.id, Status.APPLIED, f"applied at step {step}")
-        self.store.log("applied", id=iv.id, step=step)
         return upd
 
     def changes_since(self, checkpoint: str, exclude: str) -> dict[str, dict[str, Any]]:

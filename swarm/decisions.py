@@ -149,8 +149,8 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
                 continue
             return Risk.HIGH, f"{k} → {v!r}: no value in force to compare with"
         cur, new = float(cur), float(v)
-        if k.startswith("harness.curriculum.") and k.rsplit(".", 1)[-1] in ("start", "end"):
-            if new > cur:                                # harder data than now: not a data fix's direction
+        if k.startswith("harness.curriculum."):
+            if k.rsplit(".", 1)[-1] in ("start", "end") and new > cur:   # harder data than now
                 risk = max(risk, Risk.MEDIUM, key=_RANK.get)
             continue
         if cur > 0 and new > 0:

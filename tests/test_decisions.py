@@ -75,6 +75,8 @@ START = {"recipe.lr": 0.003, "harness.sampling.max_new_tokens": 5, "harness.curr
     (iv(K.HARNESS_EDIT, {"harness.reward.verifier": "digits_any_order"}), Risk.HIGH),
     (iv(K.HARNESS_EDIT, {"harness.reward.verifier": "task"}), Risk.MEDIUM),
     (iv(K.DATA_CHANGE, {"harness.curriculum.start": 2, "harness.curriculum.end": 2}), Risk.LOW),
+    (iv(K.DATA_CHANGE, {"harness.curriculum.start": 7, "harness.curriculum.ramp_steps": 160}), Risk.LOW),
+    (iv(K.DATA_CHANGE, {"harness.curriculum.start": 9}), Risk.MEDIUM),                # harder than now
     (iv(K.DISTILL, {"recipe.algorithm": "distill"}), Risk.MEDIUM),
     (iv(K.RECIPE_EDIT, {"recipe.algorithm": "grpo"}), Risk.HIGH),
     (iv(K.RECIPE_EDIT, {"recipe.warmup_steps": 10}), Risk.HIGH),                   # no value in force to compare with

@@ -1,0 +1,300 @@
+"""Regression tests for the failure classes of judgement (issue: one decision model): each is
+driven through the real controller's nodes on hand-built run files, the adversarial LLM replies
+through the real litellm client against the scripted server (tests/fake_llm_server.py).
+
+    .venv/bin/python -m pytest tests/test_claims.py -q
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from fake_llm_server import FakeLLMServer, tool_call  # noqa: E402
+
+from agents.domain import Diagnosis, Intervention, InterventionKind as K, Status  # noqa: E402
+from swarm.goal import Goal  # noqa: E402
+from swarm.graph import SwarmState  # noqa: E402
+from test_controller_upkeep import ScriptedArms  # noqa: E402
+from test_swarm import tiny_goal  # noqa: E402
+
+KEY_ENV = "SWARMLAB_TEST_LLM_KEY"
+
+
+@pytest.fixture(autouse=True)
+def _home(clean_git_home, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "sk-test-123")
+
+
+def healthy_run(run_dir: pathlib.Path, steps: int = 60) -> None:
+    """Run files of a healthy SFT job that is alive (its heartbeat is fresh and names this process)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time() - steps
+    rows = []
+    for s in range(1, steps + 1):
+        rows.append({"step": s, "segment": 0, "time": t0 + s, "loss": 2.0 * 0.97 ** s + 0.1, "grad_norm": 1.0,
+                     "lr": 0.005, "pass_rate": min(0.9, s / 80), "algorithm": "sft", "difficulty": 2, "step_time": 0.05,
+                     "tokens_per_s": 1000.0, "truncation_rate": 0.0, "malformed_rate": 0.05, "harness_version": "h1"})
+        if s % 25 == 0:
+            rows.append({"step": s, "segment": 0, "time": t0 + s, "heldout_acc": min(0.5, s / 100),
+                         "heldout_truncated": 0.0, "heldout_malformed": 0.02})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "events.jsonl").write_text(json.dumps({"time": t0, "step": 0, "event": "start"}) + "\n")
+    (run_dir / "heartbeat.json").write_text(json.dumps({"time": time.time(), "pid": __import__("os").getpid(),
+                                                        "step": steps, "state": "running", "cpu_s": 10.0}))
+    ck = run_dir / "checkpoints"
+    ck.mkdir(exist_ok=True)
+    (ck / "step_0000050.json").write_text(json.dumps({"name": "step_0000050", "step": 50, "kind": "periodic", "time": t0 + 50}))
+
+
+class Arms(ScriptedArms):
+    """ScriptedArms that also records what was started."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.started = []
+
+    def start(self, name, config_path):
+        self.started.append(name)
+        return super().start(name, config_path)
+
+
+class Recorder:
+    """Stands in for the trainer's command channel: acknowledges checkpoints, records everything."""
+
+    def __init__(self):
+        self.sent = []
+
+    def __call__(self, cmd, cid, timeout=60.0, **args):
+        self.sent.append((cmd, cid, args))
+        return {"id": cid, "cmd": cmd, "status": "applied", "step": 60, "time": time.time()}
+
+
+def controller(tmp_path, **goal_over):
+    from swarm.controller import Controller
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}, **goal_over))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    healthy_run(ctrl.run_dir)
+    return ctrl
+
+
+def close(ctrl):
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
+def tick(ctrl, s: SwarmState) -> SwarmState:
+    """One full pass of the graph's nodes after observe, as the graph runs them."""
+    for node in (ctrl.node_diagnose, ctrl.node_propose, ctrl.node_backtest, ctrl.node_gate, ctrl.node_apply):
+        upd = node(s)
+        s = SwarmState(**{**s.__dict__, **{k: v for k, v in upd.items() if k in s.__dict__}})
+    return s
+
+
+def proposal(**over):
+    args = {"kind": "recipe_edit", "changes": {"recipe.lr": 0.001},
+            "diagnosis": {"name": "lr_too_high", "summary": "s", "severity": "critical"},
+            "rationale": "r", "risk": "low", "expected_effect": "e"}
+    args.update(over)
+    return args
+
+
+NO = tool_call("no_action", {"reason": "nothing to do"})
+
+
+def test_adversarial_llm_false_divergence_lr_10_risk_low_and_restart_spam_are_not_applied(tmp_path):
+    """Through the LLM policy: the diagnostics operator claims a loss spike (nothing is non-finite or
+    spiking), rolls back with recipe.lr = 10 and calls it low risk; cluster ops asks to restart the
+    healthy job on every tick. Nothing is applied: the restart is refused (no crash or stall is
+    found), the rollback is high risk by the controller's measure and is backtested, where it loses."""
+    srv = FakeLLMServer()
+    try:
+        ctrl = controller(tmp_path, llm={"model": "openai/fake", "api_base": srv.url, "api_key_env": KEY_ENV,
+                                         "timeout_s": 5.0, "max_retries": 0}, budget={"llm_usd": 1.0})
+        ctrl.command = rec = Recorder()
+        # candidate arms blow up (the loss goes to thousands, held-out to 0), the control keeps its level
+        ctrl.jobs = arms = Arms(lambda cfg, step: 5000.0 if "candidate" in cfg["name"] else 0.7,
+                                        heldout=lambda cfg: 0.0 if "candidate" in cfg["name"] else 0.5)
+        restart = tool_call("propose_intervention", proposal(
+            kind="restart", changes={}, diagnosis={"name": "stale_heartbeat", "summary": "the job hangs", "severity": "critical"}))
+        rollback = tool_call("propose_intervention", proposal(
+            kind="rollback", changes={"recipe.lr": 10}, rollback_to="step_0000050",
+            diagnosis={"name": "loss_spike", "summary": "the loss diverged", "severity": "critical"}))
+        s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time(), launched=time.time() - 600)
+        ctrl.state_job = "ghost"
+        # replies in the operators' order: cluster_ops, data_curation, diagnostics, harness_critic
+        for _ in range(3):                               # restart spam on three ticks
+            srv.push(restart, NO, NO, NO)
+            ctrl.tick = type(ctrl.tick)()
+            s = tick(ctrl, s)
+        srv.push(NO, NO, rollback, NO)                   # then the false divergence claim
+        ctrl.tick = type(ctrl.tick)()
+        s = tick(ctrl, s)
+        ivs = ctrl.store.list()
+        restarts = [iv for iv in ivs if iv.kind == K.RESTART]
+        rb = next(iv for iv in ivs if iv.kind == K.ROLLBACK)
+        assert len(restarts) == 3 and all(iv.status == Status.REJECTED for iv in restarts)
+        assert all("detectors see no crashed or stale job" in iv.history[-1]["note"] for iv in restarts)
+        assert s.restarts == 0 and not ctrl.store.timeline("job_started")
+        assert rb.policy.startswith("llm") and rb.outcome["proposed_risk"] == "low" and rb.risk.value == "high"
+        assert rb.backtest_skipped is None and rb.backtest is not None and rb.status == Status.REJECTED
+        assert rb.backtest.signal == "target" and "credibly worse" in rb.backtest.note
+        assert {c for c, _, _ in rec.sent} == {"checkpoint"}          # no set_fields, no rollback sent
+        assert any("candidate" in n for n in arms.started) and "train" not in arms.started
+        close(ctrl)
+    finally:
+        srv.close()
+
+
+def test_a_change_the_trainer_refuses_is_tried_as_its_nearest_valid_variant_or_refused_as_a_loss(tmp_path):
+    """Class 1: a curriculum below the task's minimum is clamped to it before anything starts; a
+    change with no valid variant is refused before any arm starts, and is a loss in memory."""
+    ctrl = controller(tmp_path)
+    ctrl.command = rec = Recorder()
+    ctrl.jobs = Arms(lambda cfg, step: 1.0)
+    assert ctrl.context(ctrl.evidence("RUNNING")).min_difficulty == ctrl.task_range[0] == 1
+    d = Diagnosis(name="too_hard_curriculum", summary="nothing solved", operator="data_curation", policy="builtin")
+    eased = Intervention(kind=K.DATA_CHANGE, changes={"harness.curriculum.start": 0, "harness.curriculum.end": 2},
+                         diagnosis=d, rationale="r", operator="data_curation", policy="builtin")
+    bad = Intervention(kind=K.HARNESS_EDIT, changes={"harness.sampling.max_new_tokens": 0}, rationale="r",
+                       diagnosis=Diagnosis(name="truncation", summary="s", operator="harness_critic", policy="builtin"),
+                       operator="harness_critic", policy="builtin")
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time())
+    ctrl.tick.proposals = [eased, bad]
+    ctrl.node_propose(s)
+    got = {iv.id: iv for iv in ctrl.store.list()}
+    assert got[eased.id].changes["harness.curriculum.start"] == 1 and "clamped" in got[eased.id].rationale
+    ctrl.node_backtest(s)
+    refused = ctrl.store.get(bad.id)
+    assert refused.status == Status.REJECTED and refused.backtest is None
+    assert "the live trainer would refuse it" in refused.history[-1]["note"] and "max_new_tokens" in refused.outcome["refused"]
+    assert not any(cid.startswith(bad.id) for _, cid, _ in rec.sent)       # no fork, no arm for it
+    assert ctrl.knowledge.record(refused, {})
+    (ep,) = [e for e in ctrl.knowledge.memory.episodes() if e.id.endswith(bad.id)]
+    assert ep.outcome == "rejected" and ep.lost()
+    close(ctrl)
+
+
+def test_restarts_wait_for_the_launch_grace_and_the_backoff_and_stop_at_the_cap(tmp_path):
+    """Class 2: a restart is not even proposed within the backoff after a launch; all restarts,
+    whatever their cause, count against max_restarts, enforced when applying too."""
+    ctrl = controller(tmp_path, swarm={"max_restarts": 2, "stale_heartbeat_s": 20.0})
+    d = Diagnosis(name="crashed_job", summary="FAILED", operator="cluster_ops", policy="builtin", severity="critical")
+    restart = Intervention(kind=K.RESTART, diagnosis=d, rationale="r", operator="cluster_ops", policy="builtin")
+    now = time.time()
+    assert ctrl.prepare(restart, SwarmState(restarts=0, launched=now - 5)) is None          # within the first grace (20 s)
+    assert ctrl.prepare(restart, SwarmState(restarts=0, launched=now - 25)) is not None
+    assert ctrl.prepare(restart, SwarmState(restarts=1, launched=now - 25)) is None         # backoff: 40 s after one restart
+    assert ctrl.prepare(restart, SwarmState(restarts=1, launched=now - 45)) is not None
+    assert ctrl.prepare(restart, SwarmState(restarts=2, launched=now - 4000)) is None       # the cap
+    held = ctrl.store.timeline("restart_held")
+    assert len(held) == 3 and "max_restarts=2 reached" in held[-1]["reason"]
+    ctrl.store.put(restart)
+    ctrl.store.transition(restart.id, Status.VALIDATED, "crash confirmed")
+    assert ctrl.apply(ctrl.store.get(restart.id), SwarmState(restarts=2, job=None)) == {}
+    assert ctrl.store.get(restart.id).status == Status.REJECTED and not ctrl.store.timeline("job_started")
+    close(ctrl)
+
+
+def judged(ctrl, iv, after, s):
+    """Apply bookkeeping as the controller's apply leaves it, then evaluation rows and the judge."""
+    iv.applied_step, iv.outcome["since_time"] = 60, time.time() - 1
+    ctrl.store.put(iv)
+    ctrl.open_pr(ctrl.store.get(iv.id))
+    ctrl.store.transition(iv.id, Status.APPLIED, "applied at step 60")
+    rows = [{"step": 60 + i, "segment": 0, "time": time.time(), "loss": 0.5, "algorithm": "sft"} for i in range(1, 31)]
+    rows.append({"step": 90, "segment": 0, "time": time.time(), "heldout_acc": after})
+    with open(ctrl.run_dir / "metrics.jsonl", "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    ctrl.tick = type(ctrl.tick)()
+    ctrl.node_evaluate(s, final=True)
+    return ctrl.store.get(iv.id)
+
+
+def test_no_measured_gain_is_never_kept_remembered_as_a_win_or_mined(tmp_path):
+    """Class 3 and 6: a rollback judged 0.0 → 0.0 is not kept; one that makes the run worse than
+    the value before applying is rolled back (the undo sent to the trainer); only a credible gain is kept."""
+    ctrl = controller(tmp_path)
+    ctrl.command = rec = Recorder()
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=90)
+
+    def iv(name):
+        d = Diagnosis(name=name, summary="s", operator="diagnostics", policy="builtin")
+        return Intervention(kind=K.RECIPE_EDIT, changes={"recipe.lr": 0.001}, diagnosis=d, rationale="r",
+                            operator="diagnostics", policy="builtin", checkpoint_before="pre-x",
+                            outcome={"baseline": 0.0})
+
+    same = judged(ctrl, iv("plateau"), 0.0, s)
+    assert same.status == Status.ROLLED_BACK and same.outcome["gain"] is False and same.outcome["undone"] is False
+    assert ctrl.knowledge.record(same, {})
+    (ep,) = [e for e in ctrl.knowledge.memory.episodes() if e.id.endswith(same.id)]
+    assert not ep.won()
+    worse = iv("loss_spike")
+    worse.outcome["baseline"] = 0.74
+    worse = judged(ctrl, worse, 0.0, s)
+    assert worse.status == Status.ROLLED_BACK and worse.outcome["undone"] is True
+    assert ("rollback", f"{worse.id}-undo", {"name": "pre-x"}) in rec.sent
+    better = judged(ctrl, iv("not_learning"), 0.6, s)
+    assert better.status == Status.KEPT and better.outcome["gain"] is True
+    close(ctrl)
+
+
+def test_what_the_trainer_noticed_shows_in_the_timeline_and_the_summary(tmp_path):
+    """Class 5: a corrupt checkpoint the trainer fell back from and a command it refused become
+    findings, timeline rows (the final report's timeline) and the summary's trainer notices."""
+    ctrl = controller(tmp_path)
+    with open(ctrl.run_dir / "events.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "step": 50, "event": "checkpoint_corrupt", "name": "step_0000050",
+                            "error": "checksum mismatch"}) + "\n")
+        f.write(json.dumps({"time": time.time(), "step": 25, "event": "resume"}) + "\n")
+    (ctrl.run_dir / "command_log.jsonl").write_text(json.dumps(
+        {"id": "x-apply", "cmd": "set_fields", "step": 55, "status": "rejected", "reason": "difficulty=0 outside [1, 12]"}) + "\n")
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60)
+    ctrl.node_diagnose(s)
+    ctrl.tick = type(ctrl.tick)()
+    ctrl.node_diagnose(s)                                           # logged once, not per tick
+    names = [r["name"] for r in ctrl.store.timeline("finding")]
+    assert sorted(names) == ["checkpoint_corrupt", "command_refused", "job_restarted"]
+    notices = ctrl.summary(s)["trainer_notices"]
+    assert any("corrupt" in n["summary"] for n in notices) and any("difficulty=0" in n["summary"] for n in notices)
+    close(ctrl)
+
+
+def test_the_controller_hands_no_fault_to_the_arms_the_trainers_fork_carries_the_label_noise(tmp_path):
+    """Class 9: arm configs carry no perturbation; a state fork of a run training under label
+    noise trains under it too (the trainer's own state), and a plain run does not."""
+    import yaml
+
+    from swarm.backtest import arm_config
+    from trainer.config import RunConfig
+    from trainer.loop import Trainer
+
+    cfg = arm_config({"perturbations": [{"shortcut": "label_noise"}], "recipe": {}}, "bt-x-control-s0", str(tmp_path),
+                     "c.pt", 0, 10, 5, 50, {})
+    assert cfg["perturbations"] == []
+    base = {"name": "live", "out_dir": str(tmp_path / "runs"), "task": {"name": "addition"},
+            "model": {"kind": "builtin", "d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 24},
+            "harness": {"curriculum": {"start": 1}, "sampling": {"max_new_tokens": 4}},
+            "recipe": {"algorithm": "sft", "steps": 2, "batch_size": 4, "eval_interval": 0, "eval_size": 10},
+            "checkpoint": {"interval": 0, "keep_last": 2}, "samples_per_step": 0, "threads": 1}
+    live = Trainer(RunConfig.parse({**base, "perturbations": [{"shortcut": "label_noise", "fraction": 0.4}]}))
+    live.run()
+    ckpt = next((tmp_path / "runs" / "live" / "checkpoints").glob("*.pt"))
+    fork = Trainer(RunConfig.parse({**base, "name": "fork", "fork_from": str(ckpt), "fork_mode": "state",
+                                    "recipe": {**base["recipe"], "steps": 3}}))
+    fork._start()
+    assert fork.perturber.label_noise()[0] == pytest.approx(0.4)
+    fork.close()
+    clean = Trainer(RunConfig.parse({**base, "name": "clean", "fork_from": str(ckpt), "fork_mode": "weights",
+                                     "recipe": {**base["recipe"], "steps": 3}}))
+    clean._start()
+    assert clean.perturber.label_noise()[0] == 0.0
+    clean.close()
+    assert "label_noise" not in yaml.safe_dump(yaml.safe_load((tmp_path / "runs" / "fork" / "config.yaml").read_text()))
