@@ -165,7 +165,8 @@ def plots(rows: list[dict[str, Any]], methods: list[str], out_dir: pathlib.Path,
     ax.set_ylabel("failing runs at target")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     ax.set_title("success@budget, failing scenarios")
     fig.tight_layout()
     p = out_dir / f"{stem}_success.svg"

@@ -200,8 +200,10 @@ class Bench:
             return c
 
     def _record_calibration_runs(self, s: Scenario, c: cal.Calibration) -> None:
-        """The healthy and plain runs of the calibration are the oracle's and plain's at its seed."""
-        for method, res in (("oracle", c.healthy), ("plain", c.plain)):
+        """The healthy and plain runs of the calibration are the oracle's and plain's at its seed
+        (without a fault, plain's config is the oracle's: the same run stands for both)."""
+        no_fault = not s.goal.get("perturbations")
+        for method, res in (("oracle", c.healthy), ("plain", c.healthy if no_fault else c.plain)):
             if method not in self.cfg.methods or res is None or c.cls == "unlearnable":
                 continue
             key = Ledger.key(s.content_hash, method, c.seed, self.code["baseline"])
