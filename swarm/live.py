@@ -98,7 +98,7 @@ class Follower:
     """Tails a workspace in a daemon thread every `interval_s` and hands each sink the `Tick`."""
 
     def __init__(self, workspace: str | pathlib.Path, sinks: Sequence[Sink], interval_s: float = 0.5) -> None:
-        from swarm.ui.data import RunView
+        from swarm.ui.data import RunView, StreamTail
 
         if interval_s <= 0:
             raise ValueError(f"interval_s={interval_s!r}: must be > 0")
@@ -106,7 +106,7 @@ class Follower:
         self.view = RunView(root.name, root)
         self.sinks = list(sinks)
         self.interval_s = interval_s
-        self._rows_seen = 0
+        self._metrics = StreamTail(self.view.metrics_path)   # every row once, rotation followed
         self._seq = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -123,11 +123,7 @@ class Follower:
 
     def tick(self, final: bool = False) -> Tick:
         with self._lock:
-            rows = self.view.metrics.refresh()
-            if len(rows) < self._rows_seen:       # the stream was rewritten: every row is new again
-                self._rows_seen = 0
-            new_rows = rows[self._rows_seen:]
-            self._rows_seen = len(rows)
+            new_rows = self._metrics.new_rows()
             events = self.view.store.timeline(since=self._seq)
             if events:
                 self._seq = events[-1]["seq"]

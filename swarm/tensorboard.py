@@ -46,7 +46,7 @@ class TensorBoardSink:
         self.logdir = pathlib.Path(logdir)
         self._writer = SummaryWriter
         self.train = SummaryWriter(str(self.logdir / "train"), flush_secs=5)
-        self.arms: dict[str, Any] = {}          # arm name -> (writer, MetricsTail, rows written)
+        self.arms: dict[str, Any] = {}          # arm name -> (writer, StreamTail)
         self.step = 0
         self.harness: str | None = None
         self.harness_changes = 0
@@ -111,7 +111,7 @@ class TensorBoardSink:
         return self._steps[i - 1] if i else 0
 
     def _arms(self, view: Any) -> None:
-        from swarm.ui.data import MetricsTail
+        from swarm.ui.data import StreamTail
 
         root = view.sdir / "backtests"
         if not root.is_dir():
@@ -120,25 +120,23 @@ class TensorBoardSink:
             if not (d / "metrics.jsonl").is_file():
                 continue
             if d.name not in self.arms:
-                self.arms[d.name] = [self._writer(str(self.logdir / "backtests" / d.name), flush_secs=5),
-                                     MetricsTail(d / "metrics.jsonl"), 0]
-            writer, tail, seen = self.arms[d.name]
-            rows = tail.refresh()
-            for row in rows[seen:]:
+                self.arms[d.name] = (self._writer(str(self.logdir / "backtests" / d.name), flush_secs=5),
+                                     StreamTail(d / "metrics.jsonl"))
+            writer, tail = self.arms[d.name]
+            for row in tail.new_rows():
                 if isinstance(row.get("step"), int):
                     wall = row.get("time") if isinstance(row.get("time"), (int, float)) else None
                     for k, v in _numeric(row).items():
                         writer.add_scalar(f"backtest/{k}", v, row["step"], walltime=wall)
-            self.arms[d.name][2] = len(rows)
 
     def flush(self) -> None:
         self.train.flush()
-        for writer, _, _ in self.arms.values():
+        for writer, _ in self.arms.values():
             writer.flush()
 
     def close(self) -> None:
         self.train.close()
-        for writer, _, _ in self.arms.values():
+        for writer, _ in self.arms.values():
             writer.close()
 
 

@@ -10,9 +10,11 @@ Nothing here writes a workspace: the actions a human takes go through `swarm.cli
 and the trainer write; text that came from a model (diagnoses, rationales, sample trajectories)
 is rendered by templates with autoescaping, never as HTML.
 
-Long runs: metrics are tailed (each refresh parses only the bytes appended since the last one)
-and the curves are downsampled per run segment and per plotted key to the minimum and maximum of
-each bucket of steps, so a spike survives the reduction and the SVG stays a few hundred points.
+Long runs: curves and target progress come from the trainer's bounded history of the metrics
+stream (`trainer.runlog.metrics_history`: its downsampled summary plus the rows written since),
+re-read only when the stream changed, and are downsampled again per run segment and per plotted key
+to the minimum and maximum of each bucket of rows, so a spike survives and the SVG stays a few
+hundred points; the drawn SVG is kept until the metrics or the marks change.
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import json
 import math
 import os
 import pathlib
-import threading
 import time
 from typing import Any
 
@@ -54,38 +55,26 @@ def discover(root: pathlib.Path, depth: int = 3) -> dict[str, pathlib.Path]:
     return found
 
 
-class MetricsTail:
-    """The rows of a JSONL file, re-read incrementally: only bytes appended since the last read are
-    parsed; a torn last line waits for its end; a file that shrank (rewritten) is read again."""
+class StreamTail:
+    """The rows appended to a JSONL stream since the last call (`agents.evidence.Tail`: only new
+    bytes are parsed, the stream's rotation is followed, a replaced file is read again from the
+    start). `reset` tells whether the last call started over."""
 
     def __init__(self, path: pathlib.Path) -> None:
-        self.path, self.rows, self._offset, self._lock = path, [], 0, threading.Lock()
-        self._ino: int | None = None
+        from agents.evidence import Tail
 
-    def refresh(self) -> list[dict[str, Any]]:
-        with self._lock:
-            try:
-                st = os.stat(self.path)
-            except FileNotFoundError:
-                self.rows, self._offset, self._ino = [], 0, None
-                return self.rows
-            if st.st_size < self._offset or st.st_ino != self._ino:
-                self.rows, self._offset, self._ino = [], 0, st.st_ino
-            if st.st_size == self._offset:
-                return self.rows
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read(st.st_size - self._offset)
-            end = data.rfind(b"\n") + 1          # complete lines only
-            for line in data[:end].splitlines():
-                try:
-                    row = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    continue
-                if isinstance(row, dict):
-                    self.rows.append(row)
-            self._offset += end
-            return self.rows
+        self.path, self._tail, self.reset = path, Tail(keep=1), False
+
+    def new_rows(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+
+        def restart() -> None:
+            out.clear()
+            self.reset = True
+
+        self.reset = False
+        self._tail.rows(self.path, on_row=out.append, on_reset=restart)
+        return out
 
 
 def downsample(rows: list[dict[str, Any]], max_points: int = 800, keys: tuple[str, ...] = PLOTTED) -> list[dict[str, Any]]:
@@ -161,10 +150,10 @@ class RunView:
         self.sdir = self.root / ".swarm"
         self.store = Store(self.sdir / "state.db")
         self.run_dir = self.sdir / "runs" / "train"
-        self.metrics = MetricsTail(self.run_dir / "metrics.jsonl")
+        self.metrics_path = self.run_dir / "metrics.jsonl"
         self._goal: dict[str, Any] | None = None
-        self._seen: dict[str, tuple[int, list[float]]] = {}
-        self._last_row: dict[str, Any] = {}
+        self._history: tuple[Any, list[dict[str, Any]]] = (None, [])
+        self._svg: tuple[Any, str] = (None, "")
 
     def close(self) -> None:
         self.store.close()
@@ -202,7 +191,8 @@ class RunView:
     def target(self) -> dict[str, Any]:
         t = self.goal.get("target") or {}
         metric, op, thr = str(t.get("metric", "heldout_acc")), str(t.get("op", ">=")), float(t.get("threshold", 0.95))
-        values = self._values(metric)
+        values = [float(r[metric]) for r in self.history() if isinstance(r.get(metric), (int, float))
+                  and not isinstance(r.get(metric), bool) and math.isfinite(r[metric]) and not r.get("final")]
         latest = values[-1] if values else None
         best = (max(values) if op == ">=" else min(values)) if values else None
         met = latest is not None and (latest >= thr if op == ">=" else latest <= thr)
@@ -214,19 +204,26 @@ class RunView:
         return {"metric": metric, "op": op, "threshold": thr, "latest": latest, "best": best, "met": met,
                 "progress": progress, "values": values}
 
-    def _values(self, metric: str) -> list[float]:
-        """The finite values of `metric`, oldest first; only rows new since the last call are scanned."""
-        rows = self.metrics.refresh()
-        seen, vals = self._seen.get(metric, (0, []))
-        if len(rows) < seen or (rows and seen and rows[seen - 1] is not self._last_row.get(metric)):
-            seen, vals = 0, []          # the file was rewritten: start over
-        for r in rows[seen:]:
-            v = r.get(metric)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                vals.append(float(v))
-        self._seen[metric] = (len(rows), vals)
-        self._last_row[metric] = rows[-1] if rows else None
-        return vals
+    def _metrics_sig(self) -> tuple[Any, ...]:
+        out = []
+        for p in (self.metrics_path, self.run_dir / "metrics_summary.json"):
+            try:
+                st = os.stat(p)
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except FileNotFoundError:
+                out.append(None)
+        return tuple(out)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The run's metrics, bounded however long it ran: the trainer's downsampled summary plus
+        every row written after it (`trainer.runlog.metrics_history`), re-read only when the
+        stream or the summary changed."""
+        from trainer.runlog import metrics_history
+
+        sig = self._metrics_sig()
+        if sig != self._history[0]:
+            self._history = (sig, metrics_history(self.run_dir))
+        return self._history[1]
 
     def budget(self) -> list[dict[str, Any]]:
         """Spent against the goal's budget, from the controller's status file (current as of the
@@ -274,10 +271,16 @@ class RunView:
         return [(iv.applied_step, f"{iv.id} {iv.kind.value}") for iv in self.interventions() if iv.applied_step is not None]
 
     def curves_svg(self, max_points: int = 800) -> str:
-        rows = downsample(self.metrics.refresh(), max_points)
-        t = self.target()
-        chart = curves(rows, marks=self.marks(), target=(t["metric"], t["threshold"]), title="")
-        return to_svg(chart, width=900, panel_h=170).decode()
+        """The curves as SVG, from at most about `max_points` rows per key (drawn again only when
+        the metrics or the intervention marks changed)."""
+        marks = self.marks()
+        key = (self._metrics_sig(), tuple(marks), max_points)
+        if key != self._svg[0]:
+            rows = downsample(self.history(), max_points)
+            t = self.target()
+            chart = curves(rows, marks=marks, target=(t["metric"], t["threshold"]), title="")
+            self._svg = (key, to_svg(chart, width=900, panel_h=170).decode())
+        return self._svg[1]
 
     def timeline(self, limit: int = 200) -> list[dict[str, Any]]:
         """The newest `limit` timeline rows, newest first, each with a one-line summary."""
@@ -297,15 +300,11 @@ class RunView:
         return (yaml.safe_dump(ws.current_harness(), sort_keys=False), yaml.safe_dump(ws.current_recipe(), sort_keys=False))
 
     def live_harness_version(self) -> str | None:
-        return next((r.get("harness_version") for r in reversed(self.metrics.refresh()) if r.get("harness_version")), None)
+        return next((r.get("harness_version") for r in reversed(self.history()) if r.get("harness_version")), None)
 
     def signature(self) -> tuple[Any, ...]:
         """Changes when anything the pages show changes (for server-sent events)."""
-        try:
-            m = os.stat(self.metrics.path)
-            msig = (m.st_size, m.st_mtime_ns)
-        except FileNotFoundError:
-            msig = None
+        msig = self._metrics_sig()
         stat = []
         for n in ("status.json", "summary.json", "controller.lock"):
             try:
