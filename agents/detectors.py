@@ -30,7 +30,7 @@ from typing import Any
 from agents.detection import (NOTHING, THRESHOLDS, algorithm, column, current_rows, detector, eval_difficulty,
                               is_finite, Known, loss_halves, make_diagnosis, mean_of, median_of, spike_onset,
                               Thresholds, to_float)
-from agents.domain import Diagnosis
+from agents.domain import Diagnosis, JobStatus
 from agents.evidence import Evidence
 
 
@@ -345,7 +345,7 @@ def in_grace(ev: Evidence, th: Thresholds, known: Known) -> bool:
 def stale_heartbeat(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The job says RUNNING but the heartbeat (rewritten every step, and while paused) is older than
     the stale threshold, and the job is past its launch grace: the worker hangs."""
-    if ev.job_status != "RUNNING" or ev.heartbeat_age_s is None or ev.heartbeat_state not in (None, "running"):
+    if ev.job_status != JobStatus.RUNNING or ev.heartbeat_age_s is None or ev.heartbeat_state not in (None, "running"):
         return None  # paused (heartbeats continue) or finished (the job status follows shortly)
     limit = stale_threshold(ev, th, known)
     if ev.heartbeat_age_s <= limit or in_grace(ev, th, known):
@@ -363,9 +363,9 @@ def crashed_job(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     stale (past the launch grace) and no 'end' event was written: the worker died without finishing."""
     life = [e.get("event") for e in ev.events if e.get("event") in ("start", "resume", "end")]
     ended = bool(life) and life[-1] == "end"   # the newest segment wrote its end event
-    if ev.job_status == "FAILED":
+    if ev.job_status == JobStatus.FAILED:
         why = "the job FAILED"
-    elif (ev.job_status == "UNKNOWN" and ev.heartbeat_state == "running" and not ended and not in_grace(ev, th, known)
+    elif (ev.job_status == JobStatus.UNKNOWN and ev.heartbeat_state == "running" and not ended and not in_grace(ev, th, known)
           and ev.heartbeat_age_s is not None and ev.heartbeat_age_s > stale_threshold(ev, th, known)):
         why = "the worker stopped writing heartbeats without an end event"
     else:

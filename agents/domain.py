@@ -84,6 +84,26 @@ class Status(str, enum.Enum):
         return (cls.PROPOSED, cls.BACKTESTING, cls.VALIDATED, cls.AWAITING_APPROVAL)
 
     @classmethod
+    def to_backtest(cls) -> tuple["Status", ...]:
+        """Not yet through the backtest."""
+        return (cls.PROPOSED, cls.BACKTESTING)
+
+    @classmethod
+    def before_gate(cls) -> tuple["Status", ...]:
+        """Not yet through the gate (one of a kind at a time)."""
+        return (cls.PROPOSED, cls.BACKTESTING, cls.VALIDATED)
+
+    @classmethod
+    def passed(cls) -> tuple["Status", ...]:
+        """Through the backtest, not yet applied."""
+        return (cls.VALIDATED, cls.AWAITING_APPROVAL)
+
+    @classmethod
+    def judging(cls) -> tuple["Status", ...]:
+        """Being judged, or kept (a human may still roll it back)."""
+        return (cls.EVALUATING, cls.KEPT)
+
+    @classmethod
     def in_flight(cls) -> tuple["Status", ...]:
         """Proposed and not yet judged, except those waiting for a human."""
         return (cls.PROPOSED, cls.BACKTESTING, cls.VALIDATED, cls.APPLIED, cls.EVALUATING)

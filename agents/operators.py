@@ -20,7 +20,10 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | label noise                               | DISTILL (SFT on the policy's verified successes)  | medium |
 
 Values in `changes` come from the controller's context (goal, known recipe/harness, checkpoints)
-and from metric numbers, never from sample text.
+and from metric numbers, never from sample text. The risk column is the operators' own view; the
+controller assigns the risk that gates an intervention from the change itself
+(swarm.decisions.assign_risk), and confirms each diagnosis with its own detectors before a
+restart or a rollback skips its backtest (swarm.decisions.plan; docs/decisions.md).
 """
 from __future__ import annotations
 

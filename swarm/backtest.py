@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import yaml
 
-from agents.domain import BacktestResult, Intervention
+from agents.domain import BacktestResult, Intervention, JobStatus
 from swarm.decisions import ArmScore, Decision, Pair, Rule, Validated
 from swarm.jobs import Jobs
 from trainer.runlog import read_heartbeat, read_jsonl
@@ -187,9 +187,9 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
             handles[(arm, seed)] = (left, workdir / name)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        states = {k: (jobs.status(h) if isinstance(h, str) else ("RUNNING" if h and _running(h) else "SUCCEEDED"))
+        states = {k: (jobs.status(h) if isinstance(h, str) else (JobStatus.RUNNING if h and _running(h) else JobStatus.SUCCEEDED))
                   for k, (h, _) in handles.items()}
-        if all(s in ("SUCCEEDED", "FAILED", "STOPPED") for s in states.values()):
+        if all(s in JobStatus.terminal() for s in states.values()):
             break
         time.sleep(0.5)
     else:

@@ -428,7 +428,7 @@ class Controller(Deciding):
             if (not urgent and last_applied is not None
                     and s.step - last_applied < self.goal.swarm.min_steps_between_interventions):
                 continue
-            if any(x.kind == iv.kind and x.status in (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED) for x in in_flight):
+            if any(x.kind == iv.kind and x.status in Status.before_gate() for x in in_flight):
                 continue
             (self.windows / f"{iv.id}.json").write_text(json.dumps(self.tick.view, default=str))
             # the store lists (and backtests) oldest first: record in the lead's order, most urgent
@@ -552,7 +552,7 @@ class Controller(Deciding):
         iv.outcome["since_time"] = pre["time"] if pre and "time" in pre else began
         iv.outcome.setdefault("cpu_at_apply", round(self.live_cpu(), 3))   # the evaluation window's CPU counts from here
         self.store.put(iv)
-        if iv.status in (Status.AWAITING_APPROVAL, Status.VALIDATED) and self.ws.pr_state(iv.id) == "open":
+        if iv.status in Status.passed() and self.ws.pr_state(iv.id) == "open":
             self.ws.approve(iv.id)   # merged before a crash: not again
         # logged before the transition, once: a kill between the two re-runs apply on resume
         if not any(r.get("id") == iv.id for r in self.store.timeline("applied")):

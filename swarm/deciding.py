@@ -61,7 +61,7 @@ class Deciding:
     def node_backtest(self, s: Any) -> dict[str, Any]:
         for iid in self.pending():
             iv = self.store.get(iid)
-            if iv.status not in (Status.PROPOSED, Status.BACKTESTING):
+            if iv.status not in Status.to_backtest():
                 continue
             if iv.kind not in JOB_ACTIONS and self.job_action_first(s.job_status):
                 continue
@@ -170,7 +170,7 @@ class Deciding:
             if iv.status == Status.APPLIED:
                 self.store.transition(iv.id, Status.EVALUATING, f"judged over the next {window} steps")
                 iv = self.store.get(iv.id)
-            if iv.status not in (Status.EVALUATING, Status.KEPT):
+            if iv.status not in Status.judging():
                 continue
             if human.get(iv.id) == "human_rollback":
                 self.roll_back(iv, "rolled back by a human")
