@@ -71,6 +71,12 @@ class BenchConfig:
             raise ValueError(f"--parallel={self.parallel}: must be >= 1")
         if self.more_on < 0:
             raise ValueError(f"--more-on={self.more_on}: must be >= 0")
+        if "pb2" in self.methods:
+            import importlib.util
+
+            if importlib.util.find_spec("sklearn") is None:
+                raise ValueError("--methods pb2 needs scikit-learn (Ray Tune's PB2 fits a GP with it): "
+                                 "pip install -c constraints.txt -e '.[bench]'")
         if self.src not in ("head", "worktree"):
             raise ValueError(f"--src={self.src!r}: head or worktree")
 
