@@ -339,3 +339,20 @@ def test_interrupted_bench_resumes_without_redoing_finished_runs(smoke):
     b3.run()
     assert b3.spawned == []
     assert len(b3.current_rows()) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_real_ray_tune_pbt_on_a_tiny_faulted_scenario(tmp_path):
+    """Real Ray Tune PBT (population 4) around the trainer, the template fault in force: it runs to
+    its budget or the target, every trial's CPU is counted, and no trial errored."""
+    from swarm.bench.tune_methods import run_tune
+
+    g = tiny_goal([{"kind": "override", "at_step": 20, "set": {"harness.template": "{question:.1}="}}])
+    r = run_tune("pbt", g, 0, 0.3, 25.0, 300, tmp_path)
+    assert r["rc"] == 0 and not r["trial_errors"], r
+    assert r["trials"] == 4
+    assert 0 < r["cpu_total"] <= 25.0 * 1.5
+    segs = [json.loads(p.read_text()) for p in (tmp_path / "trials").glob("*/seg*/segment.json")]
+    assert sum(s["cpu_s"] for s in segs) == pytest.approx(r["cpu_total"], rel=0.05)
+    assert not r["reached"] or r["cpu_to_target"] <= 25.0
