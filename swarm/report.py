@@ -281,6 +281,10 @@ class LifecycleReports:
     def __call__(self, iv: Intervention) -> None:
         from trainer.runlog import metrics_history, tail_jsonl   # bounded reads: this runs on every status change
 
+        try:
+            self.ws.pr_state(iv.id)
+        except ValueError:
+            return          # no PR yet (proposed, backtesting): nothing to draw a plot for
         md, files = intervention_report(iv, metrics_history(self.run_dir),
                                         tail_jsonl(self.run_dir / "samples.jsonl", self.samples))
         self.ws.update_report(iv, md, files)

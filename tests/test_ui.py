@@ -34,7 +34,7 @@ GOAL = {"goal": "add 3-digit numbers", "target": {"metric": "heldout_acc", "op":
         "budget": {"wall_s": 600, "steps": 2000, "worker_cpu_s": 1200, "llm_usd": 1.0}}
 RECIPE = {"algorithm": "sft", "lr": 0.003, "steps": 2000}
 HARNESS = {"template": "{question}=", "sampling": {"temperature": 1.0, "max_new_tokens": 8}}
-HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
+HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)> [click me](javascript:alert(1))"
 
 
 @pytest.fixture(autouse=True)
@@ -226,6 +226,7 @@ def test_intervention_page_renders_the_report_without_raw_html(client, built):
     html = client.get(f"/r/ws/iv/{iid}/").text
     assert "<script>alert" not in html and "<img src=x" not in html
     assert "&lt;script&gt;" in html, "raw HTML in the report is shown as text"
+    assert "click me" in html and 'href="javascript' not in html, "no script links"
     assert "<table>" in html and "<h1>Intervention" in html, "the markdown is rendered"
     assert '+  max_new_tokens: 12' in html, "the diff"
     assert 'src="metrics.png"' in html and "Welch t-test" in html and "awaiting_approval" in html
@@ -332,3 +333,19 @@ def _events(lines):
             kind = line.split(":", 1)[1].strip()
         elif line.startswith("data:") and kind == "update":
             yield json.loads(line[5:])
+
+
+def test_root_serves_every_workspace_under_it(template, tmp_path):
+    shutil.copytree(template["root"], tmp_path / "runs" / "a", symlinks=True)
+    shutil.copytree(template["root"], tmp_path / "runs" / "group" / "b", symlinks=True)
+    (tmp_path / "runs" / "not-a-run").mkdir()
+    runs = Runs(root=tmp_path / "runs")
+    assert sorted(runs.found()) == ["a", "group~b"]
+    app, guard = make_app(runs, port=8765)
+    with TestClient(app, base_url="http://127.0.0.1:8765") as c:
+        login(c, guard)
+        html = c.get("/").text
+        assert 'href="/r/a/"' in html and 'href="/r/group~b/"' in html
+        assert c.get("/r/group~b/").status_code == 200
+        assert c.get("/r/..~..~etc/").status_code == 404
+    runs.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import threading
 import time
@@ -198,3 +199,20 @@ def test_skills_page_and_stop(page, server):
     row = page.locator('tr[data-skill="restart-crashed-job"]')
     assert row.count() == 1 and "active" in row.inner_text()
     assert page.locator("table.skills th", has_text="mean effect").count() == 1
+
+
+@pytest.mark.slow
+def test_approve_in_the_browser_is_applied_by_a_real_controller(tmp_path, clean_git_home):
+    """scripts/ui_screenshots.py end to end: a real run, the approval clicked in Chromium, the
+    controller applies it and the pages show it (the screenshots land in tmp_path)."""
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "ui_screenshots.py"
+    r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "img")], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "approved in the browser and applied by the controller" in r.stdout
+    shots = sorted(p.name for p in (tmp_path / "img").glob("ui-*.png"))
+    assert shots == ["ui-intervention-applied.png", "ui-intervention.png", "ui-run-applied.png", "ui-run.png",
+                     "ui-runs.png", "ui-skills.png"]

@@ -19,6 +19,7 @@ import asyncio
 import json
 import pathlib
 import threading
+import time
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, HTTPException, Request
@@ -46,20 +47,28 @@ class Runs:
             raise ValueError("give exactly one of workspace or root")
         self.workspace, self.root = workspace, root
         self._views: dict[pathlib.Path, RunView] = {}
+        self._found: tuple[float, dict[str, pathlib.Path]] | None = None
         self._lock = threading.Lock()
+
+    DISCOVER_EVERY_S = 2.0   # every event stream asks twice a second; the folder walk is shared
 
     def found(self) -> dict[str, pathlib.Path]:
         if self.workspace is not None:
             ws = self.workspace.resolve()
             return {ws.name: ws}
-        found = discover(self.root)
-        return {(self.root.resolve().name if k == "." else k).replace("/", "~"): v for k, v in found.items()}
+        now = time.monotonic()
+        with self._lock:
+            if self._found is None or now - self._found[0] >= self.DISCOVER_EVERY_S:
+                found = discover(self.root)
+                self._found = (now, {(self.root.resolve().name if k == "." else k).replace("/", "~"): v
+                                     for k, v in found.items()})
+            return dict(self._found[1])
 
     def view(self, slug: str) -> RunView:
         path = self.found().get(slug)
         if path is None:
             raise HTTPException(404, f"no run {slug!r} here")
-        with self._lock:
+        with self._lock:   # one view (one sqlite connection) per workspace, whichever thread asks first
             if path not in self._views:
                 self._views[path] = RunView(slug, path)
             return self._views[path]
