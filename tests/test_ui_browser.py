@@ -20,7 +20,7 @@ import pytest
 
 from swarm.store import Store
 from swarm.ui import Runs, bind, make_app
-from test_ui import build_workspace, write_metrics
+from test_ui import template, write_metrics  # noqa: F401  (template: the workspace built once per module)
 
 CHROMIUM = os.environ.get("SWARMLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[test])")
@@ -38,18 +38,6 @@ def browser(tmp_path_factory):
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
         yield b
         b.close()
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    d = tmp_path_factory.mktemp("template")
-    with pytest.MonkeyPatch.context() as mp:
-        (d / "home").mkdir()
-        mp.setenv("HOME", str(d / "home"))
-        mp.setenv("GIT_CONFIG_NOSYSTEM", "1")
-        mp.delenv("GIT_CONFIG_GLOBAL", raising=False)
-        mp.delenv("SWARMLAB_LIBRARY", raising=False)
-        return build_workspace(d / "ws")
 
 
 @pytest.fixture
