@@ -15,6 +15,8 @@ from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pending
                              judge, plan, rate_var, wasted)
 from trainer.config import get_dotted
 
+FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
+
 
 class Deciding:
     """Backtest and evaluate nodes, and the inputs of plan / decide / judge."""
@@ -86,7 +88,14 @@ class Deciding:
         iid = iv.id
         ack = self.command("checkpoint", f"{iid}-bt", name=f"bt-{iid}")
         if not ack or ack.get("status") != "applied":
-            self.store.transition(iid, Status.REJECTED, "could not checkpoint the live job for a backtest")
+            # says nothing about the change (the job may be restarting): tried again on later ticks
+            tries = int(iv.outcome.get("fork_tries", 0)) + 1
+            if tries < FORK_TRIES and not (ack and ack.get("status") == "rejected"):
+                iv.outcome["fork_tries"] = tries
+                self.store.put(iv)
+                return
+            self.store.transition(iid, Status.REJECTED, f"could not checkpoint the live job for a backtest "
+                                                        f"({tries} tries{': ' + str(ack.get('reason')) if ack else ''})")
             return
         if iv.status == Status.PROPOSED:
             self.store.transition(iid, Status.BACKTESTING, f"forked at step {ack['step']}")

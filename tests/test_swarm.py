@@ -641,3 +641,32 @@ def test_a_trainer_that_keeps_crashing_stops_cleanly_after_max_restarts(tmp_path
     assert summary["reason"] == "job_failed" and summary["restarts"] == 1, summary
     assert [r["kind"] for r in summary["interventions"]] == ["restart"]
     assert "finished" in [r["kind"] for r in timeline(ws)] and (ws / "reports" / "final" / "REPORT.md").exists()
+
+
+@pytest.mark.parametrize("budget,reason", [({"worker_cpu_s": 4}, "budget_worker_cpu"), ({"wall_s": 8}, "budget_wall_clock")])
+def test_a_spent_budget_stops_the_run_with_its_report(tmp_path, reap, budget, reason):
+    """The worker-CPU and wall-clock budgets end a run that would go on (a healthy run with a
+    target it cannot reach in time): the job is stopped, the final report written."""
+    from swarm.controller import Controller
+
+    goal = Goal.parse(tiny_goal(target={"threshold": 0.99}, perturbations=[], budget=budget,
+                                memory={"backend": "memory", "seed_skills": False}))
+    summary = Controller.create(tmp_path / "ws", goal, jobs="process").run()
+    assert summary["reason"] == reason and not summary["reached"], summary
+    assert summary["worker_cpu_s"] > 0 and summary["wasted_cpu_s"] == 0.0
+    assert (tmp_path / "ws" / "reports" / "final" / "REPORT.md").exists()
+
+
+@pytest.mark.slow
+def test_a_hung_but_alive_job_is_restarted_once_after_its_grace(tmp_path, reap):
+    """A worker that stalls (alive, no heartbeat) for longer than swarm.stale_heartbeat_s is
+    restarted once — not again while the new job starts (its grace and the backoff) — and the
+    restart is kept once the job trained a window again."""
+    from swarm.controller import Controller
+
+    goal = Goal.parse(tiny_goal(swarm={"stale_heartbeat_s": 5.0}, memory={"backend": "memory", "seed_skills": False},
+                                perturbations=[{"shortcut": "hang", "at_step": 30, "seconds": 120.0, "once": True}]))
+    summary = Controller.create(tmp_path / "ws", goal, jobs="process").run()
+    restarts = [r for r in summary["interventions"] if r["kind"] == "restart"]
+    assert summary["restarts"] == 1 and len(restarts) == 1, summary
+    assert restarts[0]["diagnosis"] == "stale_heartbeat" and restarts[0]["status"] == "kept", restarts
