@@ -245,10 +245,6 @@ class Bench:
         for seed in self.cfg.seeds:
             for m in self.cfg.methods:
                 self.run_one(s, m, seed)
-        if c.cls == "failing" and s in self.more_seed_scenarios():
-            for seed in self.cfg.more_seeds:
-                for m in self.cfg.methods:
-                    self.run_one(s, m, seed)
 
     def more_seed_scenarios(self) -> list[Scenario]:
         """The first `more_on` failing scenarios in suite order, among those calibrated so far."""
@@ -338,9 +334,9 @@ class Bench:
             ex.shutdown(wait=True)
 
         # scenario by scenario (N at a time): its calibration (target, budget, class; the oracle's
-        # and plain's rows at the calibration seed), then its methods x seeds, so that a bench
-        # stopped part way has whole scenarios; then whatever the final plan still lacks (extra
-        # seeds of a scenario whose place among the first failing ones was known only later)
+        # and plain's rows at the calibration seed), then its methods on the base seeds, so that a
+        # bench stopped part way has whole scenarios, as many as possible; then the extra seeds on
+        # the first failing ones
         phase_fn(self.scenario_task, [(s,) for s in self.scenarios])
         phase_fn(self.run_one, self.plan())
         self.write_results()
