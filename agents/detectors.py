@@ -330,15 +330,20 @@ def stale_threshold(ev: Evidence, th: Thresholds, known: Known = NOTHING) -> flo
     return max(floors + ([th.stale_step_factor * median_of(st)] if st else []))
 
 
+# a new worker that has not written its first heartbeat yet (importing, building the model,
+# restoring a checkpoint — slower on a loaded machine) is not hung before this many seconds
+STARTUP_GRACE_S = 120.0
+
+
 def in_grace(ev: Evidence, th: Thresholds, known: Known) -> bool:
-    """The live job was launched less than a stale threshold ago, or its heartbeat predates the
-    launch (a previous worker's): a new job gets as long to write its first heartbeat as a
-    running one gets between two."""
+    """The live job was launched less than a stale threshold ago, or it has not written a
+    heartbeat of its own yet (the file predates its launch: a previous worker's) and was launched
+    less than STARTUP_GRACE_S (or twice the threshold) ago."""
     if known.since_launch_s is None:
         return False
     limit = stale_threshold(ev, th, known)
-    return known.since_launch_s <= limit or (ev.heartbeat_age_s is not None and ev.heartbeat_age_s >= known.since_launch_s
-                                             and known.since_launch_s <= 2 * limit)
+    not_yet = ev.heartbeat_age_s is not None and ev.heartbeat_age_s >= known.since_launch_s
+    return known.since_launch_s <= limit or (not_yet and known.since_launch_s <= max(2 * limit, STARTUP_GRACE_S))
 
 
 @detector("stale_heartbeat")

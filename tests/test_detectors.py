@@ -301,8 +301,10 @@ def test_stale_heartbeat_reads_the_goals_threshold_and_gives_every_launch_a_grac
     fresh = dataclasses.replace(goal, since_launch_s=10.0)
     assert DETECTORS["stale_heartbeat"](make_ev(rows, heartbeat_age_s=300.0), THRESHOLDS, fresh) is None
     assert DETECTORS["crashed_job"](make_ev(rows, job_status="UNKNOWN", heartbeat_age_s=300.0), THRESHOLDS, fresh) is None
-    # past twice the threshold with no heartbeat of its own, it is stale
-    late = dataclasses.replace(goal, since_launch_s=45.0)
+    # still starting (no heartbeat of its own yet) 45 s after its launch: not hung; after the startup grace it is
+    starting = dataclasses.replace(goal, since_launch_s=45.0)
+    assert DETECTORS["stale_heartbeat"](make_ev(rows, heartbeat_age_s=300.0), THRESHOLDS, starting) is None
+    late = dataclasses.replace(goal, since_launch_s=130.0)
     assert fired(make_ev(rows, heartbeat_age_s=300.0), "stale_heartbeat", late)
     # a job launched long ago whose heartbeat stopped 25 s ago
     assert fired(make_ev(rows, heartbeat_age_s=25.0), "stale_heartbeat", dataclasses.replace(goal, since_launch_s=600.0))
