@@ -55,7 +55,8 @@ class Deciding:
         bt = self.goal.swarm.backtest
         live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics) if r.get("harness_version")), None)
         trusted = self.knowledge.trusted(iv.skills_used) if iv.skills_used and not skill_proposed(iv) else None
-        return Facts(findings=frozenset(d.name for d in self.tick.findings), risk=iv.risk,
+        start = self.start_values(list(iv.changes))
+        return Facts(restores=all(start.get(k) == v for k, v in iv.changes.items()),findings=frozenset(d.name for d in self.tick.findings), risk=iv.risk,
                      spec=BacktestSpec(bt.horizon_steps, tuple(bt.seeds)), invalid=self.validity(iv),
                      noop=noop_harness_edit(iv.changes, self.ws.current_harness(), live), trusted=trusted)
 

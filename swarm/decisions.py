@@ -78,6 +78,7 @@ class Facts:
     invalid: str | None = None          # why the live trainer would refuse the change
     noop: str | None = None             # why the change would change nothing
     trusted: str | None = None          # a skill's record that lets the fix skip its backtest
+    restores: bool = True               # every field it sets goes back to the goal's starting value
 
 
 def plan(iv: Intervention, facts: Facts) -> Plan:
@@ -85,8 +86,9 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
     - a change the live trainer would refuse, or one that changes nothing → Refuse;
     - a restart → Skip when a crash or a stall (crashed_job, stale_heartbeat) is confirmed now,
       else Refuse (the job is not verifiably dead or stale);
-    - a rollback claiming a divergence → Skip when a divergence finding is confirmed now and the
-      change is not high risk; otherwise it is backtested like any fix;
+    - a rollback claiming a divergence → Skip when a divergence finding is confirmed now, the
+      change is not high risk and every field it sets goes back to the goal's starting value (the
+      finding justifies going back, not a new value); otherwise it is backtested like any fix;
     - a fix a trusted skill backs → Skip when its diagnosis is confirmed now and it is not high risk;
     - anything else → Backtest."""
     if facts.invalid:
@@ -101,7 +103,7 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
         return Skip(f"restart of a job the detectors find {' and '.join(seen)}: nothing to compare against")
     if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE:
         seen = sorted(facts.findings & DIVERGENCE)
-        if seen and facts.risk != Risk.HIGH:
+        if seen and facts.risk != Risk.HIGH and facts.restores:
             return Skip(f"rollback of a run the detectors find diverged ({', '.join(seen)}): the control arm "
                         "would only continue the divergence")
         return Backtest(facts.spec)

@@ -28,8 +28,10 @@ def facts(findings=(), risk=Risk.MEDIUM, **kw):
     (iv(K.RESTART, diagnosis="stale_heartbeat"), facts(), Refuse),
     (iv(K.RESTART, diagnosis="crashed_job"), facts({"loss_spike"}), Refuse),
     # a divergence rollback skips the backtest only when a divergence is confirmed and the change is not high risk
-    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}), facts({"loss_spike"}), Skip),
-    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}), facts({"nonfinite_loss"}), Skip),
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), facts({"loss_spike"}), Skip),                  # back to the goal's lr
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), facts({"nonfinite_loss"}), Skip),
+    (iv(K.ROLLBACK), facts({"grad_norm_explosion"}), Skip),
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}), facts({"loss_spike"}, restores=False), Backtest),  # a new lr is a guess to test
     (iv(K.ROLLBACK, {"recipe.lr": 10}), facts(), Backtest),                       # false claim
     (iv(K.ROLLBACK, {"recipe.lr": 10}), facts({"loss_spike"}, risk=Risk.HIGH), Backtest),
     (iv(K.ROLLBACK, {"harness.template": "{question}="}, diagnosis="template_mismatch"), facts({"template_mismatch"}), Backtest),
