@@ -446,11 +446,12 @@ class Lead:
             "2. Watch every observation: cluster ops (job, heartbeat, throughput), diagnostics (loss, grad norm, KL, "
             "entropy, plateaus), HarnessCritic (truncation, template, malformed answers, reward vs held-out), "
             "data curation (curriculum difficulty, label noise).",
-            "3. Each proposal is backtested against a control from the current checkpoint (crash restarts and "
-            f"divergence rollbacks skip it); risk {', '.join(auto) or 'none'} applies automatically, the rest waits "
-            "for approval while training goes on.",
-            "4. After applying, compare the next window with the backtest's control arms (or the value before "
-            "applying); roll back if worse.",
+            "3. Each proposal is checked as the trainer would check it, then backtested against a control from the "
+            "current checkpoint (a restart or a divergence rollback skips it only when the controller's own detectors "
+            f"confirm the crash or the divergence); the controller assigns the risk: {', '.join(auto) or 'none'} "
+            "applies automatically, the rest waits for approval while training goes on.",
+            "4. After applying, compare each window with the backtest's control arms (or the value before applying): "
+            "keep on a measured gain, roll back if worse.",
             f"5. Stop at the target (confirmed on held-out) or at the budget: {budget.get('wall_s', '?')} s wall, "
             f"{budget.get('steps', '?')} steps, {budget.get('worker_cpu_s', '?')} worker CPU s.",
         ]
