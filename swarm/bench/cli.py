@@ -65,15 +65,25 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--cache", default=str(ROOT / "benchmarks" / "cache" / "calibration"), help="calibration cache")
     ap.add_argument("--seed-note", default="", help="a sentence for the results (e.g. which seed range is which)")
+    ap.add_argument("--report-only", action="store_true", help="only rewrite the results from the ledger and the "
+                    "calibration cache (nothing runs; e.g. while another process runs the bench)")
     a = ap.parse_args(argv)
     try:
         cfg = BenchConfig(suite=str(resolve_suite(a.suite)), methods=a.methods, seeds=parse_seeds(a.seeds),
                           more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, parallel=a.parallel, name=a.name,
                           results=a.results, cache=a.cache, src=a.src, workdir=a.workdir,
                           command="swarm bench " + " ".join(shlex.quote(x) for x in argv), seed_note=a.seed_note)
+        if a.report_only:
+            cfg.src = "worktree"   # nothing runs: no snapshot needed
         bench = Bench(cfg)
     except (ConfigError, ValueError) as e:
         return _error(str(e).replace("\n", " "))
+    if a.report_only:
+        bench.adopt_session()
+        bench.load_cached_calibrations()
+        bench.write_results()
+        print(f"wrote {pathlib.Path(cfg.results) / (bench.name + '.md')} and .json ({len(bench.current_rows())} runs)")
+        return 0
     from rich.console import Console
 
     console = Console()

@@ -97,7 +97,8 @@ def markdown(meta: dict[str, Any], scenarios: list[dict[str, Any]], rows: list[d
          f"({meta.get('calibrated', 0)} of {meta.get('scenarios', 0)} scenarios calibrated). "
          + (f"Median wall per run: {meta['median_wall_s']:.0f} s; the finished runs took {meta['wall_sum_s'] / 60:.0f} min of wall "
             f"in all; the remaining {meta['planned'] - done} runs at that median: ~{(meta['planned'] - done) * meta['median_wall_s'] / 60 / max(1, meta['parallel']):.0f} min "
-            f"more at this parallelism." if meta.get("median_wall_s") else ""), "",
+            f"more at this parallelism; the whole suite ~{meta['planned'] * meta['median_wall_s'] / 3600 / max(1, meta['parallel']):.1f} h "
+            "(wall on these shared cores; worker CPU, the measure, does not depend on it)." if meta.get("median_wall_s") else ""), "",
          "Budget per scenario: " f"{meta['budget_multiple']:g} x the worker CPU-s a healthy run of the same config needs to reach "
          "the target (calibration); a run that has not reached the target when its worker CPU passes the budget, or at its wall "
          "cap, has failed. Worker CPU = CPU seconds of every trainer process of the method. Scenario class from the plain run at "

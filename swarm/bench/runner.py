@@ -205,6 +205,31 @@ class Bench:
             self._record_calibration_runs(s, c)
             return c
 
+    def save_session(self) -> None:
+        """What this bench runs (command, code under test, code states), for `--report-only`."""
+        d = self.results / self.name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "session.json").write_text(json.dumps({"command": self.cfg.command, "src": self.src_desc, "code": self.code,
+                                                     "parallel": self.cfg.parallel}))
+
+    def adopt_session(self) -> None:
+        """Report as the bench that runs (or ran) into this ledger: its command and code states."""
+        p = self.results / self.name / "session.json"
+        if p.exists():
+            d = json.loads(p.read_text())
+            self.cfg.command, self.src_desc, self.code = d["command"], d["src"], d["code"]
+            self.cfg.parallel = d.get("parallel", self.cfg.parallel)
+
+    def load_cached_calibrations(self) -> None:
+        """The calibrations already in the cache (nothing is run): for rewriting the results alone."""
+        for s in self.scenarios:
+            path = self.cache / f"{cal.calibration_key(s.goal, self.cfg.calib_seed, self.code['baseline'])}.json"
+            if path.exists():
+                try:
+                    self.cals[s.name] = cal.Calibration(**json.loads(path.read_text()))
+                except (json.JSONDecodeError, TypeError):
+                    continue
+
     def _record_calibration_runs(self, s: Scenario, c: cal.Calibration) -> None:
         """The healthy and plain runs of the calibration are the oracle's and plain's at its seed
         (without a fault, plain's config is the oracle's: the same run stands for both)."""
@@ -264,6 +289,15 @@ class Bench:
         self.done_this_session += 1
         self.write_results()
 
+    def planned(self) -> int:
+        """Runs the whole bench will have: the plan, less unlearnable scenarios, plus the extra seeds of
+        failing scenarios not calibrated yet (assuming `more_on` of them turn out failing)."""
+        n = len([p for p in self.plan() if self.cals.get(p[0].name) is None or self.cals[p[0].name].cls != "unlearnable"])
+        extra = [x for x in self.cfg.more_seeds if x not in self.cfg.seeds]
+        if len(self.cals) < len(self.scenarios):
+            n += max(0, self.cfg.more_on - len(self.more_seed_scenarios())) * len(extra) * len(self.cfg.methods)
+        return n
+
     def scenario_rows(self) -> list[dict[str, Any]]:
         out = []
         for s in self.scenarios:
@@ -289,8 +323,7 @@ class Bench:
             walls = [r["wall_s"] for r in rows if isinstance(r.get("wall_s"), (int, float)) and not r.get("from_calibration")]
             meta = {"suite": self.cfg.suite, "command": self.cfg.command, "src": self.src_desc, "code_state": self.code,
                     "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}",
-                    "parallel": self.cfg.parallel, "planned": len([p for p in self.plan() if self.cals.get(p[0].name) is None
-                                                                   or self.cals[p[0].name].cls != "unlearnable"]),
+                    "parallel": self.cfg.parallel, "planned": self.planned(),
                     "scenarios": len(self.scenarios), "calibrated": len(self.cals),
                     "budget_multiple": cal.BUDGET_MULTIPLE, "median_wall_s": statistics.median(walls) if walls else None,
                     "wall_sum_s": sum(walls), "seed_note": self.cfg.seed_note,
@@ -337,6 +370,7 @@ class Bench:
         # and plain's rows at the calibration seed), then its methods on the base seeds, so that a
         # bench stopped part way has whole scenarios, as many as possible; then the extra seeds on
         # the first failing ones
+        self.save_session()
         phase_fn(self.scenario_task, [(s,) for s in self.scenarios])
         phase_fn(self.run_one, self.plan())
         self.write_results()
