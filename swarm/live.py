@@ -107,6 +107,7 @@ class Follower:
         self.sinks = list(sinks)
         self.interval_s = interval_s
         self._metrics = StreamTail(self.view.metrics_path)   # every row once, rotation followed
+        self._values: list[float] = []                        # the target metric, from those rows
         self._seq = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -122,12 +123,17 @@ class Follower:
             self.tick()
 
     def tick(self, final: bool = False) -> Tick:
+        from swarm.ui.data import finite_values
+
         with self._lock:
             new_rows = self._metrics.new_rows()
+            if self._metrics.reset:
+                self._values = []
+            self._values += finite_values(new_rows, self.view.target_metric)
             events = self.view.store.timeline(since=self._seq)
             if events:
                 self._seq = events[-1]["seq"]
-            t = Tick(self.view.overview(), list(new_rows), events, final)
+            t = Tick(self.view.overview(self._values), list(new_rows), events, final)
             for s in list(self.sinks):
                 try:
                     s.update(self.view, t)

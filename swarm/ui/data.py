@@ -120,6 +120,12 @@ def downsample(rows: list[dict[str, Any]], max_points: int = 800, keys: tuple[st
     return [live[i] for i in sorted(keep)]
 
 
+def finite_values(rows: list[dict[str, Any]], metric: str) -> list[float]:
+    """`metric`'s finite values in training and eval rows (not the end-of-run rows), in order."""
+    return [float(r[metric]) for r in rows if isinstance(r.get(metric), (int, float)) and not isinstance(r.get(metric), bool)
+            and math.isfinite(r[metric]) and not r.get("final")]
+
+
 def _goal(ws_root: pathlib.Path) -> dict[str, Any]:
     """The public goal (goal.yaml on main, never the private copy that names perturbations)."""
     from swarm.workspace import Workspace
@@ -188,11 +194,17 @@ class RunView:
             return "running", f"controller pid {pid}"
         return "stopped", "no controller (swarm resume continues it)"
 
-    def target(self) -> dict[str, Any]:
+    @property
+    def target_metric(self) -> str:
+        return str((self.goal.get("target") or {}).get("metric", "heldout_acc"))
+
+    def target(self, values: list[float] | None = None) -> dict[str, Any]:
+        """Progress toward the goal's target; `values` (the target metric's finite values, oldest
+        first) when the caller tails the stream itself, else read from the bounded history."""
         t = self.goal.get("target") or {}
-        metric, op, thr = str(t.get("metric", "heldout_acc")), str(t.get("op", ">=")), float(t.get("threshold", 0.95))
-        values = [float(r[metric]) for r in self.history() if isinstance(r.get(metric), (int, float))
-                  and not isinstance(r.get(metric), bool) and math.isfinite(r[metric]) and not r.get("final")]
+        metric, op, thr = self.target_metric, str(t.get("op", ">=")), float(t.get("threshold", 0.95))
+        if values is None:
+            values = finite_values(self.history(), metric)
         latest = values[-1] if values else None
         best = (max(values) if op == ">=" else min(values)) if values else None
         met = latest is not None and (latest >= thr if op == ">=" else latest <= thr)
@@ -251,7 +263,7 @@ class RunView:
     def interventions(self) -> list[Intervention]:
         return self.store.list()
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self, values: list[float] | None = None) -> dict[str, Any]:
         state, detail = self.state()
         ivs = self.interventions()
         counts: dict[str, int] = {}
@@ -261,7 +273,7 @@ class RunView:
 
         hb = read_heartbeat(self.run_dir) or {}
         return {"name": self.name, "root": str(self.root), "state": state, "detail": detail,
-                "goal": str(self.goal.get("goal") or ""), "target": self.target(), "budget": self.budget(),
+                "goal": str(self.goal.get("goal") or ""), "target": self.target(values), "budget": self.budget(),
                 "step": hb.get("step"), "job_state": hb.get("state"),
                 "awaiting": [iv for iv in ivs if iv.status == Status.AWAITING_APPROVAL],
                 "open": [iv for iv in ivs if iv.status in OPEN_STATUSES], "counts": counts}
