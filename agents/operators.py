@@ -10,7 +10,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |---------------|-------------------------------------------|---------------------------------------------------|--------|
 | ClusterOps    | crashed job, stale heartbeat              | RESTART from the newest good checkpoint           | low    |
 |               | throughput drop                           | none (informational diagnosis)                    |        |
-| Diagnostics   | non-finite loss, loss spike, grad explosion | ROLLBACK to the last checkpoint before the onset, with recipe.lr lowered | medium |
+| Diagnostics   | non-finite loss, loss spike, grad explosion | ROLLBACK to the last checkpoint before the onset: the lr back to its value before a jump, kept when the harness changed just before the onset, else lowered | medium |
 |               | KL blow-up                                | RECIPE_EDIT kl_coef ×2 (or lr ×0.5 once it is large) | medium |
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
@@ -45,6 +45,7 @@ KIND_RANK = {K.RESTART: 0, K.ROLLBACK: 1, K.DATA_CHANGE: 2, K.DISTILL: 3, K.HARN
 
 LR_FACTOR = 0.1                 # a diverged run restarts with lr × this (unless the lr itself jumped)
 LR_JUMP = 3.0                   # lr at the onset ≥ this × the lr before it: the lr jumped
+HARNESS_ONSET_STEPS = 5         # a harness change this close before a divergence's onset is its cause
 KL_COEF_FACTOR = 2.0
 KL_COEF_MIN = 0.02
 KL_COEF_MAX = 0.5               # above this, lower the lr instead
@@ -99,7 +100,8 @@ class Diagnostics(Operator):
         out: list[Intervention] = []
         diverged = [found[n] for n in ("nonfinite_loss", "loss_spike", "grad_norm_explosion") if n in found]
         if diverged:
-            out.append(self._rollback(diverged, ctx))
+            out.append(self._rollback(diverged, ctx, harness_changed_at(ev, min(
+                int(d.evidence.get("onset_step", d.step)) for d in diverged))))
         elif "not_learning" in found:
             d = found["not_learning"]
             lr = _f(d.evidence.get("lr_now")) or _f(ctx.get("recipe.lr"))
@@ -142,7 +144,7 @@ class Diagnostics(Operator):
                 break
         return out
 
-    def _rollback(self, diverged: list[Diagnosis], ctx: OperatorContext) -> Intervention:
+    def _rollback(self, diverged: list[Diagnosis], ctx: OperatorContext, harness_step: int | None = None) -> Intervention:
         main = diverged[0]
         onset = min(int(d.evidence.get("onset_step", d.step)) for d in diverged)
         # the row at step s reports a loss measured on the weights after s-1 updates: the last
@@ -154,12 +156,20 @@ class Diagnostics(Operator):
         if lr_before and lr_now and lr_now >= LR_JUMP * lr_before:
             new_lr = lr_before  # the lr itself jumped right before the spike: go back to the lr that trained stably
             why_lr = f"the learning rate jumped from {lr_before:.3g} to {lr_now:.3g} just before; it goes back to {lr_before:.3g}"
+        elif harness_step is not None:
+            # the harness changed right before the divergence with the lr unchanged: the change is the
+            # cause, and the checkpoint from before it holds the harness that trained stably
+            new_lr = None
+            why_lr = (f"the harness changed at step {harness_step}, just before, with the learning rate unchanged: the "
+                      "checkpoint's harness and learning rate are kept")
         else:
             known_lrs = [x for x in (lr_before, lr_now, known_lr) if x]
             new_lr = min(known_lrs) * LR_FACTOR if known_lrs else None
             why_lr = f"the learning rate is lowered ×{LR_FACTOR} to {new_lr:.3g}" if new_lr else "no learning rate is known"
         changes = {"recipe.lr": float(f"{new_lr:.6g}")} if new_lr else {}
         names = ", ".join(d.name for d in diverged)
+        if harness_step is not None:
+            main = main.model_copy(update={"evidence": {**main.evidence, "harness_changed_at_step": harness_step}})
         main = main.model_copy(update={"evidence": {**main.evidence, "also": [d.name for d in diverged[1:]],
                                                     "onset_step": onset}})
         if ckpt is None:
@@ -275,6 +285,18 @@ class HarnessCritic(Operator):
                       f"start in the wrong place; the template is restored from {source}.",
             expected_effect="prompts carry the template's text again; malformed rate back to its earlier level "
                             "and pass rate recovering within ~20 steps")
+
+
+def harness_changed_at(ev: Evidence, onset: int, within: int = HARNESS_ONSET_STEPS) -> int | None:
+    """The step at which the run's harness version changed within `within` steps before (or at)
+    `onset`, from the metrics rows' harness_version; None when it did not."""
+    rows = [r for r in ev.metrics if isinstance(r.get("harness_version"), str) and isinstance(r.get("step"), int)]
+    prev = None
+    for r in rows:
+        if prev is not None and r["harness_version"] != prev and onset - within <= r["step"] <= onset:
+            return int(r["step"])
+        prev = r["harness_version"]
+    return None
 
 
 def restore_template(ev: Evidence, ctx: OperatorContext) -> tuple[str, str | None]:

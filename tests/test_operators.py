@@ -97,6 +97,21 @@ def test_diagnostics_lowers_the_lr_tenfold_without_an_lr_jump_or_a_checkpoint():
     assert iv.kind == K.RECIPE_EDIT and iv.changes == {"recipe.lr": pytest.approx(3e-4)}
 
 
+def test_a_divergence_right_after_a_harness_change_is_rolled_back_without_an_lr_cut():
+    """The harness changed two steps before the spike (the metrics' harness_version), the lr did
+    not: the change is the cause, so the rollback keeps the checkpoint's lr (no guess to undo later)."""
+    ev = spiked(lr_jump=False)
+    for r in ev.metrics:
+        r["harness_version"] = "v2" if r["step"] >= ev.metrics[47]["step"] else "v1"
+    [iv] = Diagnostics().builtin(ev, ctx())
+    assert iv.kind == K.ROLLBACK and iv.changes == {} and rollback_target(iv) == "step_0000048"
+    assert iv.diagnosis.evidence["harness_changed_at_step"] == ev.metrics[47]["step"]
+    for r in ev.metrics:                      # a harness change long before the spike says nothing about it
+        r["harness_version"] = "v2" if r["step"] >= 10 else "v1"
+    [iv] = Diagnostics().builtin(ev, ctx())
+    assert iv.changes == {"recipe.lr": pytest.approx(3e-4)}
+
+
 def test_diagnostics_merges_simultaneous_divergence_findings():
     ev = spiked()
     for r in ev.metrics[49:]:
