@@ -267,18 +267,33 @@ def _sandbox_policy(goal) -> None:
 
 QUIET_HELP = "no live view: only the final lines (for scripts and logs)"
 TB_HELP = "also write the run as TensorBoard event files here (metrics, interventions, harness versions, backtest arms)"
+NOTIFY_HELP = ("a command run when an intervention starts waiting for approval and when the run ends "
+               "(no shell; SWARM_EVENT, SWARM_INTERVENTION, SWARM_DETAIL, SWARM_APPROVE, SWARM_WORKSPACE in its environment)")
 JSON_HELP = "machine-readable: one JSON line per timeline event ({\"event\": ...}) as it happens, then the summary"
 
 
 def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = None, quiet: bool = False,
-                    tensorboard: str | None = None) -> None:
+                    tensorboard: str | None = None, notify: str | None = None) -> None:
     """`goal`: known before `make` (a new run), its sandbox policy is checked before anything is
     created; otherwise (resume) once the controller has read it. The run is shown live (swarm.live:
     rich Live on a terminal, one line per event otherwise), as JSON lines with `json_out`, or not
-    at all with `quiet`; `tensorboard`: a log directory the run is also written to (swarm.tensorboard)."""
+    at all with `quiet`; `tensorboard`: a log directory the run is also written to (swarm.tensorboard);
+    `notify`: a command run when an intervention waits for approval and when the run ends."""
     from swarm.store import WorkspaceLocked
     from trainer.config import ConfigError
 
+    notifier = None
+    if notify is not None:   # checked before anything is created
+        import shutil
+
+        from swarm.live import Notify
+
+        try:
+            notifier = Notify(notify)
+        except ValueError as e:
+            fail(str(e))
+        if shutil.which(notifier.argv[0]) is None:
+            fail(f"--notify={notify!r}: no command {notifier.argv[0]!r} found")
     if goal is not None:
         _sandbox_policy(goal)
     try:
@@ -298,6 +313,8 @@ def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = 
         from swarm.tensorboard import TensorBoardSink
 
         sinks.append(TensorBoardSink(tensorboard))
+    if notifier is not None:
+        sinks.append(notifier)
     follower = Follower(ctrl.dir, sinks).start() if sinks else None
     try:
         try:
@@ -356,13 +373,14 @@ def run(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),
+    notify: Optional[str] = typer.Option(None, help=NOTIFY_HELP),
 ) -> None:
     """Drive training jobs toward GOAL with the operator swarm (shown live on a terminal)."""
     g = _load_goal(goal)
     if jobs not in ("ray", "process"):
         fail(f"--jobs={jobs!r}: must be 'ray' or 'process'")
     _run_controller(lambda: _create(workspace, g, jobs=jobs, ray_address=address), summary, json_out, goal=g,
-                    quiet=quiet, tensorboard=tensorboard)
+                    quiet=quiet, tensorboard=tensorboard, notify=notify)
 
 
 def _create(workspace: str, goal: Any, **kw: Any):
@@ -392,6 +410,7 @@ def demo(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),
+    notify: Optional[str] = typer.Option(None, help=NOTIFY_HELP),
 ) -> None:
     """A short run on the embedded defaults (local Ray, sqlite, local git, built-in policies unless
     an LLM is configured): the run starts badly, the swarm diagnoses and fixes it, the goal is reached."""
@@ -399,7 +418,8 @@ def demo(
     g = _load_goal(goal)
     (err if json_out else out).print(f"[bold]demo[/]: {g.goal}\nworkspace {ws}; review it in a browser with "
                                      f"`swarm ui --workspace {ws}`, or `swarm interventions --workspace {ws}`")
-    _run_controller(lambda: _create(ws, g, jobs=jobs), summary, json_out, goal=g, quiet=quiet, tensorboard=tensorboard)
+    _run_controller(lambda: _create(ws, g, jobs=jobs), summary, json_out, goal=g, quiet=quiet, tensorboard=tensorboard,
+                    notify=notify)
 
 
 @app.command()
@@ -410,11 +430,13 @@ def resume(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),
+    notify: Optional[str] = typer.Option(None, help=NOTIFY_HELP),
 ) -> None:
     """Continue a swarm run after the controller stopped or was killed."""
     from swarm.controller import Controller
 
-    _run_controller(lambda: Controller.open(workspace, jobs=jobs), summary, json_out, quiet=quiet, tensorboard=tensorboard)
+    _run_controller(lambda: Controller.open(workspace, jobs=jobs), summary, json_out, quiet=quiet, tensorboard=tensorboard,
+                    notify=notify)
 
 
 @app.command("tensorboard")

@@ -16,7 +16,8 @@ metric rows and timeline rows new since the last tick (`Tick`) and the run's ove
 Sinks: `LiveView` (rich Live: step, the target metric against its threshold with a sparkline of
 the evals, budget bars, open interventions and their stage, the newest events), `EventLines`
 (one plain line per event, for a pipe), `JsonLines` (one JSON object per event, for scripts),
-and `swarm.tensorboard.TensorBoardSink`.
+`Notify` (a command run when an intervention starts waiting for approval and when the run
+ends) and `swarm.tensorboard.TensorBoardSink`.
 
 Rich shrinks every column of a table wider than the terminal and cuts cells with an ellipsis, so
 at 80 columns (a pipe, a narrow terminal) an id would read "4a29…" — and the id is what
@@ -313,6 +314,53 @@ class JsonLines:
         for e in tick.events:
             out.write(json.dumps({"event": e}, default=str) + "\n")
         out.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class Notify:
+    """Runs a command when an intervention starts waiting for approval and when the run ends
+    (`swarm run --notify CMD`): CMD is split like a shell line but run without a shell, with
+    SWARM_EVENT (`awaiting_approval` | `finished`), SWARM_WORKSPACE, SWARM_INTERVENTION (the id,
+    when an intervention waits), SWARM_DETAIL (the transition's note, or why the run ended) and
+    SWARM_APPROVE (the command that approves it) in its environment. It runs in the follower's
+    thread, never the controller's, at most `timeout_s`; a failure is logged, the run goes on."""
+
+    def __init__(self, command: str, timeout_s: float = 30.0) -> None:
+        import shlex
+
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as e:
+            raise ValueError(f"--notify={command!r}: {e}") from None
+        if not self.argv:
+            raise ValueError("--notify: the command is empty")
+        self.timeout_s = timeout_s
+        self.sent: list[dict[str, str]] = []
+
+    def _run(self, env: dict[str, str]) -> None:
+        import os
+        import subprocess
+
+        try:
+            r = subprocess.run(self.argv, env={**os.environ, **env}, timeout=self.timeout_s, capture_output=True,
+                               stdin=subprocess.DEVNULL)
+            if r.returncode != 0:
+                log.warning("notify command %s exited %d: %s", self.argv[0], r.returncode, r.stderr[-300:].decode(errors="replace"))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("notify command %s failed: %s", self.argv[0], e)
+        self.sent.append(env)
+
+    def update(self, view: Any, tick: Tick) -> None:
+        for e in tick.events:
+            base = {"SWARM_WORKSPACE": str(view.root)}
+            if e.get("kind") == "transition" and e.get("to") == "awaiting_approval" and e.get("id"):
+                self._run({**base, "SWARM_EVENT": "awaiting_approval", "SWARM_INTERVENTION": str(e["id"]),
+                           "SWARM_DETAIL": str(e.get("note") or ""),
+                           "SWARM_APPROVE": f"swarm approve {e['id']} --workspace {view.root}"})
+            elif e.get("kind") == "finished":
+                self._run({**base, "SWARM_EVENT": "finished", "SWARM_DETAIL": str(e.get("reason") or "")})
 
     def close(self) -> None:
         pass

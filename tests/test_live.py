@@ -217,7 +217,10 @@ def test_live_view_captured_from_a_real_run(tmp_path):
 
 @pytest.mark.slow
 def test_json_lines_from_a_real_run(tmp_path):
-    r = _real_run(tmp_path, "--json")
+    notes = tmp_path / "notes.txt"
+    script = tmp_path / "note.py"
+    script.write_text(f"import os\nopen({str(notes)!r}, 'a').write(os.environ['SWARM_EVENT'] + '\\n')\n")
+    r = _real_run(tmp_path, "--json", "--notify", f"{sys.executable} {script}")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     events, summary = lines[:-1], lines[-1]
@@ -225,6 +228,40 @@ def test_json_lines_from_a_real_run(tmp_path):
     kinds = [x["event"]["kind"] for x in events]
     assert "job_started" in kinds and "transition" in kinds and kinds[-1] == "finished"
     assert summary["reached"] is True and summary["reason"] == "target_met"
+    assert notes.read_text().splitlines()[-1] == "finished", "the notify command ran when the run ended"
     r = subprocess.run([sys.executable, "-m", "swarm.cli", "resume", "--workspace", str(tmp_path / "ws"), "--jobs",
                         "process", "--quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=200)
     assert "swarm · " not in r.stdout and "{" not in r.stdout
+
+
+def test_notify_runs_the_command_when_an_intervention_waits_and_when_the_run_ends(built, tmp_path):
+    from swarm.live import Notify
+
+    out = tmp_path / "notes.jsonl"
+    script = tmp_path / "note.py"
+    script.write_text("import json, os, sys\n"
+                      f"open({str(out)!r}, 'a').write(json.dumps({{k: v for k, v in os.environ.items() if k.startswith('SWARM_')}}) + '\\n')\n")
+    n = Notify(f"{sys.executable} {script}")
+    f = Follower(built["root"], [n])
+    f.tick()                                                # the history: one intervention went to awaiting_approval
+    with Store(built["root"]) as st:
+        st.log("finished", reason="target_met", report="r")
+    f.stop()
+    notes = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["SWARM_EVENT"] for x in notes] == ["awaiting_approval", "finished"]
+    assert notes[0]["SWARM_INTERVENTION"] == built["awaiting"] and "needs a human" in notes[0]["SWARM_DETAIL"]
+    assert notes[0]["SWARM_APPROVE"].startswith(f"swarm approve {built['awaiting']} --workspace ")
+    assert notes[1]["SWARM_DETAIL"] == "target_met" and notes[1]["SWARM_WORKSPACE"] == str(built["root"].resolve())
+    with pytest.raises(ValueError, match="empty"):
+        Notify("   ")
+
+
+def test_notify_is_checked_before_anything_is_created(tmp_path):
+    from test_swarm import tiny_goal, write_goal
+
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal())
+    r = CliRunner().invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--jobs", "process",
+                                 "--notify", "no-such-notifier --x"])
+    assert r.exit_code == 2 and "no command 'no-such-notifier'" in r.output and not (tmp_path / "ws").exists()
+    r = CliRunner().invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--notify", "echo 'unclosed"])
+    assert r.exit_code == 2 and "--notify" in r.output and not (tmp_path / "ws").exists()
