@@ -356,3 +356,26 @@ def test_real_ray_tune_pbt_on_a_tiny_faulted_scenario(tmp_path):
     segs = [json.loads(p.read_text()) for p in (tmp_path / "trials").glob("*/seg*/segment.json")]
     assert sum(s["cpu_s"] for s in segs) == pytest.approx(r["cpu_total"], rel=0.05)
     assert not r["reached"] or r["cpu_to_target"] <= 25.0
+
+
+def test_report_only_rewrites_the_results_without_running(smoke):
+    from swarm.bench.cli import main as bench_main
+
+    base, cfg, _ = smoke
+    md = base / "results" / "suite_suite.md"
+    md.unlink()
+    rc = bench_main([cfg.suite, "--methods", "plain", "oracle", "--results", cfg.results, "--cache", cfg.cache,
+                     "--workdir", str(base / "w-report"), "--report-only"])
+    assert rc == 0
+    assert "**Progress: 4 of 4 planned runs finished**" in md.read_text()
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    from swarm.bench.cli import main as bench_main
+
+    assert bench_main([str(tmp_path / "missing")]) == 2
+    assert "SUITE=" in capsys.readouterr().err
+    write_suite(tmp_path / "s", [1])
+    assert bench_main([str(tmp_path / "s"), "--parallel", "0", "--src", "worktree", "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "--parallel=0" in err and len(err.strip().splitlines()) == 1
