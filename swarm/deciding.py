@@ -39,10 +39,12 @@ class Deciding:
         return {k: get_dotted(cfg, k)[1] for k in keys}
 
     def assess(self, iv: Intervention) -> Intervention:
-        """The intervention with the controller's risk (the proposer's is kept in its outcome)."""
+        """The intervention with the controller's risk (the proposer's is kept in its outcome), and no
+        skipped backtest yet: whether it skips one is plan's decision, not the proposer's."""
         keys = list(iv.changes)
         risk, why = assign_risk(iv, self.values_in_force(keys), self.start_values(keys))
-        return iv.model_copy(update={"risk": risk, "outcome": {**iv.outcome, "proposed_risk": iv.risk.value, "risk_reason": why}})
+        return iv.model_copy(update={"risk": risk, "backtest_skipped": None,
+                                     "outcome": {**iv.outcome, "proposed_risk": iv.risk.value, "risk_reason": why}})
 
     def validity(self, iv: Intervention) -> str | None:
         if not iv.changes:
