@@ -84,6 +84,13 @@ def main(argv: list[str]) -> int:
         bench.write_results()
         print(f"wrote {pathlib.Path(cfg.results) / (bench.name + '.md')} and .json ({len(bench.current_rows())} runs)")
         return 0
+    import signal
+
+    def interrupt(signum, frame):   # SIGTERM, and SIGINT in a background job (where it starts ignored)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     from rich.console import Console
 
     console = Console()
