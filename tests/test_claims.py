@@ -136,7 +136,11 @@ def test_adversarial_llm_false_divergence_lr_10_risk_low_and_restart_spam_are_no
             s = tick(ctrl, s)
         # then the false divergence claim, on new evidence (an operator whose inputs did not change is
         # not asked again: its last answer stands)
-        healthy_run(ctrl.run_dir, steps=64)
+        with open(ctrl.run_dir / "metrics.jsonl", "a") as f:       # appended, as a trainer writes
+            f.write("".join(json.dumps({"step": st, "segment": 0, "time": time.time(), "loss": 0.4, "grad_norm": 1.0,
+                                        "lr": 0.005, "pass_rate": 0.75, "algorithm": "sft", "difficulty": 2,
+                                        "step_time": 0.05, "tokens_per_s": 1000.0, "truncation_rate": 0.0,
+                                        "malformed_rate": 0.05, "harness_version": "h1"}) + "\n" for st in range(61, 65)))
         srv.push(NO, NO, rollback, NO)
         ctrl.tick = type(ctrl.tick)()
         s = tick(ctrl, s)
