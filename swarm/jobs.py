@@ -15,6 +15,7 @@ local processes inherit the environment, Ray jobs get it in their runtime env.
 from __future__ import annotations
 
 import abc
+import math
 import os
 import pathlib
 import subprocess
@@ -139,7 +140,9 @@ class CpuMeter:
 
     @property
     def total(self) -> float:
-        return sum(self.by_proc.values())
+        # fsum: exactly rounded whatever the order, so a total read back from saved state never
+        # differs from the same readings summed live (a plain sum can by one ulp)
+        return math.fsum(self.by_proc.values())
 
     def state(self) -> dict[str, float]:
         return dict(self.by_proc)

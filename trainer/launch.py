@@ -36,6 +36,9 @@ from trainer.config import RunConfig
 AUTH_DIR_ENV = "SWARMLAB_RAY_AUTH_DIR"  # where private heads' token files go (default: auth_dir())
 
 
+SUBMIT_WAIT_S = 120.0  # how long submit_job waits for a fresh head's job agent
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -105,12 +108,16 @@ def _env(head: RayHead | None = None) -> dict[str, str]:
 def start_head(num_cpus: int | None = None, temp_dir: str | None = None, timeout: float = 90.0) -> RayHead:
     """Start a private Ray head bound to 127.0.0.1 (GCS, dashboard and Jobs API on loopback),
     with token auth on and a new token (see the module docstring)."""
-    port, dash = _free_port(), _free_port()
+    # the dashboard agent's HTTP port is a fixed default (52365): a second head on the machine (another
+    # controller, a Tune baseline) would find it taken and its job agent never registers ("No
+    # available agent to submit job"), so every port a client or job reaches is chosen free
+    port, dash, agent = _free_port(), _free_port(), _free_port()
     temp_dir = temp_dir or f"/tmp/swarmlab-ray-{os.getpid()}-{port}"
     url = f"http://127.0.0.1:{dash}"
     head = RayHead(f"127.0.0.1:{port}", url, temp_dir, owned=True, token_path=str(new_token(token_path_for(url))))
     cmd = [_ray_bin(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
+           f"--dashboard-agent-listen-port={agent}",
            f"--temp-dir={temp_dir}", "--disable-usage-stats"]
     if num_cpus:
         cmd.append(f"--num-cpus={num_cpus}")
@@ -209,7 +216,17 @@ def submit_job(head: RayHead, config_path: str | os.PathLike, job_id: str | None
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = _env()["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
     if head.gcs_address:
         env["RAY_ADDRESS"] = head.gcs_address
-    return head.client().submit_job(entrypoint=entry, submission_id=job_id, runtime_env={"env_vars": env})
+    client = head.client()
+    deadline = time.time() + SUBMIT_WAIT_S
+    while True:
+        try:
+            return client.submit_job(entrypoint=entry, submission_id=job_id, runtime_env={"env_vars": env})
+        except RuntimeError as e:
+            # a fresh head answers list_jobs before its job agent has registered; Ray then says
+            # "No available agent to submit job" (HTTP 500) — transient, seconds on a loaded machine
+            if "No available agent" not in str(e) or time.time() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def wait_job(head: RayHead, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> str:
