@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, Status
+from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from swarm.backtest import check_change, noop_harness_edit, result, rule_for, run_arms
 from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pending, Refuse, Skip, Window, assign_risk, decide,
                              judge, plan, rate_var, wasted)
@@ -135,7 +135,10 @@ class Deciding:
         """Hold other backtests while a restart or rollback is validated but not yet applied (this
         tick's gate and apply do it: a backtest now would fork the run it replaces, and meanwhile
         the checkpoint it rolls back to could leave the trainer's retention window), and until the
-        job it started has written its first metrics row."""
+        job it started has written its first metrics row. And while the live job is not running:
+        it cannot be forked, which says nothing about the change."""
+        if job_status not in JobStatus.alive():
+            return True
         ivs = self.store.list()
         if any(x.kind in JOB_ACTIONS and x.status == Status.VALIDATED for x in ivs):
             return True
