@@ -272,6 +272,23 @@ NOTIFY_HELP = ("a command run when an intervention starts waiting for approval a
 JSON_HELP = "machine-readable: one JSON line per timeline event ({\"event\": ...}) as it happens, then the summary"
 
 
+def _notifier(command: str | None):
+    """The notification hook for `command` (None: none), or one error line naming what is wrong."""
+    if command is None:
+        return None
+    import shutil
+
+    from swarm.live import Notify
+
+    try:
+        notifier = Notify(command)
+    except ValueError as e:
+        fail(str(e))
+    if shutil.which(notifier.argv[0]) is None:
+        fail(f"--notify={command!r}: no command {notifier.argv[0]!r} found")
+    return notifier
+
+
 def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = None, quiet: bool = False,
                     tensorboard: str | None = None, notify: str | None = None) -> None:
     """`goal`: known before `make` (a new run), its sandbox policy is checked before anything is
@@ -282,18 +299,9 @@ def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = 
     from swarm.store import WorkspaceLocked
     from trainer.config import ConfigError
 
-    notifier = None
-    if notify is not None:   # checked before anything is created
-        import shutil
-
-        from swarm.live import Notify
-
-        try:
-            notifier = Notify(notify)
-        except ValueError as e:
-            fail(str(e))
-        if shutil.which(notifier.argv[0]) is None:
-            fail(f"--notify={notify!r}: no command {notifier.argv[0]!r} found")
+    if notify is None and goal is not None:
+        notify = goal.notify   # the goal's hook; --notify overrides it
+    notifier = _notifier(notify)   # checked before anything is created
     if goal is not None:
         _sandbox_policy(goal)
     try:
@@ -304,6 +312,8 @@ def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = 
         fail(str(e))
     if goal is None:
         _sandbox_policy(ctrl.goal)
+        if notifier is None:
+            notifier = _notifier(ctrl.goal.notify)
     err.print(f"swarm running in {ctrl.dir} (policies: {'LLM ' + ctrl.goal.llm.model if ctrl.llm else 'built-in, no LLM configured'}); "
               f"follow with `swarm status --workspace {ctrl.dir}`")
     from swarm.live import Follower, sinks_for

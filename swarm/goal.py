@@ -103,6 +103,10 @@ class Goal(BaseModel):
         "isolated", description="untrusted code (skill programs, code-task rewards) runs in Docker, bubblewrap or "
         "unshare namespaces, and is refused where none works; unsafe_plain lets it run in a plain subprocess that "
         "shares the host's network and files instead (warned at run start and in the report)")
+    notify: str | None = Field(
+        None, max_length=4096, description="a command run when an intervention starts waiting for approval and when "
+        "the run ends (split like a shell line, run without a shell; SWARM_EVENT, SWARM_INTERVENTION, SWARM_DETAIL, "
+        "SWARM_APPROVE, SWARM_WORKSPACE in its environment); `--notify` on the command line overrides it")
 
     def run_config(self, name: str, out_dir: str, with_perturbations: bool = False) -> RunConfig:
         """The trainer config. Perturbations are included only for the job the trainer runs."""

@@ -265,3 +265,16 @@ def test_notify_is_checked_before_anything_is_created(tmp_path):
     assert r.exit_code == 2 and "no command 'no-such-notifier'" in r.output and not (tmp_path / "ws").exists()
     r = CliRunner().invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--notify", "echo 'unclosed"])
     assert r.exit_code == 2 and "--notify" in r.output and not (tmp_path / "ws").exists()
+
+
+def test_the_goal_names_the_notify_command(tmp_path):
+    """`notify:` in the goal is the hook `swarm run` uses (checked before anything is created, as
+    --notify is); the flag overrides it."""
+    from test_swarm import tiny_goal, write_goal
+
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(notify="no-such-notifier --x"))
+    r = CliRunner().invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--jobs", "process"])
+    assert r.exit_code == 2 and "no command 'no-such-notifier'" in r.output and not (tmp_path / "ws").exists()
+    r = CliRunner().invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--jobs", "process",
+                                 "--notify", "echo 'unclosed"])
+    assert r.exit_code == 2 and "unclosed" in r.output and not (tmp_path / "ws").exists()
