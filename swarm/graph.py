@@ -82,5 +82,8 @@ def build_graph(ctrl: Any, db_path: str):
                  ("apply", "evaluate"), ("evaluate", "mine_skills"), ("mine_skills", "report"), ("report", "observe")):
         g.add_edge(a, b)
     g.add_edge("finish", END)
+    from sandboxes.private import touch_private
+
+    touch_private(db_path)   # the controller's checkpoints: 0600 whatever the umask (its -wal/-shm follow)
     conn = sqlite3.connect(db_path, check_same_thread=False)
     return g.compile(checkpointer=SqliteSaver(conn)), conn

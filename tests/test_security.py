@@ -254,7 +254,7 @@ def test_private_files_are_private_whatever_the_umask(tmp_path, monkeypatch):
     ws = tmp_path / "w" / ".swarm"
     for d in (ws, ws / "private", tmp_path / "w" / "skills", tmp_path / "llm", tmp_path / "library", token.parent):
         assert _mode(d) == 0o700, d
-    for f in (ws / "private" / "goal.yaml", cfg, ws / "state.db", log.path, token):
+    for f in (ws / "private" / "goal.yaml", cfg, ws / "state.db", ws / "graph.db", log.path, token):
         assert _mode(f) == 0o600, f
 
 
