@@ -304,6 +304,10 @@ def lineage_cpu(trials_dir: pathlib.Path, best_trial: str | None) -> tuple[float
 
 def run_tune(method: str, goal: dict[str, Any], seed: int, target: float, budget: float, wall_cap: float,
              work: pathlib.Path, progress: Progress | None = None) -> dict[str, Any]:
+    # before ray is first imported: it reads these at import time, and without the first one the
+    # local cluster ray.init starts binds its servers to the machine's external address and 0.0.0.0
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # every Ray server on 127.0.0.1
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray import tune
 
@@ -313,8 +317,6 @@ def run_tune(method: str, goal: dict[str, Any], seed: int, target: float, budget
     cfg = trainer_config(goal, str(work / "runs"), seed, target)
     bounds = space_bounds(cfg)
     spec = {"config": cfg, "seed": seed, "bounds": {k: list(v) for k, v in bounds.items()}, "work": str(work)}
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # every Ray server on 127.0.0.1
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     t0 = time.time()
