@@ -47,6 +47,7 @@ from trainer.control import send_command
 from trainer.runlog import atomic_write_text, iter_jsonl, metrics_history, read_heartbeat, tail_jsonl
 
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
+RUN_ID = "main"               # the controller run of a workspace (its LangGraph thread too)
 PRUNE_EVERY_TICKS = 50        # graph.db keeps the newest KEEP_CHECKPOINTS LangGraph checkpoints
 KEEP_CHECKPOINTS = 200
 
@@ -113,7 +114,7 @@ class Controller(Deciding):
         self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
         self.windows.mkdir(exist_ok=True)
         self.graph, self._conn = build_graph(self, str(self.sdir / "graph.db"))
-        self.config = {"configurable": {"thread_id": "main"}, "recursion_limit": RECURSION_LIMIT}
+        self.config = {"configurable": {"thread_id": RUN_ID}, "recursion_limit": RECURSION_LIMIT}
         self.base_cfg = goal.run_config("train", str(self.runs)).model_dump(mode="json")
         self.base_cfg["recipe"]["steps"] = goal.budget.steps
         if goal.target.op == ">=" and goal.target.metric == "heldout_acc":   # the trainer's early stop is on accuracy
@@ -255,6 +256,7 @@ class Controller(Deciding):
 
     # ---- nodes --------------------------------------------------------------------------------
     def node_plan(self, s: SwarmState) -> dict[str, Any]:
+        self.store.start_run(RUN_ID, self.goal.goal)   # idempotent: a resumed run keeps its start time
         if s.plan:
             return {}
         plan = self.lead.plan(self.goal.public())
@@ -648,6 +650,7 @@ class Controller(Deciding):
             self.knowledge.record_report("final", md, kind="final", reached=bool(summary["reached"]), reason=str(s.done))
         (self.sdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         self.store.log("finished", reason=s.done, report=str(path))
+        self.store.end_run(RUN_ID, str(s.done))
         self.jobs.close()
         self.knowledge.export()
         (self.sdir / "ray_head.json").unlink(missing_ok=True)
