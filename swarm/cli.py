@@ -635,12 +635,7 @@ def ui(
     rollback. Listens on 127.0.0.1 only; open the one-time link it prints."""
     from swarm.ui import Runs, bind, make_app, serve
 
-    if workspace and root:
-        fail("give --workspace or --root, not both")
-    if workspace and not (pathlib.Path(workspace) / ".swarm" / "state.db").is_file():
-        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
-    if root and not pathlib.Path(root).is_dir():
-        fail(f"--root={root!r}: not a directory")
+    _check_served(workspace, root)
     try:
         sock = bind(port)
     except OSError as e:
@@ -656,6 +651,16 @@ def ui(
         runs.close()
 
 
+def _check_served(workspace: str | None, root: str | None) -> None:
+    """What `swarm ui` and `swarm mcp` serve: one workspace, or every one under a folder."""
+    if workspace and root:
+        fail("give --workspace or --root, not both")
+    if workspace and not (pathlib.Path(workspace) / ".swarm" / "state.db").is_file():
+        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
+    if root and not pathlib.Path(root).is_dir():
+        fail(f"--root={root!r}: not a directory")
+
+
 @app.command("mcp")
 def mcp_server(
     workspace: Optional[str] = typer.Option(None, help="serve this one workspace"),
@@ -667,12 +672,7 @@ def mcp_server(
     --allow-actions, approve / reject / rollback / stop through the CLI's own path)."""
     from swarm.mcp_server import build_server
 
-    if workspace and root:
-        fail("give --workspace or --root, not both")
-    if workspace and not (pathlib.Path(workspace) / ".swarm" / "state.db").is_file():
-        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
-    if root and not pathlib.Path(root).is_dir():
-        fail(f"--root={root!r}: not a directory")
+    _check_served(workspace, root)
     build_server(workspace=workspace, root=None if workspace else (root or "."), allow_actions=allow_actions).run("stdio")
 
 
