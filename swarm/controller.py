@@ -47,6 +47,7 @@ from trainer.control import send_command
 from trainer.runlog import atomic_write_text, iter_jsonl, metrics_history, read_heartbeat, tail_jsonl
 
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
+STATUS_EVERY_S = 10.0         # status.json (steps, budget spent) is rewritten at least this often while the timeline is quiet
 RUN_ID = "main"               # the controller run of a workspace (its LangGraph thread too)
 PRUNE_EVERY_TICKS = 50        # graph.db keeps the newest KEEP_CHECKPOINTS LangGraph checkpoints
 KEEP_CHECKPOINTS = 200
@@ -80,6 +81,7 @@ class Memo:
     full_seq: int | None = None
     pass_seq: int | None = None
     reported_seq: int = -1
+    reported_at: float = float("-inf")   # when status.json was last written (wall clock)
     ckpts: tuple[int, list[dict[str, Any]]] | None = None
     recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
 
@@ -618,8 +620,9 @@ class Controller(Deciding):
     def node_report(self, s: SwarmState) -> dict[str, Any]:
         """Keep `.swarm/status.json` (the summary so far: target, steps, CPU, every intervention and
         its status) current for readers in other terminals. Per-intervention reports are written
-        where decisions are made (PRs at backtest/gate); this rewrites the status file only when
-        the timeline moved, so a quiet tick costs nothing."""
+        where decisions are made (PRs at backtest/gate); this rewrites the status file when the
+        timeline moved, and at least every STATUS_EVERY_S so the budget spent that the live view
+        and the cockpit show keeps up on a quiet run (a quiet tick in between costs nothing)."""
         if s.tick % PRUNE_EVERY_TICKS == 0:
             prune_checkpoints(self.graph.checkpointer, "main", KEEP_CHECKPOINTS)
         # backtest forks, pre-apply checkpoints, arms no one needs
@@ -630,9 +633,9 @@ class Controller(Deciding):
             m.full_seq = m.pass_seq
         rows = self.store.timeline(since=max(m.reported_seq, 0))
         seq = rows[-1]["seq"] if rows else m.reported_seq
-        if seq != m.reported_seq:
+        if seq != m.reported_seq or time.time() - m.reported_at >= STATUS_EVERY_S:
             atomic_write_text(self.sdir / "status.json", json.dumps(self.summary(s), indent=1, default=str))
-            m.reported_seq = seq
+            m.reported_seq, m.reported_at = seq, time.time()
         # deleted arms' CPU readings fold into one entry: the checkpointed state stays the same size
         return {"cpu": fold_cpu(s.cpu, self.sdir / "backtests", gone.arms)} if gone.arms else {}
 

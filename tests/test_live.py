@@ -278,3 +278,21 @@ def test_the_goal_names_the_notify_command(tmp_path):
     r = CliRunner().invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--jobs", "process",
                                  "--notify", "echo 'unclosed"])
     assert r.exit_code == 2 and "unclosed" in r.output and not (tmp_path / "ws").exists()
+
+
+def test_worker_cpu_shown_keeps_up_with_the_trainers_heartbeats(built):
+    """The status file is exact as of its last write; while a long backtest runs the trainers'
+    heartbeats (live job and arms) already report more, and the budget shows the larger."""
+    import json
+
+    from swarm.ui.data import RunView
+
+    view = RunView("r", built["root"])
+    before = next(b["spent"] for b in view.budget() if b["key"] == "worker_cpu_s")
+    arm = built["root"] / ".swarm" / "backtests" / "bt-x-candidate-s0"
+    arm.mkdir(parents=True)
+    (arm / "heartbeat.json").write_text(json.dumps({"time": 0.0, "pid": 1, "step": 5, "state": "running",
+                                                    "cpu_s": before + 500.0}))
+    after = next(b["spent"] for b in view.budget() if b["key"] == "worker_cpu_s")
+    view.close()
+    assert after >= before + 500.0

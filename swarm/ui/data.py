@@ -237,6 +237,16 @@ class RunView:
             self._history = (sig, metrics_history(self.run_dir))
         return self._history[1]
 
+    def live_cpu(self) -> float:
+        """Worker CPU seconds the trainers' heartbeats report now: the live job's current process
+        and every backtest arm still on disk. A lower bound of the run's total (earlier segments
+        and deleted arms are missing), so the budget shown is the larger of it and the status file's
+        exact total as of its last write (which a backtest of many seconds can leave behind)."""
+        from trainer.runlog import read_heartbeat
+
+        dirs = [self.run_dir, *sorted((self.sdir / "backtests").glob("*/"))]
+        return math.fsum(float((read_heartbeat(d) or {}).get("cpu_s") or 0.0) for d in dirs)
+
     def budget(self) -> list[dict[str, Any]]:
         """Spent against the goal's budget, from the controller's status file (current as of the
         last timeline change) and the live heartbeat."""
@@ -253,7 +263,7 @@ class RunView:
             wall = max(wall, time.time() - started)
         out = []
         for key, label, spent, unit in (("steps", "steps", steps, ""), ("wall_s", "wall clock", wall, "s"),
-                                        ("worker_cpu_s", "worker CPU", s.get("worker_cpu_s") or 0.0, "s"),
+                                        ("worker_cpu_s", "worker CPU", max(float(s.get("worker_cpu_s") or 0.0), self.live_cpu()), "s"),
                                         ("llm_usd", "LLM spend", llm or 0.0, "$")):
             limit = b.get(key)
             frac = min(1.0, spent / limit) if isinstance(limit, (int, float)) and limit > 0 else None
