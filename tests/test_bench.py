@@ -379,3 +379,28 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert bench_main([str(tmp_path / "s"), "--parallel", "0", "--src", "worktree", "--workdir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
     assert "--parallel=0" in err and len(err.strip().splitlines()) == 1
+
+
+def test_take_runs_the_first_scenarios_of_each_class_and_leaves_the_rest(smoke, tmp_path):
+    """--take failing=1 healthy=0: the failing scenario runs; the healthy one (known healthy before
+    calibration: no fault) is neither calibrated nor run once its class has its count."""
+    base, cfg, _ = smoke
+    import dataclasses
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name in ("a_broken.yaml", "b_healthy.yaml"):
+        (suite / name).write_text((pathlib.Path(cfg.suite) / name).read_text())
+    (suite / "c_healthy.yaml").write_text((pathlib.Path(cfg.suite) / "b_healthy.yaml").read_text().replace("tiny 1-digit", "tiny one-digit"))
+    take = dataclasses.replace(cfg, suite=str(suite), methods=["plain"], take={"failing": 1, "mild": 0, "healthy": 1},
+                               name="take")
+    b = CountingBench(take)
+    b.run()
+    # calibrations of a_broken and b_healthy are cached from the smoke bench; c_healthy is skipped
+    assert b.spawned == []
+    assert set(b.cals) == {"a_broken", "b_healthy"} and b.quotas_full()
+    assert [s.name for s, _, _ in b.plan()] == ["a_broken", "b_healthy"]
+    res = json.loads((base / "results" / "take.json").read_text())
+    assert {s["name"] for s in res["scenarios"]} == {"a_broken", "b_healthy"}
+    with pytest.raises(ValueError, match="--take"):
+        dataclasses.replace(cfg, take={"sick": 2}).check()

@@ -5,8 +5,8 @@ For a scenario (at its calibration seed, run seed 0 unless set):
      (at most `CALIB_CPU_CAP` worker CPU-s). The target is the goal's threshold when the healthy run
      reaches it; otherwise 0.9 x the best held-out level it reached (rounded down to 0.01), and a
      scenario whose healthy run never passes `MIN_LEARNABLE` is labelled `unlearnable` (left out);
-  2. budget = `BUDGET_MULTIPLE` x the healthy run's worker CPU-s to the target (6: a population of
-     four trials gets one and a half healthy runs' worth each; PBT on a healthy scenario needed ~3x);
+  2. budget = `BUDGET_MULTIPLE` x the healthy run's worker CPU-s to the target (5: a population of
+     four trials gets 1.25 healthy runs' worth each; PBT on a healthy scenario needed ~3x);
   3. plain run: the faulted config under that budget. The scenario's class: `healthy` (no fault),
      `mild` (plain training reaches the target within the budget anyway: there a method must cost no
      more than plain), `failing` (it does not).
@@ -27,7 +27,7 @@ import pathlib
 from typing import Any, Callable
 
 CALIB_VERSION = 1
-BUDGET_MULTIPLE = 6.0
+BUDGET_MULTIPLE = 5.0
 CALIB_CPU_CAP = 600.0
 CALIB_WALL_CAP = 900.0
 MIN_LEARNABLE = 0.3

@@ -20,6 +20,17 @@ from swarm.bench.runner import ROOT, Bench, BenchConfig, live_display, log_displ
 from trainer.config import ConfigError
 
 
+
+def parse_take(items: list[str]) -> dict[str, int]:
+    """`failing=20 mild=4` -> {"failing": 20, "mild": 4}; a bad item is a ValueError naming it."""
+    out: dict[str, int] = {}
+    for it in items:
+        k, eq, v = it.partition("=")
+        if not eq or not v.strip().isdigit():
+            raise ValueError(f"--take {it!r}: expected CLASS=N, e.g. failing=20")
+        out[k.strip()] = int(v)
+    return out
+
 def resolve_suite(name: str) -> pathlib.Path:
     if name == "public":
         return ROOT / "examples" / "goals"
@@ -58,6 +69,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", nargs="+", default=["0"], help="run seeds on every scenario (ranges like 0-2 allowed)")
     ap.add_argument("--more-seeds", nargs="*", default=[], help="extra run seeds on the first --more-on failing scenarios")
     ap.add_argument("--more-on", type=int, default=0, help="how many failing scenarios get --more-seeds")
+    ap.add_argument("--take", nargs="*", default=[], metavar="CLASS=N",
+                    help="run only the first N scenarios of a class in suite order, e.g. failing=20 mild=4 healthy=2 "
+                         "(the rest are calibrated until every named class has its N, then left alone)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time")
     ap.add_argument("--name", default=None, help="results name (default: suite_<folder name>)")
     ap.add_argument("--src", default="head", help="head: a snapshot of git HEAD (default); worktree: the working tree")
@@ -70,7 +84,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         cfg = BenchConfig(suite=str(resolve_suite(a.suite)), methods=a.methods, seeds=parse_seeds(a.seeds),
-                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, parallel=a.parallel, name=a.name,
+                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, take=parse_take(a.take), parallel=a.parallel, name=a.name,
                           results=a.results, cache=a.cache, src=a.src, workdir=a.workdir,
                           command="swarm bench " + " ".join(shlex.quote(x) for x in argv), seed_note=a.seed_note)
         if a.report_only:

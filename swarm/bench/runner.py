@@ -49,6 +49,7 @@ class BenchConfig:
     seeds: list[int]
     more_seeds: list[int] = dataclasses.field(default_factory=list)
     more_on: int = 0
+    take: dict[str, int] = dataclasses.field(default_factory=dict)   # class -> how many scenarios of it to run
     parallel: int = 1
     name: str | None = None
     results: str = str(ROOT / "benchmarks" / "results")
@@ -71,6 +72,9 @@ class BenchConfig:
             raise ValueError(f"--parallel={self.parallel}: must be >= 1")
         if self.more_on < 0:
             raise ValueError(f"--more-on={self.more_on}: must be >= 0")
+        for k, v in self.take.items():
+            if k not in ("failing", "mild", "healthy") or not isinstance(v, int) or v < 0:
+                raise ValueError(f"--take {k}={v!r}: a class (failing, mild, healthy) = a count >= 0")
         if "pb2" in self.methods:
             import importlib.util
 
@@ -259,14 +263,54 @@ class Bench:
         more = self.more_seed_scenarios()
         out = []
         for s in self.scenarios:
+            if not self.admitted(s):
+                continue
             out += [(s, m, seed) for seed in self.cfg.seeds for m in self.cfg.methods]
             if s in more:
                 out += [(s, m, seed) for seed in self.cfg.more_seeds if seed not in self.cfg.seeds for m in self.cfg.methods]
         return out
 
+    # ---- which scenarios run (--take) --------------------------------------------------------
+    def admitted(self, s: Scenario) -> bool:
+        """With `--take CLASS=N`: the first N calibrated scenarios of each class, in suite order, run;
+        the others are calibrated (that is how their class is known) but not run. A class not named
+        is not limited. A scenario not calibrated yet is admitted while its class could still need it."""
+        if not self.cfg.take:
+            return True
+        c = self.cals.get(s.name)
+        if c is None:
+            return not self.quotas_full()
+        quota = self.cfg.take.get(c.cls)
+        if quota is None:
+            return True
+        same = [x for x in self.scenarios if x.name in self.cals and self.cals[x.name].cls == c.cls]
+        return same.index(s) < quota
+
+    def quotas_full(self) -> bool:
+        """Every class named by `--take` has its count of calibrated scenarios (classes not named:
+        never full)."""
+        if not self.cfg.take or set(self.cfg.take) != {"failing", "mild", "healthy"}:
+            return False
+        n = {k: 0 for k in self.cfg.take}
+        for c in list(self.cals.values()):
+            if c.cls in n:
+                n[c.cls] += 1
+        return all(n[k] >= v for k, v in self.cfg.take.items())
+
+    def _healthy_full(self, s: Scenario) -> bool:
+        """A scenario without faults is healthy before it is calibrated: skip it when enough are."""
+        quota = self.cfg.take.get("healthy")
+        if quota is None or s.goal.get("perturbations"):
+            return False
+        return sum(c.cls == "healthy" for c in list(self.cals.values())) >= quota
+
     def scenario_task(self, s: Scenario) -> None:
+        if s.name not in self.cals and (self.quotas_full() or self._healthy_full(s)):
+            return                              # enough of its class: not even calibrated
         c = self.calibration(s)
         self.write_results()
+        if not self.admitted(s):
+            return
         for seed in self.cfg.seeds:
             for m in self.cfg.methods:
                 self.run_one(s, m, seed)
@@ -275,11 +319,12 @@ class Bench:
         """The first `more_on` failing scenarios in suite order, among those calibrated so far."""
         if not (self.cfg.more_on and self.cfg.more_seeds):
             return []
-        return [s for s in self.scenarios if s.name in self.cals and self.cals[s.name].cls == "failing"][: self.cfg.more_on]
+        return [s for s in self.scenarios if s.name in self.cals and self.cals[s.name].cls == "failing"
+                and self.admitted(s)][: self.cfg.more_on]
 
     def run_one(self, s: Scenario, method: str, seed: int) -> None:
         c = self.calibration(s)
-        if c.cls == "unlearnable":
+        if c.cls == "unlearnable" or not self.admitted(s):
             return
         key = Ledger.key(s.content_hash, method, seed, self.code["swarm" if method == "swarm" else "baseline"])
         if self.ledger.get(key):
@@ -302,6 +347,8 @@ class Bench:
         out = []
         for s in self.scenarios:
             c = self.cals.get(s.name)
+            if self.cfg.take and not (c and self.admitted(s)):
+                continue                         # not run: its class had enough (--take)
             out.append({"name": s.name, "path": s.path, "hash": s.content_hash, "family": s.family,
                         "faults": "; ".join(f"{f.get('what')} @ step {f.get('at_step')}" for f in s.faults) or "none",
                         "fix_in_space": s.fix_in_space, "cls": c.cls if c else None, "target": c.target if c else None,
@@ -327,7 +374,9 @@ class Bench:
                     "scenarios": len(self.scenarios), "calibrated": len(self.cals),
                     "budget_multiple": cal.BUDGET_MULTIPLE, "median_wall_s": statistics.median(walls) if walls else None,
                     "wall_sum_s": sum(walls), "seed_note": self.cfg.seed_note,
-                    "unlearnable": [n for n, c in self.cals.items() if c.cls == "unlearnable"]}
+                    "unlearnable": [n for n, c in self.cals.items() if c.cls == "unlearnable"],
+                    "take": dict(self.cfg.take),
+                    "not_taken": [s.name for s in self.scenarios if s.name in self.cals and not self.admitted(s)]}
             report.write(self.results, self.name, meta, self.scenario_rows(), rows, self.cfg.methods)
 
     # ---- driving it ------------------------------------------------------------------------------

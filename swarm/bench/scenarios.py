@@ -29,7 +29,7 @@ import yaml
 
 from trainer.config import ConfigError, load_yaml
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 ADDITION_CHARSET = "0123456789+-*=\n "
 
 _SWARM = {"observe_every_s": 2, "observe_quiet_s": 4, "min_steps_between_interventions": 50,
@@ -51,8 +51,16 @@ class Family:
     steps: int
     question_len: int          # characters of a question at the base difficulty (template faults)
     answer_len: int            # characters of an answer (max_new_tokens faults)
+    healthy_steps: int         # steps a healthy run needs to the target (measured): onsets are drawn before it
     grpo: bool = False
     max_difficulty: int = 12
+    warmup_steps: int = 0      # SFT warm-up steps of a GRPO family: rollout faults start after it
+
+    def onset(self, rng: random.Random, lo: float, hi: float, *, after_warmup: bool = False, min_step: int = 0) -> int:
+        """A step drawn at `lo`..`hi` of the way from the start (or the end of the SFT warm-up) to the
+        step a healthy run reaches the target: a fault drawn later than that could never matter."""
+        a = self.warmup_steps if after_warmup else 0
+        return max(min_step, _onset(rng, int(a + lo * (self.healthy_steps - a)), int(a + hi * (self.healthy_steps - a))))
 
 
 def _run(task: str, start: int, *, charset: str | None = None, reverse: bool = False, mnt: int = 5,
@@ -68,17 +76,18 @@ def _run(task: str, start: int, *, charset: str | None = None, reverse: bool = F
 
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("addition2", "a policy that adds 2-digit numbers with >= 90% held-out exact match", 0.9,
-           _run("addition", 2, charset=ADDITION_CHARSET, reverse=True), 3000, question_len=5, answer_len=3),
+           _run("addition", 2, charset=ADDITION_CHARSET, reverse=True), 3000, question_len=5, answer_len=3,
+           healthy_steps=500),
     Family("sort4", "a policy that sorts 4-digit sequences with >= 90% held-out exact match", 0.9,
-           _run("sort", 4), 3000, question_len=4, answer_len=4),
+           _run("sort", 4), 3000, question_len=4, answer_len=4, healthy_steps=175),
     Family("reverse4", "a policy that reverses 4-digit sequences with >= 90% held-out exact match", 0.9,
-           _run("reverse", 4), 3000, question_len=4, answer_len=4),
+           _run("reverse", 4), 3000, question_len=4, answer_len=4, healthy_steps=175),
     Family("sort3_grpo", "a policy that sorts 3-digit sequences with >= 85% held-out exact match (SFT warm-up, then GRPO)",
            0.85, _run("sort", 3, mnt=4, reward={"kind": "partial"},
                       recipe={"algorithm": "grpo", "sft_warmup_steps": 90, "sft_warmup_batch_size": 128, "lr": 0.0003,
                               "schedule": "constant", "warmup_steps": 0, "batch_size": 16, "eval_interval": 25,
                               "eval_size": 200, "group_size": 8}),
-           1000, question_len=3, answer_len=3, grpo=True),
+           1000, question_len=3, answer_len=3, healthy_steps=300, grpo=True, warmup_steps=90),
 ]}
 
 
@@ -106,21 +115,21 @@ def f_lr_scale(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], d
     base = fam.run["recipe"]["lr"]
     k = _loguniform(rng, 20, 150) if rng.random() < 0.6 else _loguniform(rng, 0.003, 0.03)
     lr = min(10.0, float(f"{base * k:.3g}"))
-    at = _onset(rng, 0, 300)
+    at = fam.onset(rng, 0.1, 0.6)
     return _override(at, {"recipe.lr": lr}), {"mechanism": "override", "what": f"recipe.lr x{k:g} -> {lr:g}", "at_step": at,
                                                "fix_in_space": "yes (lr)"}
 
 
 def f_temperature(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     t = round(rng.uniform(0.01, 0.1), 3) if rng.random() < 0.6 else round(rng.uniform(2.5, 4.0), 2)
-    at = _onset(rng, 0, 120)
+    at = fam.onset(rng, 0.0, 0.5, after_warmup=True)
     return _override(at, {"harness.sampling.temperature": t}), {
         "mechanism": "override", "what": f"harness.sampling.temperature -> {t:g}", "at_step": at, "fix_in_space": "yes (temperature)"}
 
 
 def f_max_new_tokens(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     n = rng.randint(1, fam.answer_len - 1)
-    at = _onset(rng, 0, 200)
+    at = fam.onset(rng, 0.0, 0.6)
     return _override(at, {"harness.sampling.max_new_tokens": n}), {
         "mechanism": "override", "what": f"harness.sampling.max_new_tokens -> {n}", "at_step": at,
         "fix_in_space": "yes (max_new_tokens)"}
@@ -136,13 +145,13 @@ def f_template(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], d
         tpl = "{question:>%d}=" % rng.randint(fam.question_len + 3, fam.question_len + 8)
     else:
         tpl = "{question}={question}="
-    at = _onset(rng, 0, 400)
+    at = fam.onset(rng, 0.0, 0.6)
     return _override(at, {"harness.template": tpl}), {
         "mechanism": "override", "what": f"harness.template ({kind}) -> {tpl!r}", "at_step": at, "fix_in_space": "no (template)"}
 
 
 def f_verifier(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    at = _onset(rng, 0, 150)
+    at = fam.onset(rng, 0.0, 0.5, after_warmup=True)
     return _override(at, {"harness.reward.verifier": "digits_any_order"}), {
         "mechanism": "override", "what": "harness.reward.verifier -> digits_any_order", "at_step": at,
         "fix_in_space": "no (verifier)"}
@@ -150,14 +159,14 @@ def f_verifier(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], d
 
 def f_curriculum(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     d = min(fam.max_difficulty, fam.run["harness"]["curriculum"]["start"] + rng.randint(2, 4))
-    at = _onset(rng, 0, 200)
+    at = fam.onset(rng, 0.0, 0.6)
     return _override(at, {"harness.curriculum.start": d, "harness.curriculum.end": d}), {
         "mechanism": "override", "what": f"harness.curriculum start=end -> {d}", "at_step": at,
         "fix_in_space": "yes (curriculum start: no ramp, so the end the fault also sets is not used)"}
 
 
 def f_recipe_field(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    at = _onset(rng, 0, 300)
+    at = fam.onset(rng, 0.1, 0.6)
     if rng.random() < 0.5 or fam.grpo:
         wd = round(rng.uniform(2.0, 10.0), 2)
         fields, what = {"recipe.weight_decay": wd}, f"recipe.weight_decay -> {wd:g}"
@@ -168,13 +177,13 @@ def f_recipe_field(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]
 
 
 def f_kill(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    at = _onset(rng, 40, 400)
+    at = fam.onset(rng, 0.3, 0.9, min_step=60)    # after the first checkpoint (interval 50)
     return [{"kind": "kill", "at_step": at}], {"mechanism": "kill", "what": "SIGKILL", "at_step": at,
                                                 "fix_in_space": "restart (Tune retries a failed trial from its checkpoint)"}
 
 
 def f_stall(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    at = _onset(rng, 40, 300)
+    at = fam.onset(rng, 0.3, 0.9, min_step=60)
     s = float(rng.randrange(900, 1800, 60))
     return [{"kind": "stall", "at_step": at, "seconds": s}], {"mechanism": "stall", "what": f"hang {s:.0f} s", "at_step": at,
                                                               "fix_in_space": "no (a hung trial is not retried)"}
@@ -183,13 +192,13 @@ def f_stall(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict
 def f_label_noise(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     frac = round(rng.uniform(0.3, 0.7), 2)
     noise = rng.choice(["random_char", "off_by_one"])
-    at = _onset(rng, 0, 200)
+    at = fam.onset(rng, 0.0, 0.5)
     return [{"kind": "label_noise", "at_step": at, "fraction": frac, "noise": noise}], {
         "mechanism": "label_noise", "what": f"{frac:g} of SFT labels ({noise})", "at_step": at, "fix_in_space": "no (data)"}
 
 
 def f_corrupt_checkpoint(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    at = _onset(rng, 100, 400)
+    at = fam.onset(rng, 0.3, 0.9, min_step=60)
     return [{"kind": "corrupt_checkpoint", "at_step": at}], {"mechanism": "corrupt_checkpoint", "what": "newest checkpoint damaged",
                                                              "at_step": at, "fix_in_space": "n/a (harmless without a restart)"}
 
