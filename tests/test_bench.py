@@ -404,3 +404,21 @@ def test_take_runs_the_first_scenarios_of_each_class_and_leaves_the_rest(smoke, 
     assert {s["name"] for s in res["scenarios"]} == {"a_broken", "b_healthy"}
     with pytest.raises(ValueError, match="--take"):
         dataclasses.replace(cfg, take={"sick": 2}).check()
+
+
+def test_a_scenario_that_runs_what_an_earlier_one_runs_is_left_out_as_a_duplicate(smoke, tmp_path):
+    base, cfg, _ = smoke
+    import dataclasses
+
+    suite = tmp_path / "dup"
+    suite.mkdir()
+    text = (pathlib.Path(cfg.suite) / "b_healthy.yaml").read_text()
+    (suite / "b1.yaml").write_text(text)
+    (suite / "b2.yaml").write_text(text)           # same goal under another name
+    b = CountingBench(dataclasses.replace(cfg, suite=str(suite), methods=["plain"], name="dup"))
+    b.run()
+    assert b.duplicates == {"b2": "b1"} and b.spawned == []     # b1's calibration is cached; b2 never runs
+    assert [s.name for s, _, _ in b.plan()] == ["b1"]
+    res = json.loads((base / "results" / "dup.json").read_text())
+    assert [s["name"] for s in res["scenarios"]] == ["b1"]
+    assert "b2 (= b1)" in (base / "results" / "dup.md").read_text()

@@ -106,6 +106,13 @@ def markdown(meta: dict[str, Any], scenarios: list[dict[str, Any]], rows: list[d
          "**healthy** (no fault).", ""]
     if meta.get("seed_note"):
         L += [meta["seed_note"], ""]
+    if meta.get("take"):
+        L += ["Scenarios taken (`--take`): " + ", ".join(f"the first {v} {k}" for k, v in meta["take"].items())
+              + " in suite order; calibrated but not taken (their class had its count): "
+              + (", ".join(meta.get("not_taken") or []) or "none") + ".", ""]
+    if meta.get("duplicates"):
+        L += ["Left out as duplicates (they run exactly what an earlier scenario runs): "
+              + ", ".join(f"{k} (= {v})" for k, v in meta["duplicates"].items()) + ".", ""]
     L += ["## Per method and scenario class", "",
           "C2T = worker CPU-s to target (reached runs); medians with [IQR] over runs (scenario x seed).", "",
           "| class | method | runs | success@budget | C2T | C2T ÷ oracle | best-so-far AUC | interventions | wasted CPU-s | CPU ÷ plain | wall s |",

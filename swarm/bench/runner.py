@@ -148,6 +148,11 @@ class Bench:
         self.src, self.src_desc = prepare_src(cfg.src, self.work)
         self.code = {"baseline": cal.code_state(self.src, cal.BASELINE_DIRS), "swarm": cal.code_state(self.src, cal.SWARM_DIRS)}
         self.cals: dict[str, cal.Calibration] = {}
+        seen: dict[str, str] = {}
+        # a scenario that runs exactly what an earlier one runs (e.g. two fault-free draws of one
+        # family) is the same measurement: it is left out, named in the results
+        self.duplicates = {s.name: seen[s.content_hash] for s in self.scenarios if s.content_hash in seen
+                           or seen.setdefault(s.content_hash, s.name) != s.name}
         self.cal_locks = {s.name: threading.Lock() for s in self.scenarios}
         self.running: dict[int, dict[str, Any]] = {}
         self.procs: dict[int, subprocess.Popen] = {}
@@ -275,6 +280,8 @@ class Bench:
         """With `--take CLASS=N`: the first N calibrated scenarios of each class, in suite order, run;
         the others are calibrated (that is how their class is known) but not run. A class not named
         is not limited. A scenario not calibrated yet is admitted while its class could still need it."""
+        if s.name in self.duplicates:
+            return False
         if not self.cfg.take:
             return True
         c = self.cals.get(s.name)
@@ -283,7 +290,8 @@ class Bench:
         quota = self.cfg.take.get(c.cls)
         if quota is None:
             return True
-        same = [x for x in self.scenarios if x.name in self.cals and self.cals[x.name].cls == c.cls]
+        same = [x for x in self.scenarios if x.name in self.cals and self.cals[x.name].cls == c.cls
+                and x.name not in self.duplicates]
         return same.index(s) < quota
 
     def quotas_full(self) -> bool:
@@ -292,8 +300,8 @@ class Bench:
         if not self.cfg.take or set(self.cfg.take) != {"failing", "mild", "healthy"}:
             return False
         n = {k: 0 for k in self.cfg.take}
-        for c in list(self.cals.values()):
-            if c.cls in n:
+        for name, c in list(self.cals.items()):
+            if c.cls in n and name not in self.duplicates:
                 n[c.cls] += 1
         return all(n[k] >= v for k, v in self.cfg.take.items())
 
@@ -302,10 +310,10 @@ class Bench:
         quota = self.cfg.take.get("healthy")
         if quota is None or s.goal.get("perturbations"):
             return False
-        return sum(c.cls == "healthy" for c in list(self.cals.values())) >= quota
+        return sum(c.cls == "healthy" for n, c in list(self.cals.items()) if n not in self.duplicates) >= quota
 
     def scenario_task(self, s: Scenario) -> None:
-        if s.name not in self.cals and (self.quotas_full() or self._healthy_full(s)):
+        if s.name in self.duplicates or (s.name not in self.cals and (self.quotas_full() or self._healthy_full(s))):
             return                              # enough of its class: not even calibrated
         c = self.calibration(s)
         self.write_results()
@@ -347,7 +355,7 @@ class Bench:
         out = []
         for s in self.scenarios:
             c = self.cals.get(s.name)
-            if self.cfg.take and not (c and self.admitted(s)):
+            if s.name in self.duplicates or (self.cfg.take and not (c and self.admitted(s))):
                 continue                         # not run: its class had enough (--take)
             out.append({"name": s.name, "path": s.path, "hash": s.content_hash, "family": s.family,
                         "faults": "; ".join(f"{f.get('what')} @ step {f.get('at_step')}" for f in s.faults) or "none",
@@ -375,7 +383,7 @@ class Bench:
                     "budget_multiple": cal.BUDGET_MULTIPLE, "median_wall_s": statistics.median(walls) if walls else None,
                     "wall_sum_s": sum(walls), "seed_note": self.cfg.seed_note,
                     "unlearnable": [n for n, c in self.cals.items() if c.cls == "unlearnable"],
-                    "take": dict(self.cfg.take),
+                    "take": dict(self.cfg.take), "duplicates": dict(self.duplicates),
                     "not_taken": [s.name for s in self.scenarios if s.name in self.cals and not self.admitted(s)]}
             report.write(self.results, self.name, meta, self.scenario_rows(), rows, self.cfg.methods)
 
