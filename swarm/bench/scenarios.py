@@ -29,7 +29,7 @@ import yaml
 
 from trainer.config import ConfigError, load_yaml
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 ADDITION_CHARSET = "0123456789+-*=\n "
 
 _SWARM = {"observe_every_s": 2, "observe_quiet_s": 4, "min_steps_between_interventions": 50,
@@ -80,8 +80,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            healthy_steps=500),
     Family("sort4", "a policy that sorts 4-digit sequences with >= 90% held-out exact match", 0.9,
            _run("sort", 4), 3000, question_len=4, answer_len=4, healthy_steps=175),
-    Family("reverse4", "a policy that reverses 4-digit sequences with >= 90% held-out exact match", 0.9,
-           _run("reverse", 4), 3000, question_len=4, answer_len=4, healthy_steps=175),
+    Family("reverse7", "a policy that reverses 7-digit sequences with >= 90% held-out exact match", 0.9,
+           _run("reverse", 7, mnt=8), 3000, question_len=7, answer_len=7, healthy_steps=150),
     Family("sort3_grpo", "a policy that sorts 3-digit sequences with >= 85% held-out exact match (SFT warm-up, then GRPO)",
            0.85, _run("sort", 3, mnt=4, reward={"kind": "partial"},
                       recipe={"algorithm": "grpo", "sft_warmup_steps": 90, "sft_warmup_batch_size": 128, "lr": 0.0003,
