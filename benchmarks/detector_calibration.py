@@ -90,6 +90,7 @@ class Inventory:
     by_method: dict[str, int]
     unfinished: int = 0
     other_methods: int = 0
+    repeats: int = 0             # earlier finished runs of a scenario, method and seed run again (a resumed bench)
     unreadable: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -123,9 +124,23 @@ def context(spec: dict[str, Any]) -> tuple[OperatorContext, Known, int]:
 
 
 def inventory(work: pathlib.Path, every: int | None) -> Inventory:
-    """The oracle and plain runs of a bench work dir that finished, grouped."""
+    """The oracle and plain runs of a bench work dir that finished, grouped; of a scenario, method
+    and seed run more than once (a bench resumed after an interruption starts its numbering over),
+    the newest finished run."""
     inv = Inventory(work=str(work), suite=suite_name(work), runs=[], by_method={})
-    for d in sorted((work / "runs").glob("*/")):
+    newest: dict[str, tuple[float, pathlib.Path]] = {}
+    for d in (work / "runs").glob("*/"):
+        m = RUN_NAME.match(d.name)
+        key = f"{m[2]}-{m[3]}-s{m[4]}" if m else d.name
+        try:
+            t = (d / "result.json").stat().st_mtime
+        except FileNotFoundError:
+            t = -1.0
+        if key in newest:
+            inv.repeats += 1
+        if key not in newest or t > newest[key][0]:
+            newest[key] = (t, d)
+    for d in sorted(d for _, d in newest.values()):
         spec_path = d / "spec.json"
         if not spec_path.exists():
             continue
@@ -318,6 +333,7 @@ def build_report(invs: list[Inventory], results: list[tuple[BenchRun, Replay]], 
         "inputs": [{"work": i.work, "suite": i.suite, "runs_by_method": i.by_method,
                     "replayed": {g: sum(r.group == g for r in i.runs) for g in GROUPS},
                     "unfinished_left_out": i.unfinished, "other_methods_left_out": i.other_methods,
+                    "repeats_left_out": i.repeats,
                     "unreadable": i.unreadable} for i in invs],
         "detectors": list(REPLAYED),
         "left_out": JOB_DETECTORS,
@@ -358,7 +374,7 @@ def markdown(rep: dict[str, Any]) -> str:
         rp = ", ".join(f"{k} {v}" for k, v in i["replayed"].items())
         lines.append(f"- `{i['work']}`{' (' + i['suite'] + ')' if i['suite'] else ''}: runs by method: {rm or 'none'}; "
                      f"finished: {rp}; left out: {i['unfinished_left_out']} oracle/plain still running, "
-                     f"{i['other_methods_left_out']} of other methods"
+                     f"{i['other_methods_left_out']} of other methods, {i['repeats_left_out']} older repeats of a run"
                      + (f", {len(i['unreadable'])} unreadable ({'; '.join(i['unreadable'][:3])})" if i["unreadable"] else ""))
     lines += ["", f"Runs (ticks): healthy {g['healthy']['runs']} ({g['healthy']['ticks']}), "
               f"mild {g['mild']['runs']} ({g['mild']['ticks']}), failing {g['failing']['runs']} ({g['failing']['ticks']}); "

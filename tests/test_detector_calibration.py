@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import pathlib
 import sys
 
@@ -46,8 +47,9 @@ def metrics_row(step: int, nonfinite: bool = False, heldout: float | None = None
     return r
 
 
-def write_run(work: pathlib.Path, n: int, method: str, perturbations: list, reached: bool, fault_at: int | None) -> None:
-    d = work / "runs" / f"{n:05d}-g9000-addition2-x-{method}-s0"
+def write_run(work: pathlib.Path, n: int, scenario: str, method: str, perturbations: list, reached: bool,
+              fault_at: int | None) -> pathlib.Path:
+    d = work / "runs" / f"{n:05d}-{scenario}-{method}-s0"
     t = d / "work" / "runs" / "train"
     t.mkdir(parents=True)
     goal = dict(GOAL, perturbations=perturbations) if perturbations else GOAL
@@ -69,25 +71,29 @@ def write_run(work: pathlib.Path, n: int, method: str, perturbations: list, reac
     (t / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (t / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     (t / "events.jsonl").write_text(json.dumps({"time": 999.0, "step": 0, "event": "start"}) + "\n")
+    return d
 
 
 @pytest.fixture
 def bench(tmp_path):
     work = tmp_path / "work"
-    write_run(work, 1, "oracle", [], reached=True, fault_at=None)
-    write_run(work, 2, "plain", FAULT, reached=False, fault_at=100)
-    write_run(work, 3, "plain", FAULT, reached=True, fault_at=None)    # a fault that did not hurt: mild
-    write_run(work, 4, "pbt", [], reached=True, fault_at=None)         # another method: left out
+    old = write_run(work, 1, "g9000-addition2-none", "oracle", [], reached=False, fault_at=100)
+    os.utime(old / "result.json", (1e9, 1e9))
+    # a resumed bench numbers its runs from 1 again: the newer finished run of g9000/oracle/s0 counts
+    write_run(work, 2, "g9000-addition2-none", "oracle", [], reached=True, fault_at=None)
+    write_run(work, 3, "g9001-addition2-lr", "plain", FAULT, reached=False, fault_at=100)
+    write_run(work, 4, "g9002-addition2-lr", "plain", FAULT, reached=True, fault_at=None)    # a fault that did not hurt: mild
+    write_run(work, 5, "g9000-addition2-none", "pbt", [], reached=True, fault_at=None)       # another method: left out
     return work
 
 
 def test_replay_sees_each_tick_only_and_stops_at_the_target(dc, bench):
     inv = dc.inventory(bench, None)
-    assert inv.other_methods == 1 and inv.unfinished == 0 and len(inv.runs) == 3
+    assert inv.other_methods == 1 and inv.unfinished == 0 and inv.repeats == 1 and len(inv.runs) == 3
     by_group = {r.group: r for r in inv.runs}
     assert set(by_group) == {"healthy", "mild", "failing"}
     healthy = by_group["healthy"]
-    assert healthy.every == 50 and healthy.known.template == "{question}=" and healthy.known.eval_difficulty == 2
+    assert healthy.name.startswith("00002-") and healthy.every == 50 and healthy.known.template == "{question}=" and healthy.known.eval_difficulty == 2
     rp = dc.replay(healthy.trainer_dir, healthy.ctx, healthy.known, healthy.every)
     assert rp.reached_at == 300 and rp.ticks == [50, 100, 150, 200, 250]
     assert not {"nonfinite_loss", "loss_spike", "grad_norm_explosion"} & set(rp.fires)
@@ -112,6 +118,7 @@ def test_report_counts_per_set(dc, bench, tmp_path):
     nf = g["failing"]["detectors"]["nonfinite_loss"]
     assert nf["runs_fired"] == 1 and nf["fires"] == 8 and nf["tick_rate"] == pytest.approx(8 / 12)   # 125, 150 … 300
     assert rep["inputs"][0]["runs_by_method"] == {"oracle": 1, "plain": 2, "pbt": 1}
+    assert rep["inputs"][0]["repeats_left_out"] == 1
     assert "stale_heartbeat" not in rep["detectors"] and "crashed_job" in rep["left_out"]
     assert "nonfinite_loss" not in rep["flagged"]
     md = out.with_suffix(".md").read_text()
