@@ -422,3 +422,16 @@ def test_a_scenario_that_runs_what_an_earlier_one_runs_is_left_out_as_a_duplicat
     res = json.loads((base / "results" / "dup.json").read_text())
     assert [s["name"] for s in res["scenarios"]] == ["b1"]
     assert "b2 (= b1)" in (base / "results" / "dup.md").read_text()
+
+
+def test_extra_seeds_run_only_the_more_methods_right_after_the_scenarios_base_seeds(smoke):
+    base, cfg, _ = smoke
+    import dataclasses
+
+    b = CountingBench(dataclasses.replace(cfg, methods=["plain", "oracle"], seeds=[0], more_seeds=[3], more_on=1,
+                                          more_methods=["oracle"], name="more"))
+    b.run()
+    assert b.spawned == [("a_broken", "oracle", 3)]       # plain's extra seed is not run; b_healthy is not failing
+    assert ("a_broken", "oracle", 3) in {(s.name, m, seed) for s, m, seed in b.plan()}
+    with pytest.raises(ValueError, match="--more-methods"):
+        dataclasses.replace(cfg, more_methods=["swarm"]).check()

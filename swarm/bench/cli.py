@@ -69,6 +69,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", nargs="+", default=["0"], help="run seeds on every scenario (ranges like 0-2 allowed)")
     ap.add_argument("--more-seeds", nargs="*", default=[], help="extra run seeds on the first --more-on failing scenarios")
     ap.add_argument("--more-on", type=int, default=0, help="how many failing scenarios get --more-seeds")
+    ap.add_argument("--more-methods", nargs="*", default=None,
+                    help="the methods run on the extra seeds (default: every one of --methods)")
     ap.add_argument("--take", nargs="*", default=[], metavar="CLASS=N",
                     help="run only the first N scenarios of a class in suite order, e.g. failing=20 mild=4 healthy=2 "
                          "(the rest are calibrated until every named class has its N, then left alone)")
@@ -84,7 +86,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         cfg = BenchConfig(suite=str(resolve_suite(a.suite)), methods=a.methods, seeds=parse_seeds(a.seeds),
-                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, take=parse_take(a.take), parallel=a.parallel, name=a.name,
+                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, more_methods=a.more_methods, take=parse_take(a.take), parallel=a.parallel, name=a.name,
                           results=a.results, cache=a.cache, src=a.src, workdir=a.workdir,
                           command="swarm bench " + " ".join(shlex.quote(x) for x in argv), seed_note=a.seed_note)
         if a.report_only:

@@ -49,6 +49,7 @@ class BenchConfig:
     seeds: list[int]
     more_seeds: list[int] = dataclasses.field(default_factory=list)
     more_on: int = 0
+    more_methods: list[str] | None = None     # the methods run on the extra seeds (None: all of `methods`)
     take: dict[str, int] = dataclasses.field(default_factory=dict)   # class -> how many scenarios of it to run
     parallel: int = 1
     name: str | None = None
@@ -70,6 +71,9 @@ class BenchConfig:
             raise ValueError("--seeds: at least one seed")
         if self.parallel < 1:
             raise ValueError(f"--parallel={self.parallel}: must be >= 1")
+        bad = [m for m in (self.more_methods or []) if m not in self.methods]
+        if bad:
+            raise ValueError(f"--more-methods: {', '.join(map(repr, bad))} not among --methods")
         if self.more_on < 0:
             raise ValueError(f"--more-on={self.more_on}: must be >= 0")
         for k, v in self.take.items():
@@ -272,7 +276,7 @@ class Bench:
                 continue
             out += [(s, m, seed) for seed in self.cfg.seeds for m in self.cfg.methods]
             if s in more:
-                out += [(s, m, seed) for seed in self.cfg.more_seeds if seed not in self.cfg.seeds for m in self.cfg.methods]
+                out += [(s, m, seed) for seed in self.extra_seeds() for m in self.extra_methods()]
         return out
 
     # ---- which scenarios run (--take) --------------------------------------------------------
@@ -322,6 +326,16 @@ class Bench:
         for seed in self.cfg.seeds:
             for m in self.cfg.methods:
                 self.run_one(s, m, seed)
+        if s in self.more_seed_scenarios():      # its extra seeds now: a bench stopped later has them
+            for seed in self.extra_seeds():
+                for m in self.extra_methods():
+                    self.run_one(s, m, seed)
+
+    def extra_seeds(self) -> list[int]:
+        return [x for x in self.cfg.more_seeds if x not in self.cfg.seeds]
+
+    def extra_methods(self) -> list[str]:
+        return [m for m in self.cfg.methods if self.cfg.more_methods is None or m in self.cfg.more_methods]
 
     def more_seed_scenarios(self) -> list[Scenario]:
         """The first `more_on` failing scenarios in suite order, among those calibrated so far."""
@@ -346,9 +360,8 @@ class Bench:
         """Runs the whole bench will have: the plan, less unlearnable scenarios, plus the extra seeds of
         failing scenarios not calibrated yet (assuming `more_on` of them turn out failing)."""
         n = len([p for p in self.plan() if self.cals.get(p[0].name) is None or self.cals[p[0].name].cls != "unlearnable"])
-        extra = [x for x in self.cfg.more_seeds if x not in self.cfg.seeds]
         if len(self.cals) < len(self.scenarios):
-            n += max(0, self.cfg.more_on - len(self.more_seed_scenarios())) * len(extra) * len(self.cfg.methods)
+            n += max(0, self.cfg.more_on - len(self.more_seed_scenarios())) * len(self.extra_seeds()) * len(self.extra_methods())
         return n
 
     def scenario_rows(self) -> list[dict[str, Any]]:
