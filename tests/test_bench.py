@@ -434,4 +434,4 @@ def test_extra_seeds_run_only_the_more_methods_right_after_the_scenarios_base_se
     assert b.spawned == [("a_broken", "oracle", 3)]       # plain's extra seed is not run; b_healthy is not failing
     assert ("a_broken", "oracle", 3) in {(s.name, m, seed) for s, m, seed in b.plan()}
     with pytest.raises(ValueError, match="--more-methods"):
-        dataclasses.replace(cfg, more_methods=["swarm"]).check()
+        dataclasses.replace(cfg, more_methods=["sgd"]).check()

@@ -49,7 +49,7 @@ class BenchConfig:
     seeds: list[int]
     more_seeds: list[int] = dataclasses.field(default_factory=list)
     more_on: int = 0
-    more_methods: list[str] | None = None     # the methods run on the extra seeds (None: all of `methods`)
+    more_methods: list[str] | None = None     # of `methods`, those run on the extra seeds (None: all)
     take: dict[str, int] = dataclasses.field(default_factory=dict)   # class -> how many scenarios of it to run
     parallel: int = 1
     name: str | None = None
@@ -71,9 +71,9 @@ class BenchConfig:
             raise ValueError("--seeds: at least one seed")
         if self.parallel < 1:
             raise ValueError(f"--parallel={self.parallel}: must be >= 1")
-        bad = [m for m in (self.more_methods or []) if m not in self.methods]
+        bad = [m for m in (self.more_methods or []) if m not in METHODS]
         if bad:
-            raise ValueError(f"--more-methods: {', '.join(map(repr, bad))} not among --methods")
+            raise ValueError(f"--more-methods: unknown {', '.join(map(repr, bad))}; known: {', '.join(METHODS)}")
         if self.more_on < 0:
             raise ValueError(f"--more-on={self.more_on}: must be >= 0")
         for k, v in self.take.items():
