@@ -391,8 +391,12 @@ def markdown(rep: dict[str, Any]) -> str:
         lines.append(f"| {n}{mark} | {rep['severity'].get(n, '')} | " + " | ".join(cells) + " |")
     alarm = [(f"{g[grp]['any_alarm']['runs_fired']}/{g[grp]['runs']}" if g[grp]["runs"] else "–") for grp in GROUPS]
     lines.append(f"| any non-info finding | | {alarm[0]} | | {alarm[1]} | | {alarm[2]} | |")
+    n = g["healthy"]["runs"]
+    bound = (f" A detector that fired on none of the {n} healthy runs has a per-run false-alarm rate below "
+             f"{1 - 0.05 ** (1 / n):.0%} at 95% confidence (1 − 0.05^(1/{n})): more runs narrow it." if n else "")
     lines += ["", f"⚑: fires on more than {rep['flag_rate']:.0%} of healthy runs. Severity `info` findings are "
-              "shown but do not make the controller look for a fix; the last row counts runs with any other finding.", ""]
+              "shown but do not make the controller look for a fix; the last row counts runs with any other finding."
+              + bound, ""]
     if rep["flagged"]:
         lines += ["## Detectors that fire on healthy runs", ""]
         for n in rep["flagged"]:
