@@ -26,7 +26,7 @@ import yaml
 from agents.base import Operator, OperatorContext, rollback_target
 from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
-from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
+from agents.domain import JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import Evidence, collect
 from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
@@ -214,7 +214,9 @@ class Controller(Deciding):
 
     def command(self, cmd: str, cid: str, timeout: float = 60.0, **args: Any) -> dict[str, Any] | None:
         """Send a command with a deterministic id (re-sending after a crash is a no-op: the trainer
-        acknowledges an id once) and wait for its acknowledgement while the job is alive."""
+        acknowledges an id once) and wait for its acknowledgement while the job is alive and
+        stepping: the trainer reads commands between steps, so a worker whose heartbeat is older
+        than `swarm.stale_heartbeat_s` (hung) will not answer, and the wait ends (None)."""
         self.tick.evidence = None
         log = self.run_dir / "command_log.jsonl"
         for row in iter_jsonl(log):
@@ -230,8 +232,21 @@ class Controller(Deciding):
                     return row
             if self.job_status(self.state_job) in JobStatus.terminal():
                 return None
+            if self.heartbeat_stale():
+                return None
             time.sleep(0.2)
         return None
+
+    def job_unwell(self, job_status: Any) -> bool:
+        """The live job is not running, this tick's detectors find it crashed or hung, or its
+        heartbeat is older than `swarm.stale_heartbeat_s` now (it stopped stepping since)."""
+        return (job_status not in JobStatus.alive() or bool({d.name for d in self.tick.findings} & JOB_FINDINGS)
+                or self.heartbeat_stale())
+
+    def heartbeat_stale(self) -> bool:
+        hb = read_heartbeat(self.run_dir)
+        return bool(hb) and hb.get("state") in (None, "running") and \
+            time.time() - float(hb.get("time", 0.0)) > self.goal.swarm.stale_heartbeat_s
 
     def job_status(self, handle: str | None) -> JobStatus:
         """The launcher's status; for a job it does not know (ProcessJobs after a controller restart:
@@ -508,6 +523,8 @@ class Controller(Deciding):
                 self.store.transition(iid, Status.REJECTED, "rejected by a human")
                 continue
             if iv.status == Status.VALIDATED or (iv.status == Status.AWAITING_APPROVAL and decision == "human_approve"):
+                if iv.kind not in JOB_ACTIONS and self.job_unwell(s.job_status):
+                    continue      # a dead or hung job first: a change sent to it now would not be read
                 upd.update(self.apply(iv, s))
         return upd
 
@@ -535,6 +552,11 @@ class Controller(Deciding):
                     changes = self.carry_over(iv.id, target) | changes
             if changes:
                 ack = self.command("set_fields", f"{iv.id}-apply", fields=changes)
+                if not ack and self.job_unwell(self.job_status(s.job)):
+                    # no answer from a job that died or hung meanwhile says nothing about the change:
+                    # it stays validated and is applied to the job that replaces it
+                    self.store.log("apply_deferred", id=iv.id, reason="the job stopped answering", step=s.step)
+                    return {}
                 if not ack or ack.get("status") != "applied":
                     why = f"the trainer refused the change: {ack and ack.get('reason')}"
                     iv = self.store.get(iv.id)
