@@ -306,3 +306,52 @@ def test_the_controller_hands_no_fault_to_the_arms_the_trainers_fork_carries_the
     assert clean.perturber.label_noise()[0] == 0.0
     clean.close()
     assert "label_noise" not in yaml.safe_dump(yaml.safe_load((tmp_path / "runs" / "fork" / "config.yaml").read_text()))
+
+
+def test_a_validated_change_waits_while_the_job_hangs_and_no_answer_is_not_a_refusal(tmp_path):
+    """A hung worker (alive, heartbeat older than swarm.stale_heartbeat_s) first: a validated
+    harness edit is not sent to it (the restart goes first); a command to it ends its wait at once
+    instead of holding the loop for its timeout; and a change that got no answer because the job
+    stopped answering stays validated — not refused, not a loss in memory."""
+    ctrl = controller(tmp_path, swarm={"stale_heartbeat_s": 5.0})
+    hb = ctrl.run_dir / "heartbeat.json"
+    beat = json.loads(hb.read_text())
+    hb.write_text(json.dumps({**beat, "time": time.time() - 60}))           # hung for a minute
+    edit = Intervention(kind=K.HARNESS_EDIT, changes={"harness.sampling.max_new_tokens": 6}, rationale="r",
+                        diagnosis=Diagnosis(name="truncation", summary="s", operator="harness_critic", policy="builtin"),
+                        operator="harness_critic", policy="builtin")
+    ctrl.store.put(edit)
+    ctrl.store.transition(edit.id, Status.VALIDATED, "test: validated by its backtest")
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time())
+    ctrl.command = rec = Recorder()
+    ctrl.tick.findings = []
+    ctrl.node_apply(s)
+    assert rec.sent == [] and ctrl.store.get(edit.id).status == Status.VALIDATED     # not sent to a hung job
+
+    class Alive:          # the launcher still says RUNNING: only the heartbeat tells the hang
+        def status(self, handle):
+            return "RUNNING"
+
+    from swarm.controller import Controller
+
+    ctrl.jobs, ctrl.state_job = Alive(), "ghost"
+    t0 = time.time()
+    assert Controller.command(ctrl, "checkpoint", "hung-1", timeout=30.0) is None
+    assert time.time() - t0 < 5.0                                            # not the 30-s timeout
+
+    # the job hangs between the pre-apply checkpoint and the change: no answer, no refusal
+    hb.write_text(json.dumps({**beat, "time": time.time()}))
+    answers = iter([{"id": "pre", "status": "applied", "step": 60, "time": time.time()}, None])
+
+    def flaky(cmd, cid, timeout=60.0, **args):
+        ack = next(answers)
+        if ack is None:
+            hb.write_text(json.dumps({**beat, "time": time.time() - 60}))
+        return ack
+
+    ctrl.command = flaky
+    ctrl.node_apply(s)
+    got = ctrl.store.get(edit.id)
+    assert got.status == Status.VALIDATED and "refused" not in got.outcome
+    assert [r for r in ctrl.store.timeline("apply_deferred") if r.get("id") == edit.id]
+    close(ctrl)
