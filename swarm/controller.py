@@ -34,7 +34,7 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import write_private
 from swarm.backtest import nearest_valid, task_range
 from swarm.deciding import Deciding, in_force
-from swarm.decisions import restart_hold
+from swarm.decisions import outlook, restart_hold, worth_verifying
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
@@ -76,6 +76,7 @@ class Memo:
     avoided: set[str] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)
     held: set[float] = field(default_factory=set)  # launches whose restart hold was logged
+    deferred: set[tuple[str, int]] = field(default_factory=set)  # (fix, evals seen) whose deferral was logged
     # the timeline's last seq when this process's last full pass began (rows logged during or
     # after it, a human decision included, make the next tick a full pass)
     full_seq: int | None = None
@@ -430,6 +431,7 @@ class Controller(Deciding):
     def node_propose(self, s: SwarmState) -> dict[str, Any]:
         proposals, self.tick.proposals = self.tick.proposals, []
         proposals = [x for x in (self.prepare(iv, s) for iv in proposals) if x is not None]
+        proposals = self.worth_it(proposals, s)
         if not proposals:
             return {}
         ev = self.evidence(s.job_status)
@@ -462,6 +464,34 @@ class Controller(Deciding):
                 self.memo.avoided.add(iv.signature())
                 self.store.log("avoided", signature=iv.signature(), operator=iv.operator, reason=why, step=s.step)
         return {}
+
+    def worth_it(self, proposals: list[Intervention], s: SwarmState) -> list[Intervention]:
+        """The proposals worth verifying now (swarm.decisions.worth_verifying on the outlook of the
+        current timeline: the evals since the latest applied intervention); the others wait, logged
+        once per fix and eval."""
+        if not proposals:
+            return proposals
+        ev = self.evidence(s.job_status)
+        metric = self.goal.target.metric
+        since = max([float(iv.outcome.get("since_time", 0.0)) for iv in self.store.list() if iv.applied_step is not None],
+                    default=0.0)
+        pts = [(int(r["step"]), float(r[metric])) for r in ev.evals
+               if isinstance(r.get(metric), (int, float)) and float(r.get("time", 0.0)) >= since]
+        view = outlook(pts, self.goal.target.threshold, self.goal.target.op == ">=")
+        bt = self.goal.swarm.backtest
+        verify = 2 * len(bt.seeds) * bt.horizon_steps
+        findings = frozenset(d.name for d in self.tick.findings)
+        keep = []
+        for iv in proposals:
+            why = worth_verifying(iv, findings, view, verify)
+            if why is None:
+                keep.append(iv)
+                continue
+            if (iv.signature(), len(pts)) not in self.memo.deferred:
+                self.memo.deferred.add((iv.signature(), len(pts)))
+                self.store.log("deferred", operator=iv.operator, iv_kind=iv.kind.value, diagnosis=iv.diagnosis.name,
+                               reason=why, step=ev.step)
+        return keep
 
     def pending(self) -> list[str]:
         """Interventions not yet decided, oldest first. The store, not the graph state, is the

@@ -1,5 +1,6 @@
 """The swarm's decision model: three pure functions with explicit result types.
 
+    worth_verifying(iv, …)     -> None | reason                                     before it is recorded
     plan(iv, facts)            -> Skip(reason) | Refuse(reason) | Backtest(spec)   before any compute
     decide(pairs, rule)        -> Validated | Rejected | Extend(horizon)            on the backtest's arms
     judge(window, control, …)  -> Kept | RolledBack(undo)                           after applying
@@ -110,6 +111,57 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
     if facts.trusted and confirmed and facts.risk != Risk.HIGH:
         return Skip(facts.trusted)
     return Backtest(facts.spec)
+
+
+# ---- worth it? ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """Where the target is heading with no intervention, from the run's latest held-out evals."""
+    steps_to_target: float | None         # projected training steps until the target (None: no projection)
+    slope: float | None = None            # target units per step, + towards the target
+    evals: int = 0
+    why: str = ""
+
+
+def outlook(evals: list[tuple[int, float]], threshold: float, higher_is_better: bool, k: int = 4) -> Outlook:
+    """A least-squares line through the last `k` evals (step, value) of the current timeline,
+    extended to the threshold: the steps the run needs to reach it at its current rate. No
+    projection with fewer than two evals or a line not heading towards the target."""
+    pts = evals[-k:]
+    if len(pts) < 2 or len({x for x, _ in pts}) < 2:
+        return Outlook(None, None, len(pts), "fewer than two evals to draw a trend through")
+    sign = 1.0 if higher_is_better else -1.0
+    xs, ys = [float(x) for x, _ in pts], [sign * float(y) for _, y in pts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        return Outlook(None, slope, len(pts), f"the last {len(pts)} evals are not heading towards the target")
+    now = my + slope * (xs[-1] - mx)
+    steps = max(0.0, (sign * threshold - now) / slope)
+    return Outlook(steps, slope, len(pts), f"the last {len(pts)} evals move {slope * 100:.3g} per 100 steps "
+                                           f"towards the target: there in ~{steps:.0f} steps")
+
+
+# findings after which the run's own trend says nothing: the job is not training, or its loss is not finite
+NO_TREND = JOB_FINDINGS | {"nonfinite_loss"}
+
+
+def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int) -> str | None:
+    """Why an intervention is not worth its cost now (None: it may be), before it is recorded.
+    Every change is verified — by a backtest, or by its evaluation window — and `verify_steps` is
+    the smaller of the two: the backtest's candidate and control arms over its horizon, in training
+    steps of the same config. The most a fix can save is what the run still needs to reach the
+    target, so when the run is on course to the target in fewer steps than that (`outlook`), the
+    fix cannot pay for itself and waits: it is proposed again on later ticks, when the trend may
+    have turned. A restart, or a run whose loss is not finite, is never held (no trend to project)."""
+    if iv.kind == K.RESTART or findings & NO_TREND or view.steps_to_target is None:
+        return None
+    if view.steps_to_target < verify_steps:
+        return (f"on course to the target: {view.why}, fewer than verifying this change would train "
+                f"({verify_steps} steps of arms): it cannot pay for itself")
+    return None
 
 
 # risk: from the change, against the values in force and the goal's starting values

@@ -32,7 +32,8 @@ def _home(clean_git_home, monkeypatch):
 
 
 def healthy_run(run_dir: pathlib.Path, steps: int = 60) -> None:
-    """Run files of a healthy SFT job that is alive (its heartbeat is fresh and names this process)."""
+    """Run files of a healthy SFT job that is alive (its heartbeat is fresh and names this process),
+    learning slowly: hundreds of steps from its target, so every fix is worth verifying."""
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time() - steps
     rows = []
@@ -41,7 +42,7 @@ def healthy_run(run_dir: pathlib.Path, steps: int = 60) -> None:
                      "lr": 0.005, "pass_rate": min(0.9, s / 80), "algorithm": "sft", "difficulty": 2, "step_time": 0.05,
                      "tokens_per_s": 1000.0, "truncation_rate": 0.0, "malformed_rate": 0.05, "harness_version": "h1"})
         if s % 25 == 0:
-            rows.append({"step": s, "segment": 0, "time": t0 + s, "heldout_acc": min(0.5, s / 100),
+            rows.append({"step": s, "segment": 0, "time": t0 + s, "heldout_acc": 0.1 + s / 1000,   # far from the target
                          "heldout_truncated": 0.0, "heldout_malformed": 0.02})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run_dir / "events.jsonl").write_text(json.dumps({"time": t0, "step": 0, "event": "start"}) + "\n")
@@ -354,4 +355,42 @@ def test_a_validated_change_waits_while_the_job_hangs_and_no_answer_is_not_a_ref
     got = ctrl.store.get(edit.id)
     assert got.status == Status.VALIDATED and "refused" not in got.outcome
     assert [r for r in ctrl.store.timeline("apply_deferred") if r.get("id") == edit.id]
+    close(ctrl)
+
+
+def test_a_fix_waits_while_the_run_is_on_course_to_the_target_for_less_than_verifying_it(tmp_path):
+    """Class 7 (cost): a run whose held-out evals head for the target in fewer steps than the fix's
+    backtest would train is not interrupted by a non-critical fix — it is not recorded, and the
+    deferral is logged once per fix and eval — while a restart still goes through."""
+    ctrl = controller(tmp_path)                           # target 0.6; backtest 2 seeds x 20 steps: 80 arm steps
+    rows = [json.loads(x) for x in (ctrl.run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = {25: 0.45, 50: 0.55}[r["step"]]      # 0.004 per step: the target ~12 steps away
+    (ctrl.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    edit = Intervention(kind=K.HARNESS_EDIT, changes={"harness.sampling.max_new_tokens": 6}, rationale="r",
+                        diagnosis=Diagnosis(name="truncation", summary="s", operator="harness_critic", policy="builtin"),
+                        operator="harness_critic", policy="builtin")
+    restart = Intervention(kind=K.RESTART, rationale="r", operator="cluster_ops", policy="builtin",
+                           diagnosis=Diagnosis(name="crashed_job", summary="FAILED", operator="cluster_ops",
+                                               policy="builtin", severity="critical"))
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time())
+    for _ in range(2):
+        ctrl.tick.proposals = [edit.model_copy(update={"id": f"e{_}"}), restart.model_copy(update={"id": f"r{_}"})]
+        ctrl.node_propose(s)
+    kinds = [iv.kind for iv in ctrl.store.list()]
+    assert K.HARNESS_EDIT not in kinds and K.RESTART in kinds
+    (row,) = ctrl.store.timeline("deferred")
+    assert row["diagnosis"] == "truncation" and "cannot pay for itself" in row["reason"] and "80 steps" in row["reason"]
+    # the same evidence far from the target: the fix is recorded
+    for r in rows:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = {25: 0.1, 50: 0.12}[r["step"]]
+    (ctrl.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for iv in ctrl.store.list():
+        ctrl.store.transition(iv.id, Status.REJECTED, "test: out of the way (one intervention in flight at a time)")
+    ctrl.tick.evidence = None
+    ctrl.tick.proposals = [edit.model_copy(update={"id": "e9"})]
+    ctrl.node_propose(s)
+    assert ctrl.store.get("e9").kind == K.HARNESS_EDIT
     close(ctrl)

@@ -5,7 +5,8 @@ import pytest
 
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Pair, Refuse, Rejected,
-                             Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, plan, wasted)
+                             Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, wasted,
+                             worth_verifying)
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 
@@ -200,3 +201,37 @@ def test_waste():
     assert wasted("rolled_back", {"backtest_cpu_s": 5.0, "window_cpu_s": 7.0, "undone": True}).total == 12.0
     assert wasted("rolled_back", {"backtest_cpu_s": 5.0, "window_cpu_s": 7.0, "undone": False}).total == 5.0
     assert wasted("kept", {"backtest_cpu_s": 5.0}).total == 0.0
+
+
+# ---- worth verifying? ---------------------------------------------------------------------------
+
+def test_outlook_projects_the_latest_trend_to_the_threshold():
+    o = outlook([(50, 0.2), (100, 0.4), (150, 0.6)], 0.9, True)
+    assert o.slope == pytest.approx(0.004) and o.steps_to_target == pytest.approx(75.0) and o.evals == 3
+    assert outlook([(0, 0.0), (50, 0.2), (100, 0.4), (150, 0.6), (200, 0.8)], 0.9, True).evals == 4   # the last 4
+    assert outlook([(50, 0.5), (100, 0.5)], 0.9, True).steps_to_target is None          # flat: no projection
+    assert outlook([(50, 0.5), (100, 0.3)], 0.9, True).steps_to_target is None          # falling
+    assert outlook([(100, 0.3)], 0.9, True).steps_to_target is None                     # one eval
+    assert outlook([(50, 0.95), (100, 0.92)], 0.9, True).steps_to_target is None        # there, but falling
+    low = outlook([(50, 2.0), (100, 1.5)], 1.0, False)                                  # a loss to bring below 1.0
+    assert low.steps_to_target == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("proposal, findings, evals, want_held", [
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), {"loss_spike"}, [(50, 0.5), (100, 0.7)], True),     # 2 of the target away
+    (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), {"truncation"},
+     [(50, 0.5), (100, 0.7)], True),
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), {"loss_spike"}, [(50, 0.1), (100, 0.2)], False),    # 700 steps away
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), {"loss_spike"}, [(50, 0.7), (100, 0.5)], False),    # turned down
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-3}, "nonfinite_loss"), {"nonfinite_loss"}, [(50, 0.5), (100, 0.7)], False),
+    (iv(K.RESTART, diagnosis="crashed_job"), {"crashed_job"}, [(50, 0.5), (100, 0.7)], False),
+    (iv(K.RESTART, diagnosis="stale_heartbeat"), set(), [(50, 0.5), (100, 0.7)], False),
+    (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), {"truncation", "stale_heartbeat"},
+     [(50, 0.5), (100, 0.7)], False),
+])
+def test_a_fix_waits_only_while_the_run_is_on_course_for_less_than_verifying_it(proposal, findings, evals, want_held):
+    # the target 0.9; verifying: 2 arms x 2 seeds x 40 steps = 160 steps
+    why = worth_verifying(proposal, frozenset(findings), outlook(evals, 0.9, True), verify_steps=160)
+    assert (why is not None) == want_held, why
+    if want_held:
+        assert "cannot pay for itself" in why and "160 steps" in why
