@@ -64,6 +64,7 @@ class Deciding:
 
     # ---- backtest -------------------------------------------------------------------------------
     def node_backtest(self, s: Any) -> dict[str, Any]:
+        self.resume_paused()
         for iid in self.pending():
             iv = self.store.get(iid)
             if iv.status not in Status.to_backtest():
@@ -102,6 +103,34 @@ class Deciding:
             return
         if iv.status == Status.PROPOSED:
             self.store.transition(iid, Status.BACKTESTING, f"forked at step {ack['step']}")
+        # the live job waits at the fork while the arms run: its steps meanwhile would train the
+        # state the arms measure (a rollback discards them, a validated change is applied to it),
+        # and the arms get its cores; it goes on when the arms are done (resume_paused, also after
+        # a controller crash)
+        iv = self.store.get(iid)
+        iv.outcome["paused_for_backtest"] = True
+        self.store.put(iv)
+        self.command("pause", f"{iid}-bt-pause")
+        try:
+            self._backtest_arms(iv, ack)
+        finally:
+            self.resume_paused(iid)
+
+    def resume_paused(self, only: str | None = None) -> None:
+        """Resume the live job wherever a backtest paused it and is no longer running (`only`: that
+        intervention's, now)."""
+        for iv in self.store.list():
+            if not iv.outcome.get("paused_for_backtest") or (only is None and iv.status == Status.BACKTESTING) \
+                    or (only is not None and iv.id != only):
+                continue
+            self.command("resume", f"{iv.id}-bt-resume", timeout=10.0)
+            iv = self.store.get(iv.id)
+            iv.outcome["paused_for_backtest"] = False
+            self.store.put(iv)
+
+    def _backtest_arms(self, iv: Intervention, ack: dict[str, Any]) -> None:
+        bt = self.goal.swarm.backtest
+        iid = iv.id
         target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
         cand = next((c for c in self.checkpoints() if c["name"] == target), None)
         looks = 2 if iv.diagnosis.severity == "critical" and bt.critical_extend > 1 else 1

@@ -155,7 +155,9 @@ def test_adversarial_llm_false_divergence_lr_10_risk_low_and_restart_spam_are_no
         assert rb.policy.startswith("llm") and rb.outcome["proposed_risk"] == "low" and rb.risk.value == "high"
         assert rb.backtest_skipped is None and rb.backtest is not None and rb.status == Status.REJECTED
         assert rb.backtest.signal == "target" and "credibly worse" in rb.backtest.note
-        assert {c for c, _, _ in rec.sent} == {"checkpoint"}          # no set_fields, no rollback sent
+        assert {c for c, _, _ in rec.sent} == {"checkpoint", "pause", "resume"}   # no set_fields, no rollback sent
+        # the live job waited at the fork while the arms ran, and went on after
+        assert [c for c, _, _ in rec.sent if c in ("pause", "resume")] == ["pause", "resume"]
         assert any("candidate" in n for n in arms.started) and "train" not in arms.started
         close(ctrl)
     finally:
@@ -393,4 +395,26 @@ def test_a_fix_waits_while_the_run_is_on_course_to_the_target_for_less_than_veri
     ctrl.tick.proposals = [edit.model_copy(update={"id": "e9"})]
     ctrl.node_propose(s)
     assert ctrl.store.get("e9").kind == K.HARNESS_EDIT
+    close(ctrl)
+
+
+def test_a_job_paused_for_a_backtest_goes_on_after_a_controller_crash(tmp_path):
+    """The live job waits at the fork while a backtest's arms run; a controller that died in
+    between leaves the mark in the store, and the next pass resumes the job once the backtest is
+    no longer running (an intervention decided meanwhile), exactly once."""
+    ctrl = controller(tmp_path)
+    ctrl.command = rec = Recorder()
+    d = Diagnosis(name="truncation", summary="s", operator="harness_critic", policy="builtin")
+    edit = Intervention(kind=K.HARNESS_EDIT, changes={"harness.sampling.max_new_tokens": 6}, diagnosis=d, rationale="r",
+                        operator="harness_critic", policy="builtin", outcome={"paused_for_backtest": True})
+    ctrl.store.put(edit)
+    ctrl.store.transition(edit.id, Status.BACKTESTING, "forked at step 60")
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time())
+    ctrl.resume_paused()
+    assert rec.sent == []                       # still backtesting: its own backtest resumes it when done
+    ctrl.store.transition(edit.id, Status.REJECTED, "rejected by a human")
+    ctrl.node_backtest(s)
+    ctrl.node_backtest(s)
+    assert [(c, cid) for c, cid, _ in rec.sent] == [("resume", f"{edit.id}-bt-resume")]
+    assert ctrl.store.get(edit.id).outcome["paused_for_backtest"] is False
     close(ctrl)

@@ -256,7 +256,9 @@ def test_failing_goal_reaches_target_and_perturbations_stay_private(tmp_path):
     assert 0 < summary["seconds_to_target"] <= summary["wall_s"]
     assert 0 < summary["worker_cpu_s_to_target"] <= summary["worker_cpu_s"]
     if not strays:   # with children of earlier tests still alive, the rusage delta is not this run's alone
-        assert summary["worker_cpu_s"] >= 0.8 * children_cpu, (summary["worker_cpu_s"], children_cpu)
+        # every trainer process is metered (a missed backtest would be ~half of it); the rest of the
+        # rusage delta is git's (~4 CPU-s here) and the trainers' last moments after their final heartbeat
+        assert summary["worker_cpu_s"] >= 0.7 * children_cpu, (summary["worker_cpu_s"], children_cpu)
     assert summary["restarts"] == 0
     assert summary["llm"]["calls"] == 0 and summary["llm"]["policy"] == "built-in"
     assert summary["interventions"], "the truncation was not fixed by an intervention"
