@@ -202,7 +202,8 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
     """Most completions hit max_new_tokens without the stop text (truncation_rate ≥
     `truncation_max` over the recent rows): answers are cut off and scored truncated. Evidence
     adds the lengths involved (response_len, the longest correct sample) for sizing the fix. Quiet
-    while greedy held-out answers fit the limit: sampled ones run on (harder data, high temperature)."""
+    while greedy held-out answers fit the limit (sampled ones run on: harder data, high temperature),
+    and before the first held-out eval (an untrained model's samples run on too)."""
     rows = ev.metrics
     if len(rows) < th.min_rows:
         return None
@@ -210,7 +211,9 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
     if len(tr) < min(th.recent, len(rows)) or mean_of(tr) < th.truncation_max:
         return None
     last = next((r for r in reversed(ev.evals) if is_finite(to_float(r.get("heldout_truncated")))), None)
-    if last is not None and to_float(last["heldout_truncated"]) < th.truncation_max:  # and training was cut off then
+    if last is None:
+        return None   # before the first held-out eval, cut-off samples of a model still learning its format say nothing about the limit
+    if to_float(last["heldout_truncated"]) < th.truncation_max:  # and training was cut off then
         at = int(last.get("step", 0))
         _, then = column([r for r in rows if at - th.recent < int(r.get("step", 0)) <= at], "truncation_rate")
         if then and mean_of(then) >= th.truncation_max:

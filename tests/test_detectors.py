@@ -243,6 +243,21 @@ def test_truncation_and_its_lengths():
     assert DETECTORS["truncation"](make_ev(rows, smp), THRESHOLDS, KNOWN) is None
 
 
+def test_truncation_waits_for_the_first_held_out_eval():
+    """The first steps of a model still learning its answer format run on past any limit: before a
+    held-out eval says whether greedy answers fit, cut-off training samples are no finding."""
+    rows = [r for r in sft_rows()[:12] if "heldout_acc" not in r]
+    for r in rows:
+        r.update(truncation_rate=1.0, response_len=4.0, pass_rate=0.0)
+    smp = samples(rows, completion="9713")
+    for x in smp:
+        x.update(truncated=True, verdict="truncated", reward=0.0)
+    ev = make_ev(rows, smp)
+    assert not ev.evals and DETECTORS["truncation"](ev, THRESHOLDS, KNOWN) is None
+    rows[-1].update(heldout_acc=0.0, heldout_truncated=1.0)       # the first eval: greedy answers are cut off too
+    fired(make_ev(rows, smp), "truncation")
+
+
 def test_malformed_rate_jump_and_persistent():
     rows = sft_rows()
     for r in rows[-5:]:
