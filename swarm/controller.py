@@ -399,14 +399,20 @@ class Controller(Deciding):
     def log_findings(self, findings: list[Any]) -> None:
         """Findings about what the trainer itself noticed (a corrupt checkpoint it fell back from, a
         refused command, skipped steps, a resume) go into the timeline once each, so the reports
-        show them; the other findings show through the interventions they lead to."""
+        show them; the other findings show through the interventions they lead to. A notice that
+        persists (steps skipped tick after tick, each summary naming newer steps) is logged once
+        per `evaluate_window_steps` window of steps, not once per tick."""
+        window = max(1, self.goal.swarm.evaluate_window_steps)
         for d in findings:
             if d.name not in TRAINER_NOTICES:
                 continue
-            k = (d.name, d.summary)
-            if k not in self.memo.findings and not any(r.get("summary") == d.summary for r in self.store.timeline("finding")):
+            k, same = (d.name, f"{int(d.step or 0) // window}"), (d.name, d.summary)
+            logged = self.memo.findings or {x for r in self.store.timeline("finding")
+                                            for x in ((r.get("name"), f"{int(r.get('step') or 0) // window}"),
+                                                      (r.get("name"), r.get("summary")))}
+            if k not in logged and same not in logged:
                 self.store.log("finding", name=d.name, severity=d.severity, summary=d.summary, step=d.step)
-            self.memo.findings.add(k)
+            self.memo.findings = set(logged) | {k, same}
 
     def prepare(self, iv: Intervention, s: SwarmState) -> Intervention | None:
         """A proposal as the controller will record it: the nearest change the live trainer accepts

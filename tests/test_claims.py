@@ -275,6 +275,19 @@ def test_what_the_trainer_noticed_shows_in_the_timeline_and_the_summary(tmp_path
     assert sorted(names) == ["checkpoint_corrupt", "command_refused", "job_restarted"]
     notices = ctrl.summary(s)["trainer_notices"]
     assert any("corrupt" in n["summary"] for n in notices) and any("difficulty=0" in n["summary"] for n in notices)
+    # steps skipped tick after tick (each summary names newer steps): once per evaluation window, not per tick
+    rows = [json.loads(x) for x in (ctrl.run_dir / "metrics.jsonl").read_text().splitlines()]
+    t, last = rows[-1]["time"], rows[-1]["step"]
+    with open(ctrl.run_dir / "metrics.jsonl", "a") as f:
+        for i in range(1, 31):
+            f.write(json.dumps({**rows[-2], "step": last + i, "time": t + i, "skipped": True, "loss": None}) + "\n")
+            if i % 3 == 0:
+                f.flush()
+                ctrl.tick = type(ctrl.tick)()
+                ctrl.node_diagnose(s)
+    skipped = [r for r in ctrl.store.timeline("finding") if r["name"] == "skipped_steps"]
+    window = ctrl.goal.swarm.evaluate_window_steps
+    assert 1 <= len(skipped) <= 1 + 30 // window, [r["summary"] for r in skipped]
     close(ctrl)
 
 
