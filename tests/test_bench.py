@@ -435,3 +435,18 @@ def test_extra_seeds_run_only_the_more_methods_right_after_the_scenarios_base_se
     assert ("a_broken", "oracle", 3) in {(s.name, m, seed) for s, m, seed in b.plan()}
     with pytest.raises(ValueError, match="--more-methods"):
         dataclasses.replace(cfg, more_methods=["sgd"]).check()
+
+
+def test_calibrated_only_runs_the_scenarios_in_the_cache_and_calibrates_none(smoke, tmp_path):
+    base, cfg, _ = smoke
+    import dataclasses
+
+    suite = tmp_path / "co"
+    suite.mkdir()
+    (suite / "a_broken.yaml").write_text((pathlib.Path(cfg.suite) / "a_broken.yaml").read_text())
+    (suite / "z_new.yaml").write_text(yaml.safe_dump(tiny_goal(threshold=0.31)))     # never calibrated
+    b = CountingBench(dataclasses.replace(cfg, suite=str(suite), methods=["plain", "oracle"], seeds=[0, 4],
+                                          calibrated_only=True, name="co"))
+    b.run()
+    assert sorted(b.spawned) == [("a_broken", "oracle", 4), ("a_broken", "plain", 4)]
+    assert "z_new" not in b.cals and {s.name for s, _, _ in b.plan()} == {"a_broken"}

@@ -75,6 +75,9 @@ def main(argv: list[str]) -> int:
                     help="run only the first N scenarios of a class in suite order, e.g. failing=20 mild=4 healthy=2 "
                          "(the rest are calibrated until every named class has its N, then left alone)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    ap.add_argument("--calibrated-only", action="store_true",
+                    help="run only the scenarios already calibrated (in the cache), calibrating none: e.g. the swarm "
+                         "on the scenarios another bench process has calibrated")
     ap.add_argument("--name", default=None, help="results name (default: suite_<folder name>)")
     ap.add_argument("--src", default="head", help="head: a snapshot of git HEAD (default); worktree: the working tree")
     ap.add_argument("--workdir", default=None, help="where runs write (default: a new temporary folder)")
@@ -86,7 +89,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         cfg = BenchConfig(suite=str(resolve_suite(a.suite)), methods=a.methods, seeds=parse_seeds(a.seeds),
-                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, more_methods=a.more_methods, take=parse_take(a.take), parallel=a.parallel, name=a.name,
+                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, more_methods=a.more_methods, take=parse_take(a.take), parallel=a.parallel, calibrated_only=a.calibrated_only, name=a.name,
                           results=a.results, cache=a.cache, src=a.src, workdir=a.workdir,
                           command="swarm bench " + " ".join(shlex.quote(x) for x in argv), seed_note=a.seed_note)
         if a.report_only:
