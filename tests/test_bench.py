@@ -450,3 +450,18 @@ def test_calibrated_only_runs_the_scenarios_in_the_cache_and_calibrates_none(smo
     b.run()
     assert sorted(b.spawned) == [("a_broken", "oracle", 4), ("a_broken", "plain", 4)]
     assert "z_new" not in b.cals and {s.name for s, _, _ in b.plan()} == {"a_broken"}
+
+
+def test_a_run_starts_in_an_empty_folder_even_where_an_earlier_sitting_left_one(smoke):
+    """Run folders are numbered per sitting; one left by an earlier sitting under the same name (a
+    finished `swarm run` workspace, say) must not be read back as this run's result."""
+    base, cfg, _ = smoke
+    import dataclasses
+
+    stale = pathlib.Path(cfg.workdir) / "runs" / "00001-a_broken-plain-s7"
+    (stale / "work").mkdir(parents=True, exist_ok=True)
+    (stale / "work" / "left-over.txt").write_text("an earlier sitting's run")
+    b = CountingBench(dataclasses.replace(cfg, methods=["plain"], seeds=[7], name="stale"))
+    b.run()
+    assert ("a_broken", "plain", 7) in b.spawned
+    assert not (stale / "work" / "left-over.txt").exists() and (stale / "result.json").exists()

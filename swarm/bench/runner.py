@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -173,7 +174,9 @@ class Bench:
             self.seq += 1
             rid = self.seq
         d = self.work / "runs" / f"{rid:05d}-{label['scenario']}-{method}-s{seed}"
-        d.mkdir(parents=True, exist_ok=True)
+        if d.exists():      # a run of an earlier sitting in the same work dir: a run starts from nothing
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
         spec = {"method": method, "goal": goal, "seed": seed, "target": target, "budget": budget, "wall_cap": wall_cap,
                 "work": str(d / "work"), "progress": str(d / "progress.json")}
         (d / "spec.json").write_text(json.dumps(spec))
