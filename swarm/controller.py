@@ -486,10 +486,12 @@ class Controller(Deciding):
         view = outlook(pts, self.goal.target.threshold, self.goal.target.op == ">=")
         bt = self.goal.swarm.backtest
         verify = 2 * len(bt.seeds) * bt.horizon_steps
+        interval = int(self.ws.current_recipe().get("eval_interval") or 0)    # the trainer evals at its multiples
+        next_eval_in = interval - ev.step % interval if interval > 0 else None
         findings = frozenset(d.name for d in self.tick.findings)
         keep = []
         for iv in proposals:
-            why = worth_verifying(iv, findings, view, verify)
+            why = worth_verifying(iv, findings, view, verify, next_eval_in)
             if why is None:
                 keep.append(iv)
                 continue

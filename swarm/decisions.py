@@ -148,15 +148,24 @@ def outlook(evals: list[tuple[int, float]], threshold: float, higher_is_better: 
 NO_TREND = JOB_FINDINGS | {"nonfinite_loss"}
 
 
-def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int) -> str | None:
+def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,
+                    next_eval_in: int | None = None) -> str | None:
     """Why an intervention is not worth its cost now (None: it may be), before it is recorded.
     Every change is verified — by a backtest, or by its evaluation window — and `verify_steps` is
     the smaller of the two: the backtest's candidate and control arms over its horizon, in training
     steps of the same config. The most a fix can save is what the run still needs to reach the
     target, so when the run is on course to the target in fewer steps than that (`outlook`), the
     fix cannot pay for itself and waits: it is proposed again on later ticks, when the trend may
-    have turned. A restart, or a run whose loss is not finite, is never held (no trend to project)."""
-    if iv.kind == K.RESTART or findings & NO_TREND or view.steps_to_target is None:
+    have turned. With fewer than two evals there is no trend yet: when the next eval is due in
+    fewer steps (`next_eval_in`) than verifying would train, the fix waits for it — the eval costs
+    less than the backtest and says whether the fix can pay at all. A restart, or a run whose loss
+    is not finite, is never held (no trend to project)."""
+    if iv.kind == K.RESTART or findings & NO_TREND:
+        return None
+    if view.evals < 2 and next_eval_in is not None and next_eval_in < verify_steps:
+        return (f"no trend yet ({view.evals} held-out eval(s) in this timeline): the next eval, due in {next_eval_in} steps, "
+                f"costs less than verifying this change ({verify_steps} steps of arms) and says whether it can pay for itself")
+    if view.steps_to_target is None:
         return None
     if view.steps_to_target < verify_steps:
         return (f"on course to the target: {view.why}, fewer than verifying this change would train "

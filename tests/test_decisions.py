@@ -235,3 +235,16 @@ def test_a_fix_waits_only_while_the_run_is_on_course_for_less_than_verifying_it(
     assert (why is not None) == want_held, why
     if want_held:
         assert "cannot pay for itself" in why and "160 steps" in why
+
+
+def test_with_no_trend_yet_a_fix_waits_for_the_next_eval_when_it_comes_sooner_than_verifying_would_end():
+    fix = iv(K.ROLLBACK, {"recipe.lr": 3e-3})
+    one = outlook([(50, 0.3)], 0.9, True)
+    why = worth_verifying(fix, frozenset({"loss_spike"}), one, verify_steps=160, next_eval_in=45)
+    assert why is not None and "next eval, due in 45 steps" in why
+    assert worth_verifying(fix, frozenset({"loss_spike"}), one, verify_steps=160, next_eval_in=200) is None
+    assert worth_verifying(fix, frozenset({"loss_spike"}), one, verify_steps=160) is None          # no eval schedule
+    assert worth_verifying(fix, frozenset({"nonfinite_loss"}), one, verify_steps=160, next_eval_in=10) is None
+    assert worth_verifying(iv(K.RESTART, diagnosis="crashed_job"), frozenset({"crashed_job"}), one, 160, 10) is None
+    falling = outlook([(50, 0.5), (100, 0.3)], 0.9, True)                                      # a trend: act now
+    assert worth_verifying(fix, frozenset({"loss_spike"}), falling, verify_steps=160, next_eval_in=10) is None
