@@ -1,0 +1,145 @@
+"""The decision model's targets, measured on a benchmark suite's results.
+
+    python benchmarks/suite_targets.py benchmarks/results/suite_headline.json \
+        --work /tmp/bench/work [--out benchmarks/results/suite_headline_targets]
+
+Reads the results JSON `swarm bench` writes (every run of every method, the scenarios and their
+class) and, for the swarm's runs, the run folders under the bench work dirs (each holds the swarm's
+workspace: its state.db has every intervention with its outcome). Writes a markdown table (and JSON)
+of each target: what it asks, what was measured, and whether it is met. Paired ratios compare the
+swarm with another method on the same scenario and seed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sqlite3
+import statistics
+import sys
+from typing import Any
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def swarm_records(work_dirs: list[pathlib.Path]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """(scenario, seed) -> the interventions of the newest swarm run of it found under the work dirs."""
+    out: dict[tuple[str, int], tuple[float, list[dict[str, Any]]]] = {}
+    for w in work_dirs:
+        for spec in (w / "runs").glob("*-swarm-s*/spec.json"):
+            db = spec.parent / "work" / "ws" / ".swarm" / "state.db"
+            if not db.exists() or not (spec.parent / "result.json").exists():
+                continue
+            name = spec.parent.name.split("-", 1)[1].rsplit("-swarm-s", 1)
+            key = (name[0], int(name[1]))
+            t = (spec.parent / "result.json").stat().st_mtime
+            if key in out and out[key][0] >= t:
+                continue
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                ivs = [json.loads(r[0]) for r in con.execute("SELECT data FROM interventions")]
+            finally:
+                con.close()
+            out[key] = (t, ivs)
+    return {k: v for k, (_, v) in out.items()}
+
+
+def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    runs = res["runs"]
+    by = {(r["scenario"], r["method"], r["seed"]): r for r in runs}
+    faults = {s["name"]: s.get("faults") or "" for s in res["scenarios"]}
+    sw = [r for r in runs if r["method"] == "swarm"]
+    rows: list[dict[str, Any]] = []
+
+    def row(target: str, measured: str, met: bool | None, note: str = "") -> None:
+        rows.append({"target": target, "measured": measured, "met": met, "note": note})
+
+    fail = [r for r in sw if r["cls"] == "failing"]
+    ok = sum(bool(r.get("reached")) for r in fail)
+    row("success on failing scenarios >= 90%", f"{ok}/{len(fail)} ({100 * ok / len(fail):.0f}%)" if fail else "no runs",
+        bool(fail) and ok / len(fail) >= 0.9)
+    c2t = [r["cpu_to_target"] for r in fail if r.get("reached")]
+    for other, bound in (("pbt", 0.5), ("oracle", 1.5)):
+        theirs = [r["cpu_to_target"] for r in runs if r["method"] == other and r["cls"] == "failing" and r.get("reached")]
+        if not c2t or not theirs:
+            row(f"median worker-CPU to target <= {bound}x {other}'s (failing)",
+                f"swarm reached {len(c2t)}, {other} reached {len(theirs)} of its failing runs: no ratio of medians",
+                None if not theirs and c2t else False)
+            continue
+        ratio = median(c2t) / median(theirs)
+        paired = [r["cpu_to_target"] / by[(r["scenario"], other, r["seed"])]["cpu_to_target"] for r in fail
+                  if r.get("reached") and by.get((r["scenario"], other, r["seed"]), {}).get("reached")]
+        row(f"median worker-CPU to target <= {bound}x {other}'s (failing)",
+            f"{median(c2t):.1f} / {median(theirs):.1f} CPU-s = {ratio:.2f}x; paired median {median(paired):.2f}x over "
+            f"{len(paired)} runs both reached" if paired else f"{ratio:.2f}x (no run both reached)", ratio <= bound)
+    mild = [(r, by.get((r["scenario"], "plain", r["seed"]))) for r in sw if r["cls"] == "mild"]
+    ratios = [r["cpu_total"] / p["cpu_total"] for r, p in mild if p and p.get("cpu_total")]
+    row("mild scenarios: <= 1.1x plain's worker CPU", f"median {median(ratios):.2f}x over {len(ratios)} runs "
+        f"(each: {', '.join(f'{x:.2f}' for x in ratios)})" if ratios else "no runs",
+        bool(ratios) and median(ratios) <= 1.1)
+    healthy = [r for r in sw if r["cls"] == "healthy"]
+    quiet = sum(1 for r in healthy if not r.get("interventions"))
+    row("healthy runs: no applied intervention on >= 95%", f"{quiet}/{len(healthy)}" if healthy else "no runs",
+        bool(healthy) and quiet / len(healthy) >= 0.95)
+    have = [k for k in ((r["scenario"], r["seed"]) for r in sw) if k in records]
+    kept = [iv for k in have for iv in records[k] if iv.get("status") == "kept"]
+    no_gain = [iv for iv in kept if iv.get("outcome", {}).get("gain") is not True and iv.get("kind") != "restart"]
+    row("zero interventions kept without a measured gain", f"{len(no_gain)} of {len(kept)} kept "
+        f"(in {len(have)} of {len(sw)} swarm runs with their records)", not no_gain,
+        "a restart is kept when the job trained its window again (a dead job trains none)")
+    retries = 0
+    for k in have:
+        refused = {json.dumps([iv["kind"], iv.get("changes")], sort_keys=True) for iv in records[k] if iv.get("outcome", {}).get("refused")}
+        seen: dict[str, int] = {}
+        for iv in sorted(records[k], key=lambda x: x.get("created", 0)):
+            sig = json.dumps([iv["kind"], iv.get("changes")], sort_keys=True)
+            if sig in refused:
+                seen[sig] = seen.get(sig, 0) + 1
+        retries += sum(n - 1 for n in seen.values())
+    row("zero retries of a refused change", f"{retries} (same kind and changes proposed again after a refusal)", retries == 0)
+    over = []
+    for r in sw:
+        crashes = faults.get(r["scenario"], "").count("SIGKILL") + faults.get(r["scenario"], "").count("hang ")
+        if (r.get("restarts") or 0) > crashes:
+            over.append(f"{r['scenario']} s{r['seed']}: {r['restarts']} restarts, {crashes} injected")
+    row("restarts <= 1 per injected crash or stall", f"{len(over)} runs over" + (f": {'; '.join(over)}" if over else ""),
+        not over)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], src: str, meta: dict[str, Any]) -> str:
+    L = ["# Decision-model targets on the benchmark suite", "",
+         f"From `{src}` (code under test: {meta.get('src')}; swarm code state `{meta.get('code_state', {}).get('swarm')}`). "
+         "Command: `python benchmarks/suite_targets.py " + src + " --work …`.", "",
+         "| target | measured | met |", "|---|---|---|"]
+    for r in rows:
+        met = "yes" if r["met"] else ("—" if r["met"] is None else "**no**")
+        L.append(f"| {r['target']} | {r['measured']}{' (' + r['note'] + ')' if r['note'] else ''} | {met} |")
+    return "\n".join(L) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", help="a results JSON written by `swarm bench`")
+    ap.add_argument("--work", nargs="*", default=[], help="bench work dirs holding the swarm's run folders")
+    ap.add_argument("--out", default=None, help="output stem (default: <results stem>_targets)")
+    a = ap.parse_args(argv)
+    p = pathlib.Path(a.results)
+    try:
+        res = json.loads(p.read_text())
+        res["runs"], res["scenarios"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        print(f"error: {p}: not a results JSON of `swarm bench` ({e})", file=sys.stderr)
+        return 2
+    rows = measure(res, swarm_records([pathlib.Path(w) for w in a.work]))
+    out = pathlib.Path(a.out) if a.out else p.with_name(p.stem + "_targets")
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    out.with_suffix(".md").write_text(markdown(rows, str(p), res.get("meta", {})))
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

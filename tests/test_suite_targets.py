@@ -1,0 +1,65 @@
+"""benchmarks/suite_targets.py on a hand-made results JSON and swarm state.db."""
+from __future__ import annotations
+
+import json
+import pathlib
+import sqlite3
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import suite_targets  # noqa: E402
+
+
+def run(scn, method, seed, cls, reached, c2t, total, **kw):
+    return {"scenario": scn, "method": method, "seed": seed, "cls": cls, "reached": reached, "cpu_to_target": c2t,
+            "cpu_total": total, **kw}
+
+
+def results():
+    return {"meta": {"src": "test"}, "scenarios": [{"name": "f1", "faults": "SIGKILL @ step 80"}, {"name": "f2", "faults": "x"},
+                                                   {"name": "m1", "faults": "y"}, {"name": "h1", "faults": "none"}],
+            "runs": [run("f1", "swarm", 0, "failing", True, 30, 30, restarts=2), run("f1", "oracle", 0, "failing", True, 20, 20),
+                     run("f1", "pbt", 0, "failing", True, 90, 90), run("f2", "swarm", 0, "failing", False, None, 100, restarts=0),
+                     run("f2", "oracle", 0, "failing", True, 20, 20), run("f2", "pbt", 0, "failing", False, None, 100),
+                     run("m1", "swarm", 0, "mild", True, 22, 22), run("m1", "plain", 0, "mild", True, 20, 20),
+                     run("h1", "swarm", 0, "healthy", True, 20, 20, interventions=1)]}
+
+
+def state_db(work: pathlib.Path, scn: str, ivs: list[dict]) -> None:
+    d = work / "runs" / f"00001-{scn}-swarm-s0"
+    (d / "work" / "ws" / ".swarm").mkdir(parents=True)
+    (d / "spec.json").write_text("{}")
+    (d / "result.json").write_text("{}")
+    con = sqlite3.connect(d / "work" / "ws" / ".swarm" / "state.db")
+    con.execute("CREATE TABLE interventions (id TEXT, data TEXT)")
+    con.executemany("INSERT INTO interventions VALUES (?, ?)", [(iv["id"], json.dumps(iv)) for iv in ivs])
+    con.commit()
+    con.close()
+
+
+def test_each_target_is_measured_from_the_runs_and_the_records(tmp_path):
+    state_db(tmp_path, "f1", [
+        {"id": "a", "kind": "harness_edit", "changes": {"x": 1}, "status": "kept", "outcome": {"gain": True}, "created": 1},
+        {"id": "b", "kind": "recipe_edit", "changes": {"y": 0}, "status": "rejected", "outcome": {"refused": "no"}, "created": 2},
+        {"id": "c", "kind": "recipe_edit", "changes": {"y": 0}, "status": "rejected", "outcome": {}, "created": 3},
+        {"id": "d", "kind": "rollback", "changes": {}, "status": "kept", "outcome": {"gain": False}, "created": 4}])
+    rows = {r["target"]: r for r in suite_targets.measure(results(), suite_targets.swarm_records([tmp_path]))}
+    assert rows["success on failing scenarios >= 90%"]["measured"].startswith("1/2") and not rows["success on failing scenarios >= 90%"]["met"]
+    pbt = rows["median worker-CPU to target <= 0.5x pbt's (failing)"]
+    assert "0.33x" in pbt["measured"] and pbt["met"]
+    oracle = rows["median worker-CPU to target <= 1.5x oracle's (failing)"]
+    assert "1.50x" in oracle["measured"] and oracle["met"]                     # 30 / 20: at the bound
+    assert rows["mild scenarios: <= 1.1x plain's worker CPU"]["measured"].startswith("median 1.10x")
+    assert rows["healthy runs: no applied intervention on >= 95%"]["measured"] == "0/1"
+    assert rows["zero interventions kept without a measured gain"]["measured"].startswith("1 of 2 kept")
+    assert rows["zero retries of a refused change"]["measured"].startswith("1 ")
+    assert "f1 s0: 2 restarts, 1 injected" in rows["restarts <= 1 per injected crash or stall"]["measured"]
+
+
+def test_a_file_that_is_not_results_is_exit_2(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("[1, 2]")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_targets.py"), str(bad)], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.startswith("error:") and len(p.stderr.splitlines()) == 1
