@@ -303,8 +303,11 @@ def test_proposals_are_recorded_and_backtested_in_the_leads_order(tmp_path):
     from swarm.controller import Controller
     from swarm.graph import SwarmState
 
+    from test_claims import healthy_run
+
     goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
     ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    healthy_run(ctrl.run_dir)      # a run far from its target: both fixes are worth verifying (swarm.decisions.worth_verifying)
 
     def iv(kind, name, severity, changes):
         d = Diagnosis(name=name, summary=name, operator="x", policy="builtin", severity=severity,
