@@ -245,6 +245,9 @@ class Controller(Deciding):
                 or self.heartbeat_stale())
 
     def heartbeat_stale(self) -> bool:
+        """The heartbeat is older than the goal's floor (`swarm.stale_heartbeat_s`): the cheap check a
+        command's wait loop can make every 0.2 s; the `stale_heartbeat` detector, which also scales
+        the limit with step times, decides restarts."""
         hb = read_heartbeat(self.run_dir)
         return bool(hb) and hb.get("state") in (None, "running") and \
             time.time() - float(hb.get("time", 0.0)) > self.goal.swarm.stale_heartbeat_s
@@ -403,16 +406,19 @@ class Controller(Deciding):
         persists (steps skipped tick after tick, each summary naming newer steps) is logged once
         per `evaluate_window_steps` window of steps, not once per tick."""
         window = max(1, self.goal.swarm.evaluate_window_steps)
-        for d in findings:
-            if d.name not in TRAINER_NOTICES:
-                continue
-            k, same = (d.name, f"{int(d.step or 0) // window}"), (d.name, d.summary)
-            logged = self.memo.findings or {x for r in self.store.timeline("finding")
-                                            for x in ((r.get("name"), f"{int(r.get('step') or 0) // window}"),
-                                                      (r.get("name"), r.get("summary")))}
-            if k not in logged and same not in logged:
+
+        def keys(name: Any, step: Any, summary: Any) -> set[tuple[Any, str]]:
+            return {(name, f"w{int(step or 0) // window}"), (name, str(summary))}
+
+        notices = [d for d in findings if d.name in TRAINER_NOTICES]
+        if notices and not self.memo.findings:     # a restarted controller: what the timeline already has
+            for r in self.store.timeline("finding"):
+                self.memo.findings |= keys(r.get("name"), r.get("step"), r.get("summary"))
+        for d in notices:
+            k = keys(d.name, d.step, d.summary)
+            if not k & self.memo.findings:
                 self.store.log("finding", name=d.name, severity=d.severity, summary=d.summary, step=d.step)
-            self.memo.findings = set(logged) | {k, same}
+            self.memo.findings |= k
 
     def prepare(self, iv: Intervention, s: SwarmState) -> Intervention | None:
         """A proposal as the controller will record it: the nearest change the live trainer accepts

@@ -120,9 +120,10 @@ class Deciding:
         """Resume the live job wherever a backtest paused it and is no longer running (`only`: that
         intervention's, now)."""
         for iv in self.store.list():
-            if not iv.outcome.get("paused_for_backtest") or (only is None and iv.status == Status.BACKTESTING) \
-                    or (only is not None and iv.id != only):
+            if not iv.outcome.get("paused_for_backtest"):
                 continue
+            if (iv.id != only) if only is not None else (iv.status == Status.BACKTESTING):
+                continue      # another's, or (a sweep) a backtest that will resume it itself
             self.command("resume", f"{iv.id}-bt-resume", timeout=10.0)
             iv = self.store.get(iv.id)
             iv.outcome["paused_for_backtest"] = False

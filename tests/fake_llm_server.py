@@ -111,13 +111,18 @@ class FakeLLMServer:
         self.close()
 
     # ---- serving -----------------------------------------------------------------------------
+    def _record(self, body: dict[str, Any], path: str, headers: dict[str, str]) -> int:
+        """Keep the request; its number (call under `_lock`)."""
+        self.requests.append(body)
+        self.paths.append(path)
+        self.headers.append(headers)
+        self._n += 1
+        return self._n
+
     def _next(self, body: dict[str, Any], path: str, headers: dict[str, str]) -> tuple[Reply | None, int]:
         with self._lock:
-            self.requests.append(body)
-            self.paths.append(path)
-            self.headers.append(headers)
-            self._n += 1
-            return (self.replies.popleft() if self.replies else None), self._n
+            n = self._record(body, path, headers)
+            return (self.replies.popleft() if self.replies else None), n
 
     def _message(self, r: Reply, n: int) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": r.content}

@@ -132,10 +132,7 @@ class CurriculumLLM(FakeLLMServer):
 
     def _next(self, body: dict[str, Any], path: str, headers: dict[str, str]) -> tuple[Reply | None, int]:
         with self._lock:
-            self.requests.append(body)
-            self.paths.append(path)
-            self.headers.append(headers)
-            self._n += 1
+            n = self._record(body, path, headers)
             msgs = body.get("messages") or [{}]
             system, user = str(msgs[0].get("content", "")), str(msgs[-1].get("content", ""))
             m = re.search(r'"step":(\d+)', user)
@@ -148,8 +145,8 @@ class CurriculumLLM(FakeLLMServer):
                                 "harness.curriculum.ramp_steps": step + 40},
                     "diagnosis": {"name": "too_hard_curriculum", "severity": "warning",
                                   "summary": "the train pass rate is 0: nothing at this difficulty is solved"},
-                    "rationale": "train on easy strings first", "expected_effect": "pass rate above 0"}), self._n
-            return NO, self._n
+                    "rationale": "train on easy strings first", "expected_effect": "pass rate above 0"}), n
+            return NO, n
 
 
 def test_a_too_hard_curriculum_is_eased_within_the_task_range_at_the_controllers_risk(tmp_path):
