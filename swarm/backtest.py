@@ -205,12 +205,12 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
 
 
 def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_better: bool, metric: str,
-             eval_size: int, looks: int, look: int, extend_factor: int) -> Rule:
+             eval_size: int, looks: int, look: int) -> Rule:
     """The decision rule's settings for this intervention's arms."""
     return Rule(alpha=alpha, higher_is_better=higher_is_better, eval_size=eval_size,
                 target_is_rate=metric in ("heldout_acc", "heldout_malformed", "heldout_truncated"),
                 losses_compare=sft_comparable(base, iv.changes), same_data=same_data(iv.changes),
-                looks=looks, look=look, extend_factor=extend_factor)
+                looks=looks, look=look)
 
 
 def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, seeds: list[int] | tuple[int, ...],

@@ -11,8 +11,8 @@ from typing import Any
 
 from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from swarm.backtest import check_change, noop_harness_edit, result, rule_for, run_arms
-from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pending, Refuse, Skip, Window, assign_risk, decide,
-                             judge, plan, rate_var, wasted)
+from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Skip, Window, assign_risk,
+                             decide, judge, plan, rate_var, schedule, wasted)
 from trainer.config import get_dotted
 
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
@@ -130,30 +130,39 @@ class Deciding:
             self.store.put(iv)
 
     def _backtest_arms(self, iv: Intervention, ack: dict[str, Any]) -> None:
+        """The arms of `schedule`'s looks, each look adding its new seeds' pairs, until `decide` is
+        conclusive or the looks run out."""
         bt = self.goal.swarm.backtest
         iid = iv.id
         target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
         cand = next((c for c in self.checkpoints() if c["name"] == target), None)
-        looks = 2 if iv.diagnosis.severity == "critical" and bt.critical_extend > 1 else 1
-        horizon, label, cpu, notes = bt.horizon_steps, "", 0.0, []
-        for look in range(1, looks + 1):
-            pairs, c = run_arms(
+        looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
+        done: dict[int, list[Pair]] = {}        # horizon factor -> the pairs run at it
+        cpu, notes = 0.0, []
+        for n, look in enumerate(looks, 1):
+            have = done.setdefault(look.horizon_factor, [])
+            new = [sd for sd in look.seeds if sd not in {p.seed for p in have}]
+            horizon = bt.horizon_steps * look.horizon_factor
+            label = f"-x{look.horizon_factor}" if look.horizon_factor > 1 else ""
+            ps, c = run_arms(
                 iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
                 candidate_ckpt=str(self.run_dir / "checkpoints" / f"{target}.pt") if cand else None,
                 candidate_step=cand["step"] if cand else None, metric=self.goal.target.metric, horizon=horizon,
-                seeds=bt.seeds, eval_size=bt.eval_size, jobs=self.jobs, workdir=self.sdir / "backtests",
+                seeds=new, eval_size=bt.eval_size, jobs=self.jobs, workdir=self.sdir / "backtests",
                 config_dir=self.private / "backtests", label=label)
             cpu += c
+            have.extend(ps)
+            pairs = list(have)
             rule = rule_for(iv, self.base_cfg, alpha=bt.alpha, higher_is_better=self.goal.target.op == ">=",
-                            metric=self.goal.target.metric, eval_size=bt.eval_size, looks=looks, look=look,
-                            extend_factor=bt.critical_extend)
+                            metric=self.goal.target.metric, eval_size=bt.eval_size, looks=len(looks), look=n)
             d = decide(pairs, rule)
             if not isinstance(d, Extend):
                 break
-            notes.append(f"look {look} over {horizon} steps: {d.reason}; a critical finding: looked again over "
-                         f"{horizon * d.horizon_factor} steps")
-            horizon, label = horizon * d.horizon_factor, f"-x{d.horizon_factor}"
-        res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=bt.seeds, cpu_s=cpu, note="; ".join(notes))
+            nxt = looks[n]
+            more = (f"a critical finding: looked again over {bt.horizon_steps * nxt.horizon_factor} steps"
+                    if nxt.horizon_factor != look.horizon_factor else f"added seed(s) {', '.join(map(str, nxt.seeds[len(look.seeds):]))}")
+            notes.append(f"look {n} over {horizon} steps, seed(s) {', '.join(map(str, look.seeds))}: {d.reason}; {more}")
+        res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu, note="; ".join(notes))
         iv = self.store.get(iid)
         iv.backtest = res
         iv.outcome["backtest_cpu_s"] = round(cpu, 3)

@@ -108,7 +108,7 @@ def backtest(iv, jobs, tmp_path, *, step, seeds, eval_size, **kw):
     pairs, cpu = run_arms(iv, base_config=base, ckpt="x.pt", step=step, metric="heldout_acc", horizon=40, seeds=seeds,
                           eval_size=eval_size, jobs=jobs, workdir=tmp_path / "bt", **kw)
     d = decide(pairs, rule_for(iv, base, alpha=0.2, higher_is_better=True, metric="heldout_acc", eval_size=eval_size,
-                               looks=1, look=1, extend_factor=1))
+                               looks=1, look=1))
     return result(d, pairs, metric="heldout_acc", horizon=40, seeds=seeds, cpu_s=cpu)
 
 
@@ -389,12 +389,12 @@ def test_backtest_validates_on_a_lower_sft_loss_when_the_target_cannot_tell_yet(
 
 
 @pytest.mark.parametrize("severity,validated", [("critical", True), ("warning", False)])
-def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeypatch, severity, validated):
-    """Not validated over the horizon: a fix for a critical finding is backtested once more over
-    `critical_extend` × the horizon (its own arms, the same fork) and the record says so; any other
-    fix is rejected after one backtest."""
+def test_a_backtest_adds_a_seed_per_look_and_a_critical_fix_gets_a_longer_one(tmp_path, monkeypatch, severity, validated):
+    """Inconclusive on the first seed's pair: the next look adds the second seed (only its arms run);
+    still inconclusive, a fix for a critical finding is backtested once more over `critical_extend`
+    × the horizon (its own arms, every seed, the same fork) and the record says so; any other fix
+    is rejected after its seeds."""
     from swarm.controller import Controller
-    from agents.domain import BacktestResult
     from swarm.graph import SwarmState
 
     goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
@@ -405,7 +405,7 @@ def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeyp
         """Arms that score 0 vs 0 over the horizon and 0.3 vs 0 over a longer one."""
         from swarm.decisions import ArmScore, Pair
 
-        calls.append((horizon, label, kw["ckpt"], kw["step"]))
+        calls.append((horizon, label, tuple(kw["seeds"]), kw["ckpt"], kw["step"]))
         long = horizon > goal.swarm.backtest.horizon_steps
         return [Pair(s, ArmScore(0.3 if long else 0.0), ArmScore(0.0)) for s in kw["seeds"]], 1.5
 
@@ -418,13 +418,15 @@ def test_a_critical_findings_fix_gets_a_second_longer_backtest(tmp_path, monkeyp
     ctrl.node_backtest(SwarmState(job_status="RUNNING", tick=1, step=120))
     h = goal.swarm.backtest.horizon_steps
     got = ctrl.store.get(iv.id)
+    assert [c[:3] for c in calls[:2]] == [(h, "", (0,)), (h, "", (1,))]
     if validated:
-        assert [c[:2] for c in calls] == [(h, ""), (4 * h, "-x4")] and calls[0][2:] == calls[1][2:]
-        assert got.status == Status.VALIDATED and got.backtest.horizon_steps == 4 * h
-        assert got.backtest.note.startswith(f"look 1 over {h} steps: inconclusive")
-        assert got.outcome["backtest_cpu_s"] == 3.0 == got.backtest.cpu_s      # both looks' arms
+        assert [c[:3] for c in calls[2:]] == [(4 * h, "-x4", (0, 1))] and len({c[3:] for c in calls}) == 1
+        assert got.status == Status.VALIDATED and got.backtest.horizon_steps == 4 * h and got.backtest.seeds == [0, 1]
+        assert got.backtest.note.startswith(f"look 1 over {h} steps, seed(s) 0: inconclusive")
+        assert "added seed(s) 1" in got.backtest.note and "looked again over" in got.backtest.note
+        assert got.outcome["backtest_cpu_s"] == 4.5 == got.backtest.cpu_s      # every look's arms
     else:
-        assert [c[:2] for c in calls] == [(h, "")] and got.status == Status.REJECTED
+        assert len(calls) == 2 and got.status == Status.REJECTED and got.backtest.seeds == [0, 1]
     ctrl.knowledge.close()
     ctrl._conn.close()
     ctrl.lock.release()

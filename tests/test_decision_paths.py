@@ -178,12 +178,13 @@ def test_a_too_hard_curriculum_is_eased_within_the_task_range_at_the_controllers
     # ... before any arm started: every arm's config holds the clamped value (none asked for 1), and
     # the change was backtested, not refused as one the live trainer would not take
     cand = [c for name, c in Ctrl.arm_configs.items() if name.startswith(f"bt-{iv.id}-candidate")]
-    assert len(cand) == 2 and all(c["fork_overrides"]["harness.curriculum.start"] == 2 for c in cand), Ctrl.arm_configs
+    # (one seed's pair first; the second seed's only when the first is unclear)
+    assert len(cand) in (1, 2) and all(c["fork_overrides"]["harness.curriculum.start"] == 2 for c in cand), Ctrl.arm_configs
     assert transitions(iv)[0] == "backtesting" and re.match(r"forked at step \d+", iv.history[0]["note"]), iv.history
     assert not any("would refuse" in (h.get("note") or "") for h in iv.history), iv.history
     # and decided on the arms, with the numbers in the record
     bt = iv.backtest
-    assert bt is not None and len(bt.candidate) == len(bt.control) == 2 and bt.horizon_steps == 20, bt
+    assert bt is not None and len(bt.candidate) == len(bt.control) == len(cand) and bt.horizon_steps == 20, bt
     assert f"effect {bt.effect:+.3f}, P(no gain)={bt.p_value:.3f}" in iv.history[1]["note"], iv.history
     assert iv.status in (Status.VALIDATED, Status.APPLIED, Status.EVALUATING, Status.REJECTED), iv.status
 
@@ -226,7 +227,7 @@ def check_backtest_record(iv, tl: list[dict[str, Any]]) -> None:
     assert iv.backtest_skipped is None                                  # plan: Backtest
     bt = iv.backtest
     assert bt is not None and bt.passed and bt.effect > 0 and 0 <= bt.p_value < 0.2, bt
-    assert len(bt.control) == len(bt.candidate) == 2 and bt.horizon_steps == 40
+    assert len(bt.control) == len(bt.candidate) in (1, 2) and bt.horizon_steps == 40
     assert iv.outcome["backtest_cpu_s"] > 0
     h = {x["to"]: x for x in iv.history}
     assert re.match(r"forked at step \d+", h["backtesting"]["note"]), h["backtesting"]

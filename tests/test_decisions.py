@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
-from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Pair, Refuse, Rejected,
+from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Look, Pair, Refuse, Rejected,
                              Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, wasted,
-                             worth_verifying)
+                             schedule, worth_verifying)
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 
@@ -112,11 +112,14 @@ RULE = Rule(alpha=0.2, eval_size=200)
     ("a large gain", pairs([0.6, 0.62], [0.1, 0.12]), RULE, Validated),
     ("one seed, large gain", pairs([0.6], [0.1]), RULE, Validated),
     ("one seed, small gain", pairs([0.53], [0.5]), RULE, Rejected),
+    ("one seed, a gain binomial noise alone would pass", pairs([0.56], [0.5]), RULE, Rejected),
+    ("one seed, unclear, a seed left", pairs([0.58], [0.5]), Rule(eval_size=200, looks=2, look=1), Extend),
+    ("one seed, clear harm, a seed left", pairs([0.2], [0.5]), Rule(eval_size=200, looks=2, look=1), Rejected),
     ("zero variance small gains", pairs([0.51, 0.51], [0.5, 0.5]), RULE, Rejected),
     ("zero variance large gains", pairs([0.8, 0.8], [0.5, 0.5]), RULE, Validated),
     ("a crashed control says nothing", pairs([0.6, 0.6], [None, None]), RULE, Rejected),
-    ("inconclusive with a look left", pairs([0.02, 0.0], [0.0, 0.0]), Rule(eval_size=200, looks=2, look=1, extend_factor=4), Extend),
-    ("inconclusive at the last look", pairs([0.02, 0.0], [0.0, 0.0]), Rule(eval_size=200, looks=2, look=2, extend_factor=4), Rejected),
+    ("inconclusive with a look left", pairs([0.02, 0.0], [0.0, 0.0]), Rule(eval_size=200, looks=2, look=1), Extend),
+    ("inconclusive at the last look", pairs([0.02, 0.0], [0.0, 0.0]), Rule(eval_size=200, looks=2, look=2), Rejected),
 ])
 def test_decide_on_the_target(name, ps, rule, want):
     got = decide(ps, rule)
@@ -248,3 +251,14 @@ def test_with_no_trend_yet_a_fix_waits_for_the_next_eval_when_it_comes_sooner_th
     assert worth_verifying(iv(K.RESTART, diagnosis="crashed_job"), frozenset({"crashed_job"}), one, 160, 10) is None
     falling = outlook([(50, 0.5), (100, 0.3)], 0.9, True)                                      # a trend: act now
     assert worth_verifying(fix, frozenset({"loss_spike"}), falling, verify_steps=160, next_eval_in=10) is None
+
+
+@pytest.mark.parametrize("seeds, critical, factor, want", [
+    ((0, 1), False, 4, (Look((0,)), Look((0, 1)))),
+    ((0, 1), True, 4, (Look((0,)), Look((0, 1)), Look((0, 1), 4))),
+    ((0, 1), True, 1, (Look((0,)), Look((0, 1)))),
+    ((5,), True, 3, (Look((5,)), Look((5,), 3))),
+    ((0, 1, 2), False, 4, (Look((0,)), Look((0, 1)), Look((0, 1, 2)))),
+])
+def test_a_backtest_looks_at_one_seed_first_then_adds_one_per_look(seeds, critical, factor, want):
+    assert schedule(seeds, critical, factor) == want
