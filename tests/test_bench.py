@@ -20,7 +20,7 @@ from swarm.bench import calibrate as cal
 from swarm.bench.accounting import ProcessMeter, cpu_at, is_trainer
 from swarm.bench.report import auc
 from swarm.bench.runner import Bench, BenchConfig
-from swarm.bench.scenarios import MECHANISMS, generate, load_suite, parse_seeds, scenario_from_data, write_suite
+from swarm.bench.scenarios import FAMILIES, MECHANISMS, generate, hardest, load_suite, parse_seeds, scenario_from_data, write_suite
 from swarm.bench.tune_methods import BudgetStopper, fired_after_restore, train_segment
 from trainer.config import ConfigError, Perturbation
 from trainer.perturb import expand
@@ -68,6 +68,29 @@ def test_generated_scenarios_are_valid_goals_from_generic_mechanisms():
             expand(Perturbation.model_validate(p))
     assert seen_counts == {0, 1, 2}
     assert seen_mech == {m[0] for m in MECHANISMS}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_fits_its_model_up_to_the_hardest_difficulty_a_fault_can_set(name):
+    """A curriculum fault may set any difficulty up to the family's max: its prompts and SFT targets
+    must still fit the model (else the fault would be a crash at the first long example, not the
+    fault the scenario names), and its learnable base difficulty must be one the task has."""
+    from harness.spec import HarnessSpec
+    from trainer.tasks import make_task
+
+    fam = FAMILIES[name]
+    run = fam.run
+    task = make_task(run["task"]["name"], **run["task"].get("options", {}))
+    harness = HarnessSpec.model_validate(run["harness"])
+    start = run["harness"]["curriculum"]["start"]
+    assert task.min_difficulty <= start <= fam.max_difficulty <= task.max_difficulty
+    for d in (start, hardest(fam)):
+        exs = [task.example("train", index=i, difficulty=d) for i in range(200)]
+        longest = max(len(fam.run["harness"]["template"].format(question=e.question)) + len(harness.answer.render(e.solution or e.answer))
+                      for e in exs)
+        assert longest <= run["model"]["max_seq_len"], (name, d, longest)
+        if d == start:
+            assert max(len(e.question) for e in exs) >= fam.question_len
 
 
 def test_suite_files_round_trip_and_plain_goal_files_load(tmp_path):

@@ -11,7 +11,10 @@ interventions and wasted compute.
   oracle  the same with the faults removed: what the run costs without the fault.
   swarm   `swarm run GOAL --jobs process` (built-in policies) with the budget as the goal's
           worker_cpu_s; worker CPU = every `trainer.entry` process under it (live job, restarts,
-          backtest arms), polled; `swarm stop` at the budget or the cap, a kill 60 s later.
+          backtest arms), polled every 0.1 s (a process's last poll misses at most that much of it);
+          `swarm stop` at the budget or the cap, a kill 60 s later. Wasted compute: the arms of every
+          backtest not followed by a kept gain, plus the evaluation window of an undone intervention
+          (the swarm's own record of the window's live-job CPU).
   pbt / pb2 / asha   see swarm/bench/tune_methods.py.
 """
 from __future__ import annotations
@@ -32,6 +35,7 @@ import yaml
 from swarm.bench.accounting import ProcessMeter, cpu_at, is_trainer
 
 POLL_S = 0.5
+SWARM_POLL_S = 0.1     # many short-lived trainer processes: each one's last poll interval goes uncounted
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -211,7 +215,7 @@ def run_swarm(goal: dict[str, Any], seed: int, target: float, budget: float, wal
         if stop_at is not None and now - stop_at > 60:
             _stop(p, meter)
             break
-        time.sleep(POLL_S)
+        time.sleep(SWARM_POLL_S)
     p.wait()
     for q in meter.descendants():   # jobs left behind (there should be none)
         try:
@@ -233,6 +237,9 @@ def run_swarm(goal: dict[str, Any], seed: int, target: float, budget: float, wal
         m = re.search(r"bt-([0-9a-f]{8})[^/ ]*-(?:candidate|control)-s\d+", cmd)
         if m and m.group(1) in waste_ids:
             wasted += meter.cpu[key]
+    # the evaluation window of an undone intervention: its record minus its backtest (measured above)
+    wasted += sum(max(float(iv.get("wasted_cpu_s") or 0.0) - float(iv.get("backtest_cpu_s") or 0.0), 0.0)
+                  for iv in ivs if iv.get("status") == "rolled_back")
     out.update({"curve": curve, "wall_s": time.time() - t0, "rc": p.returncode, "stop": capped or s.get("reason"),
                 "steps": s.get("steps"), "interventions": len(applied), "proposed": len(ivs),
                 "intervention_log": [f"{iv.get('kind')}:{iv.get('status')}" for iv in ivs], "wasted_cpu_s": wasted,

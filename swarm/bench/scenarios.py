@@ -29,7 +29,7 @@ import yaml
 
 from trainer.config import ConfigError, load_yaml
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 ADDITION_CHARSET = "0123456789+-*=\n "
 
 _SWARM = {"observe_every_s": 2, "observe_quiet_s": 4, "min_steps_between_interventions": 50,
@@ -64,13 +64,14 @@ class Family:
 
 
 def _run(task: str, start: int, *, charset: str | None = None, reverse: bool = False, mnt: int = 5,
-         recipe: dict[str, Any] | None = None, reward: dict[str, Any] | None = None) -> dict[str, Any]:
-    model = dict(_MODEL, **({"charset": charset} if charset else {}))
+         recipe: dict[str, Any] | None = None, reward: dict[str, Any] | None = None,
+         options: dict[str, Any] | None = None, seq_len: int | None = None) -> dict[str, Any]:
+    model = dict(_MODEL, **({"charset": charset} if charset else {}), **({"max_seq_len": seq_len} if seq_len else {}))
     harness: dict[str, Any] = {"template": "{question}=", "answer": {"stop": "\n", **({"reverse_digits": True} if reverse else {})},
                                "sampling": {"temperature": 1.0, "max_new_tokens": mnt}, "curriculum": {"start": start}}
     if reward:
         harness["reward"] = reward
-    return {"seed": 0, "task": {"name": task}, "model": model, "harness": harness, "recipe": recipe or dict(_SFT),
+    return {"seed": 0, "task": {"name": task, **({"options": options} if options else {})}, "model": model, "harness": harness, "recipe": recipe or dict(_SFT),
             "checkpoint": {"interval": 50, "keep_last": 20}, "samples_per_step": 4, "threads": 1}
 
 
@@ -81,14 +82,25 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("sort4", "a policy that sorts 4-digit sequences with >= 90% held-out exact match", 0.9,
            _run("sort", 4), 3000, question_len=4, answer_len=4, healthy_steps=175),
     Family("reverse7", "a policy that reverses 7-digit sequences with >= 90% held-out exact match", 0.9,
-           _run("reverse", 7, mnt=8), 3000, question_len=7, answer_len=7, healthy_steps=150),
+           _run("reverse", 7, mnt=8, seq_len=28), 3000, question_len=7, answer_len=7, healthy_steps=150),
     Family("sort3_grpo", "a policy that sorts 3-digit sequences with >= 85% held-out exact match (SFT warm-up, then GRPO)",
            0.85, _run("sort", 3, mnt=4, reward={"kind": "partial"},
                       recipe={"algorithm": "grpo", "sft_warmup_steps": 90, "sft_warmup_batch_size": 128, "lr": 0.0003,
                               "schedule": "constant", "warmup_steps": 0, "batch_size": 16, "eval_interval": 25,
                               "eval_size": 200, "group_size": 8}),
            1000, question_len=3, answer_len=3, healthy_steps=300, grpo=True, warmup_steps=90),
+    # countdown with two numbers ("25 4->21" -> "25-4"): any expression that uses them and hits the target
+    # (max_seq_len: room for the hardest difficulty a curriculum fault can set, prompt and SFT target)
+    Family("countdown2", "a policy that solves 2-number countdown puzzles with >= 80% held-out success", 0.8,
+           _run("countdown", 2, mnt=8, seq_len=48), 3000, question_len=8, answer_len=5, healthy_steps=550, max_difficulty=6),
+    # a reasoning-gym dataset at its first curriculum level ("Calculate 2 * -3." -> "-6"), answers written reversed
+    Family("rg_arith", "a policy that solves reasoning-gym basic_arithmetic (level 1) with >= 80% held-out exact match", 0.8,
+           _run("rg", 1, reverse=True, mnt=5, options={"dataset": "basic_arithmetic"}, seq_len=96), 3000,
+           question_len=16, answer_len=2, healthy_steps=550, max_difficulty=5),
 ]}
+# Not a family: the `code` task. At difficulty 1 (one pipeline stage, prompts of ~250 characters) the
+# built-in model reached 0.27 held-out after 655 steps and 600 worker-CPU-s on 2 cores (the addition
+# family reaches 0.9 in ~20): a scenario's budget would be hours, not minutes.
 
 
 # ---- fault mechanisms ---------------------------------------------------------------------------
@@ -157,8 +169,16 @@ def f_verifier(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], d
         "fix_in_space": "no (verifier)"}
 
 
+CURRICULUM_JUMP = (2, 4)    # a curriculum fault moves the difficulty this many levels up (capped at the family's max)
+
+
+def hardest(fam: Family) -> int:
+    """The hardest difficulty a curriculum fault can set on the family."""
+    return min(fam.max_difficulty, fam.run["harness"]["curriculum"]["start"] + CURRICULUM_JUMP[1])
+
+
 def f_curriculum(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    d = min(fam.max_difficulty, fam.run["harness"]["curriculum"]["start"] + rng.randint(2, 4))
+    d = min(fam.max_difficulty, fam.run["harness"]["curriculum"]["start"] + rng.randint(*CURRICULUM_JUMP))
     at = fam.onset(rng, 0.0, 0.6)
     return _override(at, {"harness.curriculum.start": d, "harness.curriculum.end": d}), {
         "mechanism": "override", "what": f"harness.curriculum start=end -> {d}", "at_step": at,
