@@ -27,7 +27,8 @@ from agents.detection import THRESHOLDS, Known, Thresholds, run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind, Status, Target
 from agents.evidence import Evidence
 from agents.prompts import MIN_COPY_CHARS
-from trainer.config import get_dotted
+from harness.spec import HarnessSpec
+from trainer.config import Recipe, get_dotted
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ class OperatorContext(BaseModel):
     skills: list[dict[str, Any]] = Field(default_factory=list, description="retrieved skills (front matter + body)")
     episodes: list[dict[str, Any]] = Field(default_factory=list, description="past episodes of the fixes at hand "
                                            "(agents.recall.episode_summaries), from this and earlier runs")
+    settled_since: float | None = Field(None, description="time of the controller's latest change to the live run "
+                                        "(0: none yet): rows before it predate what is in force; None: not tracked, "
+                                        "so the recipe and harness here are not known to be the ones in force")
 
     _findings: list[Diagnosis] | None = PrivateAttr(None)   # not data for prompts: a per-tick cache
 
@@ -65,9 +69,22 @@ class OperatorContext(BaseModel):
         return self
 
     def known(self) -> Known:
+        version, bounds, warmup = None, None, 0
+        try:
+            version = HarnessSpec.model_validate(self.harness).version if self.harness else None
+        except ValueError:
+            pass
+        try:
+            r = Recipe.model_validate(self.recipe) if self.recipe else None
+        except ValueError:
+            r = None
+        if r is not None:
+            bounds = (r.lr * (1.0 if r.schedule == "constant" else r.min_lr_ratio), r.lr)
+            warmup = r.warmup_steps
         return Known(eval_difficulty=self.eval_difficulty, target_metric=self.target.metric,
                      target_op=self.target.op, target_threshold=self.target.threshold,
-                     template=self.harness.get("template") if isinstance(self.harness.get("template"), str) else None)
+                     template=self.harness.get("template") if isinstance(self.harness.get("template"), str) else None,
+                     harness_version=version, lr_bounds=bounds, warmup_steps=warmup, settled_since=self.settled_since)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """A known field by its dotted name (`recipe.lr`, `harness.sampling.max_new_tokens`)."""

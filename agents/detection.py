@@ -119,6 +119,11 @@ class Known:
     template: str | None = None            # the template the controller believes is live
     stale_heartbeat_s: float | None = None  # the goal's swarm.stale_heartbeat_s (None: Thresholds' floor)
     since_launch_s: float | None = None    # seconds since the live job was launched (a new job's grace)
+    harness_version: str | None = None     # the version of the harness the controller set
+    lr_bounds: tuple[float, float] | None = None   # the lr the controller's recipe gives after its warm-up: (lowest, highest)
+    warmup_steps: int = 0                  # the recipe's lr warm-up
+    settled_since: float | None = None     # rows written before this time predate the controller's latest change
+                                           # (None: the controller tracks none, so nothing is known to be in force)
 
 
 NOTHING = Known()
@@ -152,6 +157,20 @@ def run_detectors(ev: Evidence, names: list[str] | tuple[str, ...] | None = None
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+
+def settled_rows(ev: Evidence, known: Known) -> list[dict[str, Any]]:
+    """Training rows of the run's latest segment (since its last rollback or resume) written after
+    the controller's latest change: the rows that show what is in force now."""
+    rows = [r for r in ev.metrics if not r.get("final") and "step" in r]
+    if not rows:
+        return []
+    seg = rows[-1].get("segment")
+    rows = [r for r in rows if r.get("segment") == seg]
+    if known.settled_since is not None:
+        rows = [r for r in rows if float(r.get("time", 0.0)) >= known.settled_since]
+    return rows
+
 
 
 def readable(x: Any) -> Any:

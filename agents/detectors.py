@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 from agents.detection import (NOTHING, THRESHOLDS, algorithm, column, current_rows, detector, eval_difficulty,
-                              is_finite, Known, loss_halves, make_diagnosis, mean_of, median_of, spike_onset,
+                              is_finite, Known, loss_halves, make_diagnosis, mean_of, median_of, settled_rows, spike_onset,
                               Thresholds, to_float)
 from agents.domain import Diagnosis, JobStatus
 from agents.evidence import Evidence
@@ -445,6 +445,61 @@ def job_restarted(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     return make_diagnosis(ev, "job_restarted", f"the job resumed from a checkpoint {len(resumes)} time(s) in the recent events, "
                           f"last at step {resumes[-1].get('step')}", "info",
                           {"resumed_at_steps": [int(e.get("step", 0)) for e in resumes[-10:]]})
+
+
+LR_TOLERANCE = 0.01    # relative: the logged lr is rounded, a schedule's end points are exact
+
+
+@detector("harness_drift")
+def harness_drift(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The harness the live run reports (its metrics' `harness_version`) is not the one the
+    controller set, on every one of the `recent` rows since the controller's latest change: prompts,
+    sampling, reward or curriculum changed with no command from the controller. Which field changed
+    the version does not say; the effects (truncation, template, curriculum findings) may. Silent
+    unless the controller says what it set and since when (`Known.settled_since`)."""
+    if not known.harness_version or known.settled_since is None:
+        return None
+    rows = [r for r in settled_rows(ev, known) if isinstance(r.get("harness_version"), str)]
+    recent = rows[-th.recent :]
+    if len(recent) < th.recent or any(r["harness_version"] == known.harness_version for r in recent):
+        return None
+    i = len(rows)
+    while i > 0 and rows[i - 1]["harness_version"] != known.harness_version:
+        i -= 1
+    since = int(rows[i]["step"])
+    ran_set = i > 0
+    return make_diagnosis(ev, "harness_drift",
+                          f"the live run reports harness version {recent[-1]['harness_version']} since step {since}, "
+                          f"not {known.harness_version}, the one the controller set"
+                          + ("" if ran_set else " (no row since the controller's latest change shows it)"),
+                          "warning", {"live_version": recent[-1]["harness_version"], "set_version": known.harness_version,
+                                      "since_step": since, "ran_the_set_version_before": ran_set, "rows": len(rows) - i})
+
+
+@detector("lr_drift")
+def lr_drift(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The learning rate the live run logs is outside what the controller's recipe gives after its
+    warm-up (its schedule runs between min_lr_ratio x lr and lr), on every one of the `recent` rows
+    since the controller's latest change: the lr in force is not the one the controller set."""
+    if known.lr_bounds is None or known.settled_since is None:
+        return None
+    lo, hi = known.lr_bounds
+    rows = [r for r in settled_rows(ev, known) if int(r["step"]) > known.warmup_steps and is_finite(to_float(r.get("lr")))]
+    recent = rows[-th.recent :]
+    if len(recent) < th.recent:
+        return None
+    outside = [float(r["lr"]) for r in recent if not lo * (1 - LR_TOLERANCE) <= float(r["lr"]) <= hi * (1 + LR_TOLERANCE)]
+    if len(outside) < len(recent):
+        return None
+    i = len(rows)
+    while i > 0 and not lo * (1 - LR_TOLERANCE) <= float(rows[i - 1]["lr"]) <= hi * (1 + LR_TOLERANCE):
+        i -= 1
+    live = outside[-1]
+    return make_diagnosis(ev, "lr_drift",
+                          f"the live run's learning rate is {live:.3g} since step {int(rows[i]['step'])}, outside "
+                          f"{lo:.3g}-{hi:.3g}, what the controller's recipe gives ({live / hi:.3g}x its lr)",
+                          "warning", {"lr_live": live, "lr_set": hi, "lr_lowest": lo, "ratio": live / hi,
+                                      "since_step": int(rows[i]["step"])})
 
 
 TRAINER_NOTICES = ("checkpoint_corrupt", "command_refused", "skipped_steps", "job_restarted")

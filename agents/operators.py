@@ -13,9 +13,11 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 | Diagnostics   | non-finite loss, loss spike, grad explosion | ROLLBACK to the last checkpoint before the onset: the lr back to its value before a jump, kept when the harness changed just before the onset, else lowered | medium |
 |               | KL blow-up                                | RECIPE_EDIT kl_coef ×2 (or lr ×0.5 once it is large) | medium |
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |
+|               | lr drift (the logged lr outside the recipe's schedule) | RECIPE_EDIT lr → the recipe's lr     | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
 |               | template mismatch                         | ROLLBACK to before the harness changed, template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
 |               | reward hacking                            | ROLLBACK to before its onset with reward.verifier → task (HARNESS_EDIT without such a checkpoint) | medium |
+|               | harness drift (the live harness version is not the one set; only when no finding names the field) | HARNESS_EDIT every harness field → the controller's value | medium |
 | DataCuration  | too-hard curriculum                       | DATA_CHANGE curriculum back to the eval difficulty | low   |
 |               | label noise                               | DISTILL (SFT on the policy's verified successes)  | medium |
 
@@ -54,6 +56,9 @@ MAX_NEW_TOKENS_CAP = 4096
 TOKENS_SLACK = 2
 CURRICULUM_RAMP_STEPS = 100     # steps over which a lowered curriculum climbs back to the eval difficulty
 RECENT_HISTORY = 20             # interventions looked back at when arbitrating
+# findings whose fixes set a named harness field: while one fires, a harness drift is left to it
+SPECIFIC_HARNESS_FINDINGS = frozenset({"truncation", "template_mismatch", "reward_hacking", "low_temperature",
+                                       "entropy_collapse", "too_hard_curriculum"})
 
 
 def _f(x: Any) -> float | None:
@@ -93,7 +98,7 @@ class Diagnostics(Operator):
             "stronger KL penalty; lost exploration gets the sampling temperature back to 1.0.")
     tools = frozenset({K.ROLLBACK, K.RECIPE_EDIT, K.HARNESS_EDIT})
     detectors = ("nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "entropy_collapse",
-                 "low_temperature", "plateau", "not_learning")
+                 "low_temperature", "plateau", "not_learning", "lr_drift")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
@@ -102,6 +107,18 @@ class Diagnostics(Operator):
         if diverged:
             out.append(self._rollback(diverged, ctx, harness_changed_at(ev, min(
                 int(d.evidence.get("onset_step", d.step)) for d in diverged))))
+        elif "lr_drift" in found:
+            # the lr in force is not the one set: put it back before judging the one set (a lower lr
+            # for a run that does not learn assumes the set lr is what it trains with)
+            d = found["lr_drift"]
+            lr = _f(ctx.get("recipe.lr"))
+            if lr:
+                out.append(self.intervention(
+                    K.RECIPE_EDIT, d, {"recipe.lr": lr}, risk=Risk.MEDIUM,
+                    rationale=f"{d.summary}. The run trains at a learning rate nobody chose; the recipe's lr "
+                              f"{lr:.3g} is set again (the backtest decides whether that helps).",
+                    expected_effect="the logged lr back within the recipe's schedule at once; the loss curve "
+                                    "back to its slope before the change"))
         elif "not_learning" in found:
             d = found["not_learning"]
             lr = _f(d.evidence.get("lr_now")) or _f(ctx.get("recipe.lr"))
@@ -208,11 +225,22 @@ class HarnessCritic(Operator):
             "the verifier cannot parse, a training reward that accepts wrong answers. Proposes harness edits: a "
             "larger max_new_tokens, the template restored from the goal's harness, the task's own verifier.")
     tools = frozenset({K.HARNESS_EDIT, K.ROLLBACK})
-    detectors = ("truncation", "template_mismatch", "reward_hacking", "malformed_rate")
+    detectors = ("truncation", "template_mismatch", "reward_hacking", "malformed_rate", "harness_drift")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
         out: list[Intervention] = []
+        named = {d.name for d in (ctx.findings or [])} | set(found)
+        if "harness_drift" in found and ctx.harness and not named & SPECIFIC_HARNESS_FINDINGS:
+            # the fallback: a finding that names the field (and sizes its fix) goes first
+            d = found["harness_drift"]
+            changes = harness_fields(ctx.harness)
+            out.append(self.intervention(
+                K.HARNESS_EDIT, d, changes, risk=Risk.MEDIUM,
+                rationale=f"{d.summary}. Which field changed the version does not say, so every harness field is "
+                          "set again to the controller's value (the backtest decides whether that helps).",
+                expected_effect="the live harness version back to the controller's at once; whatever the "
+                                "unrequested change broke (prompts, answer length, reward, difficulty) recovering"))
         if "template_mismatch" in found:
             iv = self._template(found["template_mismatch"], ev, ctx)
             if iv is not None:
@@ -285,6 +313,23 @@ class HarnessCritic(Operator):
                       f"start in the wrong place; the template is restored from {source}.",
             expected_effect="prompts carry the template's text again; malformed rate back to its earlier level "
                             "and pass rate recovering within ~20 steps")
+
+
+def harness_fields(harness: dict[str, Any]) -> dict[str, Any]:
+    """Every leaf of the harness (its defaults filled in) as a dotted `harness.*` change."""
+    from harness.spec import HarnessSpec
+
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(f"{prefix}.{k}", v)
+        else:
+            out[prefix] = node
+
+    walk("harness", HarnessSpec.model_validate(harness).model_dump(mode="json"))
+    return out
 
 
 def harness_changed_at(ev: Evidence, onset: int, within: int = HARNESS_ONSET_STEPS) -> int | None:

@@ -189,8 +189,16 @@ class Controller(Deciding):
             goal=self.goal.goal, start_harness=cfg["harness"], target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
             eval_difficulty=cfg["harness"]["curriculum"].get("end") or cfg["harness"]["curriculum"]["start"],
             history=self.store.list(), checkpoints=self.checkpoints(), skills=self.tick.recall[0], episodes=self.tick.recall[1],
-            min_difficulty=self.task_range[0],
+            min_difficulty=self.task_range[0], settled_since=self.settled_since(),
         )
+
+    def settled_since(self) -> float:
+        """When the controller last changed the live run (applied, undid or restarted; 0 before its
+        first change): rows written before it predate the recipe and harness it believes in force."""
+        times = [float(iv.outcome["since_time"]) for iv in self.store.list() if "since_time" in iv.outcome]
+        times += [float(h["time"]) for iv in self.store.list() if iv.outcome.get("undone")
+                  for h in iv.history if h.get("to") == "rolled_back"]
+        return max(times, default=0.0)
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """The live run's checkpoint metadata, oldest first; re-read only when the checkpoint
@@ -449,7 +457,9 @@ class Controller(Deciding):
         ev = self.evidence(s.job_status)
         ctx = self.context(ev)
         # one intervention at a time, until its first window is judged (one still inconclusive after
-        # it is looked at again later, but no longer holds the others back)
+        # it is looked at again later, but no longer holds the others back) — also among this tick's
+        # proposals: a second fix waits for evidence from the run with the first one in force (its
+        # symptom may be the first one's fault's, e.g. truncation from a too-hard curriculum)
         in_flight = [iv for iv in self.store.list() if iv.status in Status.in_flight()
                      and not (iv.status == Status.EVALUATING and iv.outcome.get("looks"))]
         last_applied = max((iv.applied_step or 0 for iv in self.store.list() if iv.applied_step is not None), default=None)
@@ -471,6 +481,7 @@ class Controller(Deciding):
             self.store.put(iv)
             self.store.log("proposed", id=iv.id, iv_kind=iv.kind.value, operator=iv.operator, policy=iv.policy,
                            diagnosis=iv.diagnosis.name, skills=iv.skills_used, risk=iv.risk.value)
+            in_flight.append(iv)
         for iv, why in self.lead.dropped:
             if why.startswith("memory:") and iv.signature() not in self.memo.avoided:   # once per fix, not per tick
                 self.memo.avoided.add(iv.signature())

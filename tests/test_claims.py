@@ -178,10 +178,11 @@ def test_a_change_the_trainer_refuses_is_tried_as_its_nearest_valid_variant_or_r
                        diagnosis=Diagnosis(name="truncation", summary="s", operator="harness_critic", policy="builtin"),
                        operator="harness_critic", policy="builtin")
     s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time())
-    ctrl.tick.proposals = [eased, bad]
+    ctrl.tick.proposals = [eased]
     ctrl.node_propose(s)
     got = {iv.id: iv for iv in ctrl.store.list()}
     assert got[eased.id].changes["harness.curriculum.start"] == 1 and "clamped" in got[eased.id].rationale
+    ctrl.store.put(bad)          # recorded on an earlier tick (one fix in flight: not beside `eased` on one tick)
     ctrl.node_backtest(s)
     refused = ctrl.store.get(bad.id)
     assert refused.status == Status.REJECTED and refused.backtest is None

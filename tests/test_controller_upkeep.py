@@ -326,6 +326,33 @@ def test_proposals_are_recorded_and_backtested_in_the_leads_order(tmp_path):
     ctrl.lock.release()
 
 
+def test_one_fix_in_flight_also_among_one_ticks_proposals(tmp_path):
+    """Two non-urgent fixes proposed on one tick: only the lead's first is recorded. The second waits
+    for evidence from the run with the first in force — its symptom may be the first fault's (a
+    too-hard curriculum also truncates answers) — and is proposed again only if it still shows."""
+    from swarm.controller import Controller
+    from swarm.graph import SwarmState
+
+    from test_claims import healthy_run
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    healthy_run(ctrl.run_dir)
+
+    def iv(kind, name, severity, changes):
+        d = Diagnosis(name=name, summary=name, operator="x", policy="builtin", severity=severity)
+        return Intervention(kind=kind, changes=changes, diagnosis=d, rationale="r", operator="x", policy="builtin")
+
+    curriculum = iv(InterventionKind.DATA_CHANGE, "too_hard_curriculum", "critical", {"harness.curriculum.start": 2})
+    tokens = iv(InterventionKind.HARNESS_EDIT, "truncation", "warning", {"harness.sampling.max_new_tokens": 12})
+    ctrl.tick.proposals = [tokens, curriculum]
+    ctrl.node_propose(SwarmState(job_status="RUNNING", tick=1, step=100))
+    assert [x.id for x in ctrl.store.list()] == [curriculum.id]
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
 def test_a_validated_rollback_holds_other_backtests_until_its_job_writes_and_noop_harness_edits_are_dropped(tmp_path):
     """A rollback validated without a backtest is applied before any other proposal is backtested
     (else its checkpoint can leave the retention window meanwhile), and the others wait for the

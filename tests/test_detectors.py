@@ -115,7 +115,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 21
+    assert len(DETECTORS) == 23
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -540,3 +540,62 @@ def test_loss_spike_quiet_when_a_near_zero_loss_bumps_and_comes_back():
     for r in rows[-7:]:     # the same bump that stays 0.06 above the median is a divergence
         r["loss"] = 0.066
     assert "loss_spike" in names(make_ev(rows))
+
+
+# ---- what is in force: the live harness and lr against what the controller set ------------------
+
+SET = dataclasses.replace(KNOWN, harness_version="aaaa", lr_bounds=(3e-3, 3e-3), warmup_steps=0, settled_since=0.0)
+
+
+def drifted(rows: list[dict], at: int, **fields) -> list[dict]:
+    out = copy.deepcopy(rows)
+    for r in out:
+        if r["step"] >= at:
+            r.update(fields)
+    return out
+
+
+@pytest.mark.parametrize("case, rows, known, fires", [
+    ("healthy, in force", sft_rows(), SET, set()),
+    ("harness changed mid-run, no command", drifted(sft_rows(), 40, harness_version="cccc"), SET, {"harness_drift"}),
+    ("harness changed from the first step", drifted(sft_rows(), 1, harness_version="cccc"), SET, {"harness_drift"}),
+    ("changed only in the last 3 rows (< recent)", drifted(sft_rows(), 58, harness_version="cccc"), SET, set()),
+    ("the change predates the controller's latest one", drifted(sft_rows(), 20, harness_version="cccc"),
+     dataclasses.replace(SET, harness_version="cccc", settled_since=1030.0), set()),
+    ("lr cut 100x mid-run", drifted(sft_rows(), 30, lr=3e-5), SET, {"lr_drift"}),
+    ("lr raised 50x mid-run", drifted(sft_rows(), 30, lr=0.15), SET, {"lr_drift"}),
+    ("lr inside a cosine schedule's range", drifted(sft_rows(), 30, lr=1e-3),
+     dataclasses.replace(SET, lr_bounds=(3e-4, 3e-3)), set()),
+    ("lr below the set one during the warm-up", drifted(sft_rows(), 1, lr=1e-4),
+     dataclasses.replace(SET, warmup_steps=60), set()),
+    ("nothing known to be in force (settled_since None)", drifted(sft_rows(), 30, lr=3e-5, harness_version="cccc"),
+     dataclasses.replace(SET, settled_since=None), set()),
+])
+def test_drift_detectors_compare_what_runs_with_what_the_controller_set(case, rows, known, fires):
+    got = names(make_ev(rows), known) & {"harness_drift", "lr_drift"}
+    assert got == fires, case
+
+
+def test_a_rollback_starts_a_new_segment_whose_rows_alone_say_what_is_in_force():
+    rows = drifted(sft_rows(), 30, harness_version="cccc")
+    rows += [dict(r, segment=1, step=r["step"] - 30, time=r["time"] + 100, harness_version="aaaa") for r in sft_rows()[:10]]
+    assert "harness_drift" not in names(make_ev(rows), SET)
+
+
+@pytest.mark.parametrize("perturbation, drift", [
+    (None, set()),
+    ({"shortcut": "truncation", "at_step": 10}, {"harness_drift"}),
+    ({"shortcut": "broken_template"}, {"harness_drift"}),
+    ({"shortcut": "lr_spike", "at_step": 15}, {"lr_drift"}),
+    ({"kind": "override", "at_step": 10, "set": {"recipe.lr": 1e-4}}, {"lr_drift"}),
+])
+def test_real_run_what_is_in_force_against_what_the_controller_set(tmp_path, perturbation, drift):
+    """What the controller knows (its context: the run's recipe and harness, nothing changed since the
+    start) against what the run logs: a silent override of a harness field or of the lr shows."""
+    from agents.base import OperatorContext
+
+    ev = real_run(tmp_path, [perturbation] if perturbation else [])
+    known = OperatorContext(recipe={"algorithm": "sft", "lr": 1e-2, "schedule": "constant", "warmup_steps": 0, "steps": 30,
+                                    "batch_size": 32, "eval_interval": 10, "eval_size": 64},
+                            harness=HARNESS, eval_difficulty=3, settled_since=0.0).known()
+    assert names(ev, known) & {"harness_drift", "lr_drift"} == drift

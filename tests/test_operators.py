@@ -451,3 +451,34 @@ def test_a_run_that_never_learnt_restarts_from_its_untrained_checkpoint_at_a_low
     rows[next(i for i, r in enumerate(rows) if "heldout_acc" in r)]["heldout_acc"] = 0.4   # it once scored
     (iv,) = [iv for iv in Diagnostics().builtin(make_ev(rows), ctx(checkpoints=cps)) if iv.diagnosis.name == "not_learning"]
     assert iv.kind == K.RECIPE_EDIT
+
+
+def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():
+    """The logged lr is 100x below the recipe's: Diagnostics sets the recipe's lr again (it does not
+    lower the lr of a run 'that does not learn' — that run is not training at the lr set). A harness
+    version nobody set: HarnessCritic sets every harness field back to the controller's value."""
+    from test_detectors import stuck_rows
+
+    from agents.operators import harness_fields
+
+    rows = stuck_rows()
+    for r in rows:
+        r["lr"] = 3e-5
+    c = ctx(settled_since=0.0, recipe={"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "warmup_steps": 0})
+    (iv,) = Diagnostics().builtin(make_ev(rows), c)
+    assert (iv.kind, iv.diagnosis.name, iv.changes) == (K.RECIPE_EDIT, "lr_drift", {"recipe.lr": 3e-3})
+    check_record(iv, Diagnostics())
+
+    from harness.spec import HarnessSpec
+
+    rows = sft_rows()
+    for r in rows:
+        r["harness_version"] = HarnessSpec.model_validate(HARNESS).version
+    c = ctx(settled_since=0.0, recipe={"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "warmup_steps": 0})
+    assert HarnessCritic().builtin(make_ev(rows), c) == []          # the set harness in force: quiet
+    for r in rows[30:]:
+        r["harness_version"] = "cccc"
+    ivs = [iv for iv in HarnessCritic().builtin(make_ev(rows), c) if iv.diagnosis.name == "harness_drift"]
+    assert len(ivs) == 1 and ivs[0].kind == K.HARNESS_EDIT and ivs[0].changes == harness_fields(HARNESS)
+    assert ivs[0].changes["harness.template"] == HARNESS["template"] and len(ivs[0].changes) > 10
+    check_record(ivs[0], HarnessCritic())
