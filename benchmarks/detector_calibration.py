@@ -118,7 +118,8 @@ def context(spec: dict[str, Any]) -> tuple[OperatorContext, Known, int]:
     target = g.target.model_copy(update={"threshold": float(spec.get("target", g.target.threshold))})
     cur = cfg["harness"]["curriculum"]
     ctx = OperatorContext(goal=g.goal, target=target, recipe=cfg["recipe"], harness=cfg["harness"],
-                          start_harness=cfg["harness"], eval_difficulty=cur.get("end") or cur["start"])
+                          start_harness=cfg["harness"], eval_difficulty=cur.get("end") or cur["start"],
+                          settled_since=0.0)     # a run without agents: nothing changed by a controller
     known = dataclasses.replace(ctx.known(), stale_heartbeat_s=g.swarm.stale_heartbeat_s, since_launch_s=None)
     return ctx, known, int(cfg["recipe"].get("eval_interval") or 0)
 

@@ -33,11 +33,21 @@ def dc():
     return mod
 
 
+def _version() -> str:
+    """The version of GOAL's harness as the trainer reports it (what the controller set)."""
+    from swarm.goal import Goal
+
+    return Goal.parse(GOAL).run_config("train", "/nonexistent").harness.version
+
+
+VERSION = _version()
+
+
 def metrics_row(step: int, nonfinite: bool = False, heldout: float | None = None) -> dict:
     """A metrics row in the trainer's format (an SFT addition run's keys)."""
     loss = 3.0 * math.exp(-step / 80) + 0.05
     r = {"step": step, "segment": 0, "time": 1000.0 + 0.03 * step, "lr": 0.003, "difficulty": 2,
-         "harness_version": "21e649b462f2", "algorithm": "sft", "entropy": 2.8 * math.exp(-step / 150), "t_logprob": 0.007,
+         "harness_version": VERSION, "algorithm": "sft", "entropy": 2.8 * math.exp(-step / 150), "t_logprob": 0.007,
          "tokens": 680.0, "loss": "nan" if nonfinite else loss, "grad_norm": "nan" if nonfinite else 1.0 + 0.2 * math.sin(step),
          "skipped": 1.0 if nonfinite else 0.0, "nonfinite": 1.0 if nonfinite else 0.0, "t_update": 0.012,
          "reward_mean": min(1.0, step / 300), "reward_std": 0.0, "pass_rate": min(1.0, step / 300), "malformed_rate": 0.0,
