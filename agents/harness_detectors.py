@@ -87,7 +87,10 @@ def template_mismatch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
 def too_hard_curriculum(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """Nothing is solved (train pass rate ≤ `too_hard_pass_max`, held-out ≤ `too_hard_heldout_max`)
     while training runs at a difficulty above the eval difficulty, or right after the difficulty
-    jumped by ≥ `too_hard_jump`: no reward signal, SFT targets far beyond the model."""
+    jumped by ≥ `too_hard_jump`: no reward signal, SFT targets far beyond the model. Critical: with
+    nothing solved there is no learning signal at all, so the run cannot reach its target without a
+    fix (as with a broken template); its fix shows on held-out only once the model learns again, so
+    it gets the backtest's longer look when the first ones are unclear."""
     rows = ev.metrics
     if len(rows) < th.min_rows:
         return None
@@ -111,7 +114,7 @@ def too_hard_curriculum(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
         return None
     return make_diagnosis(ev, "too_hard_curriculum",
                           f"pass rate {mean_of(pr):.2f} at training difficulty {d_now} (eval difficulty {d_eval}, held-out {held})",
-                          "warning", {"mode": mode, "train_difficulty": d_now, "eval_difficulty": d_eval,
+                          "critical", {"mode": mode, "train_difficulty": d_now, "eval_difficulty": d_eval,
                            "window_min_difficulty": int(min(diffs)), "pass_rate_recent": pr, "heldout_acc": held,
                            "threshold_pass": th.too_hard_pass_max, "threshold_heldout": th.too_hard_heldout_max})
 
