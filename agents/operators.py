@@ -13,7 +13,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 | Diagnostics   | non-finite loss, loss spike, grad explosion | ROLLBACK to the last checkpoint before the onset: the lr back to its value before a jump, kept when the harness changed just before the onset, else lowered | medium |
 |               | KL blow-up                                | RECIPE_EDIT kl_coef ×2 (or lr ×0.5 once it is large) | medium |
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |
-|               | lr drift (the logged lr outside the recipe's schedule) | RECIPE_EDIT lr → the recipe's lr     | medium |
+|               | lr drift (the logged lr outside the recipe's schedule) | ROLLBACK to the last checkpoint before the change with the recipe's lr (RECIPE_EDIT without one) | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
 |               | template mismatch                         | ROLLBACK to before the harness changed, template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
 |               | reward hacking                            | ROLLBACK to before its onset with reward.verifier → task (HARNESS_EDIT without such a checkpoint) | medium |
@@ -112,11 +112,21 @@ class Diagnostics(Operator):
             # for a run that does not learn assumes the set lr is what it trains with)
             d = found["lr_drift"]
             lr = _f(ctx.get("recipe.lr"))
-            if lr:
+            since = d.evidence.get("since_step")
+            ckpt = ctx.checkpoint_before(int(since) - 1) if isinstance(since, (int, float)) and since > 0 else None
+            why = f"{d.summary}. The run trains at a learning rate nobody chose; the recipe's lr {lr:.3g} is set again"
+            if lr and ckpt is not None:
+                # the steps trained at the wrong lr go too: at a far higher one they can wreck the weights
+                out.append(self.intervention(
+                    K.ROLLBACK, d, {"recipe.lr": lr}, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
+                    rationale=f"{why}, from checkpoint {ckpt['name']} (step {ckpt['step']}, before the lr changed "
+                              f"at step {since}); the backtest compares that with carrying on.",
+                    expected_effect="the logged lr back within the recipe's schedule at once; the loss falling "
+                                    "from the checkpoint's level as it did before the change"))
+            elif lr:
                 out.append(self.intervention(
                     K.RECIPE_EDIT, d, {"recipe.lr": lr}, risk=Risk.MEDIUM,
-                    rationale=f"{d.summary}. The run trains at a learning rate nobody chose; the recipe's lr "
-                              f"{lr:.3g} is set again (the backtest decides whether that helps).",
+                    rationale=f"{why} (no checkpoint predates the change; the backtest decides whether that helps).",
                     expected_effect="the logged lr back within the recipe's schedule at once; the loss curve "
                                     "back to its slope before the change"))
         elif "not_learning" in found:

@@ -464,9 +464,18 @@ def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():
     rows = stuck_rows()
     for r in rows:
         r["lr"] = 3e-5
-    c = ctx(settled_since=0.0, recipe={"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "warmup_steps": 0})
+    c = ctx(settled_since=0.0, recipe={"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "warmup_steps": 0},
+            checkpoints=[])
     (iv,) = Diagnostics().builtin(make_ev(rows), c)
     assert (iv.kind, iv.diagnosis.name, iv.changes) == (K.RECIPE_EDIT, "lr_drift", {"recipe.lr": 3e-3})
+    check_record(iv, Diagnostics())
+    # with a checkpoint from before the lr changed, the steps trained at the wrong lr go too
+    for r in rows[:40]:
+        r["lr"] = 3e-3
+    c = ctx(settled_since=0.0, recipe={"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "warmup_steps": 0},
+            checkpoints=[{"name": "init", "step": 0}, {"name": "step_0000030", "step": 30}, {"name": "step_0000050", "step": 50}])
+    (iv,) = Diagnostics().builtin(make_ev(rows), c)
+    assert (iv.kind, iv.changes, rollback_target(iv)) == (K.ROLLBACK, {"recipe.lr": 3e-3}, "step_0000030")
     check_record(iv, Diagnostics())
 
     from harness.spec import HarnessSpec
