@@ -12,7 +12,7 @@ from typing import Any
 from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from swarm.backtest import check_change, noop_harness_edit, result, rule_for, run_arms
 from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Skip, Window, assign_risk,
-                             decide, judge, plan, rate_var, schedule, wasted)
+                             decide, judge, plan, rate_var, retry_horizon, schedule, wasted)
 from trainer.config import get_dotted
 
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
@@ -137,12 +137,18 @@ class Deciding:
         target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
         cand = next((c for c in self.checkpoints() if c["name"] == target), None)
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
+        before = sum(1 for x in self.store.list() if x.id != iv.id and x.signature() == iv.signature()
+                     and x.status == Status.REJECTED and x.backtest is not None and x.backtest.effect > 0
+                     and not x.outcome.get("refused"))
+        base = retry_horizon(bt.horizon_steps, before)
         done: dict[int, list[Pair]] = {}        # horizon factor -> the pairs run at it
         cpu, notes = 0.0, []
+        if base > bt.horizon_steps:
+            notes.append(f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {base} steps")
         for n, look in enumerate(looks, 1):
             have = done.setdefault(look.horizon_factor, [])
             new = [sd for sd in look.seeds if sd not in {p.seed for p in have}]
-            horizon = bt.horizon_steps * look.horizon_factor
+            horizon = base * look.horizon_factor
             label = f"-x{look.horizon_factor}" if look.horizon_factor > 1 else ""
             ps, c = run_arms(
                 iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
@@ -159,7 +165,7 @@ class Deciding:
             if not isinstance(d, Extend):
                 break
             nxt = looks[n]
-            more = (f"a critical finding: looked again over {bt.horizon_steps * nxt.horizon_factor} steps"
+            more = (f"a critical finding: looked again over {base * nxt.horizon_factor} steps"
                     if nxt.horizon_factor != look.horizon_factor else f"added seed(s) {', '.join(map(str, nxt.seeds[len(look.seeds):]))}")
             notes.append(f"look {n} over {horizon} steps, seed(s) {', '.join(map(str, look.seeds))}: {d.reason}; {more}")
         res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu, note="; ".join(notes))

@@ -3,6 +3,7 @@
     worth_verifying(iv, …)     -> None | reason                                     before it is recorded
     plan(iv, facts)            -> Skip(reason) | Refuse(reason) | Backtest(spec)   before any compute
     schedule(seeds, …)         -> the looks of a backtest (one seed first, one more per look)
+    retry_horizon(h, k)        -> a longer horizon for a fix whose earlier backtests were inconclusive
     decide(pairs, rule)        -> Validated | Rejected | Extend                     on the backtest's arms
     judge(window, control, …)  -> Kept | RolledBack(undo)                           after applying
     assign_risk(iv, current, start) -> Risk                                         the controller's, not the proposer's
@@ -31,8 +32,9 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   both arms train on the same data). The first conclusive signal decides: P(harm) >= 1 - alpha →
   Rejected; P(gain) >= 1 - alpha/m → Validated, with m = (signals available) x (looks planned: a
   second, longer look when the finding is critical). A secondary signal is consulted only while
-  the target is not lower by more than delta on average. Nothing conclusive: Extend when a look
-  remains, else Rejected — no measured gain is a rejection, never a validation.
+  the target is not lower by more than delta on average (lower, not credibly worse: Extend when a
+  look remains, else Rejected). Nothing conclusive: Extend when a look remains, else Rejected — no
+  measured gain is a rejection, never a validation.
   Looks (`schedule`): the first runs one seed's pair of arms, each next one adds a seed, and a
   critical finding's fix gets one more over `extend_factor` x the horizon with every seed. A clear
   effect (for or against) is decided on the first pair; only an unclear one pays for the others.
@@ -241,6 +243,18 @@ _RANK = {Risk.LOW: 0, Risk.MEDIUM: 1, Risk.HIGH: 2}
 # ---- decide -------------------------------------------------------------------------------------
 
 
+RETRY_DOUBLINGS = 2     # a fix backtested again after inconclusive gains: its horizon doubles, at most this often
+
+
+def retry_horizon(horizon: int, inconclusive_before: int) -> int:
+    """The horizon of a fix's backtest after `inconclusive_before` earlier backtests of the same fix
+    (same signature) in this run ended with a positive effect that was not conclusive: twice the
+    horizon per such backtest, at most RETRY_DOUBLINGS times. A gain too small to tell over H steps
+    says nothing about 2H (a fix that acts through learning, e.g. an eased curriculum, shows on
+    held-out only later); the same look again would only repeat it."""
+    return horizon * 2 ** min(max(inconclusive_before, 0), RETRY_DOUBLINGS)
+
+
 @dataclass(frozen=True)
 class Look:
     seeds: tuple[int, ...]                # the seeds whose pairs this look reads (earlier looks' included)
@@ -425,6 +439,9 @@ def decide(pairs: list[Pair], rule: Rule) -> Decision:
             extra = "" if i == 0 else f"; target {target.effect:+.4g} (not lower than {target.delta:.3g} on average)"
             return Validated(s, level, tuple(sig), f"{s.text()} ≥ {level:.3f}{extra}")
         if i == 0 and target.effect < -target.delta:
+            if rule.look < rule.looks:     # lower, not credibly worse: one seed's noise can do that
+                return Extend(f"target lower for the candidate, not credibly, at look {rule.look} of {rule.looks} "
+                              f"({target.text()})", tuple(sig), level)
             return Rejected(f"target lower for the candidate ({target.text()}): no secondary signal outweighs it",
                             tuple(sig), level)
     text = "; ".join(s.text() for s in sig)

@@ -459,6 +459,48 @@ def test_a_backtest_adds_a_seed_per_look_and_a_critical_fix_gets_a_longer_one(tm
     ctrl.lock.release()
 
 
+def test_a_fix_retried_after_an_inconclusive_gain_is_backtested_over_twice_the_horizon(tmp_path, monkeypatch):
+    """The same fix proposed again after its backtest gained too little to tell: its arms train
+    twice the horizon (a second look at the same horizon would only repeat the first)."""
+    from agents.domain import BacktestResult
+    from swarm.controller import Controller
+    from swarm.graph import SwarmState
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    calls = []
+
+    def fake_arms(iv, *, horizon, label="", **kw):
+        from swarm.decisions import ArmScore, Pair
+
+        calls.append(horizon)
+        return [Pair(s, ArmScore(0.6), ArmScore(0.0)) for s in kw["seeds"]], 1.0
+
+    monkeypatch.setattr("swarm.deciding.run_arms", fake_arms)
+    monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120})
+    d = Diagnosis(name="truncation", summary="cut", operator="harness_critic", policy="builtin")
+
+    def fix():
+        return Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.sampling.max_new_tokens": 9}, diagnosis=d,
+                            rationale="r", operator="harness_critic", policy="builtin")
+
+    first = fix()
+    first.backtest = BacktestResult(metric="heldout_acc", candidate=[0.02, 0.0], control=[0.0, 0.0], effect=0.01, p_value=0.4,
+                                    test="t", horizon_steps=40, seeds=[0, 1], passed=False)
+    ctrl.store.put(first)
+    ctrl.store.transition(first.id, Status.REJECTED, "no measured gain")
+    again = fix()
+    ctrl.store.put(again)
+    ctrl.node_backtest(SwarmState(job_status="RUNNING", tick=1, step=120))
+    h = goal.swarm.backtest.horizon_steps
+    got = ctrl.store.get(again.id)
+    assert calls == [2 * h] and got.status == Status.VALIDATED and got.backtest.horizon_steps == 2 * h
+    assert "1 earlier backtest(s) of this fix gained too little to tell" in got.backtest.note
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
 @pytest.mark.parametrize("name,confirmed,backtested", [("loss_spike", True, False), ("reward_hacking", True, False),
                                                       ("loss_spike", False, True), ("template_mismatch", True, True)])
 def test_only_a_confirmed_divergence_rollback_skips_its_backtest(tmp_path, monkeypatch, name, confirmed, backtested):

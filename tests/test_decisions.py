@@ -115,6 +115,8 @@ RULE = Rule(alpha=0.2, eval_size=200)
     ("one seed, a gain binomial noise alone would pass", pairs([0.56], [0.5]), RULE, Rejected),
     ("one seed, unclear, a seed left", pairs([0.58], [0.5]), Rule(eval_size=200, looks=2, look=1), Extend),
     ("one seed, clear harm, a seed left", pairs([0.2], [0.5]), Rule(eval_size=200, looks=2, look=1), Rejected),
+    ("one seed, a little lower, a seed left", pairs([0.49], [0.5]), Rule(eval_size=200, looks=2, look=1), Extend),
+    ("a little lower at the last look", pairs([0.49, 0.485], [0.5, 0.5]), Rule(eval_size=200, looks=2, look=2), Rejected),
     ("zero variance small gains", pairs([0.51, 0.51], [0.5, 0.5]), RULE, Rejected),
     ("zero variance large gains", pairs([0.8, 0.8], [0.5, 0.5]), RULE, Validated),
     ("a crashed control says nothing", pairs([0.6, 0.6], [None, None]), RULE, Rejected),
@@ -262,3 +264,10 @@ def test_with_no_trend_yet_a_fix_waits_for_the_next_eval_when_it_comes_sooner_th
 ])
 def test_a_backtest_looks_at_one_seed_first_then_adds_one_per_look(seeds, critical, factor, want):
     assert schedule(seeds, critical, factor) == want
+
+
+@pytest.mark.parametrize("before, want", [(0, 40), (1, 80), (2, 160), (5, 160), (-1, 40)])
+def test_a_fix_retried_after_inconclusive_gains_gets_a_longer_horizon(before, want):
+    from swarm.decisions import retry_horizon
+
+    assert retry_horizon(40, before) == want
