@@ -58,9 +58,17 @@ class Deciding:
         live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics) if r.get("harness_version")), None)
         trusted = self.knowledge.trusted(iv.skills_used) if iv.skills_used and not skill_proposed(iv) else None
         start = self.start_values(list(iv.changes))
-        return Facts(restores=all(start.get(k) == v for k, v in iv.changes.items()),findings=frozenset(d.name for d in self.tick.findings), risk=iv.risk,
-                     spec=BacktestSpec(bt.horizon_steps, tuple(bt.seeds)), invalid=self.validity(iv),
-                     noop=noop_harness_edit(iv.changes, self.ws.current_harness(), live), trusted=trusted)
+        return Facts(restores=all(start.get(k) == v for k, v in iv.changes.items()), findings=frozenset(d.name for d in self.tick.findings),
+                     risk=iv.risk, spec=BacktestSpec(bt.horizon_steps, tuple(bt.seeds)), invalid=self.validity(iv),
+                     noop=noop_harness_edit(iv.changes, self.ws.current_harness(), live), trusted=trusted,
+                     tries_without_gain=self.tries_without_gain(iv))
+
+    def tries_without_gain(self, iv: Intervention) -> int:
+        """Earlier backtests of the same fix (signature) in this run that ended with a positive
+        effect too small to tell."""
+        return sum(1 for x in self.store.list() if x.id != iv.id and x.signature() == iv.signature()
+                   and x.status == Status.REJECTED and x.backtest is not None and x.backtest.effect > 0
+                   and not x.outcome.get("refused"))
 
     # ---- backtest -------------------------------------------------------------------------------
     def node_backtest(self, s: Any) -> dict[str, Any]:
@@ -76,6 +84,9 @@ class Deciding:
                 if isinstance(p, Refuse):
                     if p.reason.startswith("the live trainer would refuse"):
                         iv.outcome["refused"] = p.reason          # a loss in memory: never retried
+                        self.store.put(iv)
+                    elif p.exhausted:
+                        iv.outcome["exhausted"] = p.reason        # a loss in memory too
                         self.store.put(iv)
                     self.store.transition(iid, Status.REJECTED, p.reason)
                     continue
@@ -137,9 +148,7 @@ class Deciding:
         target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
         cand = next((c for c in self.checkpoints() if c["name"] == target), None)
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
-        before = sum(1 for x in self.store.list() if x.id != iv.id and x.signature() == iv.signature()
-                     and x.status == Status.REJECTED and x.backtest is not None and x.backtest.effect > 0
-                     and not x.outcome.get("refused"))
+        before = self.tries_without_gain(iv)
         base = retry_horizon(bt.horizon_steps, before)
         done: dict[int, list[Pair]] = {}        # horizon factor -> the pairs run at it
         cpu, notes = 0.0, []

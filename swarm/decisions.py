@@ -67,8 +67,10 @@ class Skip:
 
 @dataclass(frozen=True)
 class Refuse:
-    """Rejected before any compute: invalid, a no-op, or a claim the evidence does not confirm."""
+    """Rejected before any compute: invalid, a no-op, a claim the evidence does not confirm, or a
+    fix whose backtests ran out of longer horizons without a measured gain (`exhausted`: a loss)."""
     reason: str
+    exhausted: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,14 @@ class Facts:
     noop: str | None = None             # why the change would change nothing
     trusted: str | None = None          # a skill's record that lets the fix skip its backtest
     restores: bool = True               # every field it sets goes back to the goal's starting value
+    tries_without_gain: int = 0         # earlier backtests of this fix (this run) with a gain too small to tell
 
 
 def plan(iv: Intervention, facts: Facts) -> Plan:
     """Skip, Refuse or Backtest, in this order:
     - a change the live trainer would refuse, or one that changes nothing → Refuse;
+    - a fix backtested more than RETRY_DOUBLINGS times with gains too small to tell (its last look
+      already over the longest retry horizon) → Refuse, a loss;
     - a restart → Skip when a crash or a stall (crashed_job, stale_heartbeat) is confirmed now,
       else Refuse (the job is not verifiably dead or stale);
     - a rollback claiming a divergence → Skip when a divergence finding is confirmed now, the
@@ -105,6 +110,9 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
         return Refuse(f"the live trainer would refuse it: {facts.invalid}")
     if facts.noop:
         return Refuse(facts.noop)
+    if facts.tries_without_gain > RETRY_DOUBLINGS:
+        return Refuse(f"backtested {facts.tries_without_gain} times without a measured gain, the last over "
+                      f"{2 ** RETRY_DOUBLINGS}x the horizon (swarm.decisions.retry_horizon): a loss", exhausted=True)
     confirmed = iv.diagnosis.name in facts.findings
     if iv.kind == K.RESTART:
         seen = sorted(facts.findings & JOB_FINDINGS)

@@ -248,7 +248,8 @@ class Knowledge:
         """An evaluated intervention as an episode. Only measured outcomes are episodes: kept (a
         measured gain over the control, swarm.decisions.judge), rolled back (credibly worse, or no
         measured gain), rejected by a backtest, or refused as a change the live trainer does not
-        accept (a loss: the same change is not tried again)."""
+        accept or as a fix whose backtests ran out of longer horizons (a loss: the same change is not
+        tried again)."""
         from memory import Episode
         from agents.domain import Status
 
@@ -256,7 +257,7 @@ class Knowledge:
             outcome = "kept"
         elif iv.status == Status.ROLLED_BACK:
             outcome = "rolled_back"
-        elif iv.status == Status.REJECTED and (iv.backtest is not None or iv.outcome.get("refused")):
+        elif iv.status == Status.REJECTED and (iv.backtest is not None or iv.outcome.get("refused") or iv.outcome.get("exhausted")):
             outcome = "rejected"
         else:
             return False

@@ -432,3 +432,34 @@ def test_a_job_paused_for_a_backtest_goes_on_after_a_controller_crash(tmp_path):
     assert [(c, cid) for c, cid, _ in rec.sent] == [("resume", f"{edit.id}-bt-resume")]
     assert ctrl.store.get(edit.id).outcome["paused_for_backtest"] is False
     close(ctrl)
+
+
+def test_a_fix_whose_longer_backtests_ran_out_is_refused_as_a_loss(tmp_path):
+    """A fix backtested three times with gains too small to tell (the last over 4x the horizon) is
+    refused before any arm starts, and memory counts it as a loss (not tried again)."""
+    from agents.domain import BacktestResult
+
+    ctrl = controller(tmp_path)
+    ctrl.command = rec = Recorder()
+    d = Diagnosis(name="too_hard_curriculum", summary="nothing solved", operator="data_curation", policy="builtin")
+
+    def fix():
+        return Intervention(kind=K.DATA_CHANGE, changes={"harness.curriculum.start": 1}, diagnosis=d, rationale="r",
+                            operator="data_curation", policy="builtin")
+
+    for _ in range(3):
+        x = fix()
+        x.backtest = BacktestResult(metric="heldout_acc", candidate=[0.02], control=[0.0], effect=0.02, p_value=0.3,
+                                    test="t", horizon_steps=40, seeds=[0], passed=False)
+        ctrl.store.put(x)
+        ctrl.store.transition(x.id, Status.REJECTED, "no measured gain")
+    again = fix()
+    ctrl.store.put(again)
+    ctrl.node_backtest(SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time()))
+    got = ctrl.store.get(again.id)
+    assert got.status == Status.REJECTED and got.backtest is None and "backtested 3 times" in got.outcome["exhausted"]
+    assert not any(cid.startswith(again.id) for _, cid, _ in rec.sent)     # no fork, no arm
+    assert ctrl.knowledge.record(got, {})
+    (ep,) = [e for e in ctrl.knowledge.memory.episodes() if e.id.endswith(again.id)]
+    assert ep.outcome == "rejected" and ep.lost()
+    close(ctrl)

@@ -44,10 +44,14 @@ def facts(findings=(), risk=Risk.MEDIUM, **kw):
     (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), facts({"truncation"}, trusted="won 3"), Skip),
     (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), facts(trusted="won 3"), Backtest),
     (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), facts({"truncation"}), Backtest),
+    # a fix retried after gains too small to tell: backtested (over longer horizons) until they run out
+    (iv(K.DATA_CHANGE, {"harness.curriculum.start": 1}, "too_hard_curriculum"), facts(tries_without_gain=2), Backtest),
+    (iv(K.DATA_CHANGE, {"harness.curriculum.start": 1}, "too_hard_curriculum"), facts(tries_without_gain=3), Refuse),
 ])
 def test_plan(proposal, f, want):
     got = plan(proposal, f)
     assert isinstance(got, want), got
+    assert isinstance(got, Refuse) and got.exhausted == (f.tries_without_gain > 2) or not isinstance(got, Refuse)
     if isinstance(got, Backtest):
         assert got.spec == SPEC
     else:
