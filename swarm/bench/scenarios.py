@@ -90,12 +90,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
                               "eval_size": 200, "group_size": 8}),
            1000, question_len=3, answer_len=3, healthy_steps=300, grpo=True, warmup_steps=90),
     # countdown with two numbers ("25 4->21" -> "25-4"): any expression that uses them and hits the target
-    # (max_seq_len: room for the hardest difficulty a curriculum fault can set, prompt and SFT target)
+    # (max_seq_len: room for the hardest difficulty a curriculum fault can set — prompt, SFT target,
+    # <bos> and <eos> — with a margin where the length varies between examples)
     Family("countdown2", "a policy that solves 2-number countdown puzzles with >= 80% held-out success", 0.8,
-           _run("countdown", 2, mnt=8, seq_len=48), 3000, question_len=8, answer_len=5, healthy_steps=550, max_difficulty=6),
+           _run("countdown", 2, mnt=8, seq_len=64), 3000, question_len=8, answer_len=5, healthy_steps=550, max_difficulty=6),
     # a reasoning-gym dataset at its first curriculum level ("Calculate 2 * -3." -> "-6"), answers written reversed
     Family("rg_arith", "a policy that solves reasoning-gym basic_arithmetic (level 1) with >= 80% held-out exact match", 0.8,
-           _run("rg", 1, reverse=True, mnt=5, options={"dataset": "basic_arithmetic"}, seq_len=96), 3000,
+           _run("rg", 1, reverse=True, mnt=5, options={"dataset": "basic_arithmetic"}, seq_len=112), 3000,
            question_len=16, answer_len=2, healthy_steps=550, max_difficulty=5),
 ]}
 # Not a family: the `code` task. At difficulty 1 (one pipeline stage, prompts of ~250 characters) the
