@@ -195,9 +195,9 @@ class Controller(Deciding):
     def settled_since(self) -> float:
         """When the controller last changed the live run (applied, undid or restarted; 0 before its
         first change): rows written before it predate the recipe and harness it believes in force."""
-        times = [float(iv.outcome["since_time"]) for iv in self.store.list() if "since_time" in iv.outcome]
-        times += [float(h["time"]) for iv in self.store.list() if iv.outcome.get("undone")
-                  for h in iv.history if h.get("to") == "rolled_back"]
+        ivs = self.store.list()
+        times = [float(iv.outcome["since_time"]) for iv in ivs if "since_time" in iv.outcome]
+        times += [float(h["time"]) for iv in ivs if iv.outcome.get("undone") for h in iv.history if h.get("to") == "rolled_back"]
         return max(times, default=0.0)
 
     def checkpoints(self) -> list[dict[str, Any]]:
