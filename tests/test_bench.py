@@ -19,7 +19,7 @@ import yaml
 from swarm.bench import calibrate as cal
 from swarm.bench.accounting import ProcessMeter, cpu_at, is_trainer
 from swarm.bench.report import auc
-from swarm.bench.runner import Bench, BenchConfig
+from swarm.bench.runner import Bench, BenchConfig, Ledger
 from swarm.bench.scenarios import FAMILIES, MECHANISMS, generate, hardest, load_suite, parse_seeds, scenario_from_data, write_suite
 from swarm.bench.tune_methods import BudgetStopper, fired_after_restore, train_segment
 from trainer.config import ConfigError, Perturbation
@@ -280,7 +280,8 @@ def smoke(tmp_path_factory):
         {"name": "template", "what": "template cut to 1 char", "at_step": 0, "fix_in_space": "no (template)"}]}, **broken}))
     (suite / "b_healthy.yaml").write_text(yaml.safe_dump(tiny_goal()))
     cfg = BenchConfig(suite=str(suite), methods=["plain", "oracle"], seeds=[0], results=str(base / "results"),
-                      cache=str(base / "cache"), src="worktree", workdir=str(base / "work"), command="test")
+                      cache=str(base / "cache"), src="worktree", workdir=str(base / "work"), command="test",
+                      machine_ref=1.0, slots_dir=str(base / "slots"))
     bench = Bench(cfg)
     bench.run()
     return base, cfg, bench
@@ -490,3 +491,75 @@ def test_a_run_starts_in_an_empty_folder_even_where_an_earlier_sitting_left_one(
     b.run()
     assert ("a_broken", "plain", 7) in b.spawned
     assert not (stale / "work" / "left-over.txt").exists() and (stale / "result.json").exists()
+
+
+# ---- the machine: its reference workload, its cores ------------------------------------------------
+
+def test_the_reference_workload_runs_the_trainer_and_gives_its_worker_cpu(tmp_path):
+    from swarm.bench import machine
+
+    short = machine.measure(tmp_path / "a", runs=1, steps=3)
+    longer = machine.measure(tmp_path / "b", runs=1, steps=40)
+    assert 0 < short < longer                      # real trainer CPU: more steps cost more
+
+
+def test_core_slots_never_hold_more_than_the_cores_across_holders(tmp_path):
+    """Two holders of the same folder (as two bench processes would be) and runs needing 1 or 2 of
+    2 cores: at no moment are more than 2 held, and every run gets its turn."""
+    import threading
+    import time as _time
+
+    from swarm.bench import machine
+
+    slots = [machine.CoreSlots(2, tmp_path, poll_s=0.01), machine.CoreSlots(2, tmp_path, poll_s=0.01)]
+    busy, peak, done, lock = [0], [0], [], threading.Lock()
+
+    def run(i, k):
+        with slots[i % 2].hold(k):
+            with lock:
+                busy[0] += k
+                peak[0] = max(peak[0], busy[0])
+            _time.sleep(0.05)
+            with lock:
+                busy[0] -= k
+        done.append(i)
+
+    ts = [threading.Thread(target=run, args=(i, 1 + i % 2)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    assert sorted(done) == list(range(8)) and peak[0] == 2
+    with slots[0].hold(5):                          # more than the machine has: all of them
+        with pytest.raises(KeyboardInterrupt):      # ... and a waiter told to stop gives up
+            with slots[1].hold(1, stop=lambda: True):
+                pass
+
+
+def test_a_calibration_from_another_machine_scales_the_budget_and_the_results(smoke):
+    """The smoke bench's machine reference is 1.0 CPU-s. On a machine twice as slow (2.0) a run
+    gets twice the budget and wall cap, and the results state its CPU in the reporting sitting's
+    machine's CPU-s: measured on the slow one and reported from the fast one, it counts half."""
+    base, cfg, _ = smoke
+    import dataclasses
+
+    slow = CountingBench(dataclasses.replace(cfg, methods=["plain"], seeds=[11], name="slow", machine_ref=2.0))
+    budgets = []
+    orig = slow._spawn
+
+    def spy(label, method, goal, seed, target, budget, wall_cap):
+        budgets.append((budget, wall_cap))
+        return orig(label, method, goal, seed, target, budget, wall_cap)
+
+    slow._spawn = spy
+    slow.run()
+    c = slow.cals["a_broken"]
+    assert c.machine_ref_cpu_s == 1.0
+    assert (c.budget * 2, c.wall_cap * 2) == pytest.approx(budgets[0], rel=1e-3)
+    measured = slow.ledger.get(Ledger.key(slow.scenarios[0].content_hash, "plain", 11, slow.code["baseline"]))
+    assert measured["machine_ref_cpu_s"] == 2.0
+    fast = Bench(dataclasses.replace(cfg, methods=["plain"], seeds=[11], name="slow", machine_ref=1.0))
+    fast.load_cached_calibrations()
+    row = next(r for r in fast.current_rows() if r["scenario"] == "a_broken")
+    assert row["cpu_total"] == pytest.approx(measured["cpu_total"] / 2) and row["budget"] == pytest.approx(c.budget)
+    assert row["curve"][-1][0] == pytest.approx(measured["curve"][-1][0] / 2)

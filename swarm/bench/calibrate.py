@@ -26,7 +26,9 @@ import os
 import pathlib
 from typing import Any, Callable
 
-CALIB_VERSION = 1
+from swarm.bench import machine
+
+CALIB_VERSION = 2           # 2: calibrations record the machine's reference (swarm.bench.machine)
 BUDGET_MULTIPLE = 5.0
 CALIB_CPU_CAP = 600.0
 CALIB_WALL_CAP = 900.0
@@ -69,6 +71,14 @@ class Calibration:
     seed: int
     healthy: dict[str, Any]
     plain: dict[str, Any] | None
+    machine_ref_cpu_s: float | None = None   # the reference workload's CPU-s where this was measured
+
+    def scaled(self, machine_ref: float | None) -> tuple[float, float]:
+        """(budget, wall cap) for a machine whose reference costs `machine_ref` CPU-s: the budget
+        is a multiple of a healthy run's CPU and the cap of its wall, both slower where the
+        reference is."""
+        f = machine.scale(self.machine_ref_cpu_s, machine_ref) or 1.0
+        return round(self.budget * f, 2), round(self.wall_cap * f, 1)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -76,7 +86,8 @@ class Calibration:
 
 def calibration_key(goal: dict[str, Any], seed: int, trainer_state: str) -> str:
     blob = json.dumps({"goal": goal, "seed": seed, "version": CALIB_VERSION, "multiple": BUDGET_MULTIPLE,
-                       "cap": CALIB_CPU_CAP, "min": MIN_LEARNABLE, "trainer": trainer_state},
+                       "cap": CALIB_CPU_CAP, "min": MIN_LEARNABLE, "trainer": trainer_state,
+                       "reference": machine.REFERENCE_ID},
                       sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -86,8 +97,9 @@ RunFn = Callable[[str, dict[str, Any], int, float, float, float], dict[str, Any]
 
 
 def calibrate(name: str, goal: dict[str, Any], seed: int, trainer_state: str, cache: pathlib.Path, run: RunFn,
-              has_faults: bool) -> tuple[Calibration, bool]:
-    """The scenario's calibration and whether it came from the cache."""
+              has_faults: bool, machine_ref: float | None = None) -> tuple[Calibration, bool]:
+    """The scenario's calibration and whether it came from the cache (a cached one may come from
+    another machine: `Calibration.scaled` gives its budget and cap on this one)."""
     key = calibration_key(goal, seed, trainer_state)
     path = cache / f"{key}.json"
     if path.exists():
@@ -117,7 +129,8 @@ def calibrate(name: str, goal: dict[str, Any], seed: int, trainer_state: str, ca
         else:
             cls = "healthy"
     cal = Calibration(key=key, scenario=name, target=target, healthy_cpu_to_target=c2t, budget=round(budget, 2),
-                      wall_cap=round(wall_cap, 1), cls=cls, seed=seed, healthy=healthy, plain=plain)
+                      wall_cap=round(wall_cap, 1), cls=cls, seed=seed, healthy=healthy, plain=plain,
+                      machine_ref_cpu_s=machine_ref)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(cal.to_json(), indent=1))

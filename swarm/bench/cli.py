@@ -74,7 +74,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--take", nargs="*", default=[], metavar="CLASS=N",
                     help="run only the first N scenarios of a class in suite order, e.g. failing=20 mild=4 healthy=2 "
                          "(the rest are calibrated until every named class has its N, then left alone)")
-    ap.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    ap.add_argument("--parallel", type=int, default=1, help="runs at a time (each also waits for its cores: --cores)")
+    ap.add_argument("--cores", type=int, default=None,
+                    help="cores the bench processes on this machine share (default: all); a run holds the cores its "
+                         "method keeps busy (plain, oracle 1; PBT, PB2, ASHA, swarm 2) while it runs")
+    ap.add_argument("--machine-ref", type=float, default=None, metavar="CPU_S",
+                    help="this machine's reference workload in CPU-s (default: measured at the start, ~1 min)")
     ap.add_argument("--calibrated-only", action="store_true",
                     help="run only the scenarios already calibrated (in the cache), calibrating none: e.g. the swarm "
                          "on the scenarios another bench process has calibrated")
@@ -90,7 +95,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = BenchConfig(suite=str(resolve_suite(a.suite)), methods=a.methods, seeds=parse_seeds(a.seeds),
                           more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, more_methods=a.more_methods, take=parse_take(a.take), parallel=a.parallel, calibrated_only=a.calibrated_only, name=a.name,
-                          results=a.results, cache=a.cache, src=a.src, workdir=a.workdir,
+                          cores=a.cores, machine_ref=a.machine_ref, results=a.results, cache=a.cache, src=a.src, workdir=a.workdir,
                           command="swarm bench " + " ".join(shlex.quote(x) for x in argv), seed_note=a.seed_note)
         if a.report_only:
             cfg.src = "worktree"   # nothing runs: no snapshot needed
@@ -115,6 +120,8 @@ def main(argv: list[str]) -> int:
     console = Console()
     show = live_display(console) if console.is_terminal else log_display()
     print(f"swarm bench {bench.name}: {len(bench.scenarios)} scenarios, code {bench.src_desc}, work dir {bench.work}", flush=True)
+    if bench.machine_ref is None:
+        print("measuring this machine's reference workload (every core slot held) ...", flush=True)
     try:
         bench.run(show)
     except KeyboardInterrupt:

@@ -98,7 +98,8 @@ def markdown(meta: dict[str, Any], scenarios: list[dict[str, Any]], rows: list[d
          + (f"Median wall per run: {meta['median_wall_s']:.0f} s; the finished runs took {meta['wall_sum_s'] / 60:.0f} min of wall "
             f"in all; the remaining {meta['planned'] - done} runs at that median: ~{(meta['planned'] - done) * meta['median_wall_s'] / 60 / max(1, meta['parallel']):.0f} min "
             f"more at this parallelism; the whole suite ~{meta['planned'] * meta['median_wall_s'] / 3600 / max(1, meta['parallel']):.1f} h "
-            "(wall on these shared cores; worker CPU, the measure, does not depend on it)." if meta.get("median_wall_s") else ""), "",
+            "(wall on these cores)." if meta.get("median_wall_s") else ""), "",
+         machine_line(meta), "",
          "Budget per scenario: " f"{meta['budget_multiple']:g} x the worker CPU-s a healthy run of the same config needs to reach "
          "the target (calibration); a run that has not reached the target when its worker CPU passes the budget, or at its wall "
          "cap, has failed. Worker CPU = CPU seconds of every trainer process of the method. Scenario class from the plain run at "
@@ -200,6 +201,19 @@ def plots(rows: list[dict[str, Any]], methods: list[str], out_dir: pathlib.Path,
         plt.close(fig)
         names.append(p.name)
     return names
+
+
+def machine_line(meta: dict[str, Any]) -> str:
+    """How the worker CPU-s of the tables compare across machines (swarm.bench.machine)."""
+    ref = meta.get("machine_ref_cpu_s")
+    if not ref:
+        return "Machine reference: not measured (worker CPU-s as measured, on whatever machine ran each row)."
+    refs = meta.get("row_refs") or []
+    return (f"Worker CPU-s are this machine's: its reference workload (`{meta.get('reference')}`) costs {ref:.2f} CPU-s. "
+            + (f"Rows measured on machines whose reference cost {', '.join(f'{x:g}' for x in refs)} CPU-s are scaled by the "
+               "ratio of the references. " if len(refs) > 1 or (refs and abs(refs[0] - ref) > 1e-6) else "")
+            + f"Runs hold the cores their method keeps busy ({meta.get('cores')} cores shared by every bench process here), "
+              "so no run is measured on an oversubscribed machine.")
 
 
 def write(out_dir: pathlib.Path, stem: str, meta: dict[str, Any], scenarios: list[dict[str, Any]],

@@ -37,6 +37,7 @@ import psutil
 
 from swarm.bench import calibrate as cal
 from swarm.bench import report
+from swarm.bench import machine
 from swarm.bench.methods import METHODS, summarise
 from swarm.bench.scenarios import Scenario, load_suite
 
@@ -62,6 +63,9 @@ class BenchConfig:
     calib_seed: int = 0
     command: str = ""
     seed_note: str = ""
+    cores: int | None = None           # core slots shared by the bench processes on this machine (None: all)
+    machine_ref: float | None = None   # the reference workload's CPU-s here (None: measured at the start)
+    slots_dir: str | None = None       # the folder of the core slots (None: one per machine, under the temp dir)
 
     def check(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -87,6 +91,10 @@ class BenchConfig:
             if importlib.util.find_spec("sklearn") is None:
                 raise ValueError("--methods pb2 needs scikit-learn (Ray Tune's PB2 fits a GP with it): "
                                  "pip install -c constraints.txt -e '.[bench]'")
+        if self.cores is not None and self.cores < 1:
+            raise ValueError(f"--cores={self.cores}: must be >= 1")
+        if self.machine_ref is not None and not self.machine_ref > 0:
+            raise ValueError(f"--machine-ref={self.machine_ref}: must be > 0 (CPU-s of the reference workload)")
         if self.src not in ("head", "worktree"):
             raise ValueError(f"--src={self.src!r}: head or worktree")
 
@@ -123,7 +131,7 @@ class Ledger:
 
     @staticmethod
     def key(scenario_hash: str, method: str, seed: int, code: str) -> str:
-        return f"{scenario_hash}|{method}|{seed}|{code}"
+        return f"{scenario_hash}|{method}|{seed}|{code}|{machine.REFERENCE_ID}"
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.rows.get(key)
@@ -154,6 +162,8 @@ class Bench:
         self.src, self.src_desc = prepare_src(cfg.src, self.work)
         self.code = {"baseline": cal.code_state(self.src, cal.BASELINE_DIRS), "swarm": cal.code_state(self.src, cal.SWARM_DIRS)}
         self.cals: dict[str, cal.Calibration] = {}
+        self.slots = machine.CoreSlots(cfg.cores, cfg.slots_dir)
+        self.machine_ref = cfg.machine_ref
         seen: dict[str, str] = {}
         # a scenario that runs exactly what an earlier one runs (e.g. two fault-free draws of one
         # family) is the same measurement: it is left out, named in the results
@@ -183,21 +193,23 @@ class Bench:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(self.src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("MPLBACKEND", "Agg")
-        with self.lock:
-            if self.stopping:
-                raise KeyboardInterrupt
-            self.running[rid] = {**label, "method": method, "seed": seed, "budget": budget, "t0": time.time(),
-                                 "progress": d / "progress.json"}
-            with open(d / "worker.log", "wb") as log:
-                p = subprocess.Popen([sys.executable, "-m", "swarm.bench.worker", str(d / "spec.json"), str(d / "result.json")],
-                                     cwd=self.src, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            self.procs[rid] = p
-        try:
-            p.wait()
-        finally:
+        # the cores it keeps busy, held for the run: no run is measured on an oversubscribed machine
+        with self.slots.hold(machine.METHOD_CORES.get(method, 1), stop=lambda: self.stopping):
             with self.lock:
-                self.running.pop(rid, None)
-                self.procs.pop(rid, None)
+                if self.stopping:
+                    raise KeyboardInterrupt
+                self.running[rid] = {**label, "method": method, "seed": seed, "budget": budget, "t0": time.time(),
+                                     "progress": d / "progress.json"}
+                with open(d / "worker.log", "wb") as log:
+                    p = subprocess.Popen([sys.executable, "-m", "swarm.bench.worker", str(d / "spec.json"), str(d / "result.json")],
+                                         cwd=self.src, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self.procs[rid] = p
+            try:
+                p.wait()
+            finally:
+                with self.lock:
+                    self.running.pop(rid, None)
+                    self.procs.pop(rid, None)
         if self.stopping:
             raise KeyboardInterrupt
         res_path = d / "result.json"
@@ -217,7 +229,7 @@ class Bench:
                 return self._spawn({"scenario": s.name, "cls": "calibrating"}, method, goal, seed, target, budget, wall_cap)
 
             c, _cached = cal.calibrate(s.name, s.goal, self.cfg.calib_seed, self.code["baseline"], self.cache, run,
-                                       has_faults=bool(s.goal.get("perturbations")))
+                                       has_faults=bool(s.goal.get("perturbations")), machine_ref=self.machine_ref)
             self.cals[s.name] = c
             self._record_calibration_runs(s, c)
             return c
@@ -227,7 +239,9 @@ class Bench:
         d = self.results / self.name
         d.mkdir(parents=True, exist_ok=True)
         (d / "session.json").write_text(json.dumps({"command": self.cfg.command, "src": self.src_desc, "code": self.code,
-                                                     "parallel": self.cfg.parallel}))
+                                                     "parallel": self.cfg.parallel, "cores": self.slots.cores,
+                                                     "machine_ref_cpu_s": self.machine_ref,
+                                                     "reference": machine.REFERENCE_ID}))
 
     def adopt_session(self) -> None:
         """Report as the bench that runs (or ran) into this ledger: its command and code states."""
@@ -236,6 +250,15 @@ class Bench:
             d = json.loads(p.read_text())
             self.cfg.command, self.src_desc, self.code = d["command"], d["src"], d["code"]
             self.cfg.parallel = d.get("parallel", self.cfg.parallel)
+            if d.get("reference") == machine.REFERENCE_ID and self.machine_ref is None:
+                self.machine_ref = d.get("machine_ref_cpu_s")
+
+    def ensure_reference(self) -> None:
+        """This sitting's machine reference, measured with every core slot held (nothing else from
+        a bench runs meanwhile)."""
+        if self.machine_ref is None:
+            with self.slots.hold(self.slots.cores, stop=lambda: self.stopping):
+                self.machine_ref = machine.measure(self.work / "reference")
 
     def load_cached_calibrations(self) -> None:
         """The calibrations already in the cache (nothing is run): for rewriting the results alone."""
@@ -261,7 +284,8 @@ class Bench:
             res.update(summarise(res.get("curve") or [], c.target, c.budget, res.get("cpu_total") or 0.0, bool(res.get("capped"))))
             if method == "oracle" and res.get("cpu_to_target") is not None and res["cpu_to_target"] > c.budget:
                 res["reached"] = False
-            self.ledger.add(self._row(s, c, method, c.seed, res, from_calibration=True))
+            self.ledger.add(self._row(s, c, method, c.seed, res, from_calibration=True,
+                                      machine_ref_cpu_s=c.machine_ref_cpu_s))
 
     def _row(self, s: Scenario, c: cal.Calibration, method: str, seed: int, res: dict[str, Any], **extra) -> dict[str, Any]:
         code = self.code["swarm" if method == "swarm" else "baseline"]
@@ -359,8 +383,9 @@ class Bench:
         key = Ledger.key(s.content_hash, method, seed, self.code["swarm" if method == "swarm" else "baseline"])
         if self.ledger.get(key):
             return
-        res = self._spawn({"scenario": s.name, "cls": c.cls}, method, s.goal, seed, c.target, c.budget, c.wall_cap)
-        self.ledger.add(self._row(s, c, method, seed, res))
+        budget, wall_cap = c.scaled(self.machine_ref)
+        res = self._spawn({"scenario": s.name, "cls": c.cls}, method, s.goal, seed, c.target, budget, wall_cap)
+        self.ledger.add(self._row(s, c, method, seed, res, budget=budget, wall_cap=wall_cap, machine_ref_cpu_s=self.machine_ref))
         self.done_this_session += 1
         self.write_results()
 
@@ -378,11 +403,13 @@ class Bench:
             c = self.cals.get(s.name)
             if s.name in self.duplicates or (self.cfg.take and not (c and self.admitted(s))):
                 continue                         # not run: its class had enough (--take)
+            f = (machine.scale(c.machine_ref_cpu_s, self.machine_ref) or 1.0) if c else 1.0
             out.append({"name": s.name, "path": s.path, "hash": s.content_hash, "family": s.family,
                         "faults": "; ".join(f"{f.get('what')} @ step {f.get('at_step')}" for f in s.faults) or "none",
                         "fix_in_space": s.fix_in_space, "cls": c.cls if c else None, "target": c.target if c else None,
-                        "budget": c.budget if c else None, "healthy_cpu_to_target": c.healthy_cpu_to_target if c else None,
-                        "wall_cap": c.wall_cap if c else None})
+                        "budget": c.scaled(self.machine_ref)[0] if c else None,
+                        "healthy_cpu_to_target": c.healthy_cpu_to_target * f if c and c.healthy_cpu_to_target else None,
+                        "wall_cap": c.scaled(self.machine_ref)[1] if c else None, "cpu_scale": f})
         return out
 
     def current_rows(self) -> list[dict[str, Any]]:
@@ -390,7 +417,7 @@ class Bench:
         for s, m, seed in self.plan():
             r = self.ledger.get(Ledger.key(s.content_hash, m, seed, self.code["swarm" if m == "swarm" else "baseline"]))
             if r:
-                rows.append(r)
+                rows.append(scaled_row(r, machine.scale(r.get("machine_ref_cpu_s"), self.machine_ref)))
         return rows
 
     def write_results(self) -> None:
@@ -399,6 +426,8 @@ class Bench:
             walls = [r["wall_s"] for r in rows if isinstance(r.get("wall_s"), (int, float)) and not r.get("from_calibration")]
             meta = {"suite": self.cfg.suite, "command": self.cfg.command, "src": self.src_desc, "code_state": self.code,
                     "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}",
+                    "machine_ref_cpu_s": self.machine_ref, "reference": machine.REFERENCE_ID, "cores": self.slots.cores,
+                    "row_refs": sorted({round(float(r["machine_ref_cpu_s"]), 2) for r in rows if r.get("machine_ref_cpu_s")}),
                     "parallel": self.cfg.parallel, "planned": self.planned(),
                     "scenarios": len(self.scenarios), "calibrated": len(self.cals),
                     "budget_multiple": cal.BUDGET_MULTIPLE, "median_wall_s": statistics.median(walls) if walls else None,
@@ -448,6 +477,7 @@ class Bench:
         # and plain's rows at the calibration seed), then its methods on the base seeds, so that a
         # bench stopped part way has whole scenarios, as many as possible; then the extra seeds on
         # the first failing ones
+        self.ensure_reference()
         self.save_session()
         if self.cfg.calibrated_only:
             self.load_cached_calibrations()
@@ -457,6 +487,22 @@ class Bench:
         phase_fn(self.scenario_task, [(s,) for s in self.scenarios])
         phase_fn(self.run_one, self.plan())
         self.write_results()
+
+
+CPU_FIELDS = ("cpu_to_target", "cpu_total", "budget", "wasted_cpu_s", "ray_overhead_cpu_s")
+
+
+def scaled_row(r: dict[str, Any], f: float | None) -> dict[str, Any]:
+    """A ledger row with its CPU figures in this sitting's machine's CPU-s (`f`: the ratio of the
+    references; None or 1: as measured). Wall figures stay as measured."""
+    if not f or f == 1.0:
+        return r
+    out = dict(r, cpu_scale=f)
+    for k in CPU_FIELDS:
+        if isinstance(r.get(k), (int, float)):
+            out[k] = r[k] * f
+    out["curve"] = [[p[0] * f, *p[1:]] for p in r.get("curve") or []]
+    return out
 
 
 def live_display(console: Any):
