@@ -530,6 +530,28 @@ def test_core_slots_never_hold_more_than_the_cores_across_holders(tmp_path):
     for t in ts:
         t.join(20)
     assert sorted(done) == list(range(8)) and peak[0] == 2
+    # a waiter for both cores is served before later waiters for one, though one core keeps freeing up
+    order = []
+
+    def single(i):
+        with slots[0].hold(1):
+            order.append(f"one{i}")
+            _time.sleep(0.08)
+
+    def both():
+        with slots[1].hold(2):
+            order.append("both")
+
+    first = threading.Thread(target=single, args=(0,))
+    first.start()
+    _time.sleep(0.02)
+    waiters = [threading.Thread(target=both)] + [threading.Thread(target=single, args=(i,)) for i in (1, 2, 3)]
+    for t in waiters:
+        t.start()
+        _time.sleep(0.02)
+    for t in [first, *waiters]:
+        t.join(20)
+    assert order[:2] == ["one0", "both"], order
     with slots[0].hold(5):                          # more than the machine has: all of them
         with pytest.raises(KeyboardInterrupt):      # ... and a waiter told to stop gives up
             with slots[1].hold(1, stop=lambda: True):

@@ -88,11 +88,26 @@ class CoreSlots:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.poll_s = poll_s
 
+    def _lock(self, name: str, stop: Any) -> int:
+        fd = os.open(self.folder / name, os.O_CREAT | os.O_RDWR, 0o600)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if stop is not None and stop():
+                    os.close(fd)
+                    raise KeyboardInterrupt from None
+                time.sleep(self.poll_s)
+
     @contextlib.contextmanager
     def hold(self, k: int, stop: Any = None) -> Iterator[None]:
-        """Hold min(k, cores) slots for the block; `stop()` true while waiting raises KeyboardInterrupt."""
+        """Hold min(k, cores) slots for the block; `stop()` true while waiting raises KeyboardInterrupt.
+        One waiter at a time takes slots (it holds the `turn` lock until it has all k), so a run that
+        needs every core is not starved by runs that need one."""
         k = max(1, min(int(k), self.cores))
         held: list[int] = []
+        turn = self._lock("turn", stop)
         try:
             while True:
                 for i in range(self.cores):
@@ -112,7 +127,11 @@ class CoreSlots:
                 if stop is not None and stop():
                     raise KeyboardInterrupt
                 time.sleep(self.poll_s)
+            os.close(turn)
+            turn = -1
             yield
         finally:
+            if turn >= 0:
+                os.close(turn)
             for fd in held:
                 os.close(fd)
