@@ -211,7 +211,7 @@ def machine_line(meta: dict[str, Any]) -> str:
     refs = meta.get("row_refs") or []
     return (f"Worker CPU-s are this machine's: its reference workload (`{meta.get('reference')}`) costs {ref:.2f} CPU-s. "
             + (f"Rows measured on machines whose reference cost {', '.join(f'{x:g}' for x in refs)} CPU-s are scaled by the "
-               "ratio of the references. " if len(refs) > 1 or (refs and abs(refs[0] - ref) > 1e-6) else "")
+               "ratio of the references. " if any(abs(x / ref - 1) > 0.005 for x in refs) else "")
             + f"Runs hold the cores their method keeps busy ({meta.get('cores')} cores shared by every bench process here), "
               "so no run is measured on an oversubscribed machine.")
 
