@@ -174,8 +174,7 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     """Why an intervention is not worth its cost now (None: it may be), before it is recorded.
     Every change is verified — by a backtest, or by its evaluation window — and `verify_steps` is
     the smaller of the two: the backtest's candidate and control arms over its horizon, in training
-    steps of the same config, or 0 for a change `plan` lets skip its backtest (its window is the
-    live run's own training, so verifying it costs nothing extra and it is never held). The most a fix can save is what the run still needs to reach the
+    steps of the same config. The most a fix can save is what the run still needs to reach the
     target, so when the run is on course to the target in fewer steps than that (`outlook`), the
     fix cannot pay for itself and waits: it is proposed again on later ticks, when the trend may
     have turned. With fewer than two evals there is no trend yet: when the next eval is due in
