@@ -32,8 +32,6 @@ REFERENCE_RUNS = 2
 # names what `measure` runs: references are compared only between sittings that ran the same one
 # (it is part of every ledger key and calibration key)
 REFERENCE_ID = f"addition2-sft-{REFERENCE_STEPS}-v1"
-# a ratio of two sittings' references within this is "the same machine" in the results' wording
-SAME_MACHINE = 0.15
 
 METHOD_CORES = {"plain": 1, "oracle": 1, "pbt": 2, "pb2": 2, "asha": 2, "swarm": 2}
 
