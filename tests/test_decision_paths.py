@@ -186,7 +186,9 @@ def test_a_too_hard_curriculum_is_eased_within_the_task_range_at_the_controllers
     bt = iv.backtest
     assert bt is not None and len(bt.candidate) == len(bt.control) == len(cand) and bt.horizon_steps == 20, bt
     assert f"effect {bt.effect:+.3f}, P(no gain)={bt.p_value:.3f}" in iv.history[1]["note"], iv.history
-    assert iv.status in (Status.VALIDATED, Status.APPLIED, Status.EVALUATING, Status.REJECTED), iv.status
+    # the backtest's verdict is the transition after backtesting; a validated change may have been
+    # applied and judged already before the run stopped (the controller keeps ticking meanwhile)
+    assert transitions(iv)[1] in ("validated", "rejected"), iv.history
 
     # the risk is the controller's: curriculum-only easing is low, whatever the proposer said
     assert iv.outcome["proposed_risk"] == "high"
