@@ -34,7 +34,7 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import write_private
 from swarm.backtest import nearest_valid, task_range
 from swarm.deciding import Deciding, in_force
-from swarm.decisions import outlook, restart_hold, worth_verifying
+from swarm.decisions import Skip, outlook, plan, restart_hold, worth_verifying
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
@@ -508,7 +508,9 @@ class Controller(Deciding):
         findings = frozenset(d.name for d in self.tick.findings)
         keep = []
         for iv in proposals:
-            why = worth_verifying(iv, findings, view, verify, next_eval_in)
+            # a change plan lets skip its backtest trains no arms: its window is the live run's own steps
+            cost = 0 if isinstance(plan(iv, self.facts(iv, s.job_status)), Skip) else verify
+            why = worth_verifying(iv, findings, view, cost, next_eval_in)
             if why is None:
                 keep.append(iv)
                 continue

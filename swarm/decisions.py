@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from agents.domain import DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
+from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
 
 # ---- plan ---------------------------------------------------------------------------------------
 
@@ -101,9 +101,12 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
       already over the longest retry horizon) → Refuse, a loss;
     - a restart → Skip when a crash or a stall (crashed_job, stale_heartbeat) is confirmed now,
       else Refuse (the job is not verifiably dead or stale);
-    - a rollback claiming a divergence → Skip when a divergence finding is confirmed now, the
-      change is not high risk and every field it sets goes back to the goal's starting value (the
-      finding justifies going back, not a new value); otherwise it is backtested like any fix;
+    - going back → Skip when every field the change sets goes back to the goal's starting value,
+      it is not high risk, and the detectors confirm now that the run left where the goal put it:
+      a rollback claiming a divergence, with a divergence finding; a fix for a departure of the
+      live config from what the controller set (DEPARTURE), with that finding. The finding
+      justifies going back, not a new value; the post-apply judgement compares with the value
+      measured just before applying. Otherwise such a change is backtested like any fix;
     - a fix a trusted skill backs → Skip when its diagnosis is confirmed now and it is not high risk;
     - anything else → Backtest."""
     if facts.invalid:
@@ -119,11 +122,12 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
         if not seen:
             return Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed or stale job now")
         return Skip(f"restart of a job the detectors find {' and '.join(seen)}: nothing to compare against")
+    left = (facts.findings & DIVERGENCE if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE else frozenset()) | (
+        {iv.diagnosis.name} & DEPARTURE if confirmed else frozenset())
+    if left and facts.risk != Risk.HIGH and facts.restores:
+        return Skip(f"goes back to the goal's values; the detectors find the run left them ({', '.join(sorted(left))}): "
+                    "the control arm would only continue there")
     if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE:
-        seen = sorted(facts.findings & DIVERGENCE)
-        if seen and facts.risk != Risk.HIGH and facts.restores:
-            return Skip(f"rollback of a run the detectors find diverged ({', '.join(seen)}): the control arm "
-                        "would only continue the divergence")
         return Backtest(facts.spec)
     if facts.trusted and confirmed and facts.risk != Risk.HIGH:
         return Skip(facts.trusted)
@@ -170,7 +174,8 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     """Why an intervention is not worth its cost now (None: it may be), before it is recorded.
     Every change is verified — by a backtest, or by its evaluation window — and `verify_steps` is
     the smaller of the two: the backtest's candidate and control arms over its horizon, in training
-    steps of the same config. The most a fix can save is what the run still needs to reach the
+    steps of the same config, or 0 for a change `plan` lets skip its backtest (its window is the
+    live run's own training, so verifying it costs nothing extra and it is never held). The most a fix can save is what the run still needs to reach the
     target, so when the run is on course to the target in fewer steps than that (`outlook`), the
     fix cannot pay for itself and waits: it is proposed again on later ticks, when the trend may
     have turned. With fewer than two evals there is no trend yet: when the next eval is due in

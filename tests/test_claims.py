@@ -412,6 +412,34 @@ def test_a_fix_waits_while_the_run_is_on_course_to_the_target_for_less_than_veri
     close(ctrl)
 
 
+def test_a_fix_that_skips_its_backtest_is_not_held_for_its_cost_while_the_run_is_on_course(tmp_path):
+    """A fix that goes back to the goal's lr, with lr_drift confirmed now, trains no arms: the
+    outlook that holds a backtested fix (the run on course to the target in fewer steps than its
+    arms) does not hold it, since verifying it costs nothing beyond the live run's own steps."""
+    ctrl = controller(tmp_path)
+    rows = [json.loads(x) for x in (ctrl.run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = {25: 0.45, 50: 0.55}[r["step"]]      # on course: the target ~12 steps away
+    (ctrl.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lr = ctrl.start_values(["recipe.lr"])["recipe.lr"]
+    back = Intervention(kind=K.ROLLBACK, changes={"recipe.lr": lr}, rationale="r", operator="diagnostics", policy="builtin",
+                        diagnosis=Diagnosis(name="lr_drift", summary="s", operator="diagnostics", policy="builtin"))
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time())
+    ctrl.tick.findings = [Diagnosis(name="lr_drift", summary="lr 60x", operator="diagnostics", policy="builtin")]
+    ctrl.tick.proposals = [back.model_copy(update={"id": "b1"})]
+    ctrl.node_propose(s)
+    assert ctrl.store.get("b1").kind == K.ROLLBACK and not ctrl.store.timeline("deferred")
+    # claimed but not confirmed now: it would be backtested, so the outlook holds it
+    ctrl.store.transition("b1", Status.REJECTED, "test: out of the way")
+    ctrl.tick.evidence, ctrl.tick.findings = None, []
+    ctrl.tick.proposals = [back.model_copy(update={"id": "b2"})]
+    ctrl.node_propose(s)
+    assert "b2" not in {iv.id for iv in ctrl.store.list()}
+    assert "cannot pay for itself" in ctrl.store.timeline("deferred")[0]["reason"]
+    close(ctrl)
+
+
 def test_a_job_paused_for_a_backtest_goes_on_after_a_controller_crash(tmp_path):
     """The live job waits at the fork while a backtest's arms run; a controller that died in
     between leaves the mark in the store, and the next pass resumes the job once the backtest is

@@ -36,6 +36,15 @@ def facts(findings=(), risk=Risk.MEDIUM, **kw):
     (iv(K.ROLLBACK, {"recipe.lr": 10}), facts(), Backtest),                       # false claim
     (iv(K.ROLLBACK, {"recipe.lr": 10}), facts({"loss_spike"}, risk=Risk.HIGH), Backtest),
     (iv(K.ROLLBACK, {"harness.template": "{question}="}, diagnosis="template_mismatch"), facts({"template_mismatch"}), Backtest),
+    # a fix for a departure of the live config from what the controller set, going back to the goal's
+    # values, skips only with that departure confirmed now
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}, "lr_drift"), facts({"lr_drift"}), Skip),
+    (iv(K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, "harness_drift"), facts({"harness_drift"}), Skip),
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}, "lr_drift"), facts(), Backtest),                          # claimed only
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}, "lr_drift"), facts({"harness_drift"}), Backtest),         # another departure
+    (iv(K.ROLLBACK, {"recipe.lr": 1e-3}, "lr_drift"), facts({"lr_drift"}, restores=False), Backtest),   # a new lr
+    (iv(K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, "harness_drift"), facts({"harness_drift"}, risk=Risk.HIGH), Backtest),
+    (iv(K.RECIPE_EDIT, {"recipe.lr": 3e-4}, "not_learning"), facts({"not_learning", "lr_drift"}), Backtest),  # not its claim
     # validity and no-ops come first, whatever the claim
     (iv(K.RESTART, diagnosis="crashed_job"), facts({"crashed_job"}, invalid="x"), Refuse),
     (iv(K.DATA_CHANGE, {"harness.curriculum.start": 0}), facts({"too_hard_curriculum"}, invalid="difficulty=0 outside [1, 8]"), Refuse),

@@ -230,17 +230,16 @@ def test_evidence_view_keeps_numbers_not_sample_text(tmp_path):
 
 
 def test_second_run_with_the_first_runs_library_skips_the_backtest_the_first_needed(tmp_path):
-    """The small scenario of the issue: the tiny truncation goal of tests/test_swarm.py, run twice
+    """The small scenario of the issue: the tiny truncated goal of tests/test_swarm.py, run twice
     over one (initially empty) library with real trainer processes. The first run backtests its
     fix and the miner turns the kept fix into a skill; the second run's operator proposes the same
     fix, the skill fires and is attributed, and its record (one win, no loss) lets the fix skip the
     backtest. benchmarks/skills_second_run.py measures the same over seeds, with CPU seconds."""
     from swarm.controller import Controller
     from swarm.goal import Goal
-    from test_swarm import tiny_goal
+    from test_swarm import truncated_goal
 
-    goal = Goal.parse(tiny_goal(perturbations=[{"shortcut": "truncation", "at_step": 0}],
-                                memory={"library": str(tmp_path / "library"), "seed_skills": False}))
+    goal = Goal.parse(truncated_goal(memory={"library": str(tmp_path / "library"), "seed_skills": False}))
     first = Controller.create(tmp_path / "ws1", goal, jobs="process").run()
     assert first["reached"], first
     fix1 = next(r for r in first["interventions"] if r["diagnosis"] == "truncation")

@@ -70,6 +70,14 @@ def tiny_goal(**over: Any) -> dict[str, Any]:
     return merge(g, over)
 
 
+def truncated_goal(**over: Any) -> dict[str, Any]:
+    """tiny_goal with every answer cut off by the goal's own max_new_tokens (2), not by a
+    perturbation: only the truncation detector sees it (the live harness is the one the controller
+    set, so harness_drift stays quiet), and its fix is a new value that the backtest verifies and a
+    human may be asked to approve."""
+    return merge(tiny_goal(run={"harness": {"sampling": {"max_new_tokens": 2}}}, perturbations=[]), over)
+
+
 def write_goal(path: pathlib.Path, goal: dict[str, Any]) -> pathlib.Path:
     path.write_text(yaml.safe_dump(goal, sort_keys=False))
     return path
@@ -265,10 +273,17 @@ def test_failing_goal_reaches_target_and_perturbations_stay_private(tmp_path):
     for row in summary["interventions"]:
         for key in ("id", "kind", "operator", "policy", "diagnosis", "status", "effect", "p_value", "applied_step"):
             assert key in row, (key, row)
-    fix = next(r for r in summary["interventions"] if r["diagnosis"] == "truncation")
+    # the fix: the truncation's (a larger max_new_tokens, backtested), or the harness set again to
+    # the controller's values because the live version is not the one it set (harness_drift: no
+    # backtest, the detectors confirm the run left the goal's values)
+    (fix,) = [r for r in summary["interventions"] if r["diagnosis"] in ("truncation", "harness_drift")
+              and r["status"] in ("evaluating", "kept")]
     assert fix["kind"] == "harness_edit" and fix["operator"] == "harness_critic" and fix["policy"] == "builtin"
-    assert fix["status"] in ("evaluating", "kept") and fix["applied_step"] > 0
-    assert fix["effect"] is not None and 0 <= fix["p_value"] <= 1
+    assert fix["applied_step"] > 0
+    if fix["diagnosis"] == "truncation":
+        assert fix["effect"] is not None and 0 <= fix["p_value"] <= 1 and fix["backtest_skipped"] is None
+    else:
+        assert fix["effect"] is None and fix["backtest_skipped"].startswith("goes back to the goal's values"), fix
     assert json.loads((ws / ".swarm" / "summary.json").read_text())["reached"] is True
     with Store(ws) as st:   # the controller run, as the cockpit and the live view read it
         (run,) = st.runs()
@@ -495,8 +510,7 @@ def test_approve_then_rollback_through_the_cli_while_the_run_goes_on(tmp_path, r
     # medium risk (the truncation fix) waits for a human. While answers are truncated the target is
     # out of reach; the job is paused (`swarm control`, as a human would) from just before the
     # approval until after the rollback, so the run stays live until it is stopped.
-    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(
-        approval={"auto": ["low"]}, budget={"wall_s": 240}, perturbations=[{"shortcut": "truncation", "at_step": 0}]))
+    goal = write_goal(tmp_path / "goal.yaml", truncated_goal(approval={"auto": ["low"]}, budget={"wall_s": 240}))
     ws, log = tmp_path / "ws", tmp_path / "controller.log"
     run_dir = ws / ".swarm" / "runs" / "train"
     proc = spawn(tmp_path, log, "run", str(goal), "--workspace", str(ws), "--jobs", "process")
@@ -571,9 +585,9 @@ def test_reject_through_the_cli_while_a_crashed_trainer_is_restarted(tmp_path, r
     is restarted without waiting, and the fix is rejected from another terminal."""
     # a step budget the run cannot finish before the test stops it: at ~40 steps/s the default 1500
     # ran out while a backtest kept the controller from reading the rejection (CI, session 4)
-    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(
+    goal = write_goal(tmp_path / "goal.yaml", truncated_goal(
         approval={"auto": ["low"]}, target={"threshold": 0.99}, budget={"wall_s": 240, "steps": 50_000},
-        perturbations=[{"shortcut": "truncation", "at_step": 0}, {"shortcut": "worker_kill", "at_step": 110}]))
+        perturbations=[{"shortcut": "worker_kill", "at_step": 110}]))
     ws, log = tmp_path / "ws", tmp_path / "controller.log"
     run_dir = ws / ".swarm" / "runs" / "train"
     proc = spawn(tmp_path, log, "run", str(goal), "--workspace", str(ws), "--jobs", "process")
