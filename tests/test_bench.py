@@ -306,6 +306,26 @@ def test_smoke_bench_two_scenarios_two_methods(smoke):
     assert (base / "results" / "suite_suite_success.svg").exists()
 
 
+def test_code_state_counts_what_a_run_executes_not_the_runner_or_its_report(tmp_path):
+    for f in ("trainer/train.py", "swarm/decisions.py", "swarm/bench/methods.py", "swarm/bench/runner.py",
+              "swarm/bench/report.py", "agents/operators.py"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("x = 1\n")
+
+    def states():
+        return cal.code_state(tmp_path, cal.BASELINE_DIRS), cal.code_state(tmp_path, cal.SWARM_DIRS)
+
+    before = states()
+    for f in ("swarm/bench/runner.py", "swarm/bench/report.py"):      # what runs the bench and writes its tables
+        (tmp_path / f).write_text("x = 2\n")
+        assert states() == before, f
+    (tmp_path / "swarm/decisions.py").write_text("x = 2\n")           # the swarm's own code
+    after = states()
+    assert after[0] == before[0] and after[1] != before[1]
+    (tmp_path / "swarm/bench/methods.py").write_text("x = 2\n")       # how every method runs
+    assert all(a != b for a, b in zip(states(), after))
+
+
 def test_calibration_is_cached_and_invalidated_by_content(smoke):
     base, cfg, bench = smoke
     s = next(x for x in bench.scenarios if x.name == "b_healthy")

@@ -40,11 +40,13 @@ MIN_WALL_CAP = 240.0        # ... and at least this (a hung run ends here)
 BASELINE_DIRS = ("trainer", "harness", "kernels", "swarm/bench/methods.py", "swarm/bench/tune_methods.py",
                  "swarm/bench/accounting.py", "swarm/bench/worker.py")
 SWARM_DIRS = BASELINE_DIRS + ("swarm", "agents", "skills", "memory", "sandboxes")
+NOT_MEASURED = ("swarm/bench",)   # under the folders above, but only the files BASELINE_DIRS names run
 
 
-def code_state(root: pathlib.Path, dirs: tuple[str, ...]) -> str:
+def code_state(root: pathlib.Path, dirs: tuple[str, ...], skip: tuple[str, ...] = NOT_MEASURED) -> str:
     """A hash of the source files (*.py, *.yaml, *.c, *.md) under `dirs` (folders or files) of
-    `root`: what a result was measured with."""
+    `root`: what a result was measured with. Files under a folder of `skip` count only where `dirs`
+    names them one by one."""
     h = hashlib.sha256()
     files: set[pathlib.Path] = set()
     for d in dirs:
@@ -53,7 +55,8 @@ def code_state(root: pathlib.Path, dirs: tuple[str, ...]) -> str:
             files.add(base)
         elif base.is_dir():
             files |= {p for p in base.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".c", ".md")
-                      and "__pycache__" not in p.parts}
+                      and "__pycache__" not in p.parts
+                      and not any(p.relative_to(root).as_posix().startswith(x + "/") for x in skip)}
     for p in sorted(files):
         h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:12]
