@@ -94,7 +94,8 @@ class Diagnostics(Operator):
     name = "diagnostics"
     role = ("Diagnostics: reads the metric streams for optimisation failures — non-finite loss, loss spikes, "
             "grad-norm explosions, KL blow-up, entropy collapse, near-greedy sampling, plateaus. A diverged run is "
-            "rolled back to the last checkpoint before the problem with a lower learning rate; a KL blow-up gets a "
+            "rolled back to the last checkpoint before the problem, with the recipe's learning rate where the one "
+            "in force left it, else a lower one; a KL blow-up gets a "
             "stronger KL penalty; lost exploration gets the sampling temperature back to 1.0.")
     tools = frozenset({K.ROLLBACK, K.RECIPE_EDIT, K.HARNESS_EDIT})
     detectors = ("nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "entropy_collapse",
@@ -106,7 +107,7 @@ class Diagnostics(Operator):
         diverged = [found[n] for n in ("nonfinite_loss", "loss_spike", "grad_norm_explosion") if n in found]
         if diverged:
             out.append(self._rollback(diverged, ctx, harness_changed_at(ev, min(
-                int(d.evidence.get("onset_step", d.step)) for d in diverged))))
+                int(d.evidence.get("onset_step", d.step)) for d in diverged)), found.get("lr_drift")))
         elif "lr_drift" in found:
             # the lr in force is not the one set: put it back before judging the one set (a lower lr
             # for a run that does not learn assumes the set lr is what it trains with)
@@ -171,7 +172,8 @@ class Diagnostics(Operator):
                 break
         return out
 
-    def _rollback(self, diverged: list[Diagnosis], ctx: OperatorContext, harness_step: int | None = None) -> Intervention:
+    def _rollback(self, diverged: list[Diagnosis], ctx: OperatorContext, harness_step: int | None = None,
+                  drift: Diagnosis | None = None) -> Intervention:
         main = diverged[0]
         onset = min(int(d.evidence.get("onset_step", d.step)) for d in diverged)
         # the row at step s reports a loss measured on the weights after s-1 updates: the last
@@ -180,7 +182,17 @@ class Diagnostics(Operator):
         lr_before = next((_f(d.evidence.get("lr_before")) for d in diverged if _f(d.evidence.get("lr_before"))), None)
         lr_now = next((_f(d.evidence.get("lr_now")) for d in diverged if _f(d.evidence.get("lr_now"))), None)
         known_lr = _f(ctx.get("recipe.lr"))
-        if lr_before and lr_now and lr_now >= LR_JUMP * lr_before:
+        since = drift.evidence.get("since_step") if drift is not None else None
+        if known_lr and isinstance(since, (int, float)):
+            # the detectors find the lr in force is not the one set (lr_drift): that names the cause,
+            # so the lr goes back to the recipe's, and the steps trained at the wrong lr go too where
+            # a checkpoint predates them (as the lr_drift fix does without a divergence)
+            new_lr = known_lr
+            ckpt = ctx.checkpoint_before(min(onset - 2, int(since) - 1)) or ckpt
+            why_lr = (f"the live learning rate is {_f(drift.evidence.get('lr_live')) or 0:.3g} since step {int(since)}, "
+                      f"not the recipe's {known_lr:.3g} (lr_drift); it goes back to {known_lr:.3g}")
+            main = main.model_copy(update={"evidence": {**main.evidence, "lr_drift_since_step": int(since)}})
+        elif lr_before and lr_now and lr_now >= LR_JUMP * lr_before:
             new_lr = lr_before  # the lr itself jumped right before the spike: go back to the lr that trained stably
             why_lr = f"the learning rate jumped from {lr_before:.3g} to {lr_now:.3g} just before; it goes back to {lr_before:.3g}"
         elif harness_step is not None:

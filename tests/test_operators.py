@@ -97,6 +97,29 @@ def test_diagnostics_lowers_the_lr_tenfold_without_an_lr_jump_or_a_checkpoint():
     assert iv.kind == K.RECIPE_EDIT and iv.changes == {"recipe.lr": pytest.approx(3e-4)}
 
 
+def test_a_divergence_after_the_lr_left_the_recipe_goes_back_to_the_recipes_lr_from_before_the_change():
+    """The logged lr is 30x the recipe's from step 30 (lr_drift) and the loss spikes at step 50: the
+    finding names the cause, so the rollback sets the recipe's lr again (no guessed cut to undo
+    later) and goes back to a checkpoint from before the lr changed, not only before the spike."""
+    rows = sft_rows()
+    for r in rows:
+        if r["step"] >= 30:
+            r["lr"] = 0.09
+    for r in rows[49:]:
+        r["loss"] = 3.0 + (r["step"] % 3) * 0.1
+    c = ctx(settled_since=0.0, recipe={"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "warmup_steps": 0})
+    (iv,) = Diagnostics().builtin(make_ev(rows), c)
+    assert iv.kind == K.ROLLBACK and iv.diagnosis.name == "loss_spike", iv
+    assert iv.changes == {"recipe.lr": pytest.approx(3e-3)} and rollback_target(iv) == "step_0000020"
+    assert iv.diagnosis.evidence["lr_drift_since_step"] == 30 and "(lr_drift)" in iv.rationale
+    check_record(iv, Diagnostics())
+    # without the finding (the lr logged is the recipe's), the same spike gets the tenfold cut
+    for r in rows:
+        r["lr"] = 3e-3
+    (iv,) = Diagnostics().builtin(make_ev(rows), c)
+    assert iv.changes == {"recipe.lr": pytest.approx(3e-4)} and rollback_target(iv) == "step_0000048"
+
+
 def test_a_divergence_right_after_a_harness_change_is_rolled_back_without_an_lr_cut():
     """The harness changed two steps before the spike (the metrics' harness_version), the lr did
     not: the change is the cause, so the rollback keeps the checkpoint's lr (no guess to undo later)."""
