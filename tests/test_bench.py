@@ -326,6 +326,31 @@ def test_code_state_counts_what_a_run_executes_not_the_runner_or_its_report(tmp_
     assert all(a != b for a, b in zip(states(), after))
 
 
+def test_the_planned_count_takes_only_as_many_uncalibrated_scenarios_as_the_take_counts_need(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for i in range(6):
+        (suite / f"s{i}.yaml").write_text(yaml.safe_dump(tiny_goal(
+            [{"kind": "override", "at_step": 10 + i, "set": {"recipe.lr": 0.5}}])))
+    cfg = BenchConfig(suite=str(suite), methods=["plain", "oracle"], seeds=[0], results=str(tmp_path / "results"),
+                      cache=str(tmp_path / "cache"), src="worktree", workdir=str(tmp_path / "work"), command="test",
+                      machine_ref=1.0, slots_dir=str(tmp_path / "slots"), take={"failing": 2, "mild": 1, "healthy": 0})
+    bench = Bench(cfg)
+    assert bench.planned() == 3 * 2                 # 6 not calibrated, but the counts need only 3
+
+    def calibrated(name: str, cls: str) -> cal.Calibration:
+        return cal.Calibration(key=name, scenario=name, target=0.3, healthy_cpu_to_target=1.0, budget=5.0, wall_cap=240.0,
+                               cls=cls, seed=0, healthy={}, plain=None, machine_ref_cpu_s=1.0)
+
+    bench.cals["s0"] = calibrated("s0", "failing")
+    bench.cals["s1"] = calibrated("s1", "unlearnable")
+    assert bench.planned() == 1 * 2 + 2 * 2         # s0's runs; a failing and a mild one still needed
+    for name in ("s2", "s3"):
+        bench.cals[name] = calibrated(name, "failing")
+    bench.cals["s4"] = calibrated("s4", "mild")
+    assert bench.planned() == 3 * 2                 # every count met: s5 is left alone, s3 is a third failing
+
+
 def test_calibration_is_cached_and_invalidated_by_content(smoke):
     base, cfg, bench = smoke
     s = next(x for x in bench.scenarios if x.name == "b_healthy")

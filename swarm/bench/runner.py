@@ -390,11 +390,22 @@ class Bench:
         self.write_results()
 
     def planned(self) -> int:
-        """Runs the whole bench will have: the plan, less unlearnable scenarios, plus the extra seeds of
-        failing scenarios not calibrated yet (assuming `more_on` of them turn out failing)."""
-        n = len([p for p in self.plan() if self.cals.get(p[0].name) is None or self.cals[p[0].name].cls != "unlearnable"])
-        if len(self.cals) < len(self.scenarios):
-            n += max(0, self.cfg.more_on - len(self.more_seed_scenarios())) * len(self.extra_seeds()) * len(self.extra_methods())
+        """Runs the whole bench will have (an estimate while scenarios are not calibrated): the plan
+        over calibrated scenarios, less unlearnable ones; the base runs of as many uncalibrated ones
+        as the `--take` counts still need (all of them without counts); the extra seeds of failing
+        scenarios not calibrated yet (assuming `more_on` of them turn out failing)."""
+        n = len([p for p in self.plan() if p[0].name in self.cals and self.cals[p[0].name].cls != "unlearnable"])
+        open_ = [s for s in self.scenarios if s.name not in self.cals and s.name not in self.duplicates]
+        if not open_:
+            return n
+        if self.cfg.take and set(self.cfg.take) == {"failing", "mild", "healthy"}:
+            have = {k: sum(c.cls == k for name, c in list(self.cals.items()) if name not in self.duplicates)
+                    for k in self.cfg.take}
+            need = min(len(open_), sum(max(0, q - have[k]) for k, q in self.cfg.take.items()))
+        else:
+            need = len(open_)
+        n += need * len(self.cfg.seeds) * len(self.cfg.methods)
+        n += max(0, self.cfg.more_on - len(self.more_seed_scenarios())) * len(self.extra_seeds()) * len(self.extra_methods())
         return n
 
     def scenario_rows(self) -> list[dict[str, Any]]:
@@ -515,7 +526,7 @@ def live_display(console: Any):
 
     def show(b: Bench) -> None:
         done = len(b.current_rows())
-        t = Table(title=f"swarm bench {b.name}: {done}/{len(b.plan())} runs finished ({b.done_this_session} this session)")
+        t = Table(title=f"swarm bench {b.name}: {done}/~{b.planned()} runs finished ({b.done_this_session} this session)")
         for col in ("scenario", "class", "method", "seed", "worker CPU-s / budget", "wall s"):
             t.add_column(col)
         with b.lock:
@@ -546,7 +557,7 @@ def log_display():
         if items != last[0]:
             last[0] = items
             done = len(b.current_rows())
-            print(f"[{time.strftime('%H:%M:%S')}] {done}/{len(b.plan())} finished; running: "
+            print(f"[{time.strftime('%H:%M:%S')}] {done}/~{b.planned()} finished; running: "
                   + ", ".join(f"{s}/{m}/s{seed}" for s, m, seed in items), flush=True)
 
     show.stop = lambda: None  # type: ignore[attr-defined]
