@@ -450,6 +450,27 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert bench_main([str(tmp_path / "s"), "--parallel", "0", "--src", "worktree", "--workdir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
     assert "--parallel=0" in err and len(err.strip().splitlines()) == 1
+    assert bench_main([str(tmp_path / "s"), "--src", "no-such-commit", "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "--src='no-such-commit'" in err and "a commit of this repository" in err
+
+
+def test_src_commit_snapshots_that_commit_whatever_head_is(tmp_path):
+    from swarm.bench.runner import ROOT, prepare_src, resolve
+
+    head = resolve("HEAD")
+    if head is None or resolve("HEAD~1") is None:
+        pytest.skip("needs a git checkout with history")
+    parent = resolve("HEAD~1")
+    src, desc = prepare_src(parent, tmp_path)
+    assert src == tmp_path / f"src-{parent[:10]}" and desc == f"snapshot of git commit {parent[:10]}"
+    # the snapshot holds the commit's files, not the working tree's
+    tracked = subprocess.run(["git", "ls-tree", "-r", "--name-only", parent], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    some = next(f for f in tracked if f.endswith(".py"))
+    committed = subprocess.run(["git", "show", f"{parent}:{some}"], cwd=ROOT, capture_output=True, check=True).stdout
+    assert (src / some).read_bytes() == committed and len(list(src.rglob("*.py"))) == sum(f.endswith(".py") for f in tracked)
+    assert prepare_src("head", tmp_path) == (tmp_path / f"src-{head[:10]}", f"snapshot of git HEAD {head[:10]}")
 
 
 def test_take_runs_the_first_scenarios_of_each_class_and_leaves_the_rest(smoke, tmp_path):

@@ -2,7 +2,7 @@
 
     swarm bench SUITE [--methods plain oracle pbt pb2 asha swarm] [--seeds 0 1 2 | 0-2]
                       [--more-seeds 1 2 --more-on 5] [--parallel N] [--name NAME]
-                      [--src head|worktree] [--workdir DIR] [--results DIR] [--cache DIR]
+                      [--src head|worktree|COMMIT] [--workdir DIR] [--results DIR] [--cache DIR]
     swarm bench generate FOLDER --seeds 100-139       write generated scenarios into a suite folder
 
 SUITE: a folder of scenario/goal YAML files, a name under benchmarks/suites/, or `public` (the
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
                     help="run only the scenarios already calibrated (in the cache), calibrating none: e.g. the swarm "
                          "on the scenarios another bench process has calibrated")
     ap.add_argument("--name", default=None, help="results name (default: suite_<folder name>)")
-    ap.add_argument("--src", default="head", help="head: a snapshot of git HEAD (default); worktree: the working tree")
+    ap.add_argument("--src", default="head", help="head: a snapshot of git HEAD (default); worktree: the working tree; a commit: a snapshot of it (e.g. the swarm measured at a fixed commit while development goes on)")
     ap.add_argument("--workdir", default=None, help="where runs write (default: a new temporary folder)")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--cache", default=str(ROOT / "benchmarks" / "cache" / "calibration"), help="calibration cache")

@@ -2,7 +2,7 @@
 show progress, write the results.
 
     swarm bench benchmarks/suites/dev --methods plain oracle pbt asha swarm --seeds 0 \\
-        [--more-seeds 1 2 --more-on 5] [--parallel 2] [--name suite_dev] [--src head|worktree]
+        [--more-seeds 1 2 --more-on 5] [--parallel 2] [--name suite_dev] [--src head|worktree|COMMIT]
 
 Ledger: `RESULTS/<name>/ledger.jsonl`, one JSON line per finished run, keyed by the scenario's
 content hash + method + seed + the code state the method depends on (`calibrate.code_state`: the
@@ -12,7 +12,8 @@ was going when it was interrupted is started again. Results: `RESULTS/<name>.jso
 plots, rewritten after every finished run from the ledger rows of the current plan and code state.
 
 By default the code under test is a snapshot of git HEAD (`git archive`), so edits in the working
-tree while a long bench runs do not leak into it. Each run is its own process
+tree while a long bench runs do not leak into it; `--src COMMIT` snapshots another commit (a bench
+resumed later measures the same code whatever HEAD is then). Each run is its own process
 (`python -m swarm.bench.worker`) started with the snapshot first on PYTHONPATH.
 """
 from __future__ import annotations
@@ -95,23 +96,32 @@ class BenchConfig:
             raise ValueError(f"--cores={self.cores}: must be >= 1")
         if self.machine_ref is not None and not self.machine_ref > 0:
             raise ValueError(f"--machine-ref={self.machine_ref}: must be > 0 (CPU-s of the reference workload)")
-        if self.src not in ("head", "worktree"):
-            raise ValueError(f"--src={self.src!r}: head or worktree")
+        if self.src not in ("head", "worktree") and resolve(self.src) is None:
+            raise ValueError(f"--src={self.src!r}: head, worktree, or a commit of this repository")
+
+
+def resolve(rev: str) -> str | None:
+    """The full sha of commit `rev` in this repository (None: not one)."""
+    out = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT,
+                         capture_output=True, text=True)
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def prepare_src(mode: str, work: pathlib.Path) -> tuple[pathlib.Path, str]:
-    """The code under test: a snapshot of git HEAD under `work`, or the working tree."""
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    """The code under test: a snapshot (`git archive`) under `work` of git HEAD (`head`) or of
+    another commit (e.g. the swarm measured at a fixed commit while development goes on), or the
+    working tree (`worktree`)."""
+    sha = resolve("HEAD" if mode in ("head", "worktree") else mode) or ""
     if mode == "worktree" or not sha:
         return ROOT, f"working tree at {sha[:10] or 'no git'}"
     src = work / f"src-{sha[:10]}"
     if not src.exists():
         tmp = work / f".src-{sha[:10]}-{os.getpid()}"
         tmp.mkdir(parents=True)
-        arc = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+        arc = subprocess.run(["git", "archive", "--format=tar", sha], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tmp)], input=arc, check=True)
         os.replace(tmp, src)
-    return src, f"snapshot of git HEAD {sha[:10]}"
+    return src, f"snapshot of git {'HEAD ' if mode == 'head' else 'commit '}{sha[:10]}"
 
 
 class Ledger:
