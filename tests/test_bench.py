@@ -441,6 +441,38 @@ def test_report_only_rewrites_the_results_without_running(smoke):
     assert "**Progress: 4 of 4 planned runs finished**" in md.read_text()
 
 
+def test_two_benches_on_one_ledger_each_keep_their_part_of_the_session(tmp_path):
+    """The baselines' bench and the swarm's (--calibrated-only, at another commit) write into one
+    ledger: each records its own command and code state, and the report of both uses each one's."""
+    import dataclasses
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "a.yaml").write_text(yaml.safe_dump(tiny_goal()))
+    base = BenchConfig(suite=str(suite), methods=["plain", "oracle"], seeds=[0], results=str(tmp_path / "results"),
+                       cache=str(tmp_path / "cache"), src="worktree", workdir=str(tmp_path / "work"),
+                       command="swarm bench s --methods plain oracle", machine_ref=1.0, slots_dir=str(tmp_path / "slots"))
+    b = Bench(base)
+    b.save_session()
+    sw = Bench(dataclasses.replace(base, methods=["swarm"], command="swarm bench s --methods swarm --calibrated-only"))
+    sw.code["swarm"] = "swarm-at-other-commit"        # as a snapshot of another commit would give
+    sw.src_desc = "snapshot of git commit 0123456789"
+    sw.save_session()
+    b.save_session()                                   # the baselines' bench again (resumed): the swarm's part stays
+
+    report = Bench(dataclasses.replace(base, methods=["plain", "oracle", "swarm"], command="report"))
+    report.adopt_session()
+    assert report.code == {"baseline": b.code["baseline"], "swarm": "swarm-at-other-commit"}
+    assert report.cfg.command == ["swarm bench s --methods plain oracle", "swarm bench s --methods swarm --calibrated-only"]
+    assert "snapshot of git commit 0123456789 (the swarm)" in report.src_desc
+    # a session file of one bench (both parts from it) still reads
+    (tmp_path / "results" / "suite_suite" / "session.json").write_text(json.dumps(
+        {"command": "old", "src": "snapshot of git HEAD abc", "code": {"baseline": "b0", "swarm": "s0"}}))
+    old = Bench(dataclasses.replace(base, methods=["plain", "swarm"], command="report"))
+    old.adopt_session()
+    assert old.code == {"baseline": "b0", "swarm": "s0"} and old.cfg.command == "old"
+
+
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     from swarm.bench.cli import main as bench_main
 

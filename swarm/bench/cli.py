@@ -84,7 +84,9 @@ def main(argv: list[str]) -> int:
                     help="run only the scenarios already calibrated (in the cache), calibrating none: e.g. the swarm "
                          "on the scenarios another bench process has calibrated")
     ap.add_argument("--name", default=None, help="results name (default: suite_<folder name>)")
-    ap.add_argument("--src", default="head", help="head: a snapshot of git HEAD (default); worktree: the working tree; a commit: a snapshot of it (e.g. the swarm measured at a fixed commit while development goes on)")
+    ap.add_argument("--src", default=None, help="head: a snapshot of git HEAD (default); worktree: the working tree; "
+                    "a commit: a snapshot of it (e.g. the swarm measured at a fixed commit while development goes on); "
+                    "with --report-only: report the rows of that code (default: of the benches that ran)")
     ap.add_argument("--workdir", default=None, help="where runs write (default: a new temporary folder)")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--cache", default=str(ROOT / "benchmarks" / "cache" / "calibration"), help="calibration cache")
@@ -95,15 +97,15 @@ def main(argv: list[str]) -> int:
     try:
         cfg = BenchConfig(suite=str(resolve_suite(a.suite)), methods=a.methods, seeds=parse_seeds(a.seeds),
                           more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, more_methods=a.more_methods, take=parse_take(a.take), parallel=a.parallel, calibrated_only=a.calibrated_only, name=a.name,
-                          cores=a.cores, machine_ref=a.machine_ref, results=a.results, cache=a.cache, src=a.src, workdir=a.workdir,
+                          cores=a.cores, machine_ref=a.machine_ref, results=a.results, cache=a.cache, src=a.src or "head", workdir=a.workdir,
                           command="swarm bench " + " ".join(shlex.quote(x) for x in argv), seed_note=a.seed_note)
-        if a.report_only:
-            cfg.src = "worktree"   # nothing runs: no snapshot needed
+        if a.report_only and a.src is None:
+            cfg.src = "worktree"   # nothing runs: no snapshot needed (the code states are the session's)
         bench = Bench(cfg)
     except (ConfigError, ValueError) as e:
         return _error(str(e).replace("\n", " "))
     if a.report_only:
-        bench.adopt_session()
+        bench.adopt_session(code=a.src is None)
         bench.load_cached_calibrations()
         bench.write_results()
         print(f"wrote {pathlib.Path(cfg.results) / (bench.name + '.md')} and .json ({len(bench.current_rows())} runs)")

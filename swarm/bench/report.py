@@ -90,7 +90,8 @@ def markdown(meta: dict[str, Any], scenarios: list[dict[str, Any]], rows: list[d
     agg = aggregate(rows, methods)
     done = len(rows)
     L = [f"# Benchmark suite `{meta['suite']}`: {', '.join(methods)}", "",
-         f"Command: `{meta['command']}`", "",
+         (f"Command: `{meta['command']}`" if isinstance(meta["command"], str)
+          else "Commands: " + "; ".join(f"`{c}`" for c in meta["command"])), "",
          f"Code under test: {meta['src']} (baseline code state `{meta['code_state']['baseline']}`, swarm code state "
          f"`{meta['code_state']['swarm']}`). Machine: {meta['machine']}. Runs in parallel: {meta['parallel']}.", "",
          f"**Progress: {done} of {meta['planned']} planned runs finished** "

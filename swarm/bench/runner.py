@@ -244,24 +244,57 @@ class Bench:
             self._record_calibration_runs(s, c)
             return c
 
+    def parts(self) -> list[str]:
+        """Which code states this bench measures: the baselines' (any method but the swarm), the swarm's."""
+        return [p for p, on in (("baseline", any(m != "swarm" for m in self.cfg.methods)),
+                                ("swarm", "swarm" in self.cfg.methods)) if on]
+
+    def read_session(self) -> dict[str, Any]:
+        """session.json as parts: for the baselines and for the swarm, the command, code under test and
+        code state of the bench that measures them into this ledger (a file of one bench: both parts)."""
+        p = self.results / self.name / "session.json"
+        try:
+            d = json.loads(p.read_text()) if p.exists() else {}
+        except json.JSONDecodeError:
+            d = {}
+        if "parts" not in d and "command" in d:
+            d["parts"] = {k: {"command": d["command"], "src": d["src"], "code": d["code"][k]} for k in ("baseline", "swarm")}
+        d.setdefault("parts", {})
+        return d
+
     def save_session(self) -> None:
-        """What this bench runs (command, code under test, code states), for `--report-only`."""
+        """What this bench runs (command, code under test, code states), for `--report-only`. Two bench
+        processes on one ledger (the baselines, and the swarm with --calibrated-only) each write their
+        own part."""
         d = self.results / self.name
         d.mkdir(parents=True, exist_ok=True)
-        (d / "session.json").write_text(json.dumps({"command": self.cfg.command, "src": self.src_desc, "code": self.code,
-                                                     "parallel": self.cfg.parallel, "cores": self.slots.cores,
-                                                     "machine_ref_cpu_s": self.machine_ref,
-                                                     "reference": machine.REFERENCE_ID}))
+        parts = self.read_session()["parts"]
+        for part in self.parts():
+            parts[part] = {"command": self.cfg.command, "src": self.src_desc, "code": self.code[part]}
+        tmp = d / f".session.json.{os.getpid()}"
+        tmp.write_text(json.dumps({"parts": parts, "parallel": self.cfg.parallel, "cores": self.slots.cores,
+                                   "machine_ref_cpu_s": self.machine_ref, "reference": machine.REFERENCE_ID}))
+        os.replace(tmp, d / "session.json")
 
-    def adopt_session(self) -> None:
-        """Report as the bench that runs (or ran) into this ledger: its command and code states."""
-        p = self.results / self.name / "session.json"
-        if p.exists():
-            d = json.loads(p.read_text())
-            self.cfg.command, self.src_desc, self.code = d["command"], d["src"], d["code"]
-            self.cfg.parallel = d.get("parallel", self.cfg.parallel)
-            if d.get("reference") == machine.REFERENCE_ID and self.machine_ref is None:
-                self.machine_ref = d.get("machine_ref_cpu_s")
+    def adopt_session(self, code: bool = True) -> None:
+        """Report as the benches that run (or ran) into this ledger: their commands and code states
+        (`code=False`: keep this bench's code states, e.g. those of a snapshot named with --src)."""
+        d = self.read_session()
+        parts = {k: v for k, v in d["parts"].items() if k in self.parts()}
+        if not parts:
+            return
+        if code:
+            for k, v in parts.items():
+                self.code[k] = v["code"]
+        cmds = list(dict.fromkeys(v["command"] for v in parts.values()))
+        self.cfg.command = cmds[0] if len(cmds) == 1 else cmds
+        srcs = {k: v["src"] for k, v in parts.items()}
+        if code:
+            self.src_desc = (next(iter(srcs.values())) if len(set(srcs.values())) == 1
+                             else ", ".join(f"{v} ({'the baselines' if k == 'baseline' else 'the swarm'})" for k, v in srcs.items()))
+        self.cfg.parallel = d.get("parallel", self.cfg.parallel)
+        if d.get("reference") == machine.REFERENCE_ID and self.machine_ref is None:
+            self.machine_ref = d.get("machine_ref_cpu_s")
 
     def ensure_reference(self) -> None:
         """This sitting's machine reference, measured with every core slot held (nothing else from
