@@ -601,6 +601,48 @@ def test_the_reference_workload_runs_the_trainer_and_gives_its_worker_cpu(tmp_pa
     assert 0 < short < longer                      # real trainer CPU: more steps cost more
 
 
+def test_a_run_that_sleeps_through_its_wall_cap_lends_its_core_and_a_busy_one_keeps_it(tmp_path):
+    """A stall at least as long as the wall cap: once the run's processes sleep, its slot goes to the
+    next run (a real second holder gets it), and the CPU its processes used after that is recorded
+    (here ~0: they slept on). A run that keeps computing keeps its slot."""
+    import threading
+
+    from swarm.bench.machine import CoreSlots
+    from swarm.bench.runner import lend_when_asleep, sleeps_through
+
+    stall = {"perturbations": [{"kind": "stall", "at_step": 20, "seconds": 900.0}]}
+    assert sleeps_through(stall, 600.0) and not sleeps_through(stall, 1200.0)
+    assert not sleeps_through({"perturbations": [{"shortcut": "hang", "at_step": 5}]}, 240.0)   # 60 s: wakes first
+    assert not sleeps_through({"perturbations": [{"kind": "kill", "at_step": 5}]}, 240.0) and not sleeps_through({}, 1.0)
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {busy}: pass\ntime.sleep(60)"
+    slots = CoreSlots(1, tmp_path / "slots", poll_s=0.05)
+
+    def run(busy: float, wait_s: float) -> tuple[dict, bool]:
+        child = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {burn.format(busy=busy)!r}]).wait()"
+        with slots.hold(1) as lease:
+            proc = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
+            lent: dict = {}
+            threading.Thread(target=lend_when_asleep, args=(proc, lease, lent, 0.2, 1.0), daemon=True).start()
+            got = threading.Event()
+
+            def other():
+                with slots.hold(1):
+                    got.set()
+            threading.Thread(target=other, daemon=True).start()
+            got.wait(wait_s)
+            proc.kill()
+            subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)])
+            proc.wait()
+            time.sleep(0.5)        # the lender's last poll
+            return dict(lent), got.is_set()
+
+    lent, other_ran = run(busy=1.5, wait_s=15.0)
+    assert other_ran and lent["after_s"] >= 1.0 and lent.get("cpu_while_lent", 0.0) < 0.3, lent
+    lent, other_ran = run(busy=60.0, wait_s=4.0)
+    assert not other_ran and lent == {}
+
+
 def test_core_slots_never_hold_more_than_the_cores_across_holders(tmp_path):
     """Two holders of the same folder (as two bench processes would be) and runs needing 1 or 2 of
     2 cores: at no moment are more than 2 held, and every run gets its turn."""

@@ -25,6 +25,7 @@ import os
 import pathlib
 import tempfile
 import time
+import threading
 from typing import Any, Iterator
 
 REFERENCE_STEPS = 60
@@ -99,12 +100,14 @@ class CoreSlots:
                 time.sleep(self.poll_s)
 
     @contextlib.contextmanager
-    def hold(self, k: int, stop: Any = None) -> Iterator[None]:
+    def hold(self, k: int, stop: Any = None) -> Iterator["Lease"]:
         """Hold min(k, cores) slots for the block; `stop()` true while waiting raises KeyboardInterrupt.
         One waiter at a time takes slots (it holds the `turn` lock until it has all k), so a run that
-        needs every core is not starved by runs that need one."""
+        needs every core is not starved by runs that need one. The block gets a `Lease`: its
+        `release()` lets the slots go before the block ends (a run that can no longer use a core)."""
         k = max(1, min(int(k), self.cores))
         held: list[int] = []
+        lease: Lease | None = None
         turn = self._lock("turn", stop)
         try:
             while True:
@@ -127,9 +130,30 @@ class CoreSlots:
                 time.sleep(self.poll_s)
             os.close(turn)
             turn = -1
-            yield
+            lease = Lease(held)
+            yield lease
         finally:
             if turn >= 0:
                 os.close(turn)
-            for fd in held:
-                os.close(fd)
+            if lease is not None:
+                lease.release()
+            else:
+                for fd in held:
+                    os.close(fd)
+
+
+class Lease:
+    """The slots `CoreSlots.hold` took; `release()` lets them go (once; the block's end does too)."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self._fds = list(fds)
+        self._lock = threading.Lock()
+        self.released_at: float | None = None
+
+    def release(self) -> None:
+        with self._lock:
+            fds, self._fds = self._fds, []
+            if fds and self.released_at is None:
+                self.released_at = time.time()
+        for fd in fds:
+            os.close(fd)

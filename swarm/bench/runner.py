@@ -124,6 +124,66 @@ def prepare_src(mode: str, work: pathlib.Path) -> tuple[pathlib.Path, str]:
     return src, f"snapshot of git {'HEAD ' if mode == 'head' else 'commit '}{sha[:10]}"
 
 
+IDLE_WINDOW_S = 30.0     # a run is asleep when its processes used under IDLE_CORES of a core over this
+IDLE_CORES = 0.1         # (Ray's own daemons use a few % of a core while every trial sleeps)
+
+
+def sleeps_through(goal: dict[str, Any], wall_cap: float) -> bool:
+    """The goal stalls the trainer for at least the run's wall cap: once every process of a run
+    (plain's trainer, every Tune trial) sleeps, none wakes before the cap ends the run. The swarm is
+    never such a run: its controller restarts a hung job."""
+    from trainer.config import Perturbation
+    from trainer.perturb import expand
+
+    for raw in goal.get("perturbations") or []:
+        try:
+            p = expand(Perturbation(**raw))
+        except (TypeError, ValueError):
+            continue
+        if p.kind == "stall" and float(p.seconds or 0.0) >= wall_cap:
+            return True
+    return False
+
+
+def lend_when_asleep(proc: subprocess.Popen, lease: machine.Lease, lent: dict[str, float], poll_s: float = 2.0,
+                     window_s: float = IDLE_WINDOW_S, idle_cores: float = IDLE_CORES) -> None:
+    """Release `proc`'s core slots once its descendants (the trainers it started, Ray's processes)
+    have used under `idle_cores` of a core for `window_s`: it sleeps until its wall cap
+    (`sleeps_through`), so its cores go to the next run. `lent` gets when, and the CPU-s the run's
+    processes used after it (the measurement's check that they slept on)."""
+    import psutil
+
+    def tree_cpu() -> float:
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            return 0.0
+        total = 0.0
+        for k in kids:
+            try:
+                t = k.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total
+
+    seen: list[tuple[float, float]] = []
+    started = False
+    while proc.poll() is None:
+        now, cpu = time.time(), tree_cpu()
+        started = started or cpu > 1.0       # a trainer has run (not the start-up of an empty tree)
+        seen.append((now, cpu))
+        if lease.released_at is None:
+            old = [x for x in seen if x[0] <= now - window_s]
+            if started and old and (cpu - old[-1][1]) < idle_cores * (now - old[-1][0]):
+                lease.release()
+                lent.update(after_s=round(now - seen[0][0], 1), cpu_at_release=round(cpu, 2))
+            seen = [x for x in seen if x[0] > now - 2 * window_s]
+        else:
+            lent["cpu_while_lent"] = round(cpu - lent["cpu_at_release"], 2)
+        time.sleep(poll_s)
+
+
 class Ledger:
     """Append-only JSONL of finished runs; one line is written whole (flush + fsync) under a lock."""
 
@@ -204,7 +264,7 @@ class Bench:
         env["PYTHONPATH"] = str(self.src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("MPLBACKEND", "Agg")
         # the cores it keeps busy, held for the run: no run is measured on an oversubscribed machine
-        with self.slots.hold(machine.METHOD_CORES.get(method, 1), stop=lambda: self.stopping):
+        with self.slots.hold(machine.METHOD_CORES.get(method, 1), stop=lambda: self.stopping) as lease:
             with self.lock:
                 if self.stopping:
                     raise KeyboardInterrupt
@@ -214,6 +274,9 @@ class Bench:
                     p = subprocess.Popen([sys.executable, "-m", "swarm.bench.worker", str(d / "spec.json"), str(d / "result.json")],
                                          cwd=self.src, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 self.procs[rid] = p
+            lent: dict[str, float] = {}
+            if method != "swarm" and sleeps_through(goal, wall_cap):
+                threading.Thread(target=lend_when_asleep, args=(p, lease, lent), daemon=True).start()
             try:
                 p.wait()
             finally:
@@ -227,7 +290,10 @@ class Bench:
             tail = (d / "worker.log").read_text(errors="replace")[-2000:]
             return {"reached": False, "cpu_to_target": None, "cpu_total": None, "curve": [], "rc": p.returncode,
                     "stop": "worker died", "log_tail": tail}
-        return json.loads(res_path.read_text())
+        res = json.loads(res_path.read_text())
+        if lent:
+            res["cores_lent"] = lent
+        return res
 
     # ---- calibration --------------------------------------------------------------------------
     def calibration(self, s: Scenario) -> cal.Calibration:
