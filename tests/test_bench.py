@@ -601,6 +601,25 @@ def test_the_reference_workload_runs_the_trainer_and_gives_its_worker_cpu(tmp_pa
     assert 0 < short < longer                      # real trainer CPU: more steps cost more
 
 
+def test_the_progress_log_names_the_runs_waiting_for_cores(capsys):
+    import threading
+    import types
+
+    from swarm.bench.runner import log_display
+
+    b = types.SimpleNamespace(lock=threading.Lock(), current_rows=lambda: [1, 2], planned=lambda: 10,
+                              running={1: {"scenario": "g1", "method": "plain", "seed": 0}},
+                              waiting={2: {"scenario": "g2", "method": "pbt", "seed": 0}})
+    show = log_display()
+    show(b)
+    show(b)                                   # nothing changed: no new line
+    b.waiting.clear()
+    show(b)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "2/~10 finished; running: g1/plain/s0; waiting for cores: g2/pbt/s0" in lines[0]
+    assert lines[1].endswith("running: g1/plain/s0")
+
+
 def test_a_run_that_sleeps_through_its_wall_cap_lends_its_core_and_a_busy_one_keeps_it(tmp_path):
     """A stall at least as long as the wall cap: once the run's processes sleep, its slot goes to the
     next run (a real second holder gets it), and the CPU its processes used after that is recorded

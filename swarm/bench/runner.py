@@ -19,6 +19,7 @@ resumed later measures the same code whatever HEAD is then). Each run is its own
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import json
 import os
@@ -241,6 +242,7 @@ class Bench:
                            or seen.setdefault(s.content_hash, s.name) != s.name}
         self.cal_locks = {s.name: threading.Lock() for s in self.scenarios}
         self.running: dict[int, dict[str, Any]] = {}
+        self.waiting: dict[int, dict[str, Any]] = {}   # runs waiting for their cores
         self.procs: dict[int, subprocess.Popen] = {}
         self.lock = threading.Lock()
         self.stopping = False
@@ -264,7 +266,15 @@ class Bench:
         env["PYTHONPATH"] = str(self.src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("MPLBACKEND", "Agg")
         # the cores it keeps busy, held for the run: no run is measured on an oversubscribed machine
-        with self.slots.hold(machine.METHOD_CORES.get(method, 1), stop=lambda: self.stopping) as lease:
+        with self.lock:
+            self.waiting[rid] = {**label, "method": method, "seed": seed, "since": time.time()}
+        held = contextlib.ExitStack()
+        try:
+            lease = held.enter_context(self.slots.hold(machine.METHOD_CORES.get(method, 1), stop=lambda: self.stopping))
+        finally:
+            with self.lock:
+                self.waiting.pop(rid, None)
+        with held:
             with self.lock:
                 if self.stopping:
                     raise KeyboardInterrupt
@@ -640,6 +650,7 @@ def live_display(console: Any):
             t.add_column(col)
         with b.lock:
             items = list(b.running.values())
+            waits = list(b.waiting.values())
         for r in items:
             try:
                 pr = json.loads(pathlib.Path(r["progress"]).read_text())
@@ -650,6 +661,9 @@ def live_display(console: Any):
             t.add_row(r["scenario"], r.get("cls", ""), r["method"], str(r["seed"]),
                       f"{spent:.0f} / {budget:.0f}" + (f" ({100 * spent / budget:.0f}%)" if budget else ""),
                       f"{time.time() - r['t0']:.0f}")
+        for r in waits:
+            t.add_row(r["scenario"], r.get("cls", ""), r["method"], str(r["seed"]), "waiting for cores",
+                      f"{time.time() - r['since']:.0f}")
         live.update(t)
 
     show.stop = live.stop  # type: ignore[attr-defined]
@@ -663,11 +677,14 @@ def log_display():
     def show(b: Bench) -> None:
         with b.lock:
             items = sorted((r["scenario"], r["method"], r["seed"]) for r in b.running.values())
-        if items != last[0]:
-            last[0] = items
+            waits = sorted((r["scenario"], r["method"], r["seed"]) for r in b.waiting.values())
+        if (items, waits) != last[0]:
+            last[0] = (items, waits)
             done = len(b.current_rows())
             print(f"[{time.strftime('%H:%M:%S')}] {done}/~{b.planned()} finished; running: "
-                  + ", ".join(f"{s}/{m}/s{seed}" for s, m, seed in items), flush=True)
+                  + ", ".join(f"{s}/{m}/s{seed}" for s, m, seed in items)
+                  + ("; waiting for cores: " + ", ".join(f"{s}/{m}/s{seed}" for s, m, seed in waits) if waits else ""),
+                  flush=True)
 
     show.stop = lambda: None  # type: ignore[attr-defined]
     return show
