@@ -77,6 +77,7 @@ class Memo:
     closed: set[str] = field(default_factory=set)
     held: set[float] = field(default_factory=set)  # launches whose restart hold was logged
     deferred: set[tuple[str, int]] = field(default_factory=set)  # (fix, evals seen) whose deferral was logged
+    streaks: dict[str, tuple[int, int]] = field(default_factory=dict)  # finding -> (step first seen, looks) in a row
     # the timeline's last seq when this process's last full pass began (rows logged during or
     # after it, a human decision included, make the next tick a full pass)
     full_seq: int | None = None
@@ -364,6 +365,9 @@ class Controller(Deciding):
         self.tick.findings = findings
         ctx.with_findings(findings)
         self.log_findings(findings)
+        prev = self.memo.streaks      # how long each finding has held, look after look
+        self.memo.streaks = {d.name: (prev[d.name][0], prev[d.name][1] + 1) if d.name in prev else (ev.step, 1)
+                             for d in findings}
         wrong = [d for d in findings if d.severity != "info"]
         # skills and past episodes only when something is wrong (a healthy tick costs nothing), and
         # retrieved again only when what is wrong, the library or the memory changed: a finding that
@@ -510,7 +514,9 @@ class Controller(Deciding):
         for iv in proposals:
             # a change plan lets skip its backtest trains no arms: its window is the live run's own steps
             cost = 0 if isinstance(plan(iv, self.facts(iv, s.job_status)), Skip) else verify
-            why = worth_verifying(iv, findings, view, cost, next_eval_in)
+            streak = self.memo.streaks.get(iv.diagnosis.name)
+            held = (streak[1], ev.step - streak[0]) if streak else None
+            why = worth_verifying(iv, findings, view, cost, next_eval_in, held)
             if why is None:
                 keep.append(iv)
                 continue

@@ -169,8 +169,17 @@ def outlook(evals: list[tuple[int, float]], threshold: float, higher_is_better: 
 NO_TREND = JOB_FINDINGS | {"nonfinite_loss"}
 
 
+# a finding acts once it holds on two looks at least PERSIST_STEPS steps apart (the detectors'
+# `recent` window: the second look reads rows the first did not). Replayed tick by tick, the
+# detectors that fire on healthy runs fire there on one tick each (truncation, malformed answers,
+# entropy collapse, loss spikes: 9, 10, 9 and 3 fires on 9, 10, 9 and 3 of 39 healthy runs), while
+# on the faulted runs they detect they hold for many (benchmarks/results/detector_calibration.md)
+PERSIST_LOOKS = 2
+PERSIST_STEPS = 5
+
+
 def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,
-                    next_eval_in: int | None = None) -> str | None:
+                    next_eval_in: int | None = None, held_for: tuple[int, int] | None = None) -> str | None:
     """Why an intervention is not worth its cost now (None: it may be), before it is recorded.
     Every change is verified — by a backtest, or by its evaluation window — and `verify_steps` is
     the smaller of the two: the backtest's candidate and control arms over its horizon, in training
@@ -181,9 +190,15 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     have turned. With fewer than two evals there is no trend yet: when the next eval is due in
     fewer steps (`next_eval_in`) than verifying would train, the fix waits for it — the eval costs
     less than the backtest and says whether the fix can pay at all. A restart, or a run whose loss
-    is not finite, is never held (no trend to project)."""
+    is not finite, is never held (no trend to project). Before any of that, a fix for a finding
+    seen on fewer than PERSIST_LOOKS looks spanning PERSIST_STEPS steps (`held_for`: looks, steps
+    since the finding's first look of its current streak; None when its diagnosis is no current
+    finding) waits for the next look: holding for one look only is how false alarms look."""
     if iv.kind == K.RESTART or findings & NO_TREND:
         return None
+    if held_for is not None and (held_for[0] < PERSIST_LOOKS or held_for[1] < PERSIST_STEPS):
+        return (f"{iv.diagnosis.name} seen on {held_for[0]} look(s) over {held_for[1]} step(s): on healthy runs a "
+                f"detector's false alarm lasts one look, so the fix waits for a look at newer rows")
     if view.evals < 2 and next_eval_in is not None and next_eval_in < verify_steps:
         return (f"no trend yet ({view.evals} held-out eval(s) in this timeline): the next eval, due in {next_eval_in} steps, "
                 f"costs less than verifying this change ({verify_steps} steps of arms) and says whether it can pay for itself")

@@ -119,10 +119,11 @@ NO = tool_call("no_action", {"reason": "nothing to do"})
 
 
 class CurriculumLLM(FakeLLMServer):
-    """A scripted provider: the data-curation operator, once the run has trained EASE_AT steps,
-    eases the curriculum to difficulty 1 (below the reversal task's range, which starts at 2: a
-    value the config accepts and the live trainer refuses) and calls it high risk; every other
-    request gets no_action."""
+    """A scripted provider: the data-curation operator, whenever it is asked once the run has
+    trained EASE_AT steps, eases the curriculum to difficulty 1 (below the reversal task's range,
+    which starts at 2: a value the config accepts and the live trainer refuses) and calls it high
+    risk (the controller records it once: the same fix again is dropped while it is open, and a
+    finding seen on one look waits for the next); every other request gets no_action."""
 
     EASE_AT = 15
 
@@ -137,8 +138,8 @@ class CurriculumLLM(FakeLLMServer):
             system, user = str(msgs[0].get("content", "")), str(msgs[-1].get("content", ""))
             m = re.search(r'"step":(\d+)', user)
             step = int(m.group(1)) if m else 0
-            if "the data_curation operator" in system and self.proposed_at is None and step >= self.EASE_AT:
-                self.proposed_at = step
+            if "the data_curation operator" in system and step >= self.EASE_AT:
+                self.proposed_at = step if self.proposed_at is None else self.proposed_at
                 return tool_call("propose_intervention", {
                     "kind": "data_change", "risk": "high",
                     "changes": {"harness.curriculum.start": 1, "harness.curriculum.end": 3,

@@ -268,6 +268,26 @@ def test_with_no_trend_yet_a_fix_waits_for_the_next_eval_when_it_comes_sooner_th
     assert worth_verifying(fix, frozenset({"loss_spike"}), falling, verify_steps=160, next_eval_in=10) is None
 
 
+@pytest.mark.parametrize("held_for, want_held", [
+    ((1, 0), True),        # first look
+    ((1, 40), True),       # one look (a fast run: many steps between looks, still one look)
+    ((3, 2), True),        # three looks over two steps: the same rows read again
+    ((2, 5), False),       # a second look over rows the first did not read
+    (None, False),         # its diagnosis is no current finding (e.g. a claim): the backtest decides
+])
+def test_a_fix_for_a_finding_seen_on_one_look_waits_for_the_next(held_for, want_held):
+    fix = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    far = outlook([(50, 0.1), (100, 0.1)], 0.9, True)                  # far from the target: worth verifying
+    why = worth_verifying(fix, frozenset({"truncation"}), far, verify_steps=160, held_for=held_for)
+    assert (why is not None) == want_held, why
+    if want_held:
+        assert why.startswith("truncation seen on") and "one look" in why
+    # never for a restart of a dead job, nor a run whose loss is not finite
+    assert worth_verifying(iv(K.RESTART, diagnosis="crashed_job"), frozenset({"crashed_job"}), far, 160, held_for=(1, 0)) is None
+    assert worth_verifying(iv(K.ROLLBACK, {"recipe.lr": 3e-3}, "nonfinite_loss"), frozenset({"nonfinite_loss"}), far, 160,
+                           held_for=(1, 0)) is None
+
+
 @pytest.mark.parametrize("seeds, critical, factor, want", [
     ((0, 1), False, 4, (Look((0,)), Look((0, 1)))),
     ((0, 1), True, 4, (Look((0,)), Look((0, 1)), Look((0, 1), 4))),
