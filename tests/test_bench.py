@@ -660,6 +660,22 @@ def test_a_run_that_sleeps_through_its_wall_cap_lends_its_core_and_a_busy_one_ke
     assert other_ran and lent["after_s"] >= 1.0 and lent.get("cpu_while_lent", 0.0) < 0.3, lent
     lent, other_ran = run(busy=60.0, wait_s=4.0)
     assert not other_ran and lent == {}
+    # busy processes that end and are replaced by others (Tune's trials): their CPU still counts
+    replaced = ("import subprocess, sys\nfor _ in range(8): subprocess.run([sys.executable, '-c', "
+                "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.7: pass'])\n"
+                "import time; time.sleep(60)")
+    with slots.hold(1) as lease:
+        proc = subprocess.Popen([sys.executable, "-c", replaced], start_new_session=True)
+        lent = {}
+        threading.Thread(target=lend_when_asleep, args=(proc, lease, lent, 0.2, 1.0), daemon=True).start()
+        time.sleep(4.0)
+        assert lease.released_at is None, lent              # 4 s of short-lived busy processes: not idle
+        deadline = time.time() + 15
+        while lease.released_at is None and time.time() < deadline:
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+    assert lent["after_s"] >= 4.0 and lent.get("cpu_while_lent", 0.0) >= 0.0, lent
 
 
 def test_core_slots_never_hold_more_than_the_cores_across_holders(tmp_path):

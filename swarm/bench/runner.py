@@ -125,6 +125,7 @@ def prepare_src(mode: str, work: pathlib.Path) -> tuple[pathlib.Path, str]:
     return src, f"snapshot of git {'HEAD ' if mode == 'head' else 'commit '}{sha[:10]}"
 
 
+SLEEPERS = ("plain", "pbt", "pb2", "asha")   # the methods that run the faults and restart no hung job
 IDLE_WINDOW_S = 30.0     # a run is asleep when its processes used under IDLE_CORES of a core over this
 IDLE_CORES = 0.1         # (Ray's own daemons use a few % of a core while every trial sleeps)
 
@@ -150,26 +151,29 @@ def lend_when_asleep(proc: subprocess.Popen, lease: machine.Lease, lent: dict[st
                      window_s: float = IDLE_WINDOW_S, idle_cores: float = IDLE_CORES) -> None:
     """Release `proc`'s core slots once its descendants (the trainers it started, Ray's processes)
     have used under `idle_cores` of a core for `window_s`: it sleeps until its wall cap
-    (`sleeps_through`), so its cores go to the next run. `lent` gets when, and the CPU-s the run's
-    processes used after it (the measurement's check that they slept on)."""
+    (`sleeps_through`), so its cores go to the next run. The CPU counted is every descendant's,
+    including those that ended (a Tune trial replaced by another is no idle time). `lent` gets when,
+    and the CPU-s the run's processes used after it (the measurement's check that they slept on)."""
     import psutil
+
+    used: dict[tuple[int, float], float] = {}      # (pid, start time) -> CPU-s: a process that ends keeps its count
 
     def tree_cpu() -> float:
         try:
             kids = psutil.Process(proc.pid).children(recursive=True)
         except psutil.Error:
-            return 0.0
-        total = 0.0
+            kids = []
         for k in kids:
             try:
                 t = k.cpu_times()
-                total += t.user + t.system
+                key = (k.pid, k.create_time())
+                used[key] = max(used.get(key, 0.0), t.user + t.system)
             except psutil.Error:
                 continue
-        return total
+        return sum(used.values())
 
     seen: list[tuple[float, float]] = []
-    started = False
+    started, t0 = False, time.time()
     while proc.poll() is None:
         now, cpu = time.time(), tree_cpu()
         started = started or cpu > 1.0       # a trainer has run (not the start-up of an empty tree)
@@ -178,7 +182,7 @@ def lend_when_asleep(proc: subprocess.Popen, lease: machine.Lease, lent: dict[st
             old = [x for x in seen if x[0] <= now - window_s]
             if started and old and (cpu - old[-1][1]) < idle_cores * (now - old[-1][0]):
                 lease.release()
-                lent.update(after_s=round(now - seen[0][0], 1), cpu_at_release=round(cpu, 2))
+                lent.update(after_s=round(now - t0, 1), cpu_at_release=round(cpu, 2))
             seen = [x for x in seen if x[0] > now - 2 * window_s]
         else:
             lent["cpu_while_lent"] = round(cpu - lent["cpu_at_release"], 2)
@@ -285,7 +289,7 @@ class Bench:
                                          cwd=self.src, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 self.procs[rid] = p
             lent: dict[str, float] = {}
-            if method != "swarm" and sleeps_through(goal, wall_cap):
+            if method in SLEEPERS and sleeps_through(goal, wall_cap):
                 threading.Thread(target=lend_when_asleep, args=(p, lease, lent), daemon=True).start()
             try:
                 p.wait()
