@@ -154,28 +154,14 @@ def lend_when_asleep(proc: subprocess.Popen, lease: machine.Lease, lent: dict[st
     (`sleeps_through`), so its cores go to the next run. The CPU counted is every descendant's,
     including those that ended (a Tune trial replaced by another is no idle time). `lent` gets when,
     and the CPU-s the run's processes used after it (the measurement's check that they slept on)."""
-    import psutil
+    from swarm.bench.accounting import ProcessMeter
 
-    used: dict[tuple[int, float], float] = {}      # (pid, start time) -> CPU-s: a process that ends keeps its count
-
-    def tree_cpu() -> float:
-        try:
-            kids = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.Error:
-            kids = []
-        for k in kids:
-            try:
-                t = k.cpu_times()
-                key = (k.pid, k.create_time())
-                used[key] = max(used.get(key, 0.0), t.user + t.system)
-            except psutil.Error:
-                continue
-        return sum(used.values())
-
+    meter = ProcessMeter(proc.pid)      # every descendant's CPU, those that ended included
     seen: list[tuple[float, float]] = []
     started, t0 = False, time.time()
     while proc.poll() is None:
-        now, cpu = time.time(), tree_cpu()
+        now = time.time()
+        cpu = meter.poll(now)
         started = started or cpu > 1.0       # a trainer has run (not the start-up of an empty tree)
         seen.append((now, cpu))
         if lease.released_at is None:
