@@ -47,6 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
 
 # ---- plan ---------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ NO_TREND = JOB_FINDINGS | {"nonfinite_loss"}
 # entropy collapse, loss spikes: 9, 10, 9 and 3 fires on 9, 10, 9 and 3 of 39 healthy runs), while
 # on the faulted runs they detect they hold for many (benchmarks/results/detector_calibration.md)
 PERSIST_LOOKS = 2
-PERSIST_STEPS = 5
+PERSIST_STEPS = THRESHOLDS.recent
 
 
 def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,
