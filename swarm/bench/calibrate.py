@@ -75,12 +75,12 @@ class Calibration:
     healthy: dict[str, Any]
     plain: dict[str, Any] | None
     machine_ref_cpu_s: float | None = None   # the reference workload's CPU-s where this was measured
+    sitting: str | None = None               # the sitting that measured it (machine.sitting_id)
 
-    def scaled(self, machine_ref: float | None) -> tuple[float, float]:
-        """(budget, wall cap) for a machine whose reference costs `machine_ref` CPU-s: the budget
-        is a multiple of a healthy run's CPU and the cap of its wall, both slower where the
-        reference is."""
-        f = machine.scale(self.machine_ref_cpu_s, machine_ref) or 1.0
+    def scaled(self, f: float) -> tuple[float, float]:
+        """(budget, wall cap) on a machine where the calibration's CPU-s cost `f` times as much
+        (`Bench.cal_factor`): the budget is a multiple of a healthy run's CPU and the cap of its
+        wall, both larger on a slower machine."""
         return round(self.budget * f, 2), round(self.wall_cap * f, 1)
 
     def to_json(self) -> dict[str, Any]:
@@ -100,7 +100,7 @@ RunFn = Callable[[str, dict[str, Any], int, float, float, float], dict[str, Any]
 
 
 def calibrate(name: str, goal: dict[str, Any], seed: int, trainer_state: str, cache: pathlib.Path, run: RunFn,
-              has_faults: bool, machine_ref: float | None = None) -> tuple[Calibration, bool]:
+              has_faults: bool, machine_ref: float | None = None, sitting: str | None = None) -> tuple[Calibration, bool]:
     """The scenario's calibration and whether it came from the cache (a cached one may come from
     another machine: `Calibration.scaled` gives its budget and cap on this one)."""
     key = calibration_key(goal, seed, trainer_state)
@@ -133,7 +133,7 @@ def calibrate(name: str, goal: dict[str, Any], seed: int, trainer_state: str, ca
             cls = "healthy"
     cal = Calibration(key=key, scenario=name, target=target, healthy_cpu_to_target=c2t, budget=round(budget, 2),
                       wall_cap=round(wall_cap, 1), cls=cls, seed=seed, healthy=healthy, plain=plain,
-                      machine_ref_cpu_s=machine_ref)
+                      machine_ref_cpu_s=machine_ref, sitting=sitting)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(cal.to_json(), indent=1))

@@ -205,16 +205,25 @@ def plots(rows: list[dict[str, Any]], methods: list[str], out_dir: pathlib.Path,
 
 
 def machine_line(meta: dict[str, Any]) -> str:
-    """How the worker CPU-s of the tables compare across machines (swarm.bench.machine)."""
-    ref = meta.get("machine_ref_cpu_s")
-    if not ref:
-        return "Machine reference: not measured (worker CPU-s as measured, on whatever machine ran each row)."
-    refs = meta.get("row_refs") or []
-    return (f"Worker CPU-s are this machine's: its reference workload (`{meta.get('reference')}`) costs {ref:.2f} CPU-s. "
-            + (f"Rows measured on machines whose reference cost {', '.join(f'{x:g}' for x in refs)} CPU-s are scaled by the "
-               "ratio of the references. " if any(abs(x / ref - 1) > 0.005 for x in refs) else "")
-            + f"Runs hold the cores their method keeps busy ({meta.get('cores')} cores shared by every bench process here), "
-              "so no run is measured on an oversubscribed machine.")
+    """How the worker CPU-s of the tables compare across sittings (swarm.bench.machine)."""
+    sittings = meta.get("sittings") or []
+    slots = (f"Runs hold the cores their method keeps busy ({meta.get('cores')} cores shared by every bench process "
+             "of a sitting), so no run is measured on an oversubscribed machine.")
+    if len(sittings) <= 1:
+        return "Worker CPU-s as measured: every row comes from one sitting (one machine). " + slots
+    lines = [f"Worker CPU-s are those of sitting `{meta.get('base_sitting')}`'s machine. The rows come from "
+             f"{len(sittings)} sittings; each one's CPU-s are scaled by a factor fitted to the plain and oracle runs "
+             "repeated between sittings (the same scenario, seed and code measured twice is the same work), and by the "
+             f"reference workload (`{meta.get('reference')}`) only where no repeated run links a sitting. " + slots, "",
+             "| sitting | rows | first – last run | reference CPU-s | factor | from | repeated runs | their misfit |",
+             "|---|---|---|---|---|---|---|---|"]
+    for x in sittings:
+        lines.append(f"| `{x['name']}` | {x['rows']} | {x.get('first') or '—'} – {x.get('last') or '—'} | "
+                     f"{x['ref_cpu_s']:.2f} | " if x.get("ref_cpu_s") else
+                     f"| `{x['name']}` | {x['rows']} | {x.get('first') or '—'} – {x.get('last') or '—'} | — | ")
+        lines[-1] += (f"{x['factor']:.3f} | {x['how']} | {x['anchors']} | "
+                      + (f"{100 * x['spread']:.1f}%" if x.get("spread") is not None else "—") + " |")
+    return "\n".join(lines)
 
 
 def write(out_dir: pathlib.Path, stem: str, meta: dict[str, Any], scenarios: list[dict[str, Any]],

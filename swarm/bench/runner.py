@@ -68,6 +68,7 @@ class BenchConfig:
     cores: int | None = None           # core slots shared by the bench processes on this machine (None: all)
     machine_ref: float | None = None   # the reference workload's CPU-s here (None: measured at the start)
     slots_dir: str | None = None       # the folder of the core slots (None: one per machine, under the temp dir)
+    sitting: str | None = None         # the label of this sitting's rows (None: this machine's boot, machine.sitting_id)
 
     def check(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -182,11 +183,13 @@ class Ledger:
         self.path = path
         self.lock = threading.Lock()
         self.rows: dict[str, dict[str, Any]] = {}
+        self.history: list[dict[str, Any]] = []     # every row, also those a later one of its key replaced
         if path.exists():
             for line in path.read_text(errors="replace").splitlines():
                 try:
                     r = json.loads(line)
                     self.rows[r["key"]] = r
+                    self.history.append(r)
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue   # a line cut by an interruption: that run is redone
 
@@ -207,6 +210,7 @@ class Ledger:
                 f.flush()
                 os.fsync(f.fileno())
             self.rows[row["key"]] = row
+            self.history.append(row)
 
 
 class Bench:
@@ -225,6 +229,7 @@ class Bench:
         self.cals: dict[str, cal.Calibration] = {}
         self.slots = machine.CoreSlots(cfg.cores, cfg.slots_dir)
         self.machine_ref = cfg.machine_ref
+        self.sitting = cfg.sitting or machine.sitting_id()
         seen: dict[str, str] = {}
         # a scenario that runs exactly what an earlier one runs (e.g. two fault-free draws of one
         # family) is the same measurement: it is left out, named in the results
@@ -305,7 +310,8 @@ class Bench:
                 return self._spawn({"scenario": s.name, "cls": "calibrating"}, method, goal, seed, target, budget, wall_cap)
 
             c, _cached = cal.calibrate(s.name, s.goal, self.cfg.calib_seed, self.code["baseline"], self.cache, run,
-                                       has_faults=bool(s.goal.get("perturbations")), machine_ref=self.machine_ref)
+                                       has_faults=bool(s.goal.get("perturbations")), machine_ref=self.machine_ref,
+                                       sitting=self.sitting)
             self.cals[s.name] = c
             self._record_calibration_runs(s, c)
             return c
@@ -363,11 +369,27 @@ class Bench:
             self.machine_ref = d.get("machine_ref_cpu_s")
 
     def ensure_reference(self) -> None:
-        """This sitting's machine reference, measured with every core slot held (nothing else from
-        a bench runs meanwhile)."""
+        """This sitting's machine reference, measured once per sitting with every core slot held
+        (nothing else from a bench runs meanwhile) and shared by the sitting's bench processes."""
         if self.machine_ref is None:
             with self.slots.hold(self.slots.cores, stop=lambda: self.stopping):
-                self.machine_ref = machine.measure(self.work / "reference")
+                self.machine_ref = machine.shared_reference(self.slots.folder, self.sitting,
+                                                            lambda: machine.measure(self.work / "reference"))
+
+    def speeds(self) -> machine.Speeds:
+        """Every sitting's speed, fitted to the ledger's repeated runs (`machine.fit_speeds`)."""
+        extra = {machine.label_of({"sitting": c.sitting, "machine_ref_cpu_s": c.machine_ref_cpu_s}): c.machine_ref_cpu_s for c in self.cals.values()}
+        return machine.fit_speeds(self.ledger.history, self.sitting, self.machine_ref, extra=extra)
+
+    def cal_factor(self, c: cal.Calibration, speeds: machine.Speeds, to: str | None = None) -> float:
+        """What the CPU-s of calibration `c` cost in sitting `to` (default: the speeds' base): by the
+        sitting of its healthy run's ledger row (the oracle's at its seed), else by its own label."""
+        row = next((r for r in reversed(self.ledger.history) if r.get("from_calibration") and r.get("method") == "oracle"
+                    and r.get("seed") == c.seed and r.get("scenario") == c.scenario
+                    and r.get("code_state") == self.code["baseline"]), None)
+        if row is not None:
+            return speeds.of_row(row, to)
+        return speeds.ratio(machine.label_of({"sitting": c.sitting, "machine_ref_cpu_s": c.machine_ref_cpu_s}), to)
 
     def load_cached_calibrations(self) -> None:
         """The calibrations already in the cache (nothing is run): for rewriting the results alone."""
@@ -394,7 +416,7 @@ class Bench:
             if method == "oracle" and res.get("cpu_to_target") is not None and res["cpu_to_target"] > c.budget:
                 res["reached"] = False
             self.ledger.add(self._row(s, c, method, c.seed, res, from_calibration=True,
-                                      machine_ref_cpu_s=c.machine_ref_cpu_s))
+                                      machine_ref_cpu_s=c.machine_ref_cpu_s, sitting=c.sitting))
 
     def _row(self, s: Scenario, c: cal.Calibration, method: str, seed: int, res: dict[str, Any], **extra) -> dict[str, Any]:
         code = self.code["swarm" if method == "swarm" else "baseline"]
@@ -492,9 +514,10 @@ class Bench:
         key = Ledger.key(s.content_hash, method, seed, self.code["swarm" if method == "swarm" else "baseline"])
         if self.ledger.get(key):
             return
-        budget, wall_cap = c.scaled(self.machine_ref)
+        budget, wall_cap = c.scaled(self.cal_factor(c, self.speeds(), to=self.sitting))
         res = self._spawn({"scenario": s.name, "cls": c.cls}, method, s.goal, seed, c.target, budget, wall_cap)
-        self.ledger.add(self._row(s, c, method, seed, res, budget=budget, wall_cap=wall_cap, machine_ref_cpu_s=self.machine_ref))
+        self.ledger.add(self._row(s, c, method, seed, res, budget=budget, wall_cap=wall_cap, machine_ref_cpu_s=self.machine_ref,
+                                  sitting=self.sitting))
         self.done_this_session += 1
         self.write_results()
 
@@ -517,37 +540,43 @@ class Bench:
         n += max(0, self.cfg.more_on - len(self.more_seed_scenarios())) * len(self.extra_seeds()) * len(self.extra_methods())
         return n
 
-    def scenario_rows(self) -> list[dict[str, Any]]:
+    def scenario_rows(self, speeds: machine.Speeds | None = None) -> list[dict[str, Any]]:
+        speeds = speeds or self.speeds()
         out = []
         for s in self.scenarios:
             c = self.cals.get(s.name)
             if s.name in self.duplicates or (self.cfg.take and not (c and self.admitted(s))):
                 continue                         # not run: its class had enough (--take)
-            f = (machine.scale(c.machine_ref_cpu_s, self.machine_ref) or 1.0) if c else 1.0
+            f = self.cal_factor(c, speeds) if c else 1.0
             out.append({"name": s.name, "path": s.path, "hash": s.content_hash, "family": s.family,
                         "faults": "; ".join(f"{f.get('what')} @ step {f.get('at_step')}" for f in s.faults) or "none",
                         "fix_in_space": s.fix_in_space, "cls": c.cls if c else None, "target": c.target if c else None,
-                        "budget": c.scaled(self.machine_ref)[0] if c else None,
+                        "budget": c.scaled(f)[0] if c else None,
                         "healthy_cpu_to_target": c.healthy_cpu_to_target * f if c and c.healthy_cpu_to_target else None,
-                        "wall_cap": c.scaled(self.machine_ref)[1] if c else None, "cpu_scale": f})
+                        "wall_cap": c.scaled(f)[1] if c else None, "cpu_scale": f})
         return out
 
-    def current_rows(self) -> list[dict[str, Any]]:
+    def current_rows(self, speeds: machine.Speeds | None = None) -> list[dict[str, Any]]:
+        """The plan's rows, their CPU in the base sitting's CPU-s (`speeds`, default: fitted now)."""
+        speeds = speeds or self.speeds()
         rows = []
         for s, m, seed in self.plan():
             r = self.ledger.get(Ledger.key(s.content_hash, m, seed, self.code["swarm" if m == "swarm" else "baseline"]))
             if r:
-                rows.append(scaled_row(r, machine.scale(r.get("machine_ref_cpu_s"), self.machine_ref)))
+                rows.append(scaled_row(r, speeds.of_row(r)))
         return rows
 
     def write_results(self) -> None:
         with self.lock:
-            rows = self.current_rows()
+            speeds = self.speeds()
+            rows = self.current_rows(speeds)
+            used = {speeds.sitting_of(machine.label_of(r), machine._row_time(r)) for r in rows}
             walls = [r["wall_s"] for r in rows if isinstance(r.get("wall_s"), (int, float)) and not r.get("from_calibration")]
             meta = {"suite": self.cfg.suite, "command": self.cfg.command, "src": self.src_desc, "code_state": self.code,
                     "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}",
                     "machine_ref_cpu_s": self.machine_ref, "reference": machine.REFERENCE_ID, "cores": self.slots.cores,
-                    "row_refs": sorted({round(float(r["machine_ref_cpu_s"]), 2) for r in rows if r.get("machine_ref_cpu_s")}),
+                    "sitting": self.sitting, "base_sitting": speeds.base,
+                    "sittings": [x for x in speeds.table() if x["name"] in used],
                     "parallel": self.cfg.parallel, "planned": self.planned(),
                     "scenarios": len(self.scenarios), "calibrated": len(self.cals),
                     "budget_multiple": cal.BUDGET_MULTIPLE, "median_wall_s": statistics.median(walls) if walls else None,
@@ -555,7 +584,7 @@ class Bench:
                     "unlearnable": [n for n, c in self.cals.items() if c.cls == "unlearnable"],
                     "take": dict(self.cfg.take), "duplicates": dict(self.duplicates),
                     "not_taken": [s.name for s in self.scenarios if s.name in self.cals and not self.admitted(s)]}
-            report.write(self.results, self.name, meta, self.scenario_rows(), rows, self.cfg.methods)
+            report.write(self.results, self.name, meta, self.scenario_rows(speeds), rows, self.cfg.methods)
 
     # ---- driving it ------------------------------------------------------------------------------
     def stop_all(self) -> None:
@@ -613,8 +642,8 @@ CPU_FIELDS = ("cpu_to_target", "cpu_total", "budget", "wasted_cpu_s", "ray_overh
 
 
 def scaled_row(r: dict[str, Any], f: float | None) -> dict[str, Any]:
-    """A ledger row with its CPU figures in this sitting's machine's CPU-s (`f`: the ratio of the
-    references; None or 1: as measured). Wall figures stay as measured."""
+    """A ledger row with its CPU figures in the base sitting's CPU-s (`f`: its sitting's factor,
+    `machine.fit_speeds`; None or 1: as measured). Wall figures stay as measured."""
     if not f or f == 1.0:
         return r
     out = dict(r, cpu_scale=f)
