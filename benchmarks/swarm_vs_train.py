@@ -28,7 +28,7 @@ Measurements
                     (swarm wall − plain wall) / plain wall, which is noisy on shared cores.
 
     python benchmarks/swarm_vs_train.py [--goals healthy truncation ...] [--seeds 0 1 2]
-        [--cap-s 360] [--parallel 1] [--src head|worktree] [--fresh]
+        [--cap-s 360] [--parallel 1] [--cores N] [--src head|worktree] [--fresh]
 
 By default the code under test is a snapshot of git HEAD (`git archive`), so edits being made
 in the working tree while the benchmark runs do not leak into it (`--src worktree` runs the
@@ -478,6 +478,8 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true", help="only rewrite the .md from the .json")
     ap.add_argument("--coverage", default=None, help="text for the coverage section of the .md")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--cores", type=int, default=None, help="core slots shared with every bench process on this machine "
+                    "(swarm.bench.machine.CoreSlots; default: all cores): a run waits until its cores are free")
     a = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
     res = load_results(a.fresh)
@@ -509,13 +511,17 @@ def main() -> None:
         log(f"controller import cost: {meta['controller_import_cost']}")
     tasks = [(g, s, arm) for s in a.seeds for g in a.goals for arm in a.arms]
     lock = threading.Lock()
+    from swarm.bench.machine import METHOD_CORES, CoreSlots
+
+    slots = CoreSlots(a.cores)   # the same slots as `swarm bench`: no run is measured on an oversubscribed machine
 
     def one(t: tuple[str, int, str]) -> dict[str, Any]:
         g, s, arm = t
         log(f"start {arm} {g} seed {s}")
         fn = run_swarm if arm == "swarm" else run_plain
         try:
-            row = fn(g, s, a.cap_s, work, src)
+            with slots.hold(METHOD_CORES[arm]):
+                row = fn(g, s, a.cap_s, work, src)
         except Exception as e:  # one broken run is a row, not the end of the benchmark
             import traceback
 
