@@ -845,3 +845,4 @@ def test_the_reference_is_measured_once_per_sitting_and_shared(tmp_path):
     assert machine.shared_reference(tmp_path, "boot:a", measure) == 3.5      # a second process of the sitting
     assert machine.shared_reference(tmp_path, "boot:b", measure) == 4.5      # another sitting measures its own
     assert len(calls) == 2
+    assert machine.cached_reference(tmp_path, "boot:a") == 3.5 and machine.cached_reference(tmp_path, "boot:c") is None

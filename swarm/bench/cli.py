@@ -15,6 +15,7 @@ import pathlib
 import shlex
 import sys
 
+from swarm.bench import machine
 from swarm.bench.methods import METHODS
 from swarm.bench.runner import ROOT, Bench, BenchConfig, live_display, log_display
 from trainer.config import ConfigError
@@ -122,7 +123,7 @@ def main(argv: list[str]) -> int:
     console = Console()
     show = live_display(console) if console.is_terminal else log_display()
     print(f"swarm bench {bench.name}: {len(bench.scenarios)} scenarios, code {bench.src_desc}, work dir {bench.work}", flush=True)
-    if bench.machine_ref is None:
+    if bench.machine_ref is None and machine.cached_reference(bench.slots.folder, bench.sitting) is None:
         print("measuring this machine's reference workload (every core slot held) ...", flush=True)
     try:
         bench.run(show)

@@ -104,18 +104,29 @@ def _legacy(label: str) -> bool:
     return label.startswith("ref:") or label == "unlabelled"
 
 
+def _reference_path(folder: pathlib.Path, sitting: str) -> pathlib.Path:
+    return folder / f"reference-{sitting.replace(':', '_').replace('/', '_')}-{REFERENCE_ID}.json"
+
+
+def cached_reference(folder: str | pathlib.Path, sitting: str) -> float | None:
+    """The sitting's reference workload CPU-s if a bench process of it measured it already."""
+    try:
+        return float(json.loads(_reference_path(pathlib.Path(folder), sitting).read_text())["cpu_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def shared_reference(folder: str | pathlib.Path, sitting: str, measure_fn: Any) -> float:
     """The sitting's reference workload CPU-s: measured once (`measure_fn()`) and read by every later
     bench process of the sitting that uses the same core-slot folder."""
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"reference-{sitting.replace(':', '_').replace('/', '_')}-{REFERENCE_ID}.json"
+    path = _reference_path(folder, sitting)
     with open(folder / "reference.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return float(json.loads(path.read_text())["cpu_s"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        known = cached_reference(folder, sitting)
+        if known is not None:
+            return known
         value = float(measure_fn())
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"cpu_s": value, "sitting": sitting, "reference": REFERENCE_ID}))

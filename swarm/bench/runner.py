@@ -372,6 +372,8 @@ class Bench:
         """This sitting's machine reference, measured once per sitting with every core slot held
         (nothing else from a bench runs meanwhile) and shared by the sitting's bench processes."""
         if self.machine_ref is None:
+            self.machine_ref = machine.cached_reference(self.slots.folder, self.sitting)
+        if self.machine_ref is None:
             with self.slots.hold(self.slots.cores, stop=lambda: self.stopping):
                 self.machine_ref = machine.shared_reference(self.slots.folder, self.sitting,
                                                             lambda: machine.measure(self.work / "reference"))
