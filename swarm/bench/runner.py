@@ -565,7 +565,8 @@ class Bench:
         for s, m, seed in self.plan():
             r = self.ledger.get(Ledger.key(s.content_hash, m, seed, self.code["swarm" if m == "swarm" else "baseline"]))
             if r:
-                rows.append(scaled_row(r, speeds.of_row(r)))
+                rows.append(dict(scaled_row(r, speeds.of_row(r)),
+                                 sitting_of_row=speeds.sitting_of(machine.label_of(r), machine._row_time(r))))
         return rows
 
     def write_results(self) -> None:
