@@ -77,6 +77,11 @@ class Calibration:
     machine_ref_cpu_s: float | None = None   # the reference workload's CPU-s where this was measured
     sitting: str | None = None               # the sitting that measured it (machine.sitting_id)
 
+    @property
+    def label(self) -> str:
+        """The sitting it names (machine.label_of)."""
+        return machine.label_of({"sitting": self.sitting, "machine_ref_cpu_s": self.machine_ref_cpu_s})
+
     def scaled(self, f: float) -> tuple[float, float]:
         """(budget, wall cap) on a machine where the calibration's CPU-s cost `f` times as much
         (`Bench.cal_factor`): the budget is a multiple of a healthy run's CPU and the cap of its

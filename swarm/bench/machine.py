@@ -159,11 +159,10 @@ class Speeds:
         """The sitting of a label's row finished at `when` (a legacy label can span sittings: the
         stretch nearest in time)."""
         segs = self.segments.get(label) or []
-        if not segs:
-            return None
-        if when is None or len(segs) == 1:
-            return segs[-1][2]
-        return min(segs, key=lambda g: 0.0 if g[0] - GAP_S <= when <= g[1] + GAP_S else min(abs(when - g[0]), abs(when - g[1])))[2]
+        return _nearest(segs, when)[2] if segs else None
+
+    def sitting_of_row(self, row: dict[str, Any]) -> str | None:
+        return self.sitting_of(label_of(row), _row_time(row))
 
     def _factor(self, name: str | None) -> float:
         return next((s.factor for s in self.sittings if s.name == name), 1.0)
@@ -181,6 +180,14 @@ class Speeds:
 
 
 GAP_S = 300.0   # a legacy label's runs more than this apart (nothing of it running between) may be two sittings
+
+
+def _nearest(segs: list, when: float | None):
+    """Of a label's stretches (start, end, ...), the one a row finished at `when` belongs to: the
+    one it falls in (GAP_S either side), else the nearest in time; the last without a time."""
+    if when is None or len(segs) == 1:
+        return segs[-1]
+    return min(segs, key=lambda g: 0.0 if g[0] - GAP_S <= when <= g[1] + GAP_S else min(abs(when - g[0]), abs(when - g[1])))
 
 
 def _when(t: str) -> float:
@@ -235,10 +242,7 @@ def fit_speeds(rows: Iterable[dict[str, Any]], here: str, here_ref: float | None
                            for st, en in cuts] or [[None, None, label, [], 0]]
 
     def seg(label: str, when: float | None) -> list:
-        segs = segments[label]
-        if when is None or len(segs) == 1:
-            return segs[-1]
-        return min(segs, key=lambda g: 0.0 if g[0] - GAP_S <= when <= g[1] + GAP_S else min(abs(when - g[0]), abs(when - g[1])))
+        return _nearest(segments[label], when)
 
     for label, ref in [(here, here_ref), *((extra or {}).items())]:
         if ref:

@@ -380,7 +380,7 @@ class Bench:
 
     def speeds(self) -> machine.Speeds:
         """Every sitting's speed, fitted to the ledger's repeated runs (`machine.fit_speeds`)."""
-        extra = {machine.label_of({"sitting": c.sitting, "machine_ref_cpu_s": c.machine_ref_cpu_s}): c.machine_ref_cpu_s for c in self.cals.values()}
+        extra = {c.label: c.machine_ref_cpu_s for c in self.cals.values()}
         return machine.fit_speeds(self.ledger.history, self.sitting, self.machine_ref, extra=extra)
 
     def cal_factor(self, c: cal.Calibration, speeds: machine.Speeds, to: str | None = None) -> float:
@@ -391,7 +391,7 @@ class Bench:
                     and r.get("code_state") == self.code["baseline"]), None)
         if row is not None:
             return speeds.of_row(row, to)
-        return speeds.ratio(machine.label_of({"sitting": c.sitting, "machine_ref_cpu_s": c.machine_ref_cpu_s}), to)
+        return speeds.ratio(c.label, to)
 
     def load_cached_calibrations(self) -> None:
         """The calibrations already in the cache (nothing is run): for rewriting the results alone."""
@@ -565,15 +565,14 @@ class Bench:
         for s, m, seed in self.plan():
             r = self.ledger.get(Ledger.key(s.content_hash, m, seed, self.code["swarm" if m == "swarm" else "baseline"]))
             if r:
-                rows.append(dict(scaled_row(r, speeds.of_row(r)),
-                                 sitting_of_row=speeds.sitting_of(machine.label_of(r), machine._row_time(r))))
+                rows.append(dict(scaled_row(r, speeds.of_row(r)), sitting_of_row=speeds.sitting_of_row(r)))
         return rows
 
     def write_results(self) -> None:
         with self.lock:
             speeds = self.speeds()
             rows = self.current_rows(speeds)
-            used = {speeds.sitting_of(machine.label_of(r), machine._row_time(r)) for r in rows}
+            used = {r["sitting_of_row"] for r in rows}
             walls = [r["wall_s"] for r in rows if isinstance(r.get("wall_s"), (int, float)) and not r.get("from_calibration")]
             meta = {"suite": self.cfg.suite, "command": self.cfg.command, "src": self.src_desc, "code_state": self.code,
                     "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}",
