@@ -85,7 +85,21 @@ def test_generic_override_of_any_field(make_cfg):
     rows = step_rows(cfg.run_dir)
     assert rows[1]["tokens"] > 3 * rows[2]["tokens"]  # 8 → 2 examples per step
     assert rows[1]["response_len"] > 3 and all(r["response_len"] <= 3 for r in rows[2:])
+    # the rows name the recipe and harness they trained with: a silent change shows as a new version
+    assert rows[0]["recipe_version"] == rows[1]["recipe_version"] != rows[2]["recipe_version"] == rows[3]["recipe_version"]
+    assert rows[1]["recipe_version"] == cfg.recipe.version
+    assert rows[1]["harness_version"] != rows[2]["harness_version"]
     assert_hidden(cfg)
+
+
+def test_the_recipe_version_leaves_out_how_long_the_run_goes():
+    """A controller sets steps and the early stop from its budget and target: the recipe it knows
+    and the one it launched differ there and are the same recipe; any training field is not."""
+    from trainer.config import Recipe
+
+    base = Recipe(lr=1e-3, batch_size=16)
+    assert base.version == Recipe(lr=1e-3, batch_size=16, steps=5000, stop_at_heldout=0.9).version
+    assert base.version != Recipe(lr=1e-3, batch_size=6).version != Recipe(lr=1e-3, batch_size=16, weight_decay=0.1).version
 
 
 def test_broken_template(make_cfg, warm_state):

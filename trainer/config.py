@@ -7,6 +7,8 @@ the CLI turns into one line and exit code 2.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import pathlib
 from typing import Any, Literal
 
@@ -68,6 +70,9 @@ class ModelConfig(_Strict):
         return self
 
 
+RUN_CONTROL = ("steps", "stop_at_heldout")   # recipe fields that say how long to run, not how to train
+
+
 class Recipe(_Strict):
     algorithm: Literal["sft", "grpo", "distill"] = Field("sft", description="see trainer/algorithms")
     sft_warmup_steps: int = Field(0, ge=0, description="train with SFT for the first N steps, then with `algorithm` "
@@ -102,6 +107,15 @@ class Recipe(_Strict):
         if self.algorithm in ("grpo", "distill") and self.group_size < 2 and self.algorithm == "grpo":
             raise ValueError(f"recipe.group_size={self.group_size} must be >= 2 for algorithm 'grpo'")
         return self
+
+    @property
+    def version(self) -> str:
+        """The SHA-256 of the recipe's canonical JSON without its run-control fields (RUN_CONTROL:
+        how long the run goes and when it stops, which a controller sets from its budget and
+        target), as a harness is versioned: every metrics row carries the version of the recipe it
+        trained with, so a change of how it trains that nobody commanded shows."""
+        blob = json.dumps(self.model_dump(mode="json", exclude=set(RUN_CONTROL)), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 class TaskConfig(_Strict):

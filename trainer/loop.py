@@ -485,7 +485,8 @@ class Trainer:
         self.step += 1
         row: dict[str, Any] = {"step": self.step, "segment": self.segment, "time": time.time(),
                                "lr": self.lr_at(self.step - 1), "difficulty": self.harness.curriculum.difficulty_at(self.step - 1),
-                               "harness_version": self.harness.version, "algorithm": algo, **stats}
+                               "harness_version": self.harness.version, "recipe_version": self.recipe.version,
+                               "algorithm": algo, **stats}
         if self.recipe.eval_interval and self.step % self.recipe.eval_interval == 0:
             ev = self.dist.mean_dict(self.evaluate())
             self.last_eval = ev
