@@ -84,7 +84,8 @@ class OperatorContext(BaseModel):
         return Known(eval_difficulty=self.eval_difficulty, target_metric=self.target.metric,
                      target_op=self.target.op, target_threshold=self.target.threshold,
                      template=self.harness.get("template") if isinstance(self.harness.get("template"), str) else None,
-                     harness_version=version, lr_bounds=bounds, warmup_steps=warmup, settled_since=self.settled_since)
+                     harness_version=version, recipe_version=r.version if r is not None else None,
+                     lr_bounds=bounds, warmup_steps=warmup, settled_since=self.settled_since)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """A known field by its dotted name (`recipe.lr`, `harness.sampling.max_new_tokens`)."""

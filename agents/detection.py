@@ -120,6 +120,7 @@ class Known:
     stale_heartbeat_s: float | None = None  # the goal's swarm.stale_heartbeat_s (None: Thresholds' floor)
     since_launch_s: float | None = None    # seconds since the live job was launched (a new job's grace)
     harness_version: str | None = None     # the version of the harness the controller set
+    recipe_version: str | None = None      # the version of the recipe the controller set
     lr_bounds: tuple[float, float] | None = None   # the lr the controller's recipe gives after its warm-up: (lowest, highest)
     warmup_steps: int = 0                  # the recipe's lr warm-up
     settled_since: float | None = None     # rows written before this time predate the controller's latest change

@@ -450,6 +450,29 @@ def job_restarted(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
 LR_TOLERANCE = 0.01    # relative: the logged lr is rounded, a schedule's end points are exact
 
 
+def version_drift(ev: Evidence, th: Thresholds, known: Known, key: str, set_version: str | None) -> dict[str, Any] | None:
+    """The version under `key` the live run reports in its metrics is not `set_version` (the one the
+    controller set) on every one of the `recent` rows since the controller's latest change: what
+    the live version is, since which step, and whether a row since that change ran the set one."""
+    if not set_version or known.settled_since is None:
+        return None
+    rows = [r for r in settled_rows(ev, known) if isinstance(r.get(key), str)]
+    recent = rows[-th.recent :]
+    if len(recent) < th.recent or any(r[key] == set_version for r in recent):
+        return None
+    i = len(rows)
+    while i > 0 and rows[i - 1][key] != set_version:
+        i -= 1
+    return {"live_version": recent[-1][key], "set_version": set_version, "since_step": int(rows[i]["step"]),
+            "ran_the_set_version_before": i > 0, "rows": len(rows) - i}
+
+
+def _drift_summary(what: str, d: dict[str, Any]) -> str:
+    return (f"the live run reports {what} version {d['live_version']} since step {d['since_step']}, "
+            f"not {d['set_version']}, the one the controller set"
+            + ("" if d["ran_the_set_version_before"] else " (no row since the controller's latest change shows it)"))
+
+
 @detector("harness_drift")
 def harness_drift(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The harness the live run reports (its metrics' `harness_version`) is not the one the
@@ -457,23 +480,18 @@ def harness_drift(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     sampling, reward or curriculum changed with no command from the controller. Which field changed
     the version does not say; the effects (truncation, template, curriculum findings) may. Silent
     unless the controller says what it set and since when (`Known.settled_since`)."""
-    if not known.harness_version or known.settled_since is None:
-        return None
-    rows = [r for r in settled_rows(ev, known) if isinstance(r.get("harness_version"), str)]
-    recent = rows[-th.recent :]
-    if len(recent) < th.recent or any(r["harness_version"] == known.harness_version for r in recent):
-        return None
-    i = len(rows)
-    while i > 0 and rows[i - 1]["harness_version"] != known.harness_version:
-        i -= 1
-    since = int(rows[i]["step"])
-    ran_set = i > 0
-    return make_diagnosis(ev, "harness_drift",
-                          f"the live run reports harness version {recent[-1]['harness_version']} since step {since}, "
-                          f"not {known.harness_version}, the one the controller set"
-                          + ("" if ran_set else " (no row since the controller's latest change shows it)"),
-                          "warning", {"live_version": recent[-1]["harness_version"], "set_version": known.harness_version,
-                                      "since_step": since, "ran_the_set_version_before": ran_set, "rows": len(rows) - i})
+    d = version_drift(ev, th, known, "harness_version", known.harness_version)
+    return make_diagnosis(ev, "harness_drift", _drift_summary("harness", d), "warning", d) if d else None
+
+
+@detector("recipe_drift")
+def recipe_drift(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The recipe the live run reports (its metrics' `recipe_version`) is not the one the controller
+    set, as `harness_drift` reads the harness: an optimisation field (batch size, weight decay,
+    schedule, lr, ...) changed with no command from the controller. Which field the version does
+    not say; `lr_drift` names the lr when it is the one."""
+    d = version_drift(ev, th, known, "recipe_version", known.recipe_version)
+    return make_diagnosis(ev, "recipe_drift", _drift_summary("recipe", d), "warning", d) if d else None
 
 
 @detector("lr_drift")

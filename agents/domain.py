@@ -48,7 +48,7 @@ DIVERGENCE = frozenset({"nonfinite_loss", "loss_spike", "grad_norm_explosion", "
 # findings that show the live run's config left what the controller set (a field changed behind its
 # back): a change they confirm that only goes back to the goal's values skips the backtest, its
 # control arm would only continue on the values nobody chose
-DEPARTURE = frozenset({"lr_drift", "harness_drift"})
+DEPARTURE = frozenset({"lr_drift", "harness_drift", "recipe_drift"})
 # findings that show the job dead or hung: the only ones a restart may answer
 JOB_FINDINGS = frozenset({"crashed_job", "stale_heartbeat"})
 

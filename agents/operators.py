@@ -14,6 +14,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | KL blow-up                                | RECIPE_EDIT kl_coef ×2 (or lr ×0.5 once it is large) | medium |
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |
 |               | lr drift (the logged lr outside the recipe's schedule) | ROLLBACK to the last checkpoint before the change with the recipe's lr (RECIPE_EDIT without one) | medium |
+|               | recipe drift (the live recipe version is not the one set; only without an lr drift) | RECIPE_EDIT every recipe field → the controller's value | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
 |               | template mismatch                         | ROLLBACK to before the harness changed, template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
 |               | reward hacking                            | ROLLBACK to before its onset with reward.verifier → task (HARNESS_EDIT without such a checkpoint) | medium |
@@ -36,7 +37,7 @@ from typing import Any
 import yaml
 
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
-from agents.domain import JOB_ACTIONS, Diagnosis, Intervention, InterventionKind as K, Risk
+from agents.domain import DEPARTURE, JOB_ACTIONS, Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
 from agents.recall import avoid_reason
 from trainer.runlog import INIT_CHECKPOINT
@@ -99,7 +100,7 @@ class Diagnostics(Operator):
             "stronger KL penalty; lost exploration gets the sampling temperature back to 1.0.")
     tools = frozenset({K.ROLLBACK, K.RECIPE_EDIT, K.HARNESS_EDIT})
     detectors = ("nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "entropy_collapse",
-                 "low_temperature", "plateau", "not_learning", "lr_drift")
+                 "low_temperature", "plateau", "not_learning", "lr_drift", "recipe_drift")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
@@ -130,6 +131,16 @@ class Diagnostics(Operator):
                     rationale=f"{why} (no checkpoint predates the change; the backtest decides whether that helps).",
                     expected_effect="the logged lr back within the recipe's schedule at once; the loss curve "
                                     "back to its slope before the change"))
+        elif "recipe_drift" in found and ctx.recipe:
+            # a field other than the lr changed with no command: every recipe field goes back to the
+            # controller's value before anything is judged on a recipe nobody chose
+            d = found["recipe_drift"]
+            out.append(self.intervention(
+                K.RECIPE_EDIT, d, config_fields("recipe", ctx.recipe), risk=Risk.MEDIUM,
+                rationale=f"{d.summary}. Which field changed the version does not say, so every recipe field is "
+                          "set again to the controller's value.",
+                expected_effect="the live recipe version back to the controller's at once; whatever the "
+                                "unrequested change slowed or broke (batch size, weight decay, schedule) recovering"))
         elif "not_learning" in found:
             d = found["not_learning"]
             lr = _f(d.evidence.get("lr_now")) or _f(ctx.get("recipe.lr"))
@@ -256,7 +267,7 @@ class HarnessCritic(Operator):
         if "harness_drift" in found and ctx.harness and not named & SPECIFIC_HARNESS_FINDINGS:
             # the fallback: a finding that names the field (and sizes its fix) goes first
             d = found["harness_drift"]
-            changes = harness_fields(ctx.harness)
+            changes = config_fields("harness", ctx.harness)
             out.append(self.intervention(
                 K.HARNESS_EDIT, d, changes, risk=Risk.MEDIUM,
                 rationale=f"{d.summary}. Which field changed the version does not say, so every harness field is "
@@ -300,13 +311,18 @@ class HarnessCritic(Operator):
         cut = math.ceil(_f(d.evidence.get("response_len_max")) or 0.0)   # tokens generated when cut off
         cands = [2 * cut + TOKENS_SLACK]
         known = _f(ctx.get("harness.sampling.max_new_tokens"))
-        if known and known > cut:
+        drifted = any(f.name == "harness_drift" for f in ctx.findings or [])
+        if known and known > cut and drifted:
+            cands = [int(known)]    # the harness in force is not the one set, and the set limit is above the cut: set it again
+        elif known and known > cut:
             cands.append(int(known))                         # the controller's value is not what runs
         new = int(min(MAX_NEW_TOKENS_CAP, max(cands)))
         return self.intervention(
             K.HARNESS_EDIT, d, {"harness.sampling.max_new_tokens": new}, risk=Risk.MEDIUM,
             rationale=f"{d.summary}. Completions stop at ~{cut:.0f} tokens without the stop text, so answers are cut "
-                      f"off; max_new_tokens goes to {new} (2× the cut-off length + {TOKENS_SLACK}, at least the intended limit).",
+                      f"off; max_new_tokens goes to {new} "
+                      + (f"(the controller's limit: the live harness is not the one it set, harness_drift)." if new == known and drifted
+                         else f"(2× the cut-off length + {TOKENS_SLACK}, at least the intended limit)."),
             expected_effect="truncation_rate near 0 and malformed/truncated verdicts turning into scored answers "
                             "within a few steps")
 
@@ -337,10 +353,15 @@ class HarnessCritic(Operator):
                             "and pass rate recovering within ~20 steps")
 
 
-def harness_fields(harness: dict[str, Any]) -> dict[str, Any]:
-    """Every leaf of the harness (its defaults filled in) as a dotted `harness.*` change."""
+def config_fields(section: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Every leaf of the `harness` or `recipe` section (its defaults filled in) as a dotted change;
+    of the recipe, every field its version covers (not the run-control fields, which the
+    controller sets from the goal's budget and target)."""
     from harness.spec import HarnessSpec
+    from trainer.config import RUN_CONTROL, Recipe
 
+    model = {"harness": HarnessSpec, "recipe": Recipe}[section]
+    skip = set(RUN_CONTROL) if section == "recipe" else set()
     out: dict[str, Any] = {}
 
     def walk(prefix: str, node: Any) -> None:
@@ -350,7 +371,7 @@ def harness_fields(harness: dict[str, Any]) -> dict[str, Any]:
         else:
             out[prefix] = node
 
-    walk("harness", HarnessSpec.model_validate(harness).model_dump(mode="json"))
+    walk(section, model.model_validate(data).model_dump(mode="json", exclude=skip))
     return out
 
 
@@ -453,7 +474,9 @@ class Lead:
 
     def arbitrate(self, proposals: list[Intervention], ctx: OperatorContext) -> list[Intervention]:
         """The proposals to go ahead with, most urgent first:
-        - most severe diagnosis first, then job actions, data, harness, recipe;
+        - most severe diagnosis first; among equals a departure's fix (DEPARTURE: the live config
+          left what was set) before the others, whose evidence comes from a config nobody chose;
+          then job actions, data, harness, recipe;
         - one per signature (diagnosis|kind|fields), one per kind, one job action (restart or rollback);
         - none identical to a recent rejected or rolled-back one, or to one still pending or in effect
           (a restart may repeat: a job can crash twice);
@@ -469,6 +492,7 @@ class Lead:
             if h.status in PENDING:
                 pending_fields.update(h.changes)
         order = sorted(enumerate(proposals), key=lambda p: (SEVERITY_RANK.get(p[1].diagnosis.severity, 3),
+                                                             p[1].diagnosis.name not in DEPARTURE,
                                                              KIND_RANK.get(p[1].kind, 9), not p[1].skills_used, p[0]))
         chosen: list[Intervention] = []
         sigs: set[str] = set()

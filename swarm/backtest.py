@@ -12,7 +12,7 @@ with the same seed (hence the same data and sampling stream) and end with a held
 A rollback's candidate forks the checkpoint it rolls back to.
 
 Also here: `check_change` (the validation the live trainer applies to a change, run before any
-arm starts), `nearest_valid` (the closest change the trainer accepts), `noop_harness_edit`.
+arm starts), `nearest_valid` (the closest change the trainer accepts), `noop_edit`.
 """
 from __future__ import annotations
 
@@ -127,21 +127,29 @@ def nearest_valid(changes: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     return out
 
 
-def noop_harness_edit(changes: dict[str, Any], harness: dict[str, Any], live_version: str | None) -> str | None:
-    """Why a harness-only edit needs no backtest (the reason, else None): applied to `harness` (what
-    the controller knows) it gives the version the live run already reports — e.g. a rollback
-    applied after the edit was proposed restored the harness it wanted."""
-    if not changes or not all(k.startswith("harness.") for k in changes):
+def noop_edit(changes: dict[str, Any], recipe: dict[str, Any], harness: dict[str, Any],
+              live: dict[str, str | None]) -> str | None:
+    """Why an edit needs no backtest (the reason, else None): applied to `recipe` and `harness`
+    (what the controller knows) it gives the recipe and harness versions the live run already
+    reports (`live`: its newest metrics row's `recipe_version` and `harness_version`), in every
+    section it touches — e.g. a rollback applied after the edit was proposed restored what it
+    wanted. An edit of a section whose live version is unknown is never a no-op."""
+    sections = {k.partition(".")[0] for k in changes}
+    if not changes or not sections <= {"recipe", "harness"}:
         return None
     from harness.spec import HarnessSpec
-    from trainer.config import apply_changes
+    from trainer.config import Recipe, apply_changes
 
     try:
-        want = HarnessSpec.model_validate(apply_changes({}, harness, changes)[1]).version
+        new_recipe, new_harness = apply_changes(recipe, harness, changes)
+        want = {"recipe_version": Recipe.model_validate(new_recipe).version,
+                "harness_version": HarnessSpec.model_validate(new_harness).version}
     except ValueError:
         return None
-    if live_version == want:
-        return f"no backtest: the live harness already is the one this edit makes (version {want})"
+    keys = [f"{s}_version" for s in sorted(sections)]
+    if all(live.get(k) == want[k] for k in keys):
+        return "no backtest: the live run already is what this edit makes (" + ", ".join(
+            f"{k.replace('_', ' ')} {want[k]}" for k in keys) + ")"
     return None
 
 

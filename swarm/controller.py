@@ -34,7 +34,7 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import write_private
 from swarm.backtest import nearest_valid, task_range
 from swarm.deciding import Deciding, in_force
-from swarm.decisions import Skip, outlook, plan, restart_hold, worth_verifying
+from swarm.decisions import Skip, corroborated_by, outlook, plan, restart_hold, worth_verifying
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
@@ -516,7 +516,8 @@ class Controller(Deciding):
             cost = 0 if isinstance(plan(iv, self.facts(iv, s.job_status)), Skip) else verify
             streak = self.memo.streaks.get(iv.diagnosis.name)
             held = (streak[1], ev.step - streak[0]) if streak else None
-            why = worth_verifying(iv, findings, view, cost, next_eval_in, held)
+            why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
+                                  corroborated_by(iv.diagnosis, self.tick.findings))
             if why is None:
                 keep.append(iv)
                 continue

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
-from swarm.backtest import check_change, noop_harness_edit, result, rule_for, run_arms
+from swarm.backtest import check_change, noop_edit, result, rule_for, run_arms
 from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Skip, Window, assign_risk,
                              decide, judge, plan, rate_var, retry_horizon, schedule, wasted)
 from trainer.config import get_dotted
@@ -55,12 +55,11 @@ class Deciding:
         from agents.recall import skill_proposed
 
         bt = self.goal.swarm.backtest
-        live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics) if r.get("harness_version")), None)
         trusted = self.knowledge.trusted(iv.skills_used) if iv.skills_used and not skill_proposed(iv) else None
         start = self.start_values(list(iv.changes))
         return Facts(restores=all(start.get(k) == v for k, v in iv.changes.items()), findings=frozenset(d.name for d in self.tick.findings),
                      risk=iv.risk, spec=BacktestSpec(bt.horizon_steps, tuple(bt.seeds)), invalid=self.validity(iv),
-                     noop=noop_harness_edit(iv.changes, self.ws.current_harness(), live), trusted=trusted,
+                     noop=self.noop_edit(iv, job_status), trusted=trusted,
                      tries_without_gain=self.tries_without_gain(iv))
 
     def tries_without_gain(self, iv: Intervention) -> int:
@@ -202,11 +201,15 @@ class Deciding:
         rows = self.evidence(job_status).metrics
         return not rows or float(rows[-1].get("time", 0.0)) < max(applied)
 
-    def noop_harness_edit(self, iv: Intervention, job_status: str) -> str | None:
-        """Why a harness-only edit would change nothing (else None): see swarm.backtest.noop_harness_edit."""
-        live = next((r.get("harness_version") for r in reversed(self.evidence(job_status).metrics)
-                     if r.get("harness_version")), None)
-        return noop_harness_edit(iv.changes, self.ws.current_harness(), live)
+    def noop_edit(self, iv: Intervention, job_status: str) -> str | None:
+        """Why an edit would change nothing (else None): see swarm.backtest.noop_edit."""
+        live: dict[str, str | None] = {"recipe_version": None, "harness_version": None}
+        for r in reversed(self.evidence(job_status).metrics):
+            for k in live:
+                live[k] = live[k] or (r.get(k) if isinstance(r.get(k), str) else None)
+            if all(live.values()):
+                break
+        return noop_edit(iv.changes, self.ws.current_recipe(), self.ws.current_harness(), live)
 
     # ---- evaluate -------------------------------------------------------------------------------
     def control_for(self, iv: Intervention) -> Control:

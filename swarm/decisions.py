@@ -95,6 +95,20 @@ class Facts:
     tries_without_gain: int = 0         # earlier backtests of this fix (this run) with a gain too small to tell
 
 
+# the fields a departure finding says left what the controller set (dotted prefixes)
+DEPARTED_FIELDS = {"harness_drift": ("harness.",), "recipe_drift": ("recipe.",), "lr_drift": ("recipe.lr",)}
+
+
+def departures_covering(changes: dict[str, Any], findings: frozenset[str]) -> frozenset[str]:
+    """The departure findings among `findings` whose fields hold every field of `changes` (none
+    for a change that sets nothing or sets a field no departure finding covers)."""
+    found = {n: DEPARTED_FIELDS[n] for n in findings & DEPARTURE if n in DEPARTED_FIELDS}
+    held = {n for n, prefixes in found.items() if any(k == p or k.startswith(p) for k in changes for p in prefixes)}
+    if not changes or not all(any(k == p or k.startswith(p) for n in held for p in found[n]) for k in changes):
+        return frozenset()
+    return frozenset(held)
+
+
 def plan(iv: Intervention, facts: Facts) -> Plan:
     """Skip, Refuse or Backtest, in this order:
     - a change the live trainer would refuse, or one that changes nothing → Refuse;
@@ -104,8 +118,10 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
       else Refuse (the job is not verifiably dead or stale);
     - going back → Skip when every field the change sets goes back to the goal's starting value,
       it is not high risk, and the detectors confirm now that the run left where the goal put it:
-      a rollback claiming a divergence, with a divergence finding; a fix for a departure of the
-      live config from what the controller set (DEPARTURE), with that finding. The finding
+      a rollback claiming a divergence, with a divergence finding; a change whose every field
+      lies where the detectors find the live config left what the controller set
+      (departures_covering: the harness for harness_drift, the recipe for recipe_drift, the lr
+      for lr_drift), whatever its proposer named. The finding
       justifies going back, not a new value; the post-apply judgement compares with the value
       measured just before applying. Otherwise such a change is backtested like any fix;
     - a fix a trusted skill backs → Skip when its diagnosis is confirmed now and it is not high risk;
@@ -124,7 +140,7 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
             return Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed or stale job now")
         return Skip(f"restart of a job the detectors find {' and '.join(seen)}: nothing to compare against")
     left = (facts.findings & DIVERGENCE if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE else frozenset()) | (
-        {iv.diagnosis.name} & DEPARTURE if confirmed else frozenset())
+        departures_covering(iv.changes, facts.findings))
     if left and facts.risk != Risk.HIGH and facts.restores:
         return Skip(f"goes back to the goal's values; the detectors find the run left them ({', '.join(sorted(left))}): "
                     "the control arm would only continue there")
@@ -179,8 +195,25 @@ PERSIST_LOOKS = 2
 PERSIST_STEPS = THRESHOLDS.recent
 
 
+def corroborated_by(diagnosis: Any, findings: list[Any]) -> str | None:
+    """The departure finding (DEPARTURE: the live config left what the controller set, read from the
+    versions and lr the run reports) that began at or before `diagnosis`' onset, or None. A finding
+    that follows a config change nobody commanded is not the one-look false alarm of a healthy run:
+    on those nothing changed. A departure finding corroborates itself (it already holds on
+    `recent` rows in a row)."""
+    if diagnosis.name in DEPARTURE:
+        return diagnosis.name
+    onset = diagnosis.evidence.get("onset_step", diagnosis.step)
+    for d in findings:
+        since = d.evidence.get("since_step")
+        if d.name in DEPARTURE and isinstance(since, (int, float)) and isinstance(onset, (int, float)) and since <= onset:
+            return d.name
+    return None
+
+
 def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,
-                    next_eval_in: int | None = None, held_for: tuple[int, int] | None = None) -> str | None:
+                    next_eval_in: int | None = None, held_for: tuple[int, int] | None = None,
+                    corroborated: str | None = None) -> str | None:
     """Why an intervention is not worth its cost now (None: it may be), before it is recorded.
     Every change is verified — by a backtest, or by its evaluation window — and `verify_steps` is
     the smaller of the two: the backtest's candidate and control arms over its horizon, in training
@@ -194,10 +227,12 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     is not finite, is never held (no trend to project). Before any of that, a fix for a finding
     seen on fewer than PERSIST_LOOKS looks spanning PERSIST_STEPS steps (`held_for`: looks, steps
     since the finding's first look of its current streak; None when its diagnosis is no current
-    finding) waits for the next look: holding for one look only is how false alarms look."""
+    finding) waits for the next look: holding for one look only is how false alarms look — unless
+    a departure finding `corroborated` it (corroborated_by: the config changed behind the
+    controller's back at or before its onset)."""
     if iv.kind == K.RESTART or findings & NO_TREND:
         return None
-    if held_for is not None and (held_for[0] < PERSIST_LOOKS or held_for[1] < PERSIST_STEPS):
+    if corroborated is None and held_for is not None and (held_for[0] < PERSIST_LOOKS or held_for[1] < PERSIST_STEPS):
         return (f"{iv.diagnosis.name} seen on {held_for[0]} look(s) over {held_for[1]} step(s): on healthy runs a "
                 f"detector's false alarm lasts one look, so the fix waits for a look at newer rows")
     if view.evals < 2 and next_eval_in is not None and next_eval_in < verify_steps:

@@ -353,7 +353,7 @@ def test_one_fix_in_flight_also_among_one_ticks_proposals(tmp_path):
     ctrl.lock.release()
 
 
-def test_a_validated_rollback_holds_other_backtests_until_its_job_writes_and_noop_harness_edits_are_dropped(tmp_path):
+def test_a_validated_rollback_holds_other_backtests_until_its_job_writes_and_noop_edits_are_dropped(tmp_path):
     """A rollback validated without a backtest is applied before any other proposal is backtested
     (else its checkpoint can leave the retention window meanwhile), and the others wait for the
     new job's first metrics row; then a harness edit that makes the harness the live run already
@@ -390,8 +390,8 @@ def test_a_validated_rollback_holds_other_backtests_until_its_job_writes_and_noo
         return Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.template": template}, diagnosis=t,
                             rationale="r", operator="harness_critic", policy="builtin")
 
-    assert "already is the one this edit makes" in ctrl.noop_harness_edit(edit(harness["template"]), "RUNNING")
-    assert ctrl.noop_harness_edit(edit("Q: {question}\nA:"), "RUNNING") is None
+    assert "already is what this edit makes" in ctrl.noop_edit(edit(harness["template"]), "RUNNING")
+    assert ctrl.noop_edit(edit("Q: {question}\nA:"), "RUNNING") is None
     ctrl.knowledge.close()
     ctrl._conn.close()
     ctrl.lock.release()
@@ -550,3 +550,21 @@ def test_a_tie_on_the_target_goes_to_the_sft_loss_before_a_noisy_pass_rate(tmp_p
     res = backtest(iv, arms, tmp_path, step=300, seeds=[0, 1], eval_size=200, candidate_ckpt="init.pt", candidate_step=0)
     assert res.signal == "SFT training loss" and res.test.index("SFT training loss") < res.test.index("training pass rate")
     assert res.passed and res.effect == pytest.approx(0.09)
+
+
+def test_an_edit_that_makes_what_already_runs_is_a_no_op_in_every_section_it_touches():
+    """swarm.backtest.noop_edit: the recipe and harness versions an edit would make, against the
+    versions the live run reports; a section whose live version is unknown is never a no-op."""
+    from harness.spec import HarnessSpec
+    from swarm.backtest import noop_edit
+    from trainer.config import Recipe
+
+    recipe, harness = {"lr": 1e-3, "batch_size": 32}, {"template": "Q: {question}\nA:"}
+    live = {"recipe_version": Recipe.model_validate({**recipe, "batch_size": 6}).version,
+            "harness_version": HarnessSpec.model_validate(harness).version}
+    restore = {"recipe.batch_size": 32}
+    assert noop_edit(restore, recipe, harness, live) is None                  # the live run trains at 6: not a no-op
+    back = {**live, "recipe_version": Recipe.model_validate(recipe).version}
+    assert "recipe version" in noop_edit(restore, recipe, harness, back)      # it already trains at 32
+    assert noop_edit({**restore, "harness.template": "{question}="}, recipe, harness, back) is None
+    assert noop_edit(restore, recipe, harness, {**back, "recipe_version": None}) is None

@@ -378,3 +378,36 @@ def test_a_change_that_does_not_hold_up_in_the_window_is_undone_and_counted_as_a
     print(f"rollback: applied at step {iv.applied_step}, backtest effect {iv.backtest.effect:+.3f}, control "
           f"{o['control']:.3f} → after {o['after']:.3f}; restored to step {fault['pre_step']} "
           f"(held-out {evals[0]:.3f}); wasted {waste:.1f} CPU-s; wall {wall:.0f} s")
+
+
+# ---- a recipe field changed behind the controller's back: set again, no backtest, judged ----------
+
+def test_a_recipe_field_changed_silently_is_found_set_again_without_a_backtest_and_judged(tmp_path):
+    """The batch size drops 32 → 2 at step 5 with no command (a silent override, as a faulty
+    launcher or config reload would do). The metrics rows' recipe_version leaves the controller's:
+    recipe_drift fires, Diagnostics sets every recipe field back, plan skips the backtest (the fix
+    goes back to the goal's values and the detectors confirm the departure), the live run trains
+    with the set recipe again, and the change is judged on its window like any other."""
+    from trainer.config import Recipe
+
+    goal = merge(REVERSE_TOO_HARD, {"approval": {"auto": ["low", "medium"]},
+                                    "perturbations": [{"kind": "override", "at_step": 5, "set": {"recipe.batch_size": 2}}]})
+    goal["run"]["harness"]["curriculum"] = {"start": 3}
+
+    class Ctrl(StopWhen):
+        done = staticmethod(lambda c: any(iv.diagnosis.name == "recipe_drift" and iv.status in Status.judged()
+                                          for iv in c.store.list()))
+
+    ws = tmp_path / "ws"
+    summary, ivs, tl = run(Ctrl, ws, goal)
+    (iv,) = [x for x in ivs if x.diagnosis.name == "recipe_drift"]
+    assert iv.kind == K.RECIPE_EDIT and iv.changes["recipe.batch_size"] == 32 and "recipe.steps" not in iv.changes
+    assert iv.backtest is None and "goes back to the goal's values" in (iv.backtest_skipped or ""), iv.backtest_skipped
+    assert transitions(iv)[:2] == ["validated", "applied"] and transitions(iv)[-1] in ("kept", "rolled_back"), iv.history
+    # nothing else was fixed on evidence from the recipe nobody chose
+    assert [x.diagnosis.name for x in ivs if x.applied_step is not None] == ["recipe_drift"], [(x.diagnosis.name, x.status) for x in ivs]
+    rows = [r for r in read_jsonl(ws / ".swarm" / "runs" / "train" / "metrics.jsonl") if "recipe_version" in r]
+    mine = Recipe.model_validate(goal["run"]["recipe"]).version
+    after = [r for r in rows if r["step"] > iv.applied_step]
+    assert after and all(r["recipe_version"] == mine for r in after)
+    assert any(r["recipe_version"] != mine for r in rows if r["step"] <= iv.applied_step)

@@ -6,7 +6,7 @@ import pytest
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Look, Pair, Refuse, Rejected,
                              Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, wasted,
-                             schedule, worth_verifying)
+                             schedule, worth_verifying, corroborated_by)
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 
@@ -44,7 +44,13 @@ def facts(findings=(), risk=Risk.MEDIUM, **kw):
     (iv(K.ROLLBACK, {"recipe.lr": 3e-4}, "lr_drift"), facts({"harness_drift"}), Backtest),         # another departure
     (iv(K.ROLLBACK, {"recipe.lr": 1e-3}, "lr_drift"), facts({"lr_drift"}, restores=False), Backtest),   # a new lr
     (iv(K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, "harness_drift"), facts({"harness_drift"}, risk=Risk.HIGH), Backtest),
-    (iv(K.RECIPE_EDIT, {"recipe.lr": 3e-4}, "not_learning"), facts({"not_learning", "lr_drift"}), Backtest),  # not its claim
+        # the detectors find the lr left the recipe: setting the goal's lr again skips, whatever it claims
+        (iv(K.RECIPE_EDIT, {"recipe.lr": 3e-4}, "not_learning"), facts({"not_learning", "lr_drift"}), Skip),
+        (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation"), facts({"truncation", "harness_drift"}), Skip),
+        (iv(K.RECIPE_EDIT, {"recipe.batch_size": 32}, "recipe_drift"), facts({"recipe_drift"}), Skip),
+        (iv(K.RECIPE_EDIT, {"recipe.batch_size": 32}, "plateau"), facts({"lr_drift"}), Backtest),      # the lr left, not this
+        (iv(K.ROLLBACK, {"recipe.lr": 3e-4, "harness.template": "Q"}, "lr_drift"), facts({"lr_drift"}), Backtest),  # half covered
+        (iv(K.ROLLBACK, {}, "lr_drift"), facts({"lr_drift", "recipe_drift"}), Backtest),                  # sets nothing back
     # validity and no-ops come first, whatever the claim
     (iv(K.RESTART, diagnosis="crashed_job"), facts({"crashed_job"}, invalid="x"), Refuse),
     (iv(K.DATA_CHANGE, {"harness.curriculum.start": 0}), facts({"too_hard_curriculum"}, invalid="difficulty=0 outside [1, 8]"), Refuse),
@@ -286,6 +292,29 @@ def test_a_fix_for_a_finding_seen_on_one_look_waits_for_the_next(held_for, want_
     assert worth_verifying(iv(K.RESTART, diagnosis="crashed_job"), frozenset({"crashed_job"}), far, 160, held_for=(1, 0)) is None
     assert worth_verifying(iv(K.ROLLBACK, {"recipe.lr": 3e-3}, "nonfinite_loss"), frozenset({"nonfinite_loss"}), far, 160,
                            held_for=(1, 0)) is None
+
+
+def finding(name, **evidence):
+    return Diagnosis(name=name, summary="s", operator="o", policy="builtin", evidence=evidence, step=evidence.pop("step", 100))
+
+
+@pytest.mark.parametrize("findings, onset, want", [
+    ([finding("harness_drift", since_step=60)], 80, "harness_drift"),     # the harness changed, then answers were cut
+    ([finding("recipe_drift", since_step=60)], 60, "recipe_drift"),
+    ([finding("harness_drift", since_step=90)], 80, None),                # the cut came first: not explained by it
+    ([finding("loss_spike", onset_step=50)], 80, None),                   # not a departure
+    ([], 80, None),                                                       # a healthy run: nothing changed
+])
+def test_a_finding_after_a_config_change_nobody_commanded_needs_no_second_look(findings, onset, want):
+    fix = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    fix = fix.model_copy(update={"diagnosis": fix.diagnosis.model_copy(update={"evidence": {"onset_step": onset}})})
+    assert corroborated_by(fix.diagnosis, findings) == want
+    far = outlook([(50, 0.1), (100, 0.1)], 0.9, True)
+    why = worth_verifying(fix, frozenset({"truncation"}), far, verify_steps=160, held_for=(1, 0),
+                          corroborated=corroborated_by(fix.diagnosis, findings))
+    assert (why is None) == (want is not None), why
+    # a departure finding corroborates itself; its fix restores what was set
+    assert corroborated_by(finding("recipe_drift", since_step=10), []) == "recipe_drift"
 
 
 @pytest.mark.parametrize("seeds, critical, factor, want", [

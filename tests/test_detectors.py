@@ -115,7 +115,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 23
+    assert len(DETECTORS) == 24
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -544,7 +544,9 @@ def test_loss_spike_quiet_when_a_near_zero_loss_bumps_and_comes_back():
 
 # ---- what is in force: the live harness and lr against what the controller set ------------------
 
-SET = dataclasses.replace(KNOWN, harness_version="aaaa", lr_bounds=(3e-3, 3e-3), warmup_steps=0, settled_since=0.0)
+SET = dataclasses.replace(KNOWN, harness_version="aaaa", recipe_version="rrrr", lr_bounds=(3e-3, 3e-3), warmup_steps=0,
+                          settled_since=0.0)
+DRIFTS = {"harness_drift", "lr_drift", "recipe_drift"}
 
 
 def drifted(rows: list[dict], at: int, **fields) -> list[dict]:
@@ -570,9 +572,15 @@ def drifted(rows: list[dict], at: int, **fields) -> list[dict]:
      dataclasses.replace(SET, warmup_steps=60), set()),
     ("nothing known to be in force (settled_since None)", drifted(sft_rows(), 30, lr=3e-5, harness_version="cccc"),
      dataclasses.replace(SET, settled_since=None), set()),
+    ("recipe changed mid-run, no command", drifted(drifted(sft_rows(), 1, recipe_version="rrrr"), 40, recipe_version="qqqq"),
+     SET, {"recipe_drift"}),
+    ("recipe as set", drifted(sft_rows(), 1, recipe_version="rrrr"), SET, set()),
+    ("recipe changed only in the last 3 rows (< recent)",
+     drifted(drifted(sft_rows(), 1, recipe_version="rrrr"), 58, recipe_version="qqqq"), SET, set()),
+    ("rows that name no recipe version", sft_rows(), SET, set()),
 ])
 def test_drift_detectors_compare_what_runs_with_what_the_controller_set(case, rows, known, fires):
-    got = names(make_ev(rows), known) & {"harness_drift", "lr_drift"}
+    got = names(make_ev(rows), known) & DRIFTS
     assert got == fires, case
 
 
@@ -586,16 +594,19 @@ def test_a_rollback_starts_a_new_segment_whose_rows_alone_say_what_is_in_force()
     (None, set()),
     ({"shortcut": "truncation", "at_step": 10}, {"harness_drift"}),
     ({"shortcut": "broken_template"}, {"harness_drift"}),
-    ({"shortcut": "lr_spike", "at_step": 15}, {"lr_drift"}),
-    ({"kind": "override", "at_step": 10, "set": {"recipe.lr": 1e-4}}, {"lr_drift"}),
+    ({"shortcut": "lr_spike", "at_step": 15}, {"lr_drift", "recipe_drift"}),
+    ({"kind": "override", "at_step": 10, "set": {"recipe.lr": 1e-4}}, {"lr_drift", "recipe_drift"}),
+    ({"kind": "override", "at_step": 10, "set": {"recipe.batch_size": 6}}, {"recipe_drift"}),
+    ({"kind": "override", "at_step": 10, "set": {"recipe.weight_decay": 0.5}}, {"recipe_drift"}),
 ])
 def test_real_run_what_is_in_force_against_what_the_controller_set(tmp_path, perturbation, drift):
     """What the controller knows (its context: the run's recipe and harness, nothing changed since the
-    start) against what the run logs: a silent override of a harness field or of the lr shows."""
+    start) against what the run logs: a silent override of a harness field, of the lr or of any
+    other recipe field shows; the recipe the controller knows leaves the run's length to it."""
     from agents.base import OperatorContext
 
     ev = real_run(tmp_path, [perturbation] if perturbation else [])
     known = OperatorContext(recipe={"algorithm": "sft", "lr": 1e-2, "schedule": "constant", "warmup_steps": 0, "steps": 30,
                                     "batch_size": 32, "eval_interval": 10, "eval_size": 64},
                             harness=HARNESS, eval_difficulty=3, settled_since=0.0).known()
-    assert names(ev, known) & {"harness_drift", "lr_drift"} == drift
+    assert names(ev, known) & DRIFTS == drift

@@ -180,6 +180,16 @@ def test_harness_critic_truncation_template_and_reward_hacking():
     assert iv.changes == {"harness.sampling.max_new_tokens": 6}   # 2 × 2 + 2, and the intended 6
     [iv] = op.builtin(truncated_ev(), ctx(harness={**HARNESS, "sampling": {"max_new_tokens": 2}}))
     assert iv.changes == {"harness.sampling.max_new_tokens": 6}
+    # the live harness is not the one set (harness_drift) and the set limit is above the cut: the
+    # fix sets the limit the controller set again (the departure's fix), not a new one
+    drift = Diagnosis(name="harness_drift", summary="d", operator="harness_critic", policy="builtin",
+                      evidence={"since_step": 40})
+    wide = {**HARNESS, "sampling": {"max_new_tokens": 5}}
+    seen = op.diagnose(truncated_ev(), ctx(harness=wide))
+    [iv] = op.builtin(truncated_ev(), ctx(harness=wide).with_findings([*seen, drift]))
+    assert iv.changes == {"harness.sampling.max_new_tokens": 5} and "harness_drift" in iv.rationale
+    [iv] = op.builtin(truncated_ev(), ctx(harness=wide))
+    assert iv.changes == {"harness.sampling.max_new_tokens": 6}       # without it: 2 × the cut + 2
 
     rows = sft_rows()
     [iv] = op.builtin(make_ev(rows, samples(rows, prompt="123+456")), ctx())
@@ -322,6 +332,20 @@ def test_lead_orders_dedupes_and_keeps_one_per_kind():
     assert out[2] is temp
     reasons = sorted(why for _, why in lead.dropped)
     assert reasons == ["another harness_edit goes first", "duplicate signature"]
+
+
+def test_a_departure_fix_goes_before_a_fix_judged_on_a_config_nobody_chose():
+    """A batch size changed behind the controller's back (recipe_drift) and a label-noise finding
+    read off the same rows: putting the set recipe back goes first, and the distill that sets the
+    same field (recipe.algorithm) another way waits for evidence from the recipe that was set."""
+    distill = iv_(K.DISTILL, {"recipe.algorithm": "distill"}, "label_noise")
+    restore = iv_(K.RECIPE_EDIT, {"recipe.algorithm": "sft", "recipe.batch_size": 32}, "recipe_drift")
+    lead = Lead()
+    assert lead.arbitrate([distill, restore], ctx()) == [restore]
+    assert [(x.diagnosis.name, why) for x, why in lead.dropped] == [("label_noise", "conflicting edit of recipe.algorithm")]
+    # severity still comes first: a crashed job is restarted before anything is edited
+    restart = iv_(K.RESTART, {}, "crashed_job", severity="critical")
+    assert Lead().arbitrate([restore, restart], ctx())[0] is restart
 
 
 def test_lead_drops_what_was_rejected_or_is_pending_and_conflicting_edits():
@@ -482,7 +506,7 @@ def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():
     version nobody set: HarnessCritic sets every harness field back to the controller's value."""
     from test_detectors import stuck_rows
 
-    from agents.operators import harness_fields
+    from agents.operators import config_fields
 
     rows = stuck_rows()
     for r in rows:
@@ -511,6 +535,31 @@ def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():
     for r in rows[30:]:
         r["harness_version"] = "cccc"
     ivs = [iv for iv in HarnessCritic().builtin(make_ev(rows), c) if iv.diagnosis.name == "harness_drift"]
-    assert len(ivs) == 1 and ivs[0].kind == K.HARNESS_EDIT and ivs[0].changes == harness_fields(HARNESS)
+    assert len(ivs) == 1 and ivs[0].kind == K.HARNESS_EDIT and ivs[0].changes == config_fields("harness", HARNESS)
     assert ivs[0].changes["harness.template"] == HARNESS["template"] and len(ivs[0].changes) > 10
     check_record(ivs[0], HarnessCritic())
+
+
+def test_a_recipe_nobody_set_is_set_again_field_by_field_and_the_lr_drift_goes_first():
+    """The live recipe version is not the controller's (a batch size changed behind its back):
+    Diagnostics sets every recipe field the version covers back to the controller's value — not
+    the run's length, which the controller sets from its budget. When the lr is what left, the lr
+    fix (it names the field, and rolls back steps trained at it) is the one proposed."""
+    from agents.operators import config_fields
+    from test_detectors import drifted
+
+    from trainer.config import Recipe
+
+    recipe = {"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "warmup_steps": 0, "batch_size": 32, "steps": 300}
+    mine = Recipe.model_validate(recipe).version
+    rows = drifted(drifted(sft_rows(), 1, recipe_version=mine, lr=3e-3), 30, recipe_version="bbbb")
+    c = ctx(settled_since=0.0, recipe=recipe, checkpoints=[])
+    (iv,) = Diagnostics().builtin(make_ev(rows), c)
+    assert (iv.kind, iv.diagnosis.name, iv.risk) == (K.RECIPE_EDIT, "recipe_drift", Risk.MEDIUM)
+    assert iv.changes == config_fields("recipe", recipe) and iv.changes["recipe.batch_size"] == 32
+    assert "recipe.steps" not in iv.changes and "recipe.stop_at_heldout" not in iv.changes
+    assert Recipe.model_validate({**recipe, **{k[len("recipe."):]: v for k, v in iv.changes.items()}}).version == mine
+    check_record(iv, Diagnostics())
+    (iv,) = Diagnostics().builtin(make_ev(drifted(rows, 30, lr=3e-5)), c)
+    assert (iv.diagnosis.name, iv.changes) == ("lr_drift", {"recipe.lr": 3e-3})
+    assert Diagnostics().builtin(make_ev(drifted(sft_rows(), 1, recipe_version=mine, lr=3e-3)), c) == []
