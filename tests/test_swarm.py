@@ -276,14 +276,28 @@ def test_failing_goal_reaches_target_and_perturbations_stay_private(tmp_path):
     # the fix: the truncation's (a larger max_new_tokens, backtested), or the controller's values set
     # again because the live harness version is not the one it set (the harness_drift fix, or the
     # truncation's once harness_drift fires: no backtest, the detectors confirm the run left them)
-    (fix,) = [r for r in summary["interventions"] if r["diagnosis"] in ("truncation", "harness_drift")
-              and r["status"] in ("evaluating", "kept")]
-    assert fix["kind"] == "harness_edit" and fix["operator"] == "harness_critic" and fix["policy"] == "builtin"
+    fixes = [r for r in summary["interventions"] if r["diagnosis"] in ("truncation", "harness_drift")
+             and r["applied_step"] is not None]
+    assert len(fixes) == 1, [(r["diagnosis"], r["status"], r["kind"]) for r in summary["interventions"]]
+    (fix,) = fixes
+    # judged on its window: kept only on a measured gain. On a loaded machine the controller may
+    # see the fault late, when the run has learnt to answer within the cut anyway (held-out 0.96
+    # before applying): then no gain is measured, and that is a loss left in force
+    (rec,) = [iv for iv in ivs(ws) if iv.id == fix["id"]]
+    assert fix["status"] in ("evaluating", "kept", "rolled_back"), fix
+    if fix["status"] == "kept":
+        assert rec.outcome["gain"] is True and rec.outcome["after"] > rec.outcome["control"], rec.outcome
+    elif fix["status"] == "rolled_back":
+        assert rec.outcome["gain"] is False and "no measured gain" in rec.history[-1]["note"], rec.history
+    # an edit, or the harness_drift fix's rollback to a checkpoint before the fault (when it is
+    # no further back than a backtest's arms would train)
+    assert fix["operator"] == "harness_critic" and fix["policy"] == "builtin"
+    assert fix["kind"] == "harness_edit" or (fix["kind"] == "rollback" and fix["diagnosis"] == "harness_drift"), fix
     assert fix["applied_step"] > 0
     if fix["backtest_skipped"] is None:
         assert fix["diagnosis"] == "truncation" and fix["effect"] is not None and 0 <= fix["p_value"] <= 1
     else:
-        assert fix["effect"] is None and fix["backtest_skipped"].startswith("goes back to the goal's values"), fix
+        assert fix["effect"] is None and fix["backtest_skipped"].startswith("goes back to the values the controller set"), fix
     assert json.loads((ws / ".swarm" / "summary.json").read_text())["reached"] is True
     with Store(ws) as st:   # the controller run, as the cockpit and the live view read it
         (run,) = st.runs()
@@ -355,7 +369,8 @@ def test_failing_goal_reaches_target_and_perturbations_stay_private(tmp_path):
 
 
 def test_sigkill_at_each_stage_then_resume_loses_nothing(tmp_path, reap):
-    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(perturbations=[{"shortcut": "truncation", "at_step": 0}]))
+    # the goal's own limit cuts answers off: its fix is a new value, so there is a backtest to kill
+    goal = write_goal(tmp_path / "goal.yaml", truncated_goal(approval={"auto": ["low", "medium"]}))
     ws, log = tmp_path / "ws", tmp_path / "controller.log"
     run_dir = ws / ".swarm" / "runs" / "train"
     bt_dir = ws / ".swarm" / "backtests"
