@@ -53,6 +53,8 @@ class OperatorContext(BaseModel):
     skills: list[dict[str, Any]] = Field(default_factory=list, description="retrieved skills (front matter + body)")
     episodes: list[dict[str, Any]] = Field(default_factory=list, description="past episodes of the fixes at hand "
                                            "(agents.recall.episode_summaries), from this and earlier runs")
+    verify_steps: int | None = Field(None, ge=0, description="training steps verifying a fix by backtest costs (its "
+                                     "arms): the most a departure's rollback may throw away; None: no bound")
     settled_since: float | None = Field(None, description="time of the controller's latest change to the live run "
                                         "(0: none yet): rows before it predate what is in force; None: not tracked, "
                                         "so the recipe and harness here are not known to be the ones in force")

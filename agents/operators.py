@@ -57,9 +57,6 @@ MAX_NEW_TOKENS_CAP = 4096
 TOKENS_SLACK = 2
 CURRICULUM_RAMP_STEPS = 100     # steps over which a lowered curriculum climbs back to the eval difficulty
 RECENT_HISTORY = 20             # interventions looked back at when arbitrating
-# findings whose fixes set a named harness field: while one fires, a harness drift is left to it
-SPECIFIC_HARNESS_FINDINGS = frozenset({"truncation", "template_mismatch", "reward_hacking", "low_temperature",
-                                       "entropy_collapse", "too_hard_curriculum"})
 
 
 def _f(x: Any) -> float | None:
@@ -134,13 +131,9 @@ class Diagnostics(Operator):
         elif "recipe_drift" in found and ctx.recipe:
             # a field other than the lr changed with no command: every recipe field goes back to the
             # controller's value before anything is judged on a recipe nobody chose
-            d = found["recipe_drift"]
-            out.append(self.intervention(
-                K.RECIPE_EDIT, d, config_fields("recipe", ctx.recipe), risk=Risk.MEDIUM,
-                rationale=f"{d.summary}. Which field changed the version does not say, so every recipe field is "
-                          "set again to the controller's value.",
-                expected_effect="the live recipe version back to the controller's at once; whatever the "
-                                "unrequested change slowed or broke (batch size, weight decay, schedule) recovering"))
+            out.append(departure_fix(self, found["recipe_drift"], "recipe", K.RECIPE_EDIT, ev, ctx,
+                                     "whatever the unrequested change slowed or broke (batch size, weight decay, "
+                                     "schedule) recovering"))
         elif "not_learning" in found:
             d = found["not_learning"]
             lr = _f(d.evidence.get("lr_now")) or _f(ctx.get("recipe.lr"))
@@ -263,17 +256,14 @@ class HarnessCritic(Operator):
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
         out: list[Intervention] = []
-        named = {d.name for d in (ctx.findings or [])} | set(found)
-        if "harness_drift" in found and ctx.harness and not named & SPECIFIC_HARNESS_FINDINGS:
-            # the fallback: a finding that names the field (and sizes its fix) goes first
-            d = found["harness_drift"]
-            changes = config_fields("harness", ctx.harness)
-            out.append(self.intervention(
-                K.HARNESS_EDIT, d, changes, risk=Risk.MEDIUM,
-                rationale=f"{d.summary}. Which field changed the version does not say, so every harness field is "
-                          "set again to the controller's value (the backtest decides whether that helps).",
-                expected_effect="the live harness version back to the controller's at once; whatever the "
-                                "unrequested change broke (prompts, answer length, reward, difficulty) recovering"))
+        if "harness_drift" in found and ctx.harness:
+            # the harness in force is one nobody chose: set it back before anything is judged on it.
+            # A specific finding (truncation, template, difficulty) may be an effect of that change
+            # (a harder curriculum makes answers longer than the limit), so its fix is no
+            # substitute for going back; the lead puts this one first (Lead.arbitrate)
+            out.append(departure_fix(self, found["harness_drift"], "harness", K.HARNESS_EDIT, ev, ctx,
+                                     "whatever the unrequested change broke (prompts, answer length, reward, "
+                                     "difficulty) recovering"))
         if "template_mismatch" in found:
             iv = self._template(found["template_mismatch"], ev, ctx)
             if iv is not None:
@@ -351,6 +341,36 @@ class HarnessCritic(Operator):
                       f"start in the wrong place; the template is restored from {source}.",
             expected_effect="prompts carry the template's text again; malformed rate back to its earlier level "
                             "and pass rate recovering within ~20 steps")
+
+
+def departure_fix(op: Operator, d: Diagnosis, section: str, edit: K, ev: Evidence, ctx: OperatorContext,
+                  recovers: str) -> Intervention:
+    """The fix of a departure finding (harness_drift, recipe_drift: the live `section` reports a
+    version the controller did not set, since `since_step`): every field of the section set again
+    to the controller's value, and the run rolled back to the newest checkpoint before the
+    departure when going back there throws away no more steps than verifying a fix by backtest
+    would train (`ctx.verify_steps`). Which field changed the version does not say, so neither
+    does whether the steps trained since harmed the weights (a broken template can take held-out
+    from 0.64 to 0.03 within 50 steps; a harder curriculum spends a warm-up on data nothing is
+    learnt from, while a lower answer limit leaves SFT's weights as they were): the rollback is
+    a bet that they did, staked at most what a backtest would cost. `edit` is the kind without
+    such a checkpoint."""
+    data = ctx.harness if section == "harness" else ctx.recipe
+    changes = config_fields(section, data or {})
+    since = d.evidence.get("since_step")
+    ckpt = ctx.checkpoint_before(int(since) - 1) if isinstance(since, (int, float)) and since > 0 else None
+    if ckpt is not None and ctx.verify_steps is not None and ev.step - int(ckpt["step"]) > ctx.verify_steps:
+        ckpt = None
+    why = f"{d.summary}. Which field changed the version does not say, so every {section} field is set again to the controller's value"
+    effect = f"the live {section} version back to the controller's at once; {recovers}"
+    if ckpt is not None and K.ROLLBACK in op.tools:
+        return op.intervention(
+            K.ROLLBACK, d, changes, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
+            rationale=f"{why}, from checkpoint {ckpt['name']} (step {ckpt['step']}, the newest before the change at "
+                      f"step {since}): the steps since trained on a config nobody chose.",
+            expected_effect=effect + " from the checkpoint's level")
+    return op.intervention(edit, d, changes, risk=Risk.MEDIUM, rationale=why + " (no checkpoint predates the change).",
+                           expected_effect=effect)
 
 
 def config_fields(section: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -474,9 +494,10 @@ class Lead:
 
     def arbitrate(self, proposals: list[Intervention], ctx: OperatorContext) -> list[Intervention]:
         """The proposals to go ahead with, most urgent first:
-        - most severe diagnosis first; among equals a departure's fix (DEPARTURE: the live config
-          left what was set) before the others, whose evidence comes from a config nobody chose;
-          then job actions, data, harness, recipe;
+        - a job action on a critical finding (a crashed or stalled job restarted, a divergence rolled
+          back) first; then a departure's fix (DEPARTURE: the live config left what was set) before
+          the others, whose evidence comes from a config nobody chose, whatever their severity; then
+          the most severe diagnosis first; then job actions, data, harness, recipe;
         - one per signature (diagnosis|kind|fields), one per kind, one job action (restart or rollback);
         - none identical to a recent rejected or rolled-back one, or to one still pending or in effect
           (a restart may repeat: a job can crash twice);
@@ -491,8 +512,9 @@ class Lead:
         for h in recent:
             if h.status in PENDING:
                 pending_fields.update(h.changes)
-        order = sorted(enumerate(proposals), key=lambda p: (SEVERITY_RANK.get(p[1].diagnosis.severity, 3),
+        order = sorted(enumerate(proposals), key=lambda p: (not (p[1].kind in JOB_ACTIONS and p[1].diagnosis.severity == "critical"),
                                                              p[1].diagnosis.name not in DEPARTURE,
+                                                             SEVERITY_RANK.get(p[1].diagnosis.severity, 3),
                                                              KIND_RANK.get(p[1].kind, 9), not p[1].skills_used, p[0]))
         chosen: list[Intervention] = []
         sigs: set[str] = set()

@@ -26,7 +26,7 @@ import yaml
 from agents.base import Operator, OperatorContext, rollback_target
 from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
-from agents.domain import JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionKind, JobStatus, Status
+from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import Evidence, collect
 from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
@@ -190,8 +190,13 @@ class Controller(Deciding):
             goal=self.goal.goal, start_harness=cfg["harness"], target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
             eval_difficulty=cfg["harness"]["curriculum"].get("end") or cfg["harness"]["curriculum"]["start"],
             history=self.store.list(), checkpoints=self.checkpoints(), skills=self.tick.recall[0], episodes=self.tick.recall[1],
-            min_difficulty=self.task_range[0], settled_since=self.settled_since(),
+            min_difficulty=self.task_range[0], settled_since=self.settled_since(), verify_steps=self.verify_steps(),
         )
+
+    def verify_steps(self) -> int:
+        """Training steps a backtest's arms cost: a candidate and a control per seed, over the horizon."""
+        bt = self.goal.swarm.backtest
+        return 2 * len(bt.seeds) * bt.horizon_steps
 
     def settled_since(self) -> float:
         """When the controller last changed the live run (applied, undid or restarted; 0 before its
@@ -505,8 +510,7 @@ class Controller(Deciding):
         pts = [(int(r["step"]), float(r[metric])) for r in ev.evals
                if isinstance(r.get(metric), (int, float)) and float(r.get("time", 0.0)) >= since]
         view = outlook(pts, self.goal.target.threshold, self.goal.target.op == ">=")
-        bt = self.goal.swarm.backtest
-        verify = 2 * len(bt.seeds) * bt.horizon_steps
+        verify = self.verify_steps()
         interval = int(self.ws.current_recipe().get("eval_interval") or 0)    # the trainer evals at its multiples
         next_eval_in = interval - ev.step % interval if interval > 0 else None
         findings = frozenset(d.name for d in self.tick.findings)
@@ -610,6 +614,13 @@ class Controller(Deciding):
             changes = iv.changes
             if iv.kind == InterventionKind.ROLLBACK:
                 target = self.rollback_target(iv)
+                far = self.too_far_back(iv, target, pre)
+                if far:
+                    iv = self.store.get(iv.id)
+                    iv.outcome["rollback_skipped"] = far
+                    self.store.put(iv)
+                    self.store.log("rollback_skipped", id=iv.id, reason=far)
+                    target = None
                 if target:
                     self.command("rollback", f"{iv.id}-rb", name=target)
                     # the checkpoint predates later fixes: its harness and recipe do not have them
@@ -635,6 +646,8 @@ class Controller(Deciding):
             iv = self.store.get(iv.id)
             iv.checkpoint_before = f"pre-{iv.id}" if pre else None
         iv.applied_step = step
+        if pre and "step" in pre:
+            iv.outcome["step_left"] = int(pre["step"])   # where the run was: a rollback's window starts there
         ev = self.evidence(s.job_status)
         iv.outcome["baseline"] = ev.latest_eval(self.goal.target.metric)
         # rows written after this moment belong to the timeline the intervention created (the
@@ -671,6 +684,19 @@ class Controller(Deciding):
         iv.outcome["carried_over"] = list(carried)
         self.store.put(iv)
         return {k: v for c in carried.values() for k, v in c.items()}
+
+    def too_far_back(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:
+        """Why a departure's rollback goes only as far as its edit now (None: it rolls back). Its
+        proposer bet at most the steps a backtest's arms train (agents.operators.departure_fix);
+        applied later, the run may have moved on past that stake."""
+        if target is None or not pre or iv.diagnosis.name not in DEPARTURE:
+            return None
+        ckpt = next((c for c in self.checkpoints() if c["name"] == target), None)
+        lost = int(pre.get("step", 0)) - int(ckpt["step"]) if ckpt else 0
+        if lost <= self.verify_steps():
+            return None
+        return (f"checkpoint {target} lies {lost} steps back by now, more than verifying a fix by backtest trains "
+                f"({self.verify_steps()}): the fields are set again without going back")
 
     def rollback_target(self, iv: Intervention) -> str | None:
         """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
+from agents.operators import config_fields
 from swarm.backtest import check_change, noop_edit, result, rule_for, run_arms
 from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Skip, Window, assign_risk,
                              decide, judge, plan, rate_var, retry_horizon, schedule, wasted)
@@ -38,6 +39,11 @@ class Deciding:
         cfg = self.goal.run_config("start", "/tmp").model_dump(mode="json")
         return {k: get_dotted(cfg, k)[1] for k in keys}
 
+    def set_values(self) -> dict[str, Any]:
+        """Every recipe and harness field the controller set (its record on main, defaults filled
+        in), dotted: what a departure finding says the live run left."""
+        return {**config_fields("recipe", self.ws.current_recipe()), **config_fields("harness", self.ws.current_harness())}
+
     def assess(self, iv: Intervention) -> Intervention:
         """The intervention with the controller's risk (the proposer's is kept in its outcome), and no
         skipped backtest yet: whether it skips one is plan's decision, not the proposer's."""
@@ -57,7 +63,9 @@ class Deciding:
         bt = self.goal.swarm.backtest
         trusted = self.knowledge.trusted(iv.skills_used) if iv.skills_used and not skill_proposed(iv) else None
         start = self.start_values(list(iv.changes))
-        return Facts(restores=all(start.get(k) == v for k, v in iv.changes.items()), findings=frozenset(d.name for d in self.tick.findings),
+        set_ = self.set_values()
+        return Facts(restores=all(start.get(k) == v for k, v in iv.changes.items()),
+                     reverts=all(k in set_ and set_[k] == v for k, v in iv.changes.items()), findings=frozenset(d.name for d in self.tick.findings),
                      risk=iv.risk, spec=BacktestSpec(bt.horizon_steps, tuple(bt.seeds)), invalid=self.validity(iv),
                      noop=self.noop_edit(iv, job_status), trusted=trusted,
                      tries_without_gain=self.tries_without_gain(iv))
@@ -253,12 +261,19 @@ class Deciding:
             # back, so the graph state's step (from before it) and older evals say nothing about it
             ev = ev or self.evidence(s.job_status)
             looks = int(iv.outcome.get("looks", 0))
-            if ev.step < iv.applied_step + window * (looks + 1) and not final:
+            # a rollback sets the step counter back: its window starts where the run left off, so
+            # that it is compared with the value before applying after as many steps, not fewer
+            start = max(iv.applied_step, int(iv.outcome.get("step_left", 0))) if iv.kind == InterventionKind.ROLLBACK \
+                else iv.applied_step
+            if ev.step < start + window * (looks + 1) and not final:
                 continue
             t_applied = iv.outcome.get("since_time", 0.0)
-            after = [r[self.goal.target.metric] for r in ev.evals if r.get("step", 0) > iv.applied_step
-                     and r.get("time", t_applied) >= t_applied and isinstance(r.get(self.goal.target.metric), (int, float))]
-            steps = max(ev.step - iv.applied_step, 0)
+            metric = self.goal.target.metric
+            evals = [r for r in ev.evals if r.get("time", t_applied) >= t_applied and isinstance(r.get(metric), (int, float))]
+            after = [r[metric] for r in evals if r.get("step", 0) > start]
+            if final and not after:   # the run ended before it caught up: what it measured since applying
+                after, start = [r[metric] for r in evals if r.get("step", 0) > iv.applied_step], iv.applied_step
+            steps = max(ev.step - start, 0)
             if final and not after and iv.kind != InterventionKind.RESTART:
                 continue     # nothing measured after it: stays evaluating, no episode
             control = self.control_for(iv)

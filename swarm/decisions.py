@@ -92,6 +92,8 @@ class Facts:
     noop: str | None = None             # why the change would change nothing
     trusted: str | None = None          # a skill's record that lets the fix skip its backtest
     restores: bool = True               # every field it sets goes back to the goal's starting value
+    reverts: bool = True                # every field it sets goes back to the value the controller set (in force
+                                        # by its record: the goal's, or an applied intervention's)
     tries_without_gain: int = 0         # earlier backtests of this fix (this run) with a gain too small to tell
 
 
@@ -116,12 +118,13 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
       already over the longest retry horizon) → Refuse, a loss;
     - a restart → Skip when a crash or a stall (crashed_job, stale_heartbeat) is confirmed now,
       else Refuse (the job is not verifiably dead or stale);
-    - going back → Skip when every field the change sets goes back to the goal's starting value,
-      it is not high risk, and the detectors confirm now that the run left where the goal put it:
-      a rollback claiming a divergence, with a divergence finding; a change whose every field
-      lies where the detectors find the live config left what the controller set
-      (departures_covering: the harness for harness_drift, the recipe for recipe_drift, the lr
-      for lr_drift), whatever its proposer named. The finding
+    - going back → Skip when it is not high risk and the detectors confirm now that the run left
+      where it was put: a rollback claiming a divergence, with a divergence finding, that sets
+      every field back to the goal's starting value (`restores`); a change whose every field lies
+      where the detectors find the live config left what the controller set (departures_covering:
+      the harness for harness_drift, the recipe for recipe_drift, the lr for lr_drift), whatever
+      its proposer named, that sets every field back to the controller's value (`reverts`: what
+      the departure left, which is the goal's value or an applied intervention's). The finding
       justifies going back, not a new value; the post-apply judgement compares with the value
       measured just before applying. Otherwise such a change is backtested like any fix;
     - a fix a trusted skill backs → Skip when its diagnosis is confirmed now and it is not high risk;
@@ -139,10 +142,12 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
         if not seen:
             return Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed or stale job now")
         return Skip(f"restart of a job the detectors find {' and '.join(seen)}: nothing to compare against")
-    left = (facts.findings & DIVERGENCE if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE else frozenset()) | (
-        departures_covering(iv.changes, facts.findings))
-    if left and facts.risk != Risk.HIGH and facts.restores:
-        return Skip(f"goes back to the goal's values; the detectors find the run left them ({', '.join(sorted(left))}): "
+    diverged = facts.findings & DIVERGENCE if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE else frozenset()
+    departed = departures_covering(iv.changes, facts.findings)
+    left = (diverged if facts.restores else frozenset()) | (departed if facts.reverts else frozenset())
+    if left and facts.risk != Risk.HIGH:
+        whose = "the goal's values" if diverged and facts.restores else "the values the controller set"
+        return Skip(f"goes back to {whose}; the detectors find the run left them ({', '.join(sorted(left))}): "
                     "the control arm would only continue there")
     if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE:
         return Backtest(facts.spec)

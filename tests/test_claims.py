@@ -258,6 +258,45 @@ def test_no_measured_gain_is_never_kept_remembered_as_a_win_or_mined(tmp_path):
     close(ctrl)
 
 
+def test_a_rollback_is_judged_after_as_many_steps_as_the_run_had_trained(tmp_path):
+    """A rollback sets the step counter back (here from step 200 to 52): its window starts where the
+    run left off, so the value before applying (0.3 at step 200) is compared with the rolled-back
+    run's after at least as many steps — not with its level a window past the checkpoint, which a
+    run that trained 150 fewer steps could not match whatever the fix did."""
+    ctrl = controller(tmp_path)
+    ctrl.command = Recorder()
+    window = ctrl.goal.swarm.evaluate_window_steps
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=90)
+    d = Diagnosis(name="harness_drift", summary="s", operator="harness_critic", policy="builtin")
+    iv = Intervention(kind=K.ROLLBACK, changes={"harness.sampling.max_new_tokens": 6}, diagnosis=d, rationale="r",
+                      operator="harness_critic", policy="builtin", checkpoint_before="pre-x",
+                      outcome={"baseline": 0.3, "step_left": 200, "since_time": time.time() - 1})
+    iv.applied_step = 52
+    ctrl.store.put(iv)
+    ctrl.open_pr(ctrl.store.get(iv.id))
+    ctrl.store.transition(iv.id, Status.APPLIED, "applied at step 52")
+
+    def train(upto, acc):
+        t = time.time()
+        rows = [{"step": st, "segment": 1, "time": t, "loss": 0.5, "algorithm": "sft"} for st in range(train.at + 1, upto + 1)]
+        rows.append({"step": upto, "segment": 1, "time": t, "heldout_acc": acc})
+        with open(ctrl.run_dir / "metrics.jsonl", "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        train.at = upto
+        ctrl.tick = type(ctrl.tick)()
+        ctrl.node_evaluate(s)
+        return ctrl.store.get(iv.id)
+
+    train.at = 52
+    # a window past the checkpoint, far below the value before applying: not judged yet
+    assert train(52 + window + 10, 0.05).status == Status.EVALUATING
+    assert train(199, 0.25).status == Status.EVALUATING
+    # a window past where the run left off
+    got = train(200 + window + 1, 0.6)
+    assert got.status == Status.KEPT and got.outcome["after"] == 0.6 and got.outcome["window_steps"] >= window
+    close(ctrl)
+
+
 def test_what_the_trainer_noticed_shows_in_the_timeline_and_the_summary(tmp_path):
     """Class 5: a corrupt checkpoint the trainer fell back from and a command it refused become
     findings, timeline rows (the final report's timeline) and the summary's trainer notices."""

@@ -42,7 +42,11 @@ def facts(findings=(), risk=Risk.MEDIUM, **kw):
     (iv(K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, "harness_drift"), facts({"harness_drift"}), Skip),
     (iv(K.ROLLBACK, {"recipe.lr": 3e-4}, "lr_drift"), facts(), Backtest),                          # claimed only
     (iv(K.ROLLBACK, {"recipe.lr": 3e-4}, "lr_drift"), facts({"harness_drift"}), Backtest),         # another departure
-    (iv(K.ROLLBACK, {"recipe.lr": 1e-3}, "lr_drift"), facts({"lr_drift"}, restores=False), Backtest),   # a new lr
+    (iv(K.ROLLBACK, {"recipe.lr": 1e-3}, "lr_drift"), facts({"lr_drift"}, restores=False, reverts=False), Backtest),   # a new lr
+    # a departure's fix goes back to what the controller set (an applied fix's value, not the
+    # goal's); a divergence rollback skips only going back to the goal's values
+    (iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 9}, "harness_drift"), facts({"harness_drift"}, restores=False), Skip),
+    (iv(K.ROLLBACK, {"recipe.lr": 3e-4}, "loss_spike"), facts({"loss_spike"}, reverts=False), Skip),
     (iv(K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, "harness_drift"), facts({"harness_drift"}, risk=Risk.HIGH), Backtest),
         # the detectors find the lr left the recipe: setting the goal's lr again skips, whatever it claims
         (iv(K.RECIPE_EDIT, {"recipe.lr": 3e-4}, "not_learning"), facts({"not_learning", "lr_drift"}), Skip),

@@ -186,8 +186,14 @@ def test_harness_critic_truncation_template_and_reward_hacking():
                       evidence={"since_step": 40})
     wide = {**HARNESS, "sampling": {"max_new_tokens": 5}}
     seen = op.diagnose(truncated_ev(), ctx(harness=wide))
-    [iv] = op.builtin(truncated_ev(), ctx(harness=wide).with_findings([*seen, drift]))
+    drifted = ctx(harness=wide).with_findings([*seen, drift])
+    back, iv = op.builtin(truncated_ev(), drifted)
     assert iv.changes == {"harness.sampling.max_new_tokens": 5} and "harness_drift" in iv.rationale
+    # beside it the departure's own fix: every harness field set again (what changed the version
+    # may be another field, of which the truncation is an effect), and the lead takes that first
+    assert back.diagnosis.name == "harness_drift" and back.changes["harness.sampling.max_new_tokens"] == 5
+    assert back.changes["harness.template"] == HARNESS["template"]
+    assert Lead().arbitrate([iv, back], drifted) == [back]
     [iv] = op.builtin(truncated_ev(), ctx(harness=wide))
     assert iv.changes == {"harness.sampling.max_new_tokens": 6}       # without it: 2 × the cut + 2
 
@@ -343,7 +349,7 @@ def test_a_departure_fix_goes_before_a_fix_judged_on_a_config_nobody_chose():
     lead = Lead()
     assert lead.arbitrate([distill, restore], ctx()) == [restore]
     assert [(x.diagnosis.name, why) for x, why in lead.dropped] == [("label_noise", "conflicting edit of recipe.algorithm")]
-    # severity still comes first: a crashed job is restarted before anything is edited
+    # a job action on a critical finding still comes first: a crashed job is restarted before anything is edited
     restart = iv_(K.RESTART, {}, "crashed_job", severity="critical")
     assert Lead().arbitrate([restore, restart], ctx())[0] is restart
 
@@ -535,9 +541,25 @@ def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():
     for r in rows[30:]:
         r["harness_version"] = "cccc"
     ivs = [iv for iv in HarnessCritic().builtin(make_ev(rows), c) if iv.diagnosis.name == "harness_drift"]
-    assert len(ivs) == 1 and ivs[0].kind == K.HARNESS_EDIT and ivs[0].changes == config_fields("harness", HARNESS)
+    assert len(ivs) == 1 and ivs[0].changes == config_fields("harness", HARNESS)
     assert ivs[0].changes["harness.template"] == HARNESS["template"] and len(ivs[0].changes) > 10
     check_record(ivs[0], HarnessCritic())
+    # the steps trained since the change go too: back to the newest checkpoint before it (step 20 of
+    # 20, 40, 48, 55; the version changed at the 31st row)
+    since = ivs[0].diagnosis.evidence["since_step"]
+    assert ivs[0].kind == K.ROLLBACK and rollback_target(ivs[0]) == "step_0000020" and 20 < since <= 40, since
+    # going back there would throw away more steps than verifying a fix by backtest trains: the edit alone
+    ev = make_ev(rows)
+    (iv,) = [iv for iv in HarnessCritic().builtin(ev, c.model_copy(update={"verify_steps": ev.step - 21}))
+             if iv.diagnosis.name == "harness_drift"]
+    assert iv.kind == K.HARNESS_EDIT and iv.changes == ivs[0].changes and rollback_target(iv) is None
+    (iv,) = [iv for iv in HarnessCritic().builtin(ev, c.model_copy(update={"verify_steps": ev.step - 20}))
+             if iv.diagnosis.name == "harness_drift"]
+    assert iv.kind == K.ROLLBACK
+    # no checkpoint before it: the edit alone
+    c = c.model_copy(update={"checkpoints": [x for x in c.checkpoints if x["step"] >= since]})
+    (iv,) = [iv for iv in HarnessCritic().builtin(make_ev(rows), c) if iv.diagnosis.name == "harness_drift"]
+    assert iv.kind == K.HARNESS_EDIT and iv.changes == ivs[0].changes and rollback_target(iv) is None
 
 
 def test_a_recipe_nobody_set_is_set_again_field_by_field_and_the_lr_drift_goes_first():
