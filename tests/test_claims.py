@@ -68,12 +68,13 @@ class Arms(ScriptedArms):
 class Recorder:
     """Stands in for the trainer's command channel: acknowledges checkpoints, records everything."""
 
-    def __init__(self):
+    def __init__(self, step=60):
         self.sent = []
+        self.step = step
 
     def __call__(self, cmd, cid, timeout=60.0, **args):
         self.sent.append((cmd, cid, args))
-        return {"id": cid, "cmd": cmd, "status": "applied", "step": 60, "time": time.time()}
+        return {"id": cid, "cmd": cmd, "status": "applied", "step": self.step, "time": time.time()}
 
 
 def controller(tmp_path, **goal_over):
@@ -256,6 +257,31 @@ def test_no_measured_gain_is_never_kept_remembered_as_a_win_or_mined(tmp_path):
     better = judged(ctrl, iv("not_learning"), 0.6, s)
     assert better.status == Status.KEPT and better.outcome["gain"] is True
     close(ctrl)
+
+
+def test_a_departure_rollback_goes_only_as_far_back_as_its_stake_when_applied(tmp_path):
+    """A departure's rollback stakes at most the steps a backtest's arms train (2 seeds x 2 arms x
+    20 steps here); applied when the run has moved on 150 steps past its checkpoint, the fields are
+    set again without going back."""
+    d = Diagnosis(name="harness_drift", summary="s", operator="harness_critic", policy="builtin",
+                  evidence={"since_step": 55, "rollback_to": "step_0000050"})
+    for left, rolls in ((60, True), (200, False)):
+        ctrl = controller(tmp_path / str(left))
+        rec = ctrl.command = Recorder()
+        rec.step = left
+        iv = Intervention(kind=K.ROLLBACK, changes={"harness.sampling.max_new_tokens": 6}, diagnosis=d, rationale="r",
+                          operator="harness_critic", policy="builtin")
+        ctrl.store.put(iv)
+        ctrl.open_pr(ctrl.store.get(iv.id))
+        ctrl.store.transition(iv.id, Status.VALIDATED, "goes back")
+        ctrl.apply(ctrl.store.get(iv.id), SwarmState(job="ghost", job_status="RUNNING", tick=1, step=left))
+        got = ctrl.store.get(iv.id)
+        assert got.status == Status.APPLIED and ("set_fields", f"{iv.id}-apply", {"fields": iv.changes}) in rec.sent
+        assert (("rollback", f"{iv.id}-rb", {"name": "step_0000050"}) in rec.sent) is rolls, rec.sent
+        assert ("rollback_skipped" in got.outcome) is not rolls
+        if not rolls:
+            assert "150 steps back" in got.outcome["rollback_skipped"] and ctrl.store.timeline("rollback_skipped")
+        close(ctrl)
 
 
 def test_a_rollback_is_judged_after_as_many_steps_as_the_run_had_trained(tmp_path):
