@@ -46,6 +46,13 @@ def swarm_records(work_dirs: list[pathlib.Path]) -> dict[tuple[str, int], list[d
     return {k: v for k, (_, v) in out.items()}
 
 
+def ledger_records(res: dict[str, Any]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """(scenario, seed) -> the interventions a swarm run's ledger row keeps (kind, status, changes,
+    gain, refused), for runs whose workspace is gone; the workspaces' records take precedence."""
+    return {(r["scenario"], r["seed"]): r["intervention_records"] for r in res["runs"]
+            if r["method"] == "swarm" and isinstance(r.get("intervention_records"), list)}
+
+
 def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     runs = res["runs"]
     by = {(r["scenario"], r["method"], r["seed"]): r for r in runs}
@@ -111,7 +118,7 @@ def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, A
     kept = [iv for k in have for iv in records[k] if iv.get("status") == "kept"]
     no_gain = [iv for iv in kept if iv.get("outcome", {}).get("gain") is not True and iv.get("kind") != "restart"]
     row("zero interventions kept without a measured gain", f"{len(no_gain)} of {len(kept)} kept "
-        f"(in {len(have)} of {len(sw)} swarm runs with their records)", not no_gain,
+        f"(in {len(have)} of {len(sw)} swarm runs with their records)", (not no_gain) if have else None,
         "a restart is kept when the job trained its window again (a dead job trains none)")
     retries = 0
     for k in have:
@@ -122,7 +129,8 @@ def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, A
             if sig in refused:
                 seen[sig] = seen.get(sig, 0) + 1
         retries += sum(n - 1 for n in seen.values())
-    row("zero retries of a refused change", f"{retries} (same kind and changes proposed again after a refusal)", retries == 0)
+    row("zero retries of a refused change", f"{retries} (same kind and changes proposed again after a refusal)"
+        + ("" if have else ": no swarm run's records to read"), (retries == 0) if have else None)
     over = []
     for r in sw:
         crashes = faults.get(r["scenario"], "").count("SIGKILL") + faults.get(r["scenario"], "").count("hang ")
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         print(f"error: {p}: not a results JSON of `swarm bench` ({e})", file=sys.stderr)
         return 2
-    rows = measure(res, swarm_records([pathlib.Path(w) for w in a.work]))
+    rows = measure(res, {**ledger_records(res), **swarm_records([pathlib.Path(w) for w in a.work])})
     out = pathlib.Path(a.out) if a.out else p.with_name(p.stem + "_targets")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     out.with_suffix(".md").write_text(markdown(rows, str(p), res.get("meta", {})))

@@ -794,7 +794,9 @@ class Controller(Deciding):
                                "signal": iv.backtest.signal if iv.backtest else None, "risk": iv.risk.value,
                                "backtest_cpu_s": iv.outcome.get("backtest_cpu_s"),
                                "wasted_cpu_s": wasted[iv.id]["cpu_s"] if iv.id in wasted else 0.0,
-                               "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step} for iv in ivs],
+                               "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step,
+                               "gain": iv.outcome.get("gain"), "refused": iv.outcome.get("refused"),
+                               "changes": iv.changes, "created": iv.created} for iv in ivs],
             "backtests": sum(1 for iv in ivs if iv.backtest is not None),
             "wasted_cpu_s": waste["total_cpu_s"],
             "trainer_notices": [{"name": r.get("name"), "summary": r.get("summary"), "step": r.get("step")}

@@ -60,6 +60,17 @@ def test_each_target_is_measured_from_the_runs_and_the_records(tmp_path):
     assert rows["zero interventions kept without a measured gain"]["measured"].startswith("1 of 2 kept")
     assert rows["zero retries of a refused change"]["measured"].startswith("1 ")
     assert "f1 s0: 2 restarts, 1 injected" in rows["restarts <= 1 per injected crash or stall"]["measured"]
+    # without any swarm run's records the targets read from them are not measured, not met
+    bare = {r["target"]: r for r in suite_targets.measure(results(), {})}
+    for t in ("zero interventions kept without a measured gain", "zero retries of a refused change"):
+        assert bare[t]["met"] is None, bare[t]
+    # the ledger row's own records stand in for a workspace that is gone
+    res = results()
+    res["runs"][0]["intervention_records"] = [{"kind": "rollback", "changes": {}, "status": "kept",
+                                               "outcome": {"gain": None, "refused": None}, "created": 1}]
+    led = {r["target"]: r for r in suite_targets.measure(res, suite_targets.ledger_records(res))}
+    kept = led["zero interventions kept without a measured gain"]
+    assert kept["measured"].startswith("1 of 1 kept (in 1 of 5") and kept["met"] is False
 
 
 def test_a_file_that_is_not_results_is_exit_2(tmp_path):
