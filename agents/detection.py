@@ -90,6 +90,9 @@ class Thresholds:
     not_learning_rows: int = 100
     not_learning_rel: float = 0.1
     not_learning_heldout_max: float = 0.05
+    # departure harm: the target measured since the live config left the controller's, worse than at
+    # the checkpoint before it by more than this (about 1.4 binomial SEs of a rate on 200 examples)
+    departure_harm: float = 0.05
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

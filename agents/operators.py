@@ -347,19 +347,23 @@ def departure_fix(op: Operator, d: Diagnosis, section: str, edit: K, ev: Evidenc
                   recovers: str) -> Intervention:
     """The fix of a departure finding (harness_drift, recipe_drift: the live `section` reports a
     version the controller did not set, since `since_step`): every field of the section set again
-    to the controller's value, and the run rolled back to the newest checkpoint before the
-    departure when going back there throws away no more steps than verifying a fix by backtest
-    would train (`ctx.verify_steps`). Which field changed the version does not say, so neither
-    does whether the steps trained since harmed the weights (a broken template can take held-out
-    from 0.64 to 0.03 within 50 steps; a harder curriculum spends a warm-up on data nothing is
-    learnt from, while a lower answer limit leaves SFT's weights as they were): the rollback is
-    a bet that they did, staked at most what a backtest would cost. `edit` is the kind without
-    such a checkpoint."""
+    to the controller's value; and the run rolled back to the newest checkpoint before the
+    departure when the target measured since is worse than at that checkpoint by more than
+    `departure_harm` (`departure_harmed`) and going back throws away no more steps than
+    verifying a fix by backtest would train (`ctx.verify_steps`). Which field changed the version
+    does not say whether the steps since harmed the weights (a broken template can take held-out
+    from 0.64 to 0.03 within 50 steps, while a lower answer limit leaves SFT's weights as they
+    were and a run restarted from its first checkpoint may spend a thousand steps on a plateau
+    the original had half crossed), so going back needs measured harm. `edit` is the kind
+    otherwise."""
     data = ctx.harness if section == "harness" else ctx.recipe
     changes = config_fields(section, data or {})
     since = d.evidence.get("since_step")
     ckpt = ctx.checkpoint_before(int(since) - 1) if isinstance(since, (int, float)) and since > 0 else None
     if ckpt is not None and ctx.verify_steps is not None and ev.step - int(ckpt["step"]) > ctx.verify_steps:
+        ckpt = None
+    harm = departure_harmed(ev, ctx, int(ckpt["step"]), int(since), op.thresholds.departure_harm) if ckpt else None
+    if harm is None:
         ckpt = None
     why = f"{d.summary}. Which field changed the version does not say, so every {section} field is set again to the controller's value"
     effect = f"the live {section} version back to the controller's at once; {recovers}"
@@ -367,10 +371,29 @@ def departure_fix(op: Operator, d: Diagnosis, section: str, edit: K, ev: Evidenc
         return op.intervention(
             K.ROLLBACK, d, changes, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
             rationale=f"{why}, from checkpoint {ckpt['name']} (step {ckpt['step']}, the newest before the change at "
-                      f"step {since}): the steps since trained on a config nobody chose.",
+                      f"step {since}): the steps since trained on a config nobody chose, and {harm}.",
             expected_effect=effect + " from the checkpoint's level")
     return op.intervention(edit, d, changes, risk=Risk.MEDIUM, rationale=why + " (no checkpoint predates the change).",
                            expected_effect=effect)
+
+
+def departure_harmed(ev: Evidence, ctx: OperatorContext, ckpt_step: int, since: int, harm: float) -> str | None:
+    """How the target measured since a departure (the latest eval at or after `since`) is worse than
+    at the checkpoint (the latest eval at or before `ckpt_step` that predates the departure) by
+    more than `harm`, or None: no eval on either side, or not that much worse."""
+    metric, sign = ctx.target.metric, (1.0 if ctx.target.op == ">=" else -1.0)
+    evals = [(int(r.get("step", 0)), float(r[metric])) for r in ev.evals
+             if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
+    first_after = next((i for i, (st, _) in enumerate(evals) if st >= since), None)
+    if first_after is None:
+        return None
+    before = [v for st, v in evals[:first_after] if st <= ckpt_step]
+    if not before:
+        return None
+    then, now = before[-1], evals[-1][1]
+    if sign * (then - now) <= harm:
+        return None
+    return f"{metric} fell from {then:.3g} at the checkpoint to {now:.3g} since"
 
 
 def config_fields(section: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -544,10 +544,25 @@ def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():
     assert len(ivs) == 1 and ivs[0].changes == config_fields("harness", HARNESS)
     assert ivs[0].changes["harness.template"] == HARNESS["template"] and len(ivs[0].changes) > 10
     check_record(ivs[0], HarnessCritic())
-    # the steps trained since the change go too: back to the newest checkpoint before it (step 20 of
-    # 20, 40, 48, 55; the version changed at the 31st row)
+    # held-out went on rising since the change: the steps since are kept, the fields set again
     since = ivs[0].diagnosis.evidence["since_step"]
-    assert ivs[0].kind == K.ROLLBACK and rollback_target(ivs[0]) == "step_0000020" and 20 < since <= 40, since
+    assert ivs[0].kind == K.HARNESS_EDIT and rollback_target(ivs[0]) is None and 20 < since <= 40, since
+    # held-out fell since (0.49 at step 20, the newest checkpoint before the change of the 31st row,
+    # of 20, 40, 48, 55): the steps since go too
+    for r in rows[30:]:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.3
+    (iv,) = [iv for iv in HarnessCritic().builtin(make_ev(rows), c) if iv.diagnosis.name == "harness_drift"]
+    assert iv.kind == K.ROLLBACK and rollback_target(iv) == "step_0000020" and "fell from 0.49" in iv.rationale
+    assert iv.changes == ivs[0].changes
+    for r in rows[30:]:                    # within departure_harm (0.05) of the checkpoint's level: no harm
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.45
+    (iv,) = [iv for iv in HarnessCritic().builtin(make_ev(rows), c) if iv.diagnosis.name == "harness_drift"]
+    assert iv.kind == K.HARNESS_EDIT
+    for r in rows[30:]:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.3
     # going back there would throw away more steps than verifying a fix by backtest trains: the edit alone
     ev = make_ev(rows)
     (iv,) = [iv for iv in HarnessCritic().builtin(ev, c.model_copy(update={"verify_steps": ev.step - 21}))
