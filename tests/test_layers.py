@@ -191,3 +191,18 @@ def test_one_home_for_dotted_config_paths():
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "dotted" in node.name.lower():
                     others.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}")
     assert not others, "dotted-path helpers outside trainer/config.py: " + ", ".join(others)
+
+
+def test_no_installed_distribution_shares_a_package_name():
+    """An installed distribution whose import name is one of the project's packages (transformers
+    5.25 requires `kernels`, a hub client) is shadowed by ours, and whatever imports it gets ours:
+    constraints.txt keeps such versions out."""
+    import importlib.metadata as md
+
+    ours = {"swarm", "agents", "skills", "harness", "trainer", "kernels", "sandboxes", "memory"}
+    clash = {}
+    for dist in md.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("-", "_")
+        if name in ours:
+            clash[name] = dist.version
+    assert not clash, f"installed distributions named like the project's packages: {clash}"
