@@ -243,6 +243,9 @@ def run_swarm(goal: dict[str, Any], seed: int, target: float, budget: float, wal
     out.update({"curve": curve, "wall_s": time.time() - t0, "rc": p.returncode, "stop": capped or s.get("reason"),
                 "steps": s.get("steps"), "interventions": len(applied), "proposed": len(ivs),
                 "intervention_log": [f"{iv.get('kind')}:{iv.get('status')}" for iv in ivs], "wasted_cpu_s": wasted,
+                # what suite_targets reads when the run's workspace is gone (the ledger is committed)
+                "intervention_records": [{k: iv.get(k) for k in ("kind", "status", "changes", "created")}
+                                         | {"outcome": {"gain": iv.get("gain"), "refused": iv.get("refused")}} for iv in ivs],
                 "trainer_processes": len(meter.cpu), "restarts": s.get("restarts"),
                 "log_tail": None if s else (work / "controller.log").read_text(errors="replace")[-1500:]})
     return out
