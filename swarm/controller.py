@@ -23,10 +23,10 @@ from typing import Any
 import psutil
 import yaml
 
-from agents.base import Operator, OperatorContext, rollback_target
+from agents.base import Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
-from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionKind, JobStatus, Status
+from agents.domain import JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import Evidence, collect
 from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
@@ -192,19 +192,6 @@ class Controller(Deciding):
             history=self.store.list(), checkpoints=self.checkpoints(), skills=self.tick.recall[0], episodes=self.tick.recall[1],
             min_difficulty=self.task_range[0], settled_since=self.settled_since(), verify_steps=self.verify_steps(),
         )
-
-    def verify_steps(self) -> int:
-        """Training steps a backtest's arms cost: a candidate and a control per seed, over the horizon."""
-        bt = self.goal.swarm.backtest
-        return 2 * len(bt.seeds) * bt.horizon_steps
-
-    def settled_since(self) -> float:
-        """When the controller last changed the live run (applied, undid or restarted; 0 before its
-        first change): rows written before it predate the recipe and harness it believes in force."""
-        ivs = self.store.list()
-        times = [float(iv.outcome["since_time"]) for iv in ivs if "since_time" in iv.outcome]
-        times += [float(h["time"]) for iv in ivs if iv.outcome.get("undone") for h in iv.history if h.get("to") == "rolled_back"]
-        return max(times, default=0.0)
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """The live run's checkpoint metadata, oldest first; re-read only when the checkpoint
@@ -684,29 +671,6 @@ class Controller(Deciding):
         iv.outcome["carried_over"] = list(carried)
         self.store.put(iv)
         return {k: v for c in carried.values() for k, v in c.items()}
-
-    def too_far_back(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:
-        """Why a departure's rollback goes only as far as its edit now (None: it rolls back). Its
-        proposer bet at most the steps a backtest's arms train (agents.operators.departure_fix);
-        applied later, the run may have moved on past that stake."""
-        if target is None or not pre or iv.diagnosis.name not in DEPARTURE:
-            return None
-        ckpt = next((c for c in self.checkpoints() if c["name"] == target), None)
-        lost = int(pre.get("step", 0)) - int(ckpt["step"]) if ckpt else 0
-        if lost <= self.verify_steps():
-            return None
-        return (f"checkpoint {target} lies {lost} steps back by now, more than verifying a fix by backtest trains "
-                f"({self.verify_steps()}): the fields are set again without going back")
-
-    def rollback_target(self, iv: Intervention) -> str | None:
-        """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else
-        the newest checkpoint from before the problem's evidence window began."""
-        named = rollback_target(iv)
-        if named and any(c["name"] == named for c in self.checkpoints()):
-            return named
-        start = iv.diagnosis.evidence.get("window_start_step", iv.diagnosis.step)
-        good = [c for c in self.checkpoints() if c["step"] < start and not c["name"].startswith("bt-")]
-        return good[-1]["name"] if good else None
 
     def node_mine_skills(self, s: SwarmState) -> dict[str, Any]:
         """Evaluated interventions become episodes in memory; when there are new ones, the skill

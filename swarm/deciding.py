@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
+from agents.base import rollback_target
+from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from agents.operators import config_fields
 from swarm.backtest import check_change, noop_edit, result, rule_for, run_arms
 from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Skip, Window, assign_risk,
@@ -43,6 +44,42 @@ class Deciding:
         """Every recipe and harness field the controller set (its record on main, defaults filled
         in), dotted: what a departure finding says the live run left."""
         return {**config_fields("recipe", self.ws.current_recipe()), **config_fields("harness", self.ws.current_harness())}
+
+    def verify_steps(self) -> int:
+        """Training steps a backtest's arms cost: a candidate and a control per seed, over the horizon."""
+        bt = self.goal.swarm.backtest
+        return 2 * len(bt.seeds) * bt.horizon_steps
+
+    def too_far_back(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:
+        """Why a departure's rollback goes only as far as its edit now (None: it rolls back). Its
+        proposer bet at most the steps a backtest's arms train (agents.operators.departure_fix);
+        applied later, the run may have moved on past that stake."""
+        if target is None or not pre or iv.diagnosis.name not in DEPARTURE:
+            return None
+        ckpt = next((c for c in self.checkpoints() if c["name"] == target), None)
+        lost = int(pre.get("step", 0)) - int(ckpt["step"]) if ckpt else 0
+        if lost <= self.verify_steps():
+            return None
+        return (f"checkpoint {target} lies {lost} steps back by now, more than verifying a fix by backtest trains "
+                f"({self.verify_steps()}): the fields are set again without going back")
+
+    def rollback_target(self, iv: Intervention) -> str | None:
+        """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else
+        the newest checkpoint from before the problem's evidence window began."""
+        named = rollback_target(iv)
+        if named and any(c["name"] == named for c in self.checkpoints()):
+            return named
+        start = iv.diagnosis.evidence.get("window_start_step", iv.diagnosis.step)
+        good = [c for c in self.checkpoints() if c["step"] < start and not c["name"].startswith("bt-")]
+        return good[-1]["name"] if good else None
+
+    def settled_since(self) -> float:
+        """When the controller last changed the live run (applied, undid or restarted; 0 before its
+        first change): rows written before it predate the recipe and harness it believes in force."""
+        ivs = self.store.list()
+        times = [float(iv.outcome["since_time"]) for iv in ivs if "since_time" in iv.outcome]
+        times += [float(h["time"]) for iv in ivs if iv.outcome.get("undone") for h in iv.history if h.get("to") == "rolled_back"]
+        return max(times, default=0.0)
 
     def assess(self, iv: Intervention) -> Intervention:
         """The intervention with the controller's risk (the proposer's is kept in its outcome), and no
