@@ -34,7 +34,8 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import write_private
 from swarm.backtest import nearest_valid, task_range
 from swarm.deciding import Deciding, in_force
-from swarm.decisions import Skip, corroborated_by, outlook, plan, restart_hold, worth_verifying
+from swarm.decisions import (PERSIST_WITHIN, Sighting, Skip, corroborated_by, outlook, persistence, plan, restart_hold,
+                             worth_verifying)
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
@@ -77,7 +78,8 @@ class Memo:
     closed: set[str] = field(default_factory=set)
     held: set[float] = field(default_factory=set)  # launches whose restart hold was logged
     deferred: set[tuple[str, int]] = field(default_factory=set)  # (fix, evals seen) whose deferral was logged
-    streaks: dict[str, tuple[int, int]] = field(default_factory=dict)  # finding -> (step first seen, looks) in a row
+    looks: int = 0                                  # the controller's looks (node_diagnose calls) so far
+    seen: dict[str, list[Sighting]] = field(default_factory=dict)   # finding -> its latest looks (swarm.decisions.persistence)
     # the timeline's last seq when this process's last full pass began (rows logged during or
     # after it, a human decision included, make the next tick a full pass)
     full_seq: int | None = None
@@ -357,9 +359,10 @@ class Controller(Deciding):
         self.tick.findings = findings
         ctx.with_findings(findings)
         self.log_findings(findings)
-        prev = self.memo.streaks      # how long each finding has held, look after look
-        self.memo.streaks = {d.name: (prev[d.name][0], prev[d.name][1] + 1) if d.name in prev else (ev.step, 1)
-                             for d in findings}
+        m = self.memo             # the looks each finding was seen on
+        m.looks += 1
+        for d in findings:
+            m.seen[d.name] = (m.seen.get(d.name, []) + [Sighting(m.looks, ev.step, time.time())])[-PERSIST_WITHIN:]
         wrong = [d for d in findings if d.severity != "info"]
         # skills and past episodes only when something is wrong (a healthy tick costs nothing), and
         # retrieved again only when what is wrong, the library or the memory changed: a finding that
@@ -501,12 +504,13 @@ class Controller(Deciding):
         interval = int(self.ws.current_recipe().get("eval_interval") or 0)    # the trainer evals at its multiples
         next_eval_in = interval - ev.step % interval if interval > 0 else None
         findings = frozenset(d.name for d in self.tick.findings)
+        now = Sighting(self.memo.looks, ev.step, time.time())
         keep = []
         for iv in proposals:
             # a change plan lets skip its backtest trains no arms: its window is the live run's own steps
             cost = 0 if isinstance(plan(iv, self.facts(iv, s.job_status)), Skip) else verify
-            streak = self.memo.streaks.get(iv.diagnosis.name)
-            held = (streak[1], ev.step - streak[0]) if streak else None
+            held = (persistence(self.memo.seen.get(iv.diagnosis.name, []), now, since)
+                    if iv.diagnosis.name in findings else None)
             why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
                                   corroborated_by(iv.diagnosis, self.tick.findings))
             if why is None:

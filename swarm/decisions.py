@@ -191,13 +191,38 @@ def outlook(evals: list[tuple[int, float]], threshold: float, higher_is_better: 
 NO_TREND = JOB_FINDINGS | {"nonfinite_loss"}
 
 
-# a finding acts once it holds on two looks at least PERSIST_STEPS steps apart (the detectors'
-# `recent` window: the second look reads rows the first did not). Replayed tick by tick, the
-# detectors that fire on healthy runs fire there on one tick each (truncation, malformed answers,
+# a finding acts once it was seen on two looks at least PERSIST_STEPS steps apart (the detectors'
+# `recent` window: the second look reads rows the first did not) among the last PERSIST_WITHIN looks
+# of the current timeline (since the latest applied change), in a row or not. Replayed tick by tick,
+# the detectors that fire on healthy runs fire there on one tick each (truncation, malformed answers,
 # entropy collapse, loss spikes: 9, 10, 9 and 3 fires on 9, 10, 9 and 3 of 39 healthy runs), while
-# on the faulted runs they detect they hold for many (benchmarks/results/detector_calibration.md)
+# on the faulted runs they detect they hold for many (benchmarks/results/detector_calibration.md) —
+# but not on every look: a detector that reads noisy statistics (a loss median over 20 rows, the
+# best of the last few evals) misses some looks while its fault is in force, and a look every ~40
+# steps lands on a miss about as often as on a fire. A streak that a miss resets deferred such a fix
+# for most of a run; a false alarm's single tick is still one look however they are counted.
 PERSIST_LOOKS = 2
 PERSIST_STEPS = THRESHOLDS.recent
+PERSIST_WITHIN = 10
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """One look of the controller at which a finding was seen: its ordinal among the controller's
+    looks, the run's step and the wall-clock time."""
+    n: int
+    step: int
+    time: float
+
+
+def persistence(looks: list[Sighting], now: Sighting, since: float) -> tuple[int, int] | None:
+    """(looks, steps) a finding has held for: how many of the last PERSIST_WITHIN looks up to `now`
+    and of the current timeline (looks at or after `since`, the latest applied change's time) saw it,
+    and the steps from the first of them to `now`; None when none did."""
+    seen = [x for x in looks if x.time >= since and now.n - PERSIST_WITHIN < x.n <= now.n]
+    if not seen:
+        return None
+    return len(seen), max(0, now.step - seen[0].step)
 
 
 def corroborated_by(diagnosis: Any, findings: list[Any]) -> str | None:
@@ -230,9 +255,10 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     fewer steps (`next_eval_in`) than verifying would train, the fix waits for it — the eval costs
     less than the backtest and says whether the fix can pay at all. A restart, or a run whose loss
     is not finite, is never held (no trend to project). Before any of that, a fix for a finding
-    seen on fewer than PERSIST_LOOKS looks spanning PERSIST_STEPS steps (`held_for`: looks, steps
-    since the finding's first look of its current streak; None when its diagnosis is no current
-    finding) waits for the next look: holding for one look only is how false alarms look — unless
+    seen on fewer than PERSIST_LOOKS looks spanning PERSIST_STEPS steps (`held_for`: the looks of
+    the current timeline's last PERSIST_WITHIN that saw it and the steps since the first of them, as
+    `persistence()` counts them; None when its diagnosis is no current finding) waits for a later look:
+    holding for one look only is how false alarms look — unless
     a departure finding `corroborated` it (corroborated_by: the config changed behind the
     controller's back at or before its onset)."""
     if iv.kind == K.RESTART or findings & NO_TREND:

@@ -6,7 +6,8 @@ import pytest
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Look, Pair, Refuse, Rejected,
                              Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, wasted,
-                             schedule, worth_verifying, corroborated_by)
+                             schedule, worth_verifying, corroborated_by,
+                             PERSIST_WITHIN, Sighting, persistence)
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 
@@ -296,6 +297,26 @@ def test_a_fix_for_a_finding_seen_on_one_look_waits_for_the_next(held_for, want_
     assert worth_verifying(iv(K.RESTART, diagnosis="crashed_job"), frozenset({"crashed_job"}), far, 160, held_for=(1, 0)) is None
     assert worth_verifying(iv(K.ROLLBACK, {"recipe.lr": 3e-3}, "nonfinite_loss"), frozenset({"nonfinite_loss"}), far, 160,
                            held_for=(1, 0)) is None
+
+
+def test_a_finding_holds_on_looks_that_saw_it_in_a_row_or_not():
+    """Persistence counts the looks of the current timeline's last PERSIST_WITHIN that saw the
+    finding: a look that missed it (a noisy detector) does not start the count over; a change
+    applied since (its time) does, and so do looks too long ago."""
+    t = [Sighting(n, n * 40, 100.0 + n) for n in range(1, 30)]
+    seen = [t[0], t[3], t[6]]                                   # every third look saw it
+    assert persistence(seen[:1], t[0], since=0.0) == (1, 0)     # first look: it waits
+    assert persistence(seen[:2], t[3], since=0.0) == (2, 120)   # a miss between: still two looks
+    assert persistence(seen, t[6], since=0.0) == (3, 240)
+    assert persistence(seen, t[6], since=t[5].time) == (1, 0)   # a change applied since: counted afresh
+    assert persistence(seen, t[6 + PERSIST_WITHIN], since=0.0) is None    # all older than the window
+    assert persistence(seen, t[3 + PERSIST_WITHIN], since=0.0) == (1, 280)   # only the newest is in it
+    assert persistence([], t[6], since=0.0) is None
+    # the same counts through worth_verifying: two looks with a miss between act, one does not
+    fix = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    far = outlook([(50, 0.1), (100, 0.1)], 0.9, True)
+    assert worth_verifying(fix, frozenset({"truncation"}), far, 160, held_for=persistence(seen[:2], t[3], 0.0)) is None
+    assert worth_verifying(fix, frozenset({"truncation"}), far, 160, held_for=persistence(seen[:1], t[3], 0.0)) is not None
 
 
 def finding(name, **evidence):
