@@ -86,6 +86,8 @@ class Thresholds:
     label_noise_rel: float = 0.05
     label_noise_pass_min: float = 0.3
     label_noise_heldout_evals: int = 3  # ... and held-out accuracy has stopped improving over this many evals
+    label_shift_ratio: float = 2.0     # or: the loss of the latest `label_noise_rows` rows at least this multiple
+    label_shift_abs: float = 0.1       # (and this much above) the lowest it reached on the same data and config
     # not learning: the loss has barely moved since the run began and held-out stays near zero
     not_learning_rows: int = 100
     not_learning_rel: float = 0.1

@@ -154,26 +154,43 @@ def low_temperature(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
 
 @detector("label_noise")
 def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
-    """SFT: the loss sits flat at a high floor (≥ `label_noise_floor` nats/token, < `label_noise_rel`
-    relative improvement over `label_noise_rows` rows) although the policy's own greedy answers
-    are right a fair share of the time (pass rate or held-out ≥ `label_noise_pass_min`), and
-    held-out accuracy has stopped improving over the last `label_noise_heldout_evals` evals (a
-    healthy run whose loss pauses while accuracy still climbs is not noisy): the targets disagree
-    with correct answers, i.e. the labels are noisy. (No token-level accuracy is logged; this is
-    what the evidence allows.)"""
+    """SFT whose targets disagree with right answers, seen either way the evidence allows (no
+    token-level accuracy is logged), while the policy's own greedy answers are right a fair share of
+    the time (pass rate or held-out ≥ `label_noise_pass_min`):
+    - **the targets changed** (`labels_changed`): the loss of the latest `label_noise_rows` rows is
+      at least `label_shift_ratio`× (and `label_shift_abs` above) the lowest median of as many
+      earlier rows of the same segment, difficulty, harness and recipe version, while held-out
+      accuracy is no more than `departure_harm` below its value then. Same data, same config, same
+      answers, a loss that rose and stays up: what the policy is trained towards is not what it
+      answers. (A curriculum step, a harness or recipe edit, a rollback each start a new level to
+      compare with; a loss that rose because the policy got worse fails the accuracy check.)
+    - **a high flat floor**: the loss sits flat at ≥ `label_noise_floor` nats/token (<
+      `label_noise_rel` relative improvement over `label_noise_rows` rows) and held-out accuracy
+      has stopped improving over the last `label_noise_heldout_evals` evals (a healthy run whose
+      loss pauses while accuracy still climbs is not noisy): labels noisy from the start."""
     if algorithm(ev) != "sft":
         return None
+    _, pr = column(ev.metrics[-th.label_noise_rows :], "pass_rate")
+    held = ev.latest_eval("heldout_acc")
+    right = max(mean_of(pr) if pr else 0.0, held or 0.0)
+    if right < th.label_noise_pass_min:
+        return None
+    shift = labels_changed(ev, th)
+    if shift is not None:
+        return make_diagnosis(ev, "label_noise",
+                              f"SFT loss rose to {shift['loss_now']:.3g} nats/token from {shift['loss_low']:.3g} on the same "
+                              f"data and config while the policy answers {right:.0%} correctly: the targets changed",
+                              "warning", dict(shift, heldout_acc=held, pass_rate_recent=pr[-th.recent :],
+                                              threshold_ratio=th.label_shift_ratio, threshold_abs=th.label_shift_abs,
+                                              threshold_pass=th.label_noise_pass_min))
     halves = loss_halves(ev, th.label_noise_rows)
     if halves is None:
         return None
     _, a, b, rel = halves
-    _, pr = column(ev.metrics[-th.label_noise_rows :], "pass_rate")
-    held = ev.latest_eval("heldout_acc")
-    right = max(mean_of(pr) if pr else 0.0, held or 0.0)
     evals = [v for v in (to_float(r.get("heldout_acc")) for r in ev.evals) if is_finite(v)]
     k = th.label_noise_heldout_evals
     stalled = len(evals) > k and max(evals[-k:]) - max(evals[:-k]) < th.plateau_min_delta
-    if b >= th.label_noise_floor and rel < th.label_noise_rel and right >= th.label_noise_pass_min and stalled:
+    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled:
         return make_diagnosis(ev, "label_noise",
                               f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
                               "warning",
@@ -182,6 +199,36 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                                "threshold_floor": th.label_noise_floor, "threshold_rel": th.label_noise_rel,
                                "threshold_pass": th.label_noise_pass_min})
     return None
+
+
+def labels_changed(ev: Evidence, th: Thresholds) -> dict[str, Any] | None:
+    """The loss's rise on unchanged data and config (`label_noise` above): the median loss of the
+    latest `label_noise_rows` rows against the lowest median of as many earlier rows of the same
+    segment, difficulty, harness and recipe version (consecutive blocks, newest aligned), with the
+    held-out accuracy then and now; None when it did not rise that far, accuracy fell, or no
+    earlier block is comparable."""
+    n = th.label_noise_rows
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r.get("segment"), r.get("difficulty"), r.get("harness_version"), r.get("recipe_version")
+
+    rows = [r for r in current_rows(ev) if not r.get("final") and not r.get("skipped") and is_finite(to_float(r.get("loss")))]
+    if len(rows) < 2 * n or len({key(r) for r in rows[-n:]}) != 1:
+        return None
+    k = key(rows[-1])
+    now = median_of([float(r["loss"]) for r in rows[-n:]])
+    blocks = [rows[i - n : i] for i in range(len(rows) - n, n - 1, -n)]
+    low = min(((median_of([float(r["loss"]) for r in b]), int(b[-1]["step"])) for b in blocks
+               if all(key(r) == k for r in b)), default=None)
+    if low is None or not (now >= th.label_shift_ratio * low[0] and now - low[0] >= th.label_shift_abs):
+        return None
+    then = [to_float(r.get("heldout_acc")) for r in ev.evals if int(r.get("step", 0)) <= low[1]]
+    then = [v for v in then if is_finite(v)]
+    acc_now = ev.latest_eval("heldout_acc")
+    if then and acc_now is not None and acc_now < then[-1] - th.departure_harm:
+        return None
+    return {"loss_now": now, "loss_low": low[0], "low_at_step": low[1], "heldout_then": then[-1] if then else None,
+            "rows": n, "difficulty": k[1]}
 
 
 @detector("not_learning")

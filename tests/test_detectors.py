@@ -18,6 +18,7 @@ import torch
 
 from agents.detection import DETECTORS, THRESHOLDS, Known, Thresholds, run_detectors
 from agents.evidence import Evidence, collect
+from agents.harness_detectors import labels_changed
 
 HARNESS = {"template": "{question}=", "answer": {"reverse_digits": True, "stop": "\n"},
            "sampling": {"temperature": 1.0, "max_new_tokens": 6}, "curriculum": {"start": 3}}
@@ -463,6 +464,37 @@ def test_label_noise():
         if "heldout_acc" in r:
             r["heldout_acc"] = 0.0
     assert DETECTORS["label_noise"](make_ev(rows), THRESHOLDS, KNOWN) is None
+
+
+def test_label_noise_when_the_loss_rises_on_the_same_data_and_config_while_answers_stay_right():
+    """The other way label noise shows: mid-run, the loss of the latest rows is 2x and 0.1 above the
+    lowest it reached on the same segment, difficulty, harness and recipe, and held-out accuracy did
+    not fall. A curriculum step, a harness edit or a rollback in between, a policy that got worse,
+    or one that answers nothing right, is not it."""
+    def run(**last):
+        rows = sft_rows(100)
+        rng = random.Random(2)
+        for r in rows[-20:]:
+            r.update({"loss": 0.4 + rng.uniform(-0.02, 0.02), "pass_rate": 0.9, **last})
+        return rows
+
+    d = fired(make_ev(run()), "label_noise")
+    assert d.evidence["loss_low"] < 0.1 < 0.38 < d.evidence["loss_now"] and "targets changed" in d.summary
+    assert d.evidence["heldout_then"] == 0.92 and d.evidence["low_at_step"] == 80
+    # (the flat-floor way may still see these: held-out has stalled at its best; this way does not)
+    for changed in ({"difficulty": 4}, {"harness_version": "bbbb"}, {"recipe_version": "r2"}, {"segment": 1}):
+        assert labels_changed(make_ev(run(**changed)), THRESHOLDS) is None, changed
+    worse = run()
+    for r in worse[-20:]:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.8          # the policy got worse: a loss rise of another kind
+    assert labels_changed(make_ev(worse), THRESHOLDS) is None
+    wrong = run(pass_rate=0.0)
+    for r in wrong[-20:]:
+        if "heldout_acc" in r:
+            r["heldout_acc"] = 0.0
+    assert DETECTORS["label_noise"](make_ev(wrong), THRESHOLDS, KNOWN) is None
+    assert DETECTORS["label_noise"](make_ev(sft_rows(100)), THRESHOLDS, KNOWN) is None     # healthy throughout
 
 
 # ---- real trainer runs --------------------------------------------------------------------------
