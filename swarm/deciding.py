@@ -10,11 +10,12 @@ import math
 from typing import Any
 
 from agents.base import rollback_target
+from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from agents.operators import config_fields
 from swarm.backtest import check_change, noop_edit, result, rule_for, run_arms
 from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Skip, Window, assign_risk,
-                             decide, judge, plan, rate_var, retry_horizon, schedule, wasted)
+                             decide, judge, plan, progress_since, rate_var, retry_horizon, schedule, wasted)
 from trainer.config import get_dotted
 
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
@@ -53,12 +54,21 @@ class Deciding:
     def too_far_back(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:
         """Why a departure's rollback goes only as far as its edit now (None: it rolls back). Its
         proposer bet at most the steps a backtest's arms train (agents.operators.departure_fix);
-        applied later, the run may have moved on past that stake."""
+        applied later, the run may have moved on past that stake — unless those steps moved the
+        target no more than `departure_harm` (`progress_since`): steps that measurably gained
+        nothing are no stake, however many (a run whose weights a wrong lr wrecked sits at 0)."""
         if target is None or not pre or iv.diagnosis.name not in DEPARTURE:
             return None
         ckpt = next((c for c in self.checkpoints() if c["name"] == target), None)
         lost = int(pre.get("step", 0)) - int(ckpt["step"]) if ckpt else 0
         if lost <= self.verify_steps():
+            return None
+        metric = self.goal.target.metric
+        ev = self.evidence(JobStatus.RUNNING)
+        evals = [(int(r.get("segment", 0)), int(r["step"]), float(r[metric])) for r in ev.evals
+                 if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and "step" in r]
+        gained = progress_since(evals, int(ckpt["step"]), self.goal.target.op == ">=") if ckpt else None
+        if gained is not None and gained <= THRESHOLDS.departure_harm:
             return None
         return (f"checkpoint {target} lies {lost} steps back by now, more than verifying a fix by backtest trains "
                 f"({self.verify_steps()}): the fields are set again without going back")

@@ -284,6 +284,35 @@ def test_a_departure_rollback_goes_only_as_far_back_as_its_stake_when_applied(tm
         close(ctrl)
 
 
+@pytest.mark.parametrize("since, rolls", [
+    ([0.0, 0.0, 0.01], True),      # 150 steps that gained nothing measurable (a wrecked run at 0): no stake
+    ([0.0, 0.2, 0.35], False),     # 150 steps that moved the target: the stake holds
+])
+def test_steps_that_gained_nothing_are_no_stake(tmp_path, since, rolls):
+    """The stake of a departure's rollback is the target's progress over the steps it throws away,
+    not their count: with no eval at the checkpoint (the untrained start) the first eval since
+    is the level to beat; gaining no more than `departure_harm` there, going back loses nothing."""
+    ctrl = controller(tmp_path)
+    rec = ctrl.command = Recorder()
+    rec.step = 200
+    t = time.time()
+    with open(ctrl.run_dir / "metrics.jsonl", "a") as f:
+        for st, acc in zip((100, 150, 200), since):
+            f.write(json.dumps({"step": st, "segment": 0, "time": t, "loss": 1.0, "algorithm": "sft",
+                                "heldout_acc": acc}) + "\n")
+    d = Diagnosis(name="lr_drift", summary="s", operator="diagnostics", policy="builtin",
+                  evidence={"since_step": 60, "rollback_to": "step_0000050"})
+    iv = Intervention(kind=K.ROLLBACK, changes={"recipe.lr": 3e-3}, diagnosis=d, rationale="r",
+                      operator="diagnostics", policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.open_pr(ctrl.store.get(iv.id))
+    ctrl.store.transition(iv.id, Status.VALIDATED, "goes back")
+    ctrl.apply(ctrl.store.get(iv.id), SwarmState(job="ghost", job_status="RUNNING", tick=1, step=200))
+    assert (("rollback", f"{iv.id}-rb", {"name": "step_0000050"}) in rec.sent) is rolls, rec.sent
+    assert ("rollback_skipped" in ctrl.store.get(iv.id).outcome) is not rolls
+    close(ctrl)
+
+
 def test_a_rollback_is_judged_after_as_many_steps_as_the_run_had_trained(tmp_path):
     """A rollback sets the step counter back (here from step 200 to 52): its window starts where the
     run left off, so the value before applying (0.3 at step 200) is compared with the rolled-back

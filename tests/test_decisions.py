@@ -7,7 +7,7 @@ from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Look, Pair, Refuse, Rejected,
                              Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, wasted,
                              schedule, worth_verifying, corroborated_by,
-                             PERSIST_WITHIN, Sighting, persistence)
+                             PERSIST_WITHIN, Sighting, persistence, progress_since)
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 
@@ -317,6 +317,18 @@ def test_a_finding_holds_on_looks_that_saw_it_in_a_row_or_not():
     far = outlook([(50, 0.1), (100, 0.1)], 0.9, True)
     assert worth_verifying(fix, frozenset({"truncation"}), far, 160, held_for=persistence(seen[:2], t[3], 0.0)) is None
     assert worth_verifying(fix, frozenset({"truncation"}), far, 160, held_for=persistence(seen[:1], t[3], 0.0)) is not None
+
+
+@pytest.mark.parametrize("evals, ckpt, higher, want", [
+    ([(0, 50, 0.3), (0, 100, 0.5), (0, 150, 0.4)], 50, True, pytest.approx(0.2)),   # best since vs the checkpoint's
+    ([(0, 100, 0.0), (0, 150, 0.0)], 0, True, 0.0),                                  # none at the start: the first since
+    ([(0, 50, 0.3), (1, 100, 0.9), (2, 100, 0.35)], 50, True, pytest.approx(0.05)),  # the newest segment only
+    ([(0, 50, 2.0), (0, 100, 1.5)], 50, False, pytest.approx(0.5)),                  # a loss target: lower is progress
+    ([(0, 50, 0.3)], 50, True, None),                                                # nothing since
+    ([], 50, True, None),
+])
+def test_progress_since_a_checkpoint(evals, ckpt, higher, want):
+    assert progress_since(evals, ckpt, higher) == want
 
 
 def finding(name, **evidence):
