@@ -194,11 +194,26 @@ def kill_tree(root: subprocess.Popen, extra: list[psutil.Process]) -> None:
 
 # ---- the two arms ---------------------------------------------------------------------------
 
+def fresh_dir(d: pathlib.Path) -> pathlib.Path:
+    """`d`, empty: a folder an earlier invocation left under the same name (its workspace, its
+    summary) is moved aside to `<name>.prev-<n>`, kept, so that nothing of it is read as this
+    run's (a workspace that holds a run makes `swarm run` refuse, and its old summary would
+    stand in for the new one)."""
+    if d.exists():
+        n = 1
+        while d.with_name(f"{d.name}.prev-{n}").exists():
+            n += 1
+        d.rename(d.with_name(f"{d.name}.prev-{n}"))
+        log(f"{d.name}: an earlier run's folder moved aside to {d.name}.prev-{n}")
+    d.mkdir(parents=True)
+    return d
+
+
 def launch_swarm(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathlib.Path, tag: str) -> dict[str, Any]:
     """`swarm run` of `goal` in the CPU-recording wrapper, its trainers polled, `swarm stop` at the
     cap (a kill 90 s later). Returns rc, capped, wall_s, the summary (None if none), the
     wrapper's rusage, the poller and the workspace path."""
-    d.mkdir(parents=True, exist_ok=True)
+    fresh_dir(d)
     goal_path, ws, summ, ru = d / "goal.yaml", d / "ws", d / "summary.json", d / "rusage.json"
     goal_path.write_text(yaml.safe_dump(goal, sort_keys=False))
     cmd = [sys.executable, "-c", WRAPPER, str(ru), "run", str(goal_path), "--workspace", str(ws),
@@ -258,8 +273,7 @@ def run_swarm(goal_name: str, seed: int, cap_s: float, work: pathlib.Path, src: 
 
 
 def run_plain(goal_name: str, seed: int, cap_s: float, work: pathlib.Path, src: pathlib.Path) -> dict[str, Any]:
-    d = work / f"plain-{goal_name}-s{seed}"
-    d.mkdir(parents=True, exist_ok=True)
+    d = fresh_dir(work / f"plain-{goal_name}-s{seed}")
     goal = load_goal(goal_name, seed)
     cfg = plain_config(goal, "train", str(d / "runs"))
     cfg_path = d / "train.yaml"

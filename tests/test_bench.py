@@ -762,3 +762,20 @@ def test_a_calibration_from_another_machine_scales_the_budget_and_the_results(sm
     row = next(r for r in fast.current_rows() if r["scenario"] == "a_broken")
     assert row["cpu_total"] == pytest.approx(measured["cpu_total"] / 2) and row["budget"] == pytest.approx(c.budget)
     assert row["curve"][-1][0] == pytest.approx(measured["curve"][-1][0] / 2)
+
+
+def test_swarm_vs_train_never_reads_an_earlier_runs_folder_as_its_own(tmp_path):
+    """benchmarks/swarm_vs_train.py run again on a work dir: the earlier run's folder (its workspace,
+    which makes `swarm run` refuse, and its summary) is moved aside and kept, never read as the
+    new run's."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("svt", pathlib.Path(__file__).parents[1] / "benchmarks" / "swarm_vs_train.py")
+    svt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(svt)
+    d = tmp_path / "swarm-truncation-s0"
+    (d / "ws" / ".swarm").mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"reached": True}))
+    assert svt.fresh_dir(d) == d and list(d.iterdir()) == []
+    assert json.loads((tmp_path / "swarm-truncation-s0.prev-1" / "summary.json").read_text()) == {"reached": True}
+    svt.fresh_dir(d)
+    assert (tmp_path / "swarm-truncation-s0.prev-2").is_dir() and list(d.iterdir()) == []
