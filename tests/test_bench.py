@@ -465,6 +465,19 @@ def test_two_benches_on_one_ledger_each_keep_their_part_of_the_session(tmp_path)
     assert report.code == {"baseline": b.code["baseline"], "swarm": "swarm-at-other-commit"}
     assert report.cfg.command == ["swarm bench s --methods plain oracle", "swarm bench s --methods swarm --calibrated-only"]
     assert "snapshot of git commit 0123456789 (the swarm)" in report.src_desc
+    # PBT measured later at the baselines' code state: both baseline commands stay on record
+    pbt = Bench(dataclasses.replace(base, methods=["pbt"], command="swarm bench s --methods pbt --calibrated-only"))
+    pbt.save_session()
+    report.adopt_session()
+    assert report.cfg.command == ["swarm bench s --methods plain oracle", "swarm bench s --methods pbt --calibrated-only",
+                                  "swarm bench s --methods swarm --calibrated-only"]
+    # a bench of another code state replaces the part's commands
+    other = Bench(dataclasses.replace(base, methods=["plain"], command="swarm bench s --methods plain --src x"))
+    other.code["baseline"] = "baseline-at-other-commit"
+    other.save_session()
+    report.adopt_session()
+    assert report.code["baseline"] == "baseline-at-other-commit"
+    assert report.cfg.command == ["swarm bench s --methods plain --src x", "swarm bench s --methods swarm --calibrated-only"]
     # a session file of one bench (both parts from it) still reads
     (tmp_path / "results" / "suite_suite" / "session.json").write_text(json.dumps(
         {"command": "old", "src": "snapshot of git HEAD abc", "code": {"baseline": "b0", "swarm": "s0"}}))

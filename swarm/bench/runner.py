@@ -46,6 +46,11 @@ from swarm.bench.scenarios import Scenario, load_suite
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def part_commands(part: dict[str, Any]) -> list[str]:
+    """The commands of one part of session.json (a part written before it kept a list: its one command)."""
+    return list(part.get("commands") or [part["command"]])
+
+
 @dataclasses.dataclass
 class BenchConfig:
     suite: str
@@ -342,7 +347,12 @@ class Bench:
         d.mkdir(parents=True, exist_ok=True)
         parts = self.read_session()["parts"]
         for part in self.parts():
-            parts[part] = {"command": self.cfg.command, "src": self.src_desc, "code": self.code[part]}
+            old = parts.get(part) or {}
+            # benches of one code state add to a part (e.g. PBT run later beside plain and the
+            # oracle at the same commit): every command that measured into it stays on record
+            cmds = part_commands(old) if old.get("code") == self.code[part] else []
+            cmds = [c for c in cmds if c != self.cfg.command] + [self.cfg.command]
+            parts[part] = {"command": self.cfg.command, "commands": cmds, "src": self.src_desc, "code": self.code[part]}
         tmp = d / f".session.json.{os.getpid()}"
         tmp.write_text(json.dumps({"parts": parts, "parallel": self.cfg.parallel, "cores": self.slots.cores,
                                    "machine_ref_cpu_s": self.machine_ref, "reference": machine.REFERENCE_ID}))
@@ -358,7 +368,7 @@ class Bench:
         if code:
             for k, v in parts.items():
                 self.code[k] = v["code"]
-        cmds = list(dict.fromkeys(v["command"] for v in parts.values()))
+        cmds = list(dict.fromkeys(c for v in parts.values() for c in part_commands(v)))
         self.cfg.command = cmds[0] if len(cmds) == 1 else cmds
         srcs = {k: v["src"] for k, v in parts.items()}
         if code:
