@@ -47,7 +47,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def part_commands(part: dict[str, Any]) -> list[str]:
-    """The commands of one part of session.json (a part written before it kept a list: its one command)."""
+    """The commands of one part of session.json, in order (a part written before it kept a list: its one command)."""
     return list(part.get("commands") or [part["command"]])
 
 
@@ -352,7 +352,7 @@ class Bench:
             # oracle at the same commit): every command that measured into it stays on record
             cmds = part_commands(old) if old.get("code") == self.code[part] else []
             cmds = [c for c in cmds if c != self.cfg.command] + [self.cfg.command]
-            parts[part] = {"command": self.cfg.command, "commands": cmds, "src": self.src_desc, "code": self.code[part]}
+            parts[part] = {"commands": cmds, "src": self.src_desc, "code": self.code[part]}
         tmp = d / f".session.json.{os.getpid()}"
         tmp.write_text(json.dumps({"parts": parts, "parallel": self.cfg.parallel, "cores": self.slots.cores,
                                    "machine_ref_cpu_s": self.machine_ref, "reference": machine.REFERENCE_ID}))
