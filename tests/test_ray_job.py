@@ -40,10 +40,18 @@ def _listening_beyond_loopback(head) -> list[str]:
             and line.split()[3].rsplit(":", 1)[0] not in loopback]
 
 
+# a workspace path with a space, quotes and shell metacharacters: the job's shell must see one path
+ODD_DIR = "my runs; touch swarmlab-pwned-marker; echo $(id) 'q\""
+MARKER = pathlib.Path(__file__).resolve().parent.parent / "swarmlab-pwned-marker"
+
+
 def test_ray_job_streams_metrics_and_obeys_commands(make_cfg, tmp_path):
+    odd = tmp_path / ODD_DIR
+    odd.mkdir()
     cfg = RunConfig.parse(make_cfg(recipe={"steps": 100_000, "batch_size": 2, "schedule": "constant",
-                                           "warmup_steps": 0, "eval_size": 4}, samples_per_step=1))
-    path = tmp_path / "job.yaml"
+                                           "warmup_steps": 0, "eval_size": 4}, samples_per_step=1,
+                                   out_dir=str(odd / "runs")))
+    path = odd / "job.yaml"
     path.write_text(cfg.to_yaml())
     head = start_head(num_cpus=2)  # its temp dir: short (AF_UNIX paths), removed by stop_head
     try:
@@ -69,7 +77,9 @@ def test_ray_job_streams_metrics_and_obeys_commands(make_cfg, tmp_path):
         logs = head.client().get_job_logs(job)
         assert '"status": "stopped_by_command"' in logs
         assert read_heartbeat(cfg.run_dir)["state"] == "stopped_by_command"
+        assert not MARKER.exists(), "a word of the workspace path ran as a command"
     finally:
+        MARKER.unlink(missing_ok=True)
         stop_head(head)
     assert not _head_processes(head), "head processes left running"
     assert not pathlib.Path(head.token_path).exists()

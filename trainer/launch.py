@@ -22,6 +22,7 @@ import dataclasses
 import os
 import pathlib
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -112,7 +113,12 @@ def start_head(num_cpus: int | None = None, temp_dir: str | None = None, timeout
     # controller, a Tune baseline) would find it taken and its job agent never registers ("No
     # available agent to submit job"), so every port a client or job reaches is chosen free
     port, dash, agent = _free_port(), _free_port(), _free_port()
-    temp_dir = temp_dir or f"/tmp/swarmlab-ray-{os.getpid()}-{port}"
+    # Ray makes its session folder 0777 and creates its sockets (the Jobs API's `dash_JobHead`
+    # among them, which answers without the token) and logs under the umask: the whole temp dir
+    # therefore lives inside a 0700 folder of ours, which no other uid (the sandbox's included)
+    # can enter whatever the umask. Kept short: unix socket paths inside it are capped at 107 bytes.
+    home = private_dir(temp_dir or f"/tmp/swarmlab-ray-{os.getpid()}-{port}")
+    temp_dir = str(home / "r")
     url = f"http://127.0.0.1:{dash}"
     head = RayHead(f"127.0.0.1:{port}", url, temp_dir, owned=True, token_path=str(new_token(token_path_for(url))))
     cmd = [_ray_bin(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
@@ -182,7 +188,7 @@ def stop_head(head: RayHead, timeout: float = 5.0) -> None:
             pass
     psutil.wait_procs(alive, timeout=5)
     if head.temp_dir:
-        shutil.rmtree(head.temp_dir, ignore_errors=True)
+        shutil.rmtree(pathlib.Path(head.temp_dir).parent, ignore_errors=True)  # the private folder around it
     if head.token_path:
         pathlib.Path(head.token_path).unlink(missing_ok=True)
 
@@ -206,7 +212,9 @@ def submit_job(head: RayHead, config_path: str | os.PathLike, job_id: str | None
     cfg_path = pathlib.Path(config_path).resolve()
     RunConfig.from_yaml(cfg_path)  # validate before anything starts
     root = pathlib.Path(__file__).resolve().parent.parent
-    entry = f"cd {root} && {sys.executable} -m trainer.entry {cfg_path}"
+    # the Jobs API runs the entrypoint through a shell: every path is quoted, so a workspace path with
+    # spaces or shell metacharacters is a path, never a word split or a command
+    entry = f"cd {shlex.quote(str(root))} && {shlex.quote(sys.executable)} -m trainer.entry {shlex.quote(str(cfg_path))}"
     env = {**head.auth_env(), "PYTHONUNBUFFERED": "1"}  # the job's own ray.init (Ray Train) needs the token too
     from sandboxes.base import PLAIN_OPT_IN_ENV
 

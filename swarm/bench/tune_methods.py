@@ -41,6 +41,7 @@ import shutil
 import time
 from typing import Any, Callable
 
+from sandboxes.private import private_dir
 from swarm.bench.methods import Progress, trainer_config
 
 EVAL_FIELDS = ("heldout_acc", "heldout_malformed", "heldout_truncated")
@@ -320,8 +321,9 @@ def run_tune(method: str, goal: dict[str, Any], seed: int, target: float, budget
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     t0 = time.time()
+    ray_home = private_dir(f"/tmp/swarmlab-bench-ray-{os.getpid()}")   # 0700 around Ray's sockets (trainer/launch.py)
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             _temp_dir=f"/tmp/swarmlab-bench-ray-{os.getpid()}", configure_logging=False)
+             _temp_dir=str(ray_home / "r"), configure_logging=False)
     meter = ProcessMeter(os.getpid(), include_root=True)
     stopper = BudgetStopper(budget, target, progress)
     eval_interval = cfg["recipe"]["eval_interval"]
@@ -345,6 +347,7 @@ def run_tune(method: str, goal: dict[str, Any], seed: int, target: float, budget
     finally:
         meter.poll(time.time())
         ray.shutdown()
+        shutil.rmtree(ray_home, ignore_errors=True)
     wall = time.time() - t0
     best_trial = stopper.best[1] if stopper.best else None
     total, wasted, exploits = lineage_cpu(work / "trials", best_trial)
