@@ -173,11 +173,20 @@ class Trainer:
             if self.recipe.on_nonfinite == "stop":
                 raise StopRun("stopped_nonfinite")
         elif not idle:
-            for g in self.opt.param_groups:
-                g["lr"] = self.lr_at(self.step)
+            self.sync_optimizer()
             self.opt.step()
         out["t_update"] = time.perf_counter() - t0
         return out
+
+    def sync_optimizer(self) -> None:
+        """Set every optimiser hyperparameter the recipe owns from the recipe in force, before each
+        step. The optimiser's param groups are state: `load_state` (resume, rollback, a backtest's
+        fork) restores the checkpoint's values, and a live `set_recipe` changes only the recipe, so
+        a value read from the groups would be the one in force when the optimiser was built or the
+        checkpoint written, not the one the run was told to use."""
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr_at(self.step)
+            g["weight_decay"] = self.recipe.weight_decay
 
     def ref_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.ref_policy is None:
