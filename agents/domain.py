@@ -25,6 +25,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _Setting(_Strict):
+    """A section of the goal file: like every setting, its floats are finite (`.inf`/`.nan` in YAML
+    is refused naming the field). Records (diagnoses, results) may hold a non-finite measurement."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
 class Risk(str, enum.Enum):
     LOW = "low"
     MEDIUM = "medium"
@@ -142,10 +149,12 @@ TRANSITIONS: dict[Status, set[Status]] = {
 }
 
 
-class Target(_Strict):
-    metric: str = Field("heldout_acc", description="a metric the trainer writes on eval steps")
+class Target(_Setting):
+    metric: str = Field("heldout_acc", description="a held-out metric the trainer writes on eval steps, one of "
+                        "trainer.runlog.HELDOUT_METRICS (accuracy, malformed and truncated rates)")
     op: Literal[">=", "<="] = Field(">=", description="how the metric compares with the threshold when the goal is met")
-    threshold: float = Field(0.95, description="the value the metric must reach; the run stops there")
+    threshold: float = Field(0.95, description="the value the metric must reach; the run stops there (a held-out "
+                             "metric is a rate: in [0, 1])")
 
     def met(self, value: float | None) -> bool:
         if value is None:
@@ -153,7 +162,7 @@ class Target(_Strict):
         return value >= self.threshold if self.op == ">=" else value <= self.threshold
 
 
-class Budget(_Strict):
+class Budget(_Setting):
     wall_s: float = Field(3600.0, gt=0, description="wall-clock seconds of the whole swarm run")
     steps: int = Field(100_000, gt=0, description="total trainer steps over all segments")
     worker_cpu_s: float = Field(7200.0, gt=0, description="CPU seconds of every trainer process: the run, its "
@@ -161,14 +170,14 @@ class Budget(_Strict):
     llm_usd: float = Field(1.0, ge=0, description="LLM spend cap in USD; at the cap the built-in policies decide")
 
 
-class ApprovalPolicy(_Strict):
+class ApprovalPolicy(_Setting):
     auto: list[Risk] = Field(default_factory=lambda: [Risk.LOW, Risk.MEDIUM], description="risk levels applied automatically")
 
     def needs_human(self, risk: Risk) -> bool:
         return risk not in self.auto
 
 
-class LLMSettings(_Strict):
+class LLMSettings(_Setting):
     model: str | None = Field(None, description="litellm model string, e.g. openai/gpt-4o-mini; None = built-in policies")
     api_base: str | None = Field(None, description="base URL of the provider, e.g. a local OpenAI-compatible server; "
                                  "None = the provider's default")

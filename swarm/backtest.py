@@ -29,7 +29,7 @@ import yaml
 from agents.domain import BacktestResult, Intervention, JobStatus
 from swarm.decisions import ArmScore, Decision, Pair, Rule, Validated
 from swarm.jobs import Jobs
-from trainer.runlog import read_heartbeat, read_jsonl
+from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
 
 
 def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: int, step: int,
@@ -216,7 +216,7 @@ def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_
              eval_size: int, looks: int, look: int) -> Rule:
     """The decision rule's settings for this intervention's arms."""
     return Rule(alpha=alpha, higher_is_better=higher_is_better, eval_size=eval_size,
-                target_is_rate=metric in ("heldout_acc", "heldout_malformed", "heldout_truncated"),
+                target_is_rate=metric in HELDOUT_METRICS,
                 losses_compare=sft_comparable(base, iv.changes), same_data=same_data(iv.changes),
                 looks=looks, look=look)
 

@@ -21,31 +21,44 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agents.domain import ApprovalPolicy, Budget, LLMSettings, Target
-from trainer.config import ConfigError, Perturbation, RunConfig, format_validation_error, load_yaml
+from trainer.config import EVAL_MAX, ConfigError, Perturbation, RunConfig, format_validation_error, load_yaml
+from trainer.runlog import HELDOUT_METRICS
+
+OBSERVE_MAX_S = 3600.0         # the longest wait between two ticks: a problem is seen within the hour
+STALE_HEARTBEAT_MAX_S = 86400.0
+PROGRAM_TIMEOUT_MAX_S = 600.0  # a skill program is a quick check of a run's evidence
 
 
-class BacktestSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Setting(BaseModel):
+    # allow_inf_nan=False: every float setting is finite (`.inf` would make a sleep or a timeout
+    # overflow or never end); `.inf`/`.nan` is refused naming the field
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class BacktestSettings(_Setting):
     horizon_steps: int = Field(60, ge=1, description="steps each arm trains after the fork")
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1, description="one candidate and one control per seed")
     alpha: float = Field(0.2, gt=0, lt=1, description="one-sided significance level of the paired test")
-    eval_size: int = Field(200, ge=10, description="held-out examples each arm is scored on at the end of its horizon")
+    eval_size: int = Field(200, ge=10, le=EVAL_MAX, description="held-out examples each arm is scored on at the end "
+                           f"of its horizon (at most {EVAL_MAX})")
     critical_extend: int = Field(4, ge=1, description="a fix for a critical finding that its backtest did not "
                                  "validate is backtested once more, over this many times horizon_steps (1 = never): "
                                  "e.g. a restored prompt template pays off only once a slow run starts to learn")
 
 
-class SwarmSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    observe_every_s: float = Field(2.0, gt=0, description="seconds between ticks while something is wrong or open")
-    observe_quiet_s: float | None = Field(None, gt=0, description="seconds after a quiet tick (nothing wrong, nothing "
-                                          "open, nothing new): what a healthy run of days pays for being watched, "
-                                          "and how late the first sign of a problem may be seen; None = observe_every_s")
+class SwarmSettings(_Setting):
+    observe_every_s: float = Field(2.0, gt=0, le=OBSERVE_MAX_S, description="seconds between ticks while something "
+                                   f"is wrong or open (at most {OBSERVE_MAX_S:g})")
+    observe_quiet_s: float | None = Field(None, gt=0, le=OBSERVE_MAX_S, description="seconds after a quiet tick "
+                                          "(nothing wrong, nothing open, nothing new): what a healthy run of days pays "
+                                          "for being watched, and how late the first sign of a problem may be seen; "
+                                          f"None = observe_every_s (at most {OBSERVE_MAX_S:g})")
     min_steps_between_interventions: int = Field(50, ge=0, description="trainer steps after an applied intervention "
                                                  "before the next non-urgent one (restarts and rollbacks are urgent)")
     evaluate_window_steps: int = Field(100, ge=1, description="steps after applying before judging kept / rolled back")
-    stale_heartbeat_s: float = Field(20.0, gt=0, description="seconds without a trainer heartbeat, at least, before a "
-                                     "RUNNING job counts as hung (the detector also allows many median step times)")
+    stale_heartbeat_s: float = Field(20.0, gt=0, le=STALE_HEARTBEAT_MAX_S, description="seconds without a trainer "
+                                     "heartbeat, at least, before a RUNNING job counts as hung (the detector also "
+                                     f"allows many median step times; at most {STALE_HEARTBEAT_MAX_S:g})")
     max_restarts: int = Field(5, ge=0, description="job restarts allowed; a job that fails after this many ends the run")
     backtest: BacktestSettings = Field(default_factory=BacktestSettings, description="how a proposal is tested against "
                                        "doing nothing before it is applied")
@@ -62,10 +75,9 @@ class SwarmSettings(BaseModel):
         return (self.observe_quiet_s or self.observe_every_s) if quiet else self.observe_every_s
 
 
-class MemorySettings(BaseModel):
+class MemorySettings(_Setting):
     """Vector memory and the skill library (memory/, skills/, agents/miner.py)."""
 
-    model_config = ConfigDict(extra="forbid")
     library: str | None = Field(None, description="a user-level library folder shared across workspaces (skills/, "
                                                   "episodes, chroma index); None: $SWARMLAB_LIBRARY, else the workspace's .swarm/memory")
     backend: Literal["chroma", "memory"] = Field("chroma", description="the episode index: chromadb on disk, or an "
@@ -83,11 +95,11 @@ class MemorySettings(BaseModel):
     min_support: int = Field(1, ge=1, description="wins of one fix needed before the miner writes a skill for it")
     retire_after_losses: int = Field(2, ge=1, description="a skill whose applications lost this many times, and more "
                                                           "often than they won, is retired")
-    program_timeout_s: float = Field(5.0, gt=0, description="sandbox wall time for one skill program run")
+    program_timeout_s: float = Field(5.0, gt=0, le=PROGRAM_TIMEOUT_MAX_S, description="sandbox wall time for one "
+                                     f"skill program run (at most {PROGRAM_TIMEOUT_MAX_S:g})")
 
 
-class Goal(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Goal(_Setting):
     goal: str = Field(..., min_length=1, description="the request in words, for the operators, the reports and memory")
     target: Target = Field(default_factory=Target, description="the metric and threshold that end the run when met")
     run: dict[str, Any] = Field(default_factory=dict, description="the starting RunConfig (task, model, recipe, harness, …)")
@@ -134,6 +146,15 @@ class Goal(BaseModel):
             goal = cls.model_validate(data)
         except ValidationError as e:
             raise ConfigError(format_validation_error(e).replace("invalid config", "invalid goal")) from None
+        _check_target(goal.target)
+        if "perturbations" in goal.run:   # run_config() would drop them: a fault that never fires
+            raise ConfigError("invalid goal: run.perturbations: a goal's faults go in its top-level `perturbations:` "
+                              "(handed to the trainer alone)")
+        if goal.notify is not None:
+            try:   # the check `swarm run` makes of its hook, so `swarm validate` refuses what run would
+                notify_argv(goal.notify, "notify")
+            except ValueError as e:
+                raise ConfigError(f"invalid goal: {e}") from None
         try:
             goal.run_config("check", "/tmp", with_perturbations=True)
         except ConfigError as e:
@@ -152,11 +173,39 @@ class Goal(BaseModel):
         except ConfigError as e:
             raise ConfigError(f"invalid goal: run.{e}") from None
         _check_paths(goal)
-        if goal.target.metric != "heldout_acc" and not goal.target.metric.startswith("heldout"):
-            raise ConfigError(f"invalid goal: target.metric={goal.target.metric!r}: must be a held-out metric (heldout_*)")
-        if goal.target.metric == "heldout_acc" and not 0.0 <= goal.target.threshold <= 1.0:
-            raise ConfigError(f"invalid goal: target.threshold={goal.target.threshold!r}: held-out accuracy is in [0, 1]")
         return goal
+
+
+def _check_target(target: Target) -> None:
+    """The target names a metric the trainer writes (trainer.runlog.HELDOUT_METRICS, the names its
+    evaluation writes for every task and algorithm) and a threshold that metric can reach: a run
+    toward any other would go on until its budget is spent."""
+    metric = target.metric
+    if metric not in HELDOUT_METRICS:
+        odd = next((c for c in metric if not c.isascii() or not c.isprintable() or c.isspace()), None)
+        hint = f" (it holds {odd!r}, U+{ord(odd):04X})" if odd is not None else ""
+        raise ConfigError(f"invalid goal: target.metric={metric!r}: not a held-out metric the trainer writes{hint}; "
+                          f"known: {', '.join(HELDOUT_METRICS)}")
+    if not 0.0 <= target.threshold <= 1.0:
+        raise ConfigError(f"invalid goal: target.threshold={target.threshold!r}: {metric} is a rate, in [0, 1]")
+
+
+def notify_argv(command: str, name: str = "--notify") -> list[str]:
+    """The argv of a notification hook (a goal's `notify:`, `swarm run --notify`): split like a
+    shell line, run without a shell. A ValueError naming `name` and the command when it does not
+    split, is empty, or names a program that is not found."""
+    import shlex
+    import shutil
+
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise ValueError(f"{name}={command!r}: {e}") from None
+    if not argv:
+        raise ValueError(f"{name}: the command is empty")
+    if shutil.which(argv[0]) is None:
+        raise ValueError(f"{name}={command!r}: no command {argv[0]!r} found")
+    return argv
 
 
 def _writable_dir(path: str) -> str | None:

@@ -327,15 +327,10 @@ class Notify:
     SWARM_APPROVE (the command that approves it) in its environment. It runs in the follower's
     thread, never the controller's, at most `timeout_s`; a failure is logged, the run goes on."""
 
-    def __init__(self, command: str, timeout_s: float = 30.0) -> None:
-        import shlex
+    def __init__(self, command: str, timeout_s: float = 30.0, name: str = "--notify") -> None:
+        from swarm.goal import notify_argv
 
-        try:
-            self.argv = shlex.split(command)
-        except ValueError as e:
-            raise ValueError(f"--notify={command!r}: {e}") from None
-        if not self.argv:
-            raise ValueError("--notify: the command is empty")
+        self.argv = notify_argv(command, name)   # a ValueError naming `name`: the one check of a hook
         self.timeout_s = timeout_s
         self.sent: list[dict[str, str]] = []
 

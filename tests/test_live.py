@@ -268,16 +268,21 @@ def test_notify_is_checked_before_anything_is_created(tmp_path):
 
 
 def test_the_goal_names_the_notify_command(tmp_path):
-    """`notify:` in the goal is the hook `swarm run` uses (checked before anything is created, as
-    --notify is); the flag overrides it."""
+    """`notify:` in the goal is the hook `swarm run` uses, checked by the same rule as --notify
+    before anything is created, and by `swarm validate` too (a hook validate accepts, run never
+    refuses); the flag overrides a good one."""
     from test_swarm import tiny_goal, write_goal
 
     goal = write_goal(tmp_path / "goal.yaml", tiny_goal(notify="no-such-notifier --x"))
-    r = CliRunner().invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--jobs", "process"])
-    assert r.exit_code == 2 and "no command 'no-such-notifier'" in r.output and not (tmp_path / "ws").exists()
+    for args in (["run", str(goal), "--workspace", str(tmp_path / "ws"), "--jobs", "process"], ["validate", str(goal)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "notify='no-such-notifier --x': no command 'no-such-notifier'" in r.output, r.output
+        assert not (tmp_path / "ws").exists()
+    goal = write_goal(tmp_path / "goal.yaml", tiny_goal(notify=f"{sys.executable} -c pass"))
+    assert CliRunner().invoke(app, ["validate", str(goal)]).exit_code == 0
     r = CliRunner().invoke(app, ["run", str(goal), "--workspace", str(tmp_path / "ws"), "--jobs", "process",
                                  "--notify", "echo 'unclosed"])
-    assert r.exit_code == 2 and "unclosed" in r.output and not (tmp_path / "ws").exists()
+    assert r.exit_code == 2 and "--notify=\"echo 'unclosed\"" in r.output and not (tmp_path / "ws").exists()
 
 
 def test_worker_cpu_shown_keeps_up_with_the_trainers_heartbeats(built):

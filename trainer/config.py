@@ -20,7 +20,9 @@ from sandboxes.errors import SwarmlabError
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: every float setting is finite (`.inf`/`.nan` in YAML is refused naming the
+    # field); a bound of `le=`/`ge=` alone lets `.inf` through on the open side
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ConfigError(SwarmlabError, ValueError):
@@ -70,6 +72,14 @@ class ModelConfig(_Strict):
         return self
 
 
+# Upper bounds of sizes that would otherwise end in an out-of-memory error or a job that never
+# finishes a step: far above what a run on one machine uses (examples: batches of 64-128, evals of
+# 200-500, 4 samples a step, 1-16 threads), far below what exhausts one.
+THREADS_MAX = 256              # torch threads of one worker (10**6 threads: ENOMEM at start)
+BATCH_MAX = 1 << 16            # prompts (SFT: examples) in one step
+EVAL_MAX = 100_000             # held-out examples in one eval (greedy rollouts, 256 at a time)
+SAMPLES_MAX = 1024             # rollouts written to samples.jsonl per step
+
 RUN_CONTROL = ("steps", "stop_at_heldout")   # recipe fields that say how long to run, not how to train
 
 
@@ -77,15 +87,16 @@ class Recipe(_Strict):
     algorithm: Literal["sft", "grpo", "distill"] = Field("sft", description="see trainer/algorithms")
     sft_warmup_steps: int = Field(0, ge=0, description="train with SFT for the first N steps, then with `algorithm` "
                                                        "(GRPO and distill need a policy that sometimes succeeds)")
-    sft_warmup_batch_size: int | None = Field(None, ge=1, description="examples per SFT warm-up step "
-                                                                      "(default: batch_size)")
+    sft_warmup_batch_size: int | None = Field(None, ge=1, le=BATCH_MAX, description="examples per SFT warm-up "
+                                              f"step (default: batch_size; at most {BATCH_MAX})")
     lr: float = Field(3e-3, gt=0.0, le=10.0, description="peak learning rate (AdamW)")
     schedule: Literal["constant", "cosine", "linear"] = Field("cosine", description="learning-rate decay after warm-up "
                                                               "down to min_lr_ratio·lr at the last step")
     warmup_steps: int = Field(10, ge=0, description="steps of linear learning-rate warm-up from 0")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="the schedule's final learning rate as a share of lr")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
-    batch_size: int = Field(64, ge=1, description="prompts per step (SFT: examples per step)")
+    batch_size: int = Field(64, ge=1, le=BATCH_MAX, description=f"prompts per step (SFT: examples per step); at most "
+                            f"{BATCH_MAX}")
     group_size: int = Field(8, ge=1, description="GRPO/distill: completions sampled per prompt")
     clip_eps: float = Field(0.2, gt=0.0, le=1.0, description="GRPO importance-ratio clip")
     kl_coef: float = Field(0.0, ge=0.0, description="GRPO: weight of the k3 KL to the frozen reference")
@@ -98,7 +109,7 @@ class Recipe(_Strict):
     grad_clip: float = Field(1.0, gt=0.0, description="clip the global gradient norm to this")
     steps: int = Field(300, ge=0, description="total optimiser steps of the run")
     eval_interval: int = Field(25, ge=0, description="held-out eval every N steps (0 = only at the end)")
-    eval_size: int = Field(200, ge=1, description="held-out examples per eval (greedy)")
+    eval_size: int = Field(200, ge=1, le=EVAL_MAX, description=f"held-out examples per eval (greedy); at most {EVAL_MAX}")
     stop_at_heldout: float | None = Field(None, ge=0.0, le=1.0, description="end early once held-out accuracy reaches this")
     on_nonfinite: Literal["skip", "stop"] = Field("skip", description="non-finite loss: skip the step or stop the run")
 
@@ -142,7 +153,8 @@ class Perturbation(_Strict):
                                  "(trainer/perturb.py SHORTCUTS); explicit fields win")
     at_step: int = Field(0, ge=0, description="apply when this step starts (0 = from the start)")
     set: dict[str, Any] = Field(default_factory=dict, description="override: dotted recipe.*/harness.* fields to set")
-    seconds: float = Field(0.0, ge=0.0, description="stall: seconds the worker sleeps without progress")
+    seconds: float = Field(0.0, ge=0.0, le=86400.0, description="stall: seconds the worker sleeps without progress "
+                           "(at most a day)")
     fraction: float = Field(0.0, ge=0.0, le=1.0, description="label_noise: share of SFT labels corrupted")
     noise: Literal["random_char", "off_by_one"] = Field(
         "random_char", description="label_noise: how a corrupted label is wrong — one character replaced at random, "
@@ -166,9 +178,11 @@ class RunConfig(_Strict):
         "full", description="full: weights, optimiser, step, data cursor and RNG, recipe/harness from this config; "
         "state: the same but recipe/harness from the checkpoint; weights: weights only")
     fork_overrides: dict[str, Any] = Field(default_factory=dict, description="dotted recipe.*/harness.* fields set after the fork")
-    samples_per_step: int = Field(4, ge=0, description="rollouts written to samples.jsonl per step")
+    samples_per_step: int = Field(4, ge=0, le=SAMPLES_MAX, description="rollouts written to samples.jsonl per step "
+                                  f"(at most {SAMPLES_MAX}, and never more than the step's rollouts)")
     num_workers: int = Field(1, ge=1, le=64, description=">1: data-parallel over Ray Train workers (gloo on CPU)")
-    threads: int = Field(0, ge=0, description="torch intra-op threads per worker (0 = torch default)")
+    threads: int = Field(0, ge=0, le=THREADS_MAX, description="torch intra-op threads per worker (0 = torch default; "
+                         f"at most {THREADS_MAX})")
 
     @property
     def run_dir(self) -> pathlib.Path:
@@ -194,9 +208,51 @@ class RunConfig(_Strict):
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml's parser when built with it (~5x faster)
 
 
-def parse_yaml(text: str | bytes) -> Any:
-    """`yaml.safe_load` with the C parser when available (same safe constructors and results)."""
-    return yaml.load(text, Loader=_LOADER)
+def parse_yaml(text: str | bytes, *, unique_keys: bool = False) -> Any:
+    """`yaml.safe_load` with the C parser when available (same safe constructors and results).
+    `unique_keys`: a mapping that names a key twice is a `yaml.constructor.ConstructorError` naming
+    the key, where it is and the line of its first use (PyYAML keeps the last value silently)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader if unique_keys else _LOADER)
+
+
+class _UniqueKeyLoader(_LOADER):  # type: ignore[misc, valid-type]
+    """The same safe loader, refusing duplicate keys before anything is constructed."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _refuse_duplicate_keys(self, node)
+        return super().construct_document(node)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _refuse_duplicate_keys(loader: Any, root: yaml.Node) -> None:
+    """Walk the composed document once (an aliased node is visited once, so an alias bomb costs
+    its size, not its expansion) and raise a ConstructorError at the second use of a key in one
+    mapping. Keys compare as constructed (`1` and `0x1` are one key, as they would be in the dict);
+    a merge (`<<: *base`) may still be overridden by an explicit key, as YAML allows."""
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                shown = ""
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    key = loader.construct_object(key_node)   # a scalar: hashable, cached for the document
+                    shown = str(key)[:64]
+                    if key in first:
+                        where = f" in {path}" if path else ""
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r}{where} (first at line {first[key]})", key_node.start_mark)
+                    first[key] = key_node.start_mark.line + 1
+                stack.append((value_node, f"{path}.{shown}" if path else shown))
 
 
 # Bounds on a config or goal file, so reading, validating and re-dumping it stays quick: the
@@ -228,7 +284,7 @@ def load_yaml(path: str | pathlib.Path, what: str) -> Any:
     if "\0" in text:
         raise ConfigError(f"{what} {str(p)!r} is not YAML text (NUL byte at offset {text.index(chr(0))})")
     try:
-        data = parse_yaml(text)
+        data = parse_yaml(text, unique_keys=True)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]

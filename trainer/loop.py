@@ -33,7 +33,7 @@ from trainer.logprobs import batch_logprobs, select_backend
 from trainer.perturb import Perturber, check_overrides
 from trainer.policy import Batch, Policy
 from trainer.rollout import Rollout, prompt_ids, rollout, summarize, target_ids
-from trainer.runlog import INIT_CHECKPOINT, RunLog, atomic_write_text
+from trainer.runlog import INIT_CHECKPOINT, RunLog, atomic_write_text, heldout_row
 from trainer.tasks.base import Example, Split, make_task
 
 STEPS: dict[str, Callable] = {"sft": sft_step, "grpo": grpo_step, "distill": distill_step}
@@ -242,9 +242,7 @@ class Trainer:
         for i in range(0, len(exs), 256):
             rolls += rollout(self.policy, self.task, self.harness, exs[i : i + 256], 1, None,
                              greedy=True, for_training=False)
-        s = summarize(rolls)
-        return {"heldout_acc": s["pass_rate"], "heldout_malformed": s["malformed_rate"],
-                "heldout_truncated": s["truncation_rate"]}
+        return heldout_row(summarize(rolls))
 
     # ---- state ------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

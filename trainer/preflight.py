@@ -50,6 +50,28 @@ def check_run(cfg: RunConfig) -> None:
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.path={cfg.model.path!r}: no config.json (not a Hugging Face model directory)")
     check_memory(cfg.model)
+    if cfg.fork_from:
+        check_fork_from(cfg.fork_from)
+
+
+def check_fork_from(fork_from: str) -> None:
+    """`fork_from` names a checkpoint the trainer can load: the `.pt` file and its manifest beside
+    it (trainer/checkpoint.py). The checksum is verified when the trainer loads it (a checkpoint may
+    be gigabytes); a missing one would otherwise be a job that fails at start and is restarted."""
+    path = pathlib.Path(fork_from)      # as the trainer opens it (trainer/loop.py: Trainer.fork)
+    if not path.is_file():
+        why = "a folder, not a checkpoint file" if path.is_dir() else "checkpoint file not found"
+        raise ConfigError(f"fork_from={fork_from!r}: {why}")
+    if path.suffix != ".pt":
+        raise ConfigError(f"fork_from={fork_from!r}: not a checkpoint file (<name>.pt)")
+    manifest = path.with_suffix(".json")
+    try:
+        sha = json.loads(manifest.read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        sha = None
+    if not isinstance(sha, str):
+        raise ConfigError(f"fork_from={fork_from!r}: no readable manifest {manifest.name} beside it "
+                          "(a checkpoint without one was never completely written)")
 
 
 def _build_task(cfg: RunConfig) -> Any:

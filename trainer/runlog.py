@@ -35,6 +35,19 @@ from typing import Any, Callable, Iterator
 
 INIT_CHECKPOINT = "init"      # the checkpoint a fresh run saves before its first update (checkpoints/init.pt)
 
+# The held-out metrics a run writes, on eval steps and in its final row: each one the rate of a
+# `trainer.rollout.summarize` field over greedy rollouts on the held-out split, the same for every
+# task and algorithm (`heldout_row` names them; `Trainer.evaluate` returns exactly these,
+# tests/test_goal_checks.py holds the two together). A goal's target must be one of them
+# (swarm/goal.py), and a backtest treats each as a rate in [0, 1] (swarm/backtest.py).
+HELDOUT_METRICS: dict[str, str] = {"heldout_acc": "pass_rate", "heldout_malformed": "malformed_rate",
+                                   "heldout_truncated": "truncation_rate"}
+
+
+def heldout_row(summary: dict[str, float]) -> dict[str, float]:
+    """The held-out metrics of a `summarize` over held-out rollouts, named as the run writes them."""
+    return {name: float(summary[key]) for name, key in HELDOUT_METRICS.items()}
+
 
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):

@@ -43,8 +43,9 @@ from typing import Any, Callable
 
 from sandboxes.private import private_dir
 from swarm.bench.methods import Progress, trainer_config
+from trainer.runlog import HELDOUT_METRICS
 
-EVAL_FIELDS = ("heldout_acc", "heldout_malformed", "heldout_truncated")
+EVAL_FIELDS = tuple(HELDOUT_METRICS)
 PROCESS_KINDS = ("kill", "stall")   # events of a process: once per trial lineage
 POPULATION = 4
 ASHA_SAMPLES = 8
