@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
-from agents.domain import DEPARTURE, JOB_ACTIONS, Diagnosis, Intervention, InterventionKind as K, Risk
+from agents.domain import DEPARTURE, JOB_ACTIONS, Diagnosis, Intervention, InterventionKind as K, Risk, Status
 from agents.evidence import Evidence
 from agents.recall import avoid_reason
 from trainer.runlog import INIT_CHECKPOINT
@@ -136,7 +136,9 @@ class Diagnostics(Operator):
                                      "schedule) recovering"))
         elif "not_learning" in found:
             d = found["not_learning"]
-            lr = _f(d.evidence.get("lr_now")) or _f(ctx.get("recipe.lr"))
+            # the larger of the schedule's peak and the lr logged now: during a warm-up the logged lr
+            # is a small share of the peak the run will train at
+            lr = max((x for x in (_f(ctx.get("recipe.lr")), _f(d.evidence.get("lr_now"))) if x), default=None)
             # Adam above ~1e-2 almost never trains a transformer: go at least to 1e-3 there
             new_lr = float(f"{min(lr * LR_FACTOR, 1e-3) if lr > 1e-2 else lr * LR_FACTOR:.6g}") if lr else None
             init = next((c for c in ctx.checkpoints if c.get("name") == INIT_CHECKPOINT), None)
@@ -502,6 +504,14 @@ def _same(a: Intervention, b: Intervention) -> bool:
     return a.kind == b.kind and a.changes == b.changes and rollback_target(a) == rollback_target(b)
 
 
+def inconclusive(iv: Intervention) -> bool:
+    """Rejected after a backtest that measured a gain too small to tell — not a loss: the decision
+    model backtests the same fix again over a doubled horizon (swarm.decisions.retry_horizon) until
+    it runs out of them (then it is refused as `exhausted`, a loss)."""
+    return (iv.status == Status.REJECTED and iv.backtest is not None and iv.backtest.effect > 0
+            and not iv.outcome.get("refused") and not iv.outcome.get("exhausted"))
+
+
 class Lead:
     """Turns the goal into a plan and arbitrates between the operators' proposals."""
 
@@ -522,8 +532,9 @@ class Lead:
           the others, whose evidence comes from a config nobody chose, whatever their severity; then
           the most severe diagnosis first; then job actions, data, harness, recipe;
         - one per signature (diagnosis|kind|fields), one per kind, one job action (restart or rollback);
-        - none identical to a recent rejected or rolled-back one, or to one still pending or in effect
-          (a restart may repeat: a job can crash twice);
+        - none identical to a recent rejected or rolled-back one (unless its backtest was only
+          inconclusive: the longer retry is the decision model's), to one still pending however old,
+          or to one in effect (a restart may repeat: a job can crash twice);
         - none touching a field that a chosen or pending intervention sets to another value;
         - with a rollback chosen, no non-critical edit (its evidence comes from the damaged run);
         - none whose fix lost in past episodes (ctx.episodes) `avoid_after_losses` times and never won;
@@ -532,7 +543,7 @@ class Lead:
         self.dropped = []
         recent = ctx.history[-self.recent :]
         pending_fields: dict[str, Any] = {}
-        for h in recent:
+        for h in ctx.history:             # pending however old: one waiting for a human may be far back
             if h.status in PENDING:
                 pending_fields.update(h.changes)
         order = sorted(enumerate(proposals), key=lambda p: (not (p[1].kind in JOB_ACTIONS and p[1].diagnosis.severity == "critical"),
@@ -554,8 +565,9 @@ class Lead:
             if why is not None:
                 drop(iv, why)
                 continue
-            prior = next((h for h in reversed(recent) if _same(h, iv)), None)
-            if prior is not None and prior.status in FAILED and iv.kind != K.RESTART:   # a job can die again
+            prior = next((h for h in reversed(ctx.history) if h.status in PENDING and _same(h, iv)), None) \
+                or next((h for h in reversed(recent) if _same(h, iv)), None)
+            if prior is not None and prior.status in FAILED and iv.kind != K.RESTART and not inconclusive(prior):
                 drop(iv, f"identical to {prior.id}, {prior.status.value}")
                 continue
             if prior is not None and prior.status in PENDING:

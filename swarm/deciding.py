@@ -12,10 +12,10 @@ from typing import Any
 from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
-from agents.operators import config_fields
+from agents.operators import config_fields, inconclusive
 from swarm.backtest import check_change, noop_edit, result, rule_for, run_arms
 from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Skip, Window, assign_risk,
-                             decide, judge, plan, progress_since, rate_var, retry_horizon, schedule, wasted)
+                             decide, judge, plan, progress_since, rate_var, retry_horizon, schedule, smaller_step, wasted)
 from trainer.config import get_dotted
 
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
@@ -95,9 +95,55 @@ class Deciding:
         """The intervention with the controller's risk (the proposer's is kept in its outcome), and no
         skipped backtest yet: whether it skips one is plan's decision, not the proposer's."""
         keys = list(iv.changes)
-        risk, why = assign_risk(iv, self.values_in_force(keys), self.start_values(keys))
-        return iv.model_copy(update={"risk": risk, "backtest_skipped": None,
-                                     "outcome": {**iv.outcome, "proposed_risk": iv.risk.value, "risk_reason": why}})
+        call = assign_risk(iv, self.values_in_force(keys), self.start_values(keys))
+        return iv.model_copy(update={"risk": call.risk, "backtest_skipped": None,
+                                     "outcome": {**iv.outcome, "proposed_risk": iv.risk.value, "risk_reason": call.why,
+                                                 "risk_cause": call.cause}})
+
+    def reassess(self, iv: Intervention) -> Intervention:
+        """A validated intervention's risk with what its backtest measured (assign_risk's
+        `validated_on`): a large move whose gain was measured on held-out behaviour is no longer
+        high for its size. Recorded when it changes."""
+        if iv.backtest is None or not iv.backtest.passed or iv.backtest_skipped:
+            return iv
+        keys = list(iv.changes)
+        call = assign_risk(iv, self.values_in_force(keys), self.start_values(keys), validated_on=iv.backtest.signal)
+        if call.risk == iv.risk:
+            return iv
+        self.store.log("risk_reassessed", id=iv.id, before=iv.risk.value, after=call.risk.value, reason=call.why)
+        iv = iv.model_copy(update={"risk": call.risk, "outcome": {**iv.outcome, "risk_reason": call.why,
+                                                                   "risk_cause": call.cause,
+                                                                   "risk_before_backtest": iv.risk.value}})
+        self.store.put(iv)
+        return iv
+
+    def smaller_alternative(self, iv: Intervention) -> Intervention | None:
+        """While `iv` waits for a human because it moves a field too far (risk cause "size"), the
+        same change cut to the largest step not rated high (swarm.decisions.smaller_step), recorded
+        as a new proposal of the lead's that goes through plan, backtest and gate like any other;
+        None when there is no such step or it would wait for a human too."""
+        if iv.outcome.get("risk_cause") != "size" or iv.outcome.get("alternative"):
+            return None
+        keys = list(iv.changes)
+        step = smaller_step(iv.changes, self.values_in_force(keys))
+        if step is None:
+            return None
+        moved = ", ".join(f"{k} {iv.changes[k]!r} → {step[k]!r}" for k in step if step[k] != iv.changes[k])
+        alt = self.assess(Intervention(
+            kind=iv.kind, changes=step, diagnosis=iv.diagnosis, operator="lead", policy=iv.policy, risk=iv.risk,
+            rationale=f"A smaller step of {iv.id}, which waits for a human ({iv.outcome.get('risk_reason', 'high risk')}): "
+                      f"{moved}, the largest move not rated high for its size; the run goes on with it meanwhile. "
+                      f"{iv.rationale}",
+            expected_effect=iv.expected_effect, outcome={"smaller_step_of": iv.id}))
+        if self.goal.approval.needs_human(alt.risk):
+            return None
+        self.store.put(alt)
+        self.store.log("proposed", id=alt.id, iv_kind=alt.kind.value, operator=alt.operator, policy=alt.policy,
+                       diagnosis=alt.diagnosis.name, skills=[], risk=alt.risk.value, alternative_to=iv.id)
+        iv = self.store.get(iv.id)
+        iv.outcome["alternative"] = alt.id
+        self.store.put(iv)
+        return alt
 
     def validity(self, iv: Intervention) -> str | None:
         if not iv.changes:
@@ -120,9 +166,7 @@ class Deciding:
     def tries_without_gain(self, iv: Intervention) -> int:
         """Earlier backtests of the same fix (signature) in this run that ended with a positive
         effect too small to tell."""
-        return sum(1 for x in self.store.list() if x.id != iv.id and x.signature() == iv.signature()
-                   and x.status == Status.REJECTED and x.backtest is not None and x.backtest.effect > 0
-                   and not x.outcome.get("refused"))
+        return sum(1 for x in self.store.list() if x.id != iv.id and x.signature() == iv.signature() and inconclusive(x))
 
     # ---- backtest -------------------------------------------------------------------------------
     def node_backtest(self, s: Any) -> dict[str, Any]:

@@ -6,7 +6,8 @@
     retry_horizon(h, k)        -> a longer horizon for a fix whose earlier backtests were inconclusive
     decide(pairs, rule)        -> Validated | Rejected | Extend                     on the backtest's arms
     judge(window, control, …)  -> Kept | RolledBack(undo)                           after applying
-    assign_risk(iv, current, start) -> Risk                                         the controller's, not the proposer's
+    assign_risk(iv, current, start, validated_on) -> RiskCall                       the controller's, not the proposer's
+    smaller_step(changes, current) -> the same change cut to a size not rated high   while a high-risk fix waits
 
 Every intervention passes the same decisions whatever proposed it (a built-in policy, an LLM, a
 skill). They read recorded data only — the controller (swarm/controller.py) gathers it (runs the
@@ -45,10 +46,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
+from harness.spec import RewardConfig
 
 # ---- plan ---------------------------------------------------------------------------------------
 
@@ -295,59 +297,105 @@ def progress_since(evals: list[tuple[int, int, float]], ckpt_step: int, higher_i
     return max(sign * (v - then) for v in after)
 
 
-# risk: from the change, against the values in force and the goal's starting values
-RAISE_HIGH = 3.0        # a numeric field raised more than this factor is high risk
+# ---- risk ---------------------------------------------------------------------------------------
+#
+# Risk says what could go wrong that the swarm could not undo by itself. A config edit (recipe or
+# harness fields) is reversible: it is applied after a `pre-` checkpoint, and the post-apply judge
+# compares the target with a control and, on credible harm, rolls the weights back to that
+# checkpoint with the fields; the most it costs is the judge's window of training. So an edit is
+# MEDIUM, and LOW for a restart or a curriculum change to data no harder than now. Three things make
+# a change HIGH, because the judge could not see or undo them: (1) it changes the objective — a
+# reward field set to a value under which training no longer scores an answer the way the target
+# does (neither the goal's starting value nor the task's own scoring), or a new algorithm (other than
+# distillation, which trains on verified answers only, or the goal's own); (2) a numeric field moved
+# more than RAISE_HIGH× up or LOWER_HIGH× down from its value in force with no gain measured on
+# held-out behaviour behind it (before its backtest, after a skipped one, or validated only on a
+# training loss or pass rate, which such a move can improve while held-out answers do not), since
+# damage of such a move may build up past the judge's window; (3) a numeric field with no value in
+# force to compare with. A rollback discards the steps since its checkpoint: the controller caps
+# that at the backtest's stake when it applies one (`too_far_back`). The proposer's risk is ignored.
+# Stated as a table in docs/decisions.md and tested row by row in tests/test_decisions.py.
+
+RAISE_HIGH = 3.0        # a numeric field raised more than this factor is a large move
 LOWER_HIGH = 1000.0     # or lowered more than this factor
-# fields whose new value changes what counts as correct, or how the run is trained
-_HIGH_UNLESS_RESTORED = ("harness.reward.", "recipe.algorithm")
+# fields whose value says what counts as correct, or how the run is trained
+_OBJECTIVE = ("harness.reward.", "recipe.algorithm")
+# the reward under which training scores an answer as the target metric does: the task's own
+# verifier, exact credit, no shaping (the reward's defaults)
+TASK_SCORING = {f"harness.reward.{n}": f.default for n, f in RewardConfig.model_fields.items()}
+# signals of `decide` that measure held-out behaviour (the others are training statistics)
+HELD_OUT_SIGNALS = ("target", "held-out format failures")
 
 
-def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]) -> tuple[Risk, str]:
-    """(risk, why) of a change, assigned by the controller: `current` holds the dotted fields'
-    values in force (the live run's where it reports them), `start` the goal's starting values.
-    A restart is low; a curriculum-only data change is low; other changes are medium; a change is
-    high when a numeric field moves more than RAISE_HIGH× up or LOWER_HIGH× down from its current
-    value (unless it goes back to its starting value), when a reward field or the algorithm moves
-    to something other than its starting value (the task's verifier, the goal's algorithm) — except
-    distillation, which trains on verified answers only — or when a field has no known value to
-    compare with. The proposer's own risk is ignored."""
+class RiskCall(NamedTuple):
+    risk: Risk
+    why: str
+    cause: str = ""          # what makes it high: "objective", "size" or "unknown" ("" when not high)
+
+
+def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any],
+                validated_on: str | None = None) -> RiskCall:
+    """The risk of a change by the model above: `current` holds the dotted fields' values in force
+    (the live run's where it reports them), `start` the goal's starting values, `validated_on` the
+    signal a passed backtest validated it on (None before one, or when it skipped one)."""
     if iv.kind == K.RESTART:
-        return Risk.LOW, "a restart changes no field"
+        return RiskCall(Risk.LOW, "a restart changes no field")
     risk = Risk.LOW if iv.kind == K.DATA_CHANGE else Risk.MEDIUM
     why = f"{iv.kind.value} of {', '.join(sorted(iv.changes)) or 'no field'}"
+    measured = validated_on in HELD_OUT_SIGNALS
     for k, v in iv.changes.items():
         if k in start and start[k] == v:
             continue                                    # back to the goal's own value
-        if k.startswith(_HIGH_UNLESS_RESTORED):
-            if k == "recipe.algorithm" and v == "distill":
+        if k.startswith(_OBJECTIVE):
+            if (k == "recipe.algorithm" and v == "distill") or (k in TASK_SCORING and TASK_SCORING[k] == v):
                 risk = max(risk, Risk.MEDIUM, key=_RANK.get)
                 continue
-            return Risk.HIGH, f"{k} → {v!r} changes what counts as correct or how the run trains"
+            return RiskCall(Risk.HIGH, f"{k} → {v!r} changes what counts as correct or how the run trains", "objective")
         cur = current.get(k)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            if k.startswith("harness.curriculum.") or k.startswith("harness.filters."):
-                continue
-            risk = max(risk, Risk.MEDIUM, key=_RANK.get)
+            if not k.startswith(("harness.curriculum.", "harness.filters.")):
+                risk = max(risk, Risk.MEDIUM, key=_RANK.get)
             continue
         if not isinstance(cur, (int, float)) or isinstance(cur, bool) or not math.isfinite(float(cur)):
             if k.startswith("harness.curriculum."):
                 continue
-            return Risk.HIGH, f"{k} → {v!r}: no value in force to compare with"
+            return RiskCall(Risk.HIGH, f"{k} → {v!r}: no value in force to compare with", "unknown")
         cur, new = float(cur), float(v)
         if k.startswith("harness.curriculum."):
             if k.rsplit(".", 1)[-1] in ("start", "end") and new > cur:   # harder data than now
                 risk = max(risk, Risk.MEDIUM, key=_RANK.get)
             continue
-        if cur > 0 and new > 0:
-            if new / cur > RAISE_HIGH:
-                return Risk.HIGH, f"{k} {cur:g} → {new:g} raises it {new / cur:.3g}×"
-            if cur / new > LOWER_HIGH:
-                return Risk.HIGH, f"{k} {cur:g} → {new:g} lowers it {cur / new:.3g}×"
-        elif new != cur:
+        if cur > 0 and new > 0 and (new / cur > RAISE_HIGH or cur / new > LOWER_HIGH):
+            move = f"raises it {new / cur:.3g}×" if new > cur else f"lowers it {cur / new:.3g}×"
+            if not measured:
+                return RiskCall(Risk.HIGH, f"{k} {cur:g} → {new:g} {move} with no held-out gain measured", "size")
+            why += f"; {k} {cur:g} → {new:g} {move}, validated on the held-out {validated_on}"
+        if new != cur or iv.kind == K.DATA_CHANGE:
             risk = max(risk, Risk.MEDIUM, key=_RANK.get)
-        if iv.kind == K.DATA_CHANGE and not k.startswith("harness.curriculum."):
-            risk = max(risk, Risk.MEDIUM, key=_RANK.get)
-    return risk, why
+    return RiskCall(risk, why)
+
+
+def smaller_step(changes: dict[str, Any], current: dict[str, Any]) -> dict[str, Any] | None:
+    """The same change with every numeric move larger than RAISE_HIGH× up or LOWER_HIGH× down cut to
+    that bound, in the same direction (integers rounded towards the value in force): the step of
+    the change that `assign_risk` does not rate high for its size. None when no field moves that far."""
+    out, cut = dict(changes), False
+    for k, v in changes.items():
+        cur = current.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or isinstance(cur, bool) or not isinstance(cur, (int, float)):
+            continue
+        if not (cur > 0 and v > 0) or k.startswith("harness.curriculum."):
+            continue
+        if v / cur > RAISE_HIGH:
+            step = cur * RAISE_HIGH
+        elif cur / v > LOWER_HIGH:
+            step = cur / LOWER_HIGH
+        else:
+            continue
+        step = (math.floor(step) if v > cur else math.ceil(step)) if isinstance(v, int) else float(f"{step:.6g}")
+        if step != cur:
+            out[k], cut = step, True
+    return out if cut else None
 
 
 _RANK = {Risk.LOW: 0, Risk.MEDIUM: 1, Risk.HIGH: 2}

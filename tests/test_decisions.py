@@ -5,7 +5,7 @@ import pytest
 
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Look, Pair, Refuse, Rejected,
-                             Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, wasted,
+                             Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, smaller_step, wasted,
                              schedule, worth_verifying, corroborated_by,
                              PERSIST_WITHIN, Sighting, persistence, progress_since)
 
@@ -109,9 +109,50 @@ START = {"recipe.lr": 0.003, "harness.sampling.max_new_tokens": 5, "harness.curr
     (iv(K.RECIPE_EDIT, {"recipe.warmup_steps": 10}), Risk.HIGH),                   # no value in force to compare with
 ])
 def test_risk_is_assigned_from_the_change(proposal, want):
-    risk, why = assign_risk(proposal, CUR, START)
+    risk, why, cause = assign_risk(proposal, CUR, START)
     assert risk == want, why
-    assert why
+    assert why and (cause != "") == (risk == Risk.HIGH)
+
+
+# the goal's own starting config is the fault: nothing to go back to, so the model must stand on
+# what can be undone and what was measured, not on "back to the start"
+BAD_START = {"recipe.lr": 0.09, "harness.sampling.temperature": 0.05, "harness.sampling.max_new_tokens": 3,
+             "harness.reward.verifier": "digits_any_order", "harness.reward.format_bonus": 0.0, "recipe.algorithm": "grpo"}
+
+
+@pytest.mark.parametrize("changes, validated_on, want, cause", [
+    # a large move: high until a gain on held-out behaviour was measured, then reversible by the judge
+    ({"harness.sampling.temperature": 1.0}, None, Risk.HIGH, "size"),
+    ({"harness.sampling.temperature": 1.0}, "target", Risk.MEDIUM, ""),
+    ({"harness.sampling.max_new_tokens": 16}, "held-out format failures", Risk.MEDIUM, ""),
+    ({"harness.sampling.temperature": 1.0}, "training pass rate", Risk.HIGH, "size"),   # a training statistic only
+    ({"harness.sampling.temperature": 1.0}, "SFT training loss", Risk.HIGH, "size"),
+    ({"recipe.lr": 0.003}, None, Risk.MEDIUM, ""),                                       # 30× down: not large
+    # the objective: towards the task's own scoring is not a new objective; away from it is, measured or not
+    ({"harness.reward.verifier": "task"}, None, Risk.MEDIUM, ""),
+    ({"harness.reward.format_bonus": 0.3}, "target", Risk.HIGH, "objective"),
+    ({"recipe.algorithm": "sft"}, "target", Risk.HIGH, "objective"),
+    ({"recipe.algorithm": "distill"}, None, Risk.MEDIUM, ""),
+])
+def test_risk_of_fixing_a_wrong_starting_config(changes, validated_on, want, cause):
+    got = assign_risk(iv(K.HARNESS_EDIT, changes), BAD_START, BAD_START, validated_on=validated_on)
+    assert (got.risk, got.cause) == (want, cause), got.why
+
+
+@pytest.mark.parametrize("changes, current, want", [
+    ({"harness.sampling.temperature": 1.0}, {"harness.sampling.temperature": 0.05}, {"harness.sampling.temperature": 0.15}),
+    ({"harness.sampling.max_new_tokens": 64}, {"harness.sampling.max_new_tokens": 5}, {"harness.sampling.max_new_tokens": 15}),
+    ({"recipe.lr": 1e-9}, {"recipe.lr": 0.01}, {"recipe.lr": 1e-5}),
+    ({"recipe.lr": 1e-3, "harness.sampling.temperature": 1.0}, {"recipe.lr": 3e-3, "harness.sampling.temperature": 0.1},
+     {"recipe.lr": 1e-3, "harness.sampling.temperature": 0.3}),     # only the field that moves too far is cut
+    ({"recipe.lr": 1e-3}, {"recipe.lr": 3e-3}, None),                # nothing too large: no smaller step
+    ({"harness.reward.verifier": "task"}, {"harness.reward.verifier": "digits_any_order"}, None),
+])
+def test_smaller_step_cuts_each_large_move_to_the_bound(changes, current, want):
+    got = smaller_step(changes, current)
+    assert got == want
+    if got is not None:
+        assert assign_risk(iv(K.HARNESS_EDIT, got), current, {}).risk != Risk.HIGH
 
 
 # ---- decide -----------------------------------------------------------------------------------

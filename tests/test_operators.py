@@ -378,6 +378,32 @@ def test_lead_drops_what_was_rejected_or_is_pending_and_conflicting_edits():
     assert lead.arbitrate([lr], ctx(history=hist)) == [lr]
 
 
+def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_however_old():
+    """A backtest that measured a gain too small to tell is no loss: the decision model retries the
+    fix over a doubled horizon (swarm.decisions.retry_horizon), so the lead must not drop it as
+    identical to a rejected one; a loss (harm, refused, exhausted) still blocks it. A copy waiting
+    for a human blocks an identical proposal even when many interventions followed it."""
+    from agents.domain import BacktestResult
+
+    def rejected(effect, **outcome):
+        h = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.REJECTED)
+        bt = BacktestResult(metric="heldout_acc", candidate=[0.1], control=[0.08], effect=effect, p_value=0.3,
+                            test="t", horizon_steps=40, seeds=[0], passed=False)
+        return h.model_copy(update={"backtest": bt, "outcome": outcome})
+
+    lr = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning")
+    lead = Lead()
+    assert lead.arbitrate([lr], ctx(history=[rejected(+0.02)])) == [lr]
+    assert lead.arbitrate([lr], ctx(history=[rejected(-0.05)])) == []                       # harm: a loss
+    assert lead.arbitrate([lr], ctx(history=[rejected(+0.02, exhausted="x")])) == []        # out of retries
+    waiting = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.AWAITING_APPROVAL)
+    hist = [waiting] + [iv_(K.RESTART, {}, "crashed_job", status=Status.KEPT) for _ in range(25)]
+    assert lead.arbitrate([lr], ctx(history=hist)) == []
+    assert "still awaiting_approval" in lead.dropped[0][1]
+    other = iv_(K.RECIPE_EDIT, {"recipe.lr": 3e-4}, "not_learning")
+    assert lead.arbitrate([other], ctx(history=hist)) == [] and "conflicting" in lead.dropped[0][1]
+
+
 def test_lead_lets_a_restart_repeat_but_not_an_applied_edit():
     lead = Lead()
     hist = [iv_(K.RESTART, {}, "crashed_job", severity="critical", status=Status.KEPT),
@@ -488,6 +514,12 @@ def test_diagnostics_lowers_the_lr_of_a_run_that_never_learns():
     ivs = [iv for iv in Diagnostics().builtin(make_ev(stuck_rows()), ctx()) if iv.diagnosis.name == "not_learning"]
     assert len(ivs) == 1 and ivs[0].kind == K.RECIPE_EDIT
     assert ivs[0].changes == {"recipe.lr": pytest.approx(1e-3)}  # Adam at 0.3: down to at most 1e-3
+    # during a warm-up the logged lr is a share of the peak: the new lr comes from the peak (0.3 → 1e-3),
+    # not from the small lr logged now (3e-4 → 3e-5)
+    warm = [{**r, "lr": 3e-4} if "lr" in r else r for r in stuck_rows()]
+    ivs = [iv for iv in Diagnostics().builtin(make_ev(warm), ctx(recipe={**ctx().recipe, "lr": 0.3}))
+           if iv.diagnosis.name == "not_learning"]
+    assert ivs[0].changes == {"recipe.lr": pytest.approx(1e-3)}
 
 
 def test_a_run_that_never_learnt_restarts_from_its_untrained_checkpoint_at_a_lower_lr():
