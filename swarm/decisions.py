@@ -245,7 +245,7 @@ def corroborated_by(diagnosis: Any, findings: list[Any]) -> str | None:
 
 def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,
                     next_eval_in: int | None = None, held_for: tuple[int, int] | None = None,
-                    corroborated: str | None = None) -> str | None:
+                    corroborated: str | None = None, steps_left: int | None = None) -> str | None:
     """Why an intervention is not worth its cost now (None: it may be), before it is recorded.
     Every change is verified — by a backtest, or by its evaluation window — and `verify_steps` is
     the smaller of the two: the backtest's candidate and control arms over its horizon, in training
@@ -262,7 +262,9 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     `persistence()` counts them; None when its diagnosis is no current finding) waits for a later look:
     holding for one look only is how false alarms look — unless
     a departure finding `corroborated` it (corroborated_by: the config changed behind the
-    controller's back at or before its onset)."""
+    controller's back at or before its onset). A run is on course only if it gets there within its
+    budget: a projection past `steps_left` (the training steps the budget still pays for at the
+    run's CPU per step so far, arms included) holds nothing back."""
     if iv.kind == K.RESTART or findings & NO_TREND:
         return None
     if corroborated is None and held_for is not None and (held_for[0] < PERSIST_LOOKS or held_for[1] < PERSIST_STEPS):
@@ -271,7 +273,7 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     if view.evals < 2 and next_eval_in is not None and next_eval_in < verify_steps:
         return (f"no trend yet ({view.evals} held-out eval(s) in this timeline): the next eval, due in {next_eval_in} steps, "
                 f"costs less than verifying this change ({verify_steps} steps of arms) and says whether it can pay for itself")
-    if view.steps_to_target is None:
+    if view.steps_to_target is None or (steps_left is not None and view.steps_to_target > steps_left):
         return None
     if view.steps_to_target < verify_steps:
         return (f"on course to the target: {view.why}, fewer than verifying this change would train "

@@ -307,6 +307,15 @@ def test_a_fix_waits_only_while_the_run_is_on_course_for_less_than_verifying_it(
         assert "cannot pay for itself" in why and "160 steps" in why
 
 
+def test_on_course_means_there_within_the_budget():
+    """A trend that reaches the target only after the budget runs out holds no fix back."""
+    fix = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    view = outlook([(50, 0.5), (100, 0.7)], 0.9, True)                      # there in ~50 steps
+    assert worth_verifying(fix, frozenset({"truncation"}), view, verify_steps=160, steps_left=400) is not None
+    assert worth_verifying(fix, frozenset({"truncation"}), view, verify_steps=160, steps_left=30) is None
+    assert worth_verifying(fix, frozenset({"truncation"}), view, verify_steps=160, steps_left=0) is None
+
+
 def test_with_no_trend_yet_a_fix_waits_for_the_next_eval_when_it_comes_sooner_than_verifying_would_end():
     fix = iv(K.ROLLBACK, {"recipe.lr": 3e-3})
     one = outlook([(50, 0.3)], 0.9, True)
