@@ -11,6 +11,8 @@ the builtin its meaning calls for, so callers that catch those keep working:
     SkillError / SkillPackError (.., ValueError)    a malformed skill or skill pack
     ToolCallError(SwarmlabError, ValueError)        an LLM reply that is not a valid tool call
     WorkspaceLocked(SwarmlabError, RuntimeError)    another controller holds the workspace
+    PrivatePathError(SwarmlabError, ValueError)     a link or a FIFO where a private file belongs
+    StateDbError(SwarmlabError, ValueError)         a state database that is not one
 
 Control-flow signals (`trainer.loop.StopRun`, the LLM policy's private fallback) are not errors
 and stay outside. The root lives in `sandboxes/` because that package imports no other project

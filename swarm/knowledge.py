@@ -96,9 +96,11 @@ def _lock_library(root: pathlib.Path) -> int:
     flock the kernel drops when the holder dies. Raises ValueError naming the holder."""
     import fcntl
 
-    root.mkdir(parents=True, exist_ok=True)
+    from sandboxes.private import open_private_fd, private_dir
+
+    private_dir(root)
     path = root / "memory.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_private_fd(path, os.O_RDWR)   # 0600, never a link's target: the truncation below stays here
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -267,7 +269,8 @@ class Knowledge:
         ep = Episode(
             id=f"{self.name}/{iv.id}", workspace=self.name, task=self.task or "", operator=iv.operator, policy=iv.policy,
             diagnosis=iv.diagnosis.name, diagnosis_summary=iv.diagnosis.summary[:500], severity=iv.diagnosis.severity,
-            kind=iv.kind.value, changes=dict(iv.changes), signature=iv.signature(), outcome=outcome, effect=effect,
+            kind=iv.kind.value, changes=dict(iv.changes), before=dict(iv.outcome.get("before") or {}),
+            signature=iv.signature(), outcome=outcome, effect=effect,
             p_value=iv.backtest.p_value if iv.backtest is not None else None,
             metric=iv.backtest.metric if iv.backtest is not None else "heldout_acc",
             window={**(window or {}), "risk": iv.risk.value}, skills_used=list(iv.skills_used),

@@ -57,7 +57,10 @@ def build_server(workspace: str | pathlib.Path | None = None, root: str | pathli
             raise ToolError(f"run {run!r}: not one of {sorted(runs)}")
         path = runs[run]
         if path not in views:
-            views[path] = RunView(run, path)
+            try:
+                views[path] = RunView(run, path)
+            except ValueError as e:   # its state database is damaged (swarm.store.StateDbError): one line
+                raise ToolError(str(e)) from None
         return views[path]
 
     def overview(v: RunView) -> dict[str, Any]:
@@ -80,7 +83,13 @@ def build_server(workspace: str | pathlib.Path | None = None, root: str | pathli
 
     @server.tool(description="Every run here: status, step, target progress, budget spent, open approvals.")
     def runs() -> list[dict[str, Any]]:
-        return [overview(view(name)) for name in found()]
+        out = []
+        for name in found():
+            try:
+                out.append(overview(view(name)))
+            except ToolError:   # a damaged run is left out; `status` on it says why
+                continue
+        return out
 
     @server.tool(description="One run (the only one when `run` is empty): status, target, budget, open interventions.")
     def status(run: str = "") -> dict[str, Any]:

@@ -13,6 +13,10 @@ JSON of its pydantic model, beside indexed columns (id, status, kind) for listin
 change goes through `Intervention.move` inside one `BEGIN IMMEDIATE` transaction that also
 appends a timeline row, so a transition is either fully recorded or not at all.
 
+A state database that is a symbolic link, a FIFO, a folder or not a database (or whose `.swarm`
+or -wal/-shm/-journal is a link) raises `StateDbError`, one line naming the file and what is
+wrong, before anything is written (`state_db_problem`).
+
 JSON here keeps non-finite floats (`NaN`, `Infinity`): diagnosis evidence often holds a NaN loss,
 and pydantic's own JSON would turn it into `null`.
 
@@ -31,6 +35,7 @@ import logging
 import os
 import pathlib
 import sqlite3
+import stat
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -101,6 +106,43 @@ def state_db_path(workspace: str | os.PathLike) -> pathlib.Path:
     return pathlib.Path(workspace) / SWARM_DIR / DB_NAME
 
 
+class StateDbError(SwarmlabError, ValueError):
+    """The workspace's state database cannot be used: not a regular file, a symbolic link, or not
+    an sqlite database."""
+
+
+def state_db_problem(path: str | os.PathLike) -> str | None:
+    """What is wrong with the state database at `path`, as one sentence naming the file, or None
+    when nothing is visibly wrong or it is absent (a new one is created). Only `lstat`: a FIFO
+    never blocks, a link is never followed, and the file is not opened (closing a descriptor of it
+    would drop the POSIX locks this process's sqlite connections hold on it). The `.swarm` folder
+    holding it and its -wal, -shm and -journal files must not be links either (sqlite would write
+    through them). A regular file that is not a database is found when sqlite opens it (`Store`)."""
+    from sandboxes.private import describe
+
+    p = pathlib.Path(path)
+    if p.parent.name == SWARM_DIR and os.path.islink(p.parent):
+        return f"{str(p.parent)!r} is a symbolic link where the workspace's private folder belongs; refusing to follow it"
+    for q in (p, *(p.with_name(p.name + s) for s in ("-wal", "-shm", "-journal"))):
+        try:
+            st = os.lstat(q)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            return f"the state database file {str(q)!r} is a symbolic link; refusing to follow it (remove the link)"
+        if not stat.S_ISREG(st.st_mode):
+            return (f"the state database file {str(q)!r} is {describe(st.st_mode)}, "
+                    f"not {'an sqlite database' if q == p else 'a regular file'}")
+    return None
+
+
+def check_state_db(path: str | os.PathLike) -> None:
+    """Raise `StateDbError` (one line naming the file and what is wrong) unless `path` is usable."""
+    problem = state_db_problem(path)
+    if problem:
+        raise StateDbError(problem)
+
+
 class Store:
     """sqlite state of one workspace. `path` is the database file, or a workspace directory (then
     the database is `<dir>/.swarm/state.db`). Safe to open from several processes at once and to
@@ -108,10 +150,11 @@ class Store:
 
     def __init__(self, path: str | os.PathLike, timeout_s: float = 30.0) -> None:
         p = pathlib.Path(path)
-        if p.is_dir():
+        if p.is_dir() and not (p.name == DB_NAME and p.parent.name == SWARM_DIR):   # a workspace, not a damaged db
             p = state_db_path(p)
         from sandboxes.private import private_dir, touch_private
 
+        check_state_db(p)       # a link, a FIFO or a folder: one line, nothing written
         private_dir(p.parent)   # .swarm/: 0700, and the database (its -wal/-shm follow its mode) 0600
         touch_private(p)
         self.path = p
@@ -119,13 +162,22 @@ class Store:
         self._lock = threading.RLock()
         self._subscribers: list[Callable[[Intervention], None]] = []
         self._db = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        with self._tx():
-            for stmt in filter(str.strip, _SCHEMA.split(";")):
-                self._db.execute(stmt)
+        try:
+            self._db.row_factory = sqlite3.Row
+            self._db.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            with self._tx():
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    self._db.execute(stmt)
+        except sqlite3.DatabaseError as e:   # "file is not a database", "database disk image is malformed"
+            self._db.close()
+            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                raise
+            if getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB":
+                raise StateDbError(f"the state database {str(p)!r} is not an sqlite database "
+                                   f"(damaged, or another file in its place)") from None
+            raise StateDbError(f"the state database {str(p)!r} cannot be used: {e}") from None
 
     # ---- plumbing -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -303,10 +355,20 @@ class ControllerLock:
 
 def lock_holder(workspace: str | os.PathLike) -> int | None:
     """The pid written by the controller that holds (or last held) the lock, if any."""
+    path = pathlib.Path(_ws_dir(workspace)) / SWARM_DIR / LOCK_NAME
+    try:   # not through a link, never blocking on a FIFO
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
     try:
-        text = (pathlib.Path(_ws_dir(workspace)) / SWARM_DIR / LOCK_NAME).read_text().strip()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.pread(fd, 64, 0).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
+    try:
         return int(text) if text else None
-    except (FileNotFoundError, ValueError):
+    except ValueError:
         return None
 
 
@@ -321,10 +383,10 @@ def acquire_lock(workspace: str | os.PathLike | Any) -> ControllerLock:
     `Workspace`. Raises `WorkspaceLocked` naming the holder's pid if another controller has it."""
     ws = _ws_dir(workspace)
     path = ws / SWARM_DIR / LOCK_NAME
-    from sandboxes.private import private_dir
+    from sandboxes.private import open_private_fd, private_dir
 
     private_dir(path.parent)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_private_fd(path, os.O_RDWR)   # 0600, never a link's target: the truncation below stays here
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

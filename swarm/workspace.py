@@ -63,7 +63,7 @@ from gitdb.base import IStream
 
 from agents.domain import Intervention, InterventionKind
 from harness.spec import HarnessSpec
-from sandboxes.private import private_dir
+from sandboxes.private import open_private_fd, private_dir, write_private
 from sandboxes.text import clean_text
 from swarm.store import SWARM_DIR, intervention_from_json, intervention_json
 from trainer.config import apply_changes, del_dotted, get_dotted, parse_yaml, put_dotted, validate_section
@@ -76,6 +76,37 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _ATTACH_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _RESERVED = {"REPORT.md", "intervention.json"}
 _IDENTITY = ("swarmlab", "swarmlab@localhost")
+
+
+GIT_UMASK = 0o077   # in git's own processes only: what git writes (objects, refs, checkouts) is 0600 / 0700
+
+
+class _PrivateGit(git.Git):
+    """Every git command of a workspace runs with umask 077, set in the child process (the
+    controller's own umask, shared by its threads, is left alone): `.git`, the files a merge or a
+    revert checks out and the objects it stores are private whatever the user's umask."""
+
+    def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("umask", GIT_UMASK)
+        return super().execute(command, *args, **kwargs)
+
+
+class _Repo(git.Repo):
+    GitCommandWrapperType = _PrivateGit
+
+
+def _write_tree_file(root: pathlib.Path, rel: str, data: str | bytes) -> None:
+    """Write a work-tree file of the workspace: missing folders 0700, the file 0600 (atomic, never
+    through a link), whatever the umask."""
+    path = root / rel
+    missing = []
+    d = path.parent
+    while d != root and not os.path.lexists(d):
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        private_dir(d)
+    write_private(path, data)
 
 
 def _dump_yaml(d: dict[str, Any]) -> str:
@@ -94,7 +125,7 @@ class Workspace:
     def __init__(self, root: str | os.PathLike, push: bool = False) -> None:
         self.root = pathlib.Path(root).resolve()
         try:
-            self.repo = git.Repo(self.root)
+            self.repo = _Repo(self.root)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise ValueError(f"{str(self.root)!r} is not a git repository") from None
         self.repo.git.update_environment(GIT_EDITOR="true", GIT_TERMINAL_PROMPT="0", GIT_MERGE_AUTOEDIT="no")
@@ -120,11 +151,13 @@ class Workspace:
             raise ValueError(f"goal must be a YAML mapping, got {type(goal).__name__}")
         validate_section("recipe", recipe)
         validate_section("harness", harness)
-        root.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(root):
+            root.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(root)                   # a folder made here: 0700 (an existing one keeps its mode)
         try:
-            repo = git.Repo(root)
+            repo = _Repo(root)
         except git.InvalidGitRepositoryError:
-            repo = git.Repo.init(root, initial_branch=MAIN)
+            repo = _Repo.init(root, initial_branch=MAIN)   # .git made under umask 077: 0700 / 0600
         _ensure_identity(repo)
         if not repo.head.is_valid():
             repo.git.symbolic_ref("HEAD", f"refs/heads/{MAIN}")   # an empty repo made with another default
@@ -135,16 +168,16 @@ class Workspace:
         files = {FILES["goal"]: goal_yaml_text if goal_yaml_text.endswith("\n") else goal_yaml_text + "\n",
                  FILES["recipe"]: _dump_yaml(recipe), FILES["harness"]: _dump_yaml(harness),
                  "skills/.gitkeep": "", "reports/.gitkeep": ""}
+        private_dir(root / "skills")            # skill programs: 0700 whatever the umask
+        private_dir(root / "reports")           # the workspace's own files: 0700 / 0600 whatever the umask
         for rel, text in files.items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text, encoding="utf-8")
+            _write_tree_file(root, rel, text)
         gi = root / ".gitignore"
         lines = gi.read_text().splitlines() if gi.exists() else []
         if f"{SWARM_DIR}/" not in lines and SWARM_DIR not in lines:
-            gi.write_text("\n".join(lines + [f"{SWARM_DIR}/"]) + "\n")
+            write_private(gi, "\n".join(lines + [f"{SWARM_DIR}/"]) + "\n")
         private_dir(root / SWARM_DIR)
         private_dir(root / SWARM_DIR / "private")
-        private_dir(root / "skills")            # skill programs: 0700 whatever the umask
         repo.git.add("--", *files, ".gitignore")
         repo.git.commit("-m", "Workspace: goal, recipe and harness", "--", *files, ".gitignore")
         return cls(root, push=push)
@@ -283,7 +316,7 @@ class Workspace:
     # ---- locking ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _git_lock(self, timeout_s: float = 60.0) -> Iterator[None]:
-        fd = os.open(self.swarm_dir / "git.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private_fd(self.swarm_dir / "git.lock", os.O_RDWR)   # 0600, never through a link
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -527,13 +560,14 @@ class Workspace:
         with self._git_lock():
             self._require_clean_main()
             for rel, data in files.items():
-                path = self.root / rel
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
-            self.repo.index.add(list(files))
-            if not self.repo.index.diff("HEAD"):
+                _write_tree_file(self.root, rel, data)
+            # git itself (not gitpython's index writer), so the index, objects and refs it writes
+            # are made under GIT_UMASK; no hooks and the message verbatim, as the index API did
+            self.repo.git.add("--", *files)
+            if not self.repo.git.diff("--cached", "--name-only", "HEAD"):
                 return None
-            sha = self.repo.index.commit(clean_text(message)).hexsha
+            self.repo.git.commit("--no-verify", "--cleanup=verbatim", "--allow-empty-message", "-m", clean_text(message))
+            sha = self.repo.head.commit.hexsha
         self._push(f"refs/heads/{MAIN}")
         return sha
 
@@ -612,7 +646,7 @@ class Workspace:
                 else:
                     del_dotted(new, rest)
             if new != cur:
-                (self.root / path).write_text(_dump_yaml(new), encoding="utf-8")
+                write_private(self.root / path, _dump_yaml(new))
                 self.repo.git.add("--", path)
 
     # ---- remote -------------------------------------------------------------------------------

@@ -70,11 +70,22 @@ class Runs:
             raise HTTPException(404, f"no run {slug!r} here")
         with self._lock:   # one view (one sqlite connection) per workspace, whichever thread asks first
             if path not in self._views:
-                self._views[path] = RunView(slug, path)
+                try:
+                    self._views[path] = RunView(slug, path)
+                except ValueError as e:   # its state database is damaged (swarm.store.StateDbError): one line
+                    raise HTTPException(409, str(e)) from None
             return self._views[path]
 
     def views(self) -> list[RunView]:
-        return [self.view(slug) for slug in self.found()]
+        """Every run that can be shown; one whose state database is damaged is left out (its own
+        page says why)."""
+        out = []
+        for slug in self.found():
+            try:
+                out.append(self.view(slug))
+            except HTTPException:
+                continue
+        return out
 
     def close(self) -> None:
         for v in self._views.values():

@@ -19,6 +19,7 @@ hundred points; the drawn SVG is kept until the metrics or the marks change.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pathlib
@@ -30,22 +31,36 @@ import yaml
 from agents.domain import Intervention, Status
 from swarm.plots import PANELS, curves, to_svg
 
+log = logging.getLogger(__name__)
 PLOTTED = tuple(k for _, keys in PANELS for k in keys)
 OPEN_STATUSES = (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL,
                  Status.APPLIED, Status.EVALUATING)
 
 
+_SKIPPED: set[str] = set()
+
+
 def discover(root: pathlib.Path, depth: int = 3) -> dict[str, pathlib.Path]:
     """Workspaces (folders holding `.swarm/state.db`) at or below `root`, at most `depth` levels
-    down, by their path relative to `root` ("." for `root` itself)."""
+    down, by their path relative to `root` ("." for `root` itself). One whose state database is a
+    symbolic link, a FIFO, a folder or not a database is left out with a warning: opening it would
+    follow the link or block (`swarm.store.state_db_problem`)."""
+    from swarm.store import state_db_problem
+
     root = root.resolve()
     found: dict[str, pathlib.Path] = {}
     frontier = [root]
     for _ in range(depth + 1):
         nxt = []
         for d in frontier:
-            if (d / ".swarm" / "state.db").is_file():
-                found[str(d.relative_to(root)) if d != root else "."] = d
+            db = d / ".swarm" / "state.db"
+            if os.path.lexists(db):
+                problem = state_db_problem(db)
+                if problem is None:
+                    found[str(d.relative_to(root)) if d != root else "."] = d
+                elif problem not in _SKIPPED:   # discovery runs every few seconds: warn once
+                    _SKIPPED.add(problem)
+                    log.warning("skipping workspace %s: %s", d, problem)
                 continue            # a workspace's own folders are not other workspaces
             try:
                 nxt += [c for c in sorted(d.iterdir()) if c.is_dir() and not c.name.startswith(".")]
