@@ -1,4 +1,4 @@
-"""Every recipe field a change may touch takes effect: live (`set_fields`), in a backtest's fork
+"""Every field a change may touch takes effect (the recipe's, and the harness fields a search tunes): live (`set_fields`), in a backtest's fork
 (`fork_overrides` on a checkpoint) and after a rollback.
 
 An acknowledged change with no effect is the worst kind of bug for the swarm: the backtest measures
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import RunConfig
+from trainer.config import TUNABLE, RunConfig, get_dotted
 from trainer.control import Command
 from trainer.loop import Trainer
 
@@ -24,12 +24,15 @@ GRPO = {"recipe": {"algorithm": "grpo", "schedule": "constant", "warmup_steps": 
 
 # (field, new value, base config): the base is SFT unless the field only matters to GRPO
 TABLE = [
-    ("lr", 3e-2, SFT), ("weight_decay", 0.5, SFT), ("grad_clip", 1e-3, SFT), ("batch_size", 3, SFT),
-    ("warmup_steps", 3, SFT), ("schedule", "linear", {"recipe": {**SFT["recipe"], "steps": 4}}),
-    ("min_lr_ratio", 0.5, {"recipe": {**SFT["recipe"], "schedule": "cosine"}}),
-    ("algorithm", "grpo", SFT),
-    ("group_size", 2, GRPO), ("clip_eps", 0.01, GRPO), ("kl_coef", 1.0, GRPO), ("advantage", "rloo", GRPO),
-    ("loss_agg", "token_sum", GRPO), ("updates_per_batch", 1, GRPO),
+    ("recipe.lr", 3e-2, SFT), ("recipe.weight_decay", 0.5, SFT), ("recipe.grad_clip", 1e-3, SFT),
+    ("recipe.batch_size", 3, SFT), ("recipe.warmup_steps", 3, SFT),
+    ("recipe.schedule", "linear", {"recipe": {**SFT["recipe"], "steps": 4}}),
+    ("recipe.min_lr_ratio", 0.5, {"recipe": {**SFT["recipe"], "schedule": "cosine"}}),
+    ("recipe.algorithm", "grpo", SFT),
+    ("recipe.group_size", 2, GRPO), ("recipe.clip_eps", 0.01, GRPO), ("recipe.kl_coef", 1.0, GRPO),
+    ("recipe.advantage", "rloo", GRPO), ("recipe.loss_agg", "token_sum", GRPO), ("recipe.updates_per_batch", 1, GRPO),
+    ("harness.sampling.temperature", 0.5, GRPO), ("harness.sampling.max_new_tokens", 3, GRPO),
+    ("harness.curriculum.start", 2, SFT),
 ]
 
 
@@ -52,13 +55,18 @@ def test_a_live_change_of_each_field_changes_what_the_trainer_does(make_cfg, war
         tr = _trainer(make_cfg, warm_state, base, f"{field}-{changed}")
         tr.train_one_step()
         if changed:
-            tr.apply_command(Command(id="c", cmd="set_fields", fields={f"recipe.{field}": value}))
-            assert getattr(tr.recipe, field) == value
+            tr.apply_command(Command(id="c", cmd="set_fields", fields={field: value}))
+            assert get_dotted({"recipe": tr.recipe.model_dump(), "harness": tr.harness.model_dump()}, field)[1] == value
         for _ in range(2):
             tr.train_one_step()
         runs.append(_params(tr))
         tr.close()
-    assert not torch.equal(runs[0], runs[1]), f"recipe.{field}={value!r} was applied and changed nothing"
+    assert not torch.equal(runs[0], runs[1]), f"{field}={value!r} was applied and changed nothing"
+
+
+def test_every_field_a_search_may_tune_is_in_the_table():
+    """trainer.config.TUNABLE declares what a search may move; each must be shown to take effect here."""
+    assert {t.field for t in TUNABLE} <= {f for f, _, _ in TABLE}
 
 
 def test_the_identical_twin_is_identical(make_cfg, warm_state):

@@ -162,6 +162,33 @@ class Perturbation(_Strict):
     once: bool = Field(True, description="kill/stall: only the first time the step is reached (not after a restart)")
 
 
+class Tunable(BaseModel):
+    """A field the trainer reads on every step, so a live change, a backtest's fork and a rollback
+    take effect at once (tests/test_trainer_live_fields.py), with the range a search may move it in."""
+
+    model_config = ConfigDict(frozen=True)
+    field: str
+    lo: float
+    hi: float
+    integer: bool = False
+    algorithms: tuple[str, ...] = ()       # the algorithms that read it (empty: every one)
+    why: str = ""
+
+
+# The fields a search may tune, most sensitive first: the learning rate decides whether Adam trains a
+# transformer at all; the sampling temperature whether a GRPO group has any reward variance; then the
+# answer length, the batch, and the training difficulty. Moves are multiplicative (x3 up, /10 down for
+# the lr; x2 and /2 for sizes) or a step (temperature 0.3, difficulty 1), within [lo, hi].
+TUNABLE: tuple[Tunable, ...] = (
+    Tunable(field="recipe.lr", lo=1e-5, hi=0.1, why="peak learning rate"),
+    Tunable(field="harness.sampling.temperature", lo=0.3, hi=1.5, algorithms=("grpo",),
+            why="sampling temperature of training rollouts"),
+    Tunable(field="harness.sampling.max_new_tokens", lo=1, hi=4096, integer=True, why="longest completion"),
+    Tunable(field="recipe.batch_size", lo=8, hi=1024, integer=True, why="prompts per step"),
+    Tunable(field="harness.curriculum.start", lo=1, hi=64, integer=True, why="training difficulty"),
+)
+
+
 class RunConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$", description="the run's folder name under out_dir")
     seed: int = Field(0, description="seed of the model init, the data stream and sampling")

@@ -1,0 +1,132 @@
+"""Exploration: a proposer for a run that is stuck when no detector names a cause.
+
+    Explorer().builtin(ev, ctx)   # [] or one candidate change, the next untried one
+
+A run that is not learning (`not_learning`) or has stopped improving below its target (`plateau`)
+while no other finding names a cause (a truncation, a divergence, a config that left what the
+controller set, …) gets a targeted search: the fields the trainer declares tunable
+(`trainer.config.TUNABLE`, most sensitive first) each moved in both directions from the value in
+force, one candidate per tick, each backtested against doing nothing and judged like any other
+intervention. It is the explore step of population-based training, gated by the decision model:
+a candidate that measures no gain is rejected, its arms counted as spent, and the next one is
+proposed. A run that never learnt (held-out at or below the not-learning level, its untrained
+checkpoint kept) is explored from that checkpoint: the damage is in the weights, so each
+candidate rolls back to the start. Candidates tried before in this run (same fields and values)
+are skipped, so the search moves on instead of repeating itself; a fix kept moves the search's
+centre, and the candidates are computed again from the new values.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from agents.base import Operator, OperatorContext
+from agents.detection import run_detectors
+from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
+from agents.evidence import Evidence
+from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic
+from trainer.config import TUNABLE, Tunable
+from trainer.runlog import INIT_CHECKPOINT
+
+STUCK = ("not_learning", "plateau")             # symptoms: the run is stuck, not why
+# a finding another operator acts on names a cause, unless it is informational (a slower step, a resume):
+# then that operator's fix goes, not a search
+CAUSES = frozenset(n for op in (ClusterOps, DataCuration, Diagnostics, HarnessCritic) for n in op.detectors) - set(STUCK)
+LR_UP, LR_DOWN = 3.0, 10.0                      # the lr: x3 up (not a large move for assign_risk), /10 down
+SIZE_FACTOR = 2.0                               # integer sizes: x2 and /2
+TEMPERATURE_STEP = 0.3
+KIND = {"recipe.": K.RECIPE_EDIT, "harness.curriculum.": K.DATA_CHANGE, "harness.": K.HARNESS_EDIT}
+
+
+def moves(t: Tunable, cur: float) -> list[float]:
+    """The two candidate values of one tunable field around its value in force (up first for the
+    sampling temperature, down first otherwise), within the field's range, without the value itself."""
+    if t.field == "recipe.lr":
+        out = [cur / LR_DOWN, cur * LR_UP]
+    elif t.field == "harness.sampling.temperature":
+        out = [cur + TEMPERATURE_STEP, cur - TEMPERATURE_STEP]
+    elif t.field.startswith("harness.curriculum."):
+        out = [cur - 1, cur + 1]
+    else:
+        out = [cur / SIZE_FACTOR, cur * SIZE_FACTOR]
+    vals = []
+    for v in out:
+        v = min(max(v, t.lo), t.hi)
+        v = int(round(v)) if t.integer else float(f"{v:.6g}")
+        if v != cur and v not in vals:
+            vals.append(v)
+    return vals
+
+
+def candidates(ctx: OperatorContext, algorithm: str) -> list[dict[str, Any]]:
+    """Every single-field change of the search, in order (field by sensitivity, then direction)."""
+    out = []
+    for t in TUNABLE:
+        if t.algorithms and algorithm not in t.algorithms:
+            continue
+        cur = ctx.get(t.field)
+        if isinstance(cur, bool) or not isinstance(cur, (int, float)):
+            continue
+        if t.field.startswith("harness.curriculum.") and cur - 1 < ctx.min_difficulty:
+            cur = max(cur, ctx.min_difficulty)
+        out += [{t.field: v} for v in moves(t, cur) if not (t.field.startswith("harness.curriculum.") and v < ctx.min_difficulty)]
+    return out
+
+
+def tried(ctx: OperatorContext) -> list[dict[str, Any]]:
+    return [iv.changes for iv in ctx.history if iv.changes]
+
+
+class Explorer(Operator):
+    name = "explorer"
+    role = ("Exploration: when the run is stuck (not learning, or no better over its last evals) and no other "
+            "finding names a cause, proposes the next untried change of one tunable field (the learning rate "
+            "first, then sampling temperature, answer length, batch size and difficulty), each direction in "
+            "turn; every candidate is backtested against doing nothing.")
+    tools = frozenset({K.RECIPE_EDIT, K.HARNESS_EDIT, K.DATA_CHANGE, K.ROLLBACK})
+    detectors = STUCK
+
+    def propose(self, ev: Evidence, ctx: OperatorContext, llm: Any = None) -> list[Intervention]:
+        """Nothing, and no LLM call, unless the run is stuck; then the LLM policy's or the built-in search's."""
+        if not self.diagnose(ev, ctx):
+            return []
+        return super().propose(ev, ctx, llm)
+
+    def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
+        found = {d.name: d for d in self.diagnose(ev, ctx)}
+        stuck = next((found[n] for n in STUCK if n in found), None)
+        if stuck is None:
+            return []
+        findings = ctx.findings if ctx.findings is not None else run_detectors(self.view(ev, ctx), known=ctx.known())
+        if any(d.name in CAUSES and d.severity != "info" for d in findings):
+            return []
+        algorithm = str(ctx.get("recipe.algorithm") or "sft")
+        done = tried(ctx)
+        todo = [c for c in candidates(ctx, algorithm) if c not in done]
+        if not todo:
+            return []
+        change = todo[0]
+        (field, value), = change.items()
+        cur = ctx.get(field)
+        best = max((v for v in (_rate(r.get(ctx.target.metric)) for r in ev.evals) if v is not None), default=None)
+        never = best is not None and best <= self.thresholds.not_learning_heldout_max
+        init = any(c.get("name") == INIT_CHECKPOINT for c in ctx.checkpoints)
+        n_all = len(candidates(ctx, algorithm))
+        why = (f"{stuck.summary}. No detector names a cause, so the fields the trainer declares tunable are searched, "
+               f"most sensitive first: candidate {n_all - len(todo) + 1} of {n_all}, {field} {cur!r} → {value!r}"
+               f" ({len(done)} change(s) tried in this run so far); the backtest compares it with carrying on")
+        if never and init and stuck.name == "not_learning":
+            return [self._propose(K.ROLLBACK, stuck, change, why + f", both from the untrained checkpoint "
+                                  f"{INIT_CHECKPOINT!r}: it never learnt (best held-out {best:.3g}), so the damage may "
+                                  "be in the weights.", rollback_to=INIT_CHECKPOINT)]
+        kind = next(k for prefix, k in KIND.items() if field.startswith(prefix))
+        return [self._propose(kind, stuck, change, why + ".")]
+
+    def _propose(self, kind: K, d: Diagnosis, change: dict[str, Any], why: str,
+                 rollback_to: str | None = None) -> Intervention:
+        return self.intervention(kind, d, change, risk=Risk.MEDIUM, rationale=why, rollback_to=rollback_to,
+                                 expected_effect="the target rising faster than in the control arm over the "
+                                                 "backtest's horizon; if not, the next candidate")
+
+
+def _rate(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
