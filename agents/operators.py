@@ -1,6 +1,6 @@
 """The operators' built-in policies and the lead that arbitrates between them.
 
-    ops = default_operators()                     # ClusterOps, Diagnostics, HarnessCritic, DataCuration
+    ops = default_operators()                     # ClusterOps, Diagnostics, HarnessCritic, DataCuration, Explorer
     proposals = [iv for op in ops for iv in op.propose(ev, ctx, llm)]
     chosen = Lead().arbitrate(proposals, ctx)
 
@@ -494,7 +494,9 @@ class DataCuration(Operator):
 
 
 def default_operators() -> list[Operator]:
-    return [ClusterOps(), Diagnostics(), HarnessCritic(), DataCuration()]
+    from agents.explorer import Explorer   # it reads the others' detectors: imported here, not at the top
+
+    return [ClusterOps(), Diagnostics(), HarnessCritic(), DataCuration(), Explorer()]
 
 
 # ---- the lead -----------------------------------------------------------------------------------
