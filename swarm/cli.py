@@ -229,9 +229,12 @@ def _store(workspace: str):
     from swarm.store import Store
 
     db = pathlib.Path(workspace) / ".swarm" / "state.db"
-    if not db.exists():
+    if not os.path.lexists(db):
         fail(f"no swarm run in workspace {workspace!r} (no .swarm/state.db); start one with `swarm run GOAL --workspace {workspace}`")
-    return Store(db)
+    try:
+        return Store(db)
+    except ValueError as e:   # a link, a FIFO, a folder or another file in its place: one line
+        fail(str(e))
 
 
 def _sandbox_policy(goal) -> None:
@@ -265,17 +268,12 @@ def _notifier(command: str | None):
     """The notification hook for `command` (None: none), or one error line naming what is wrong."""
     if command is None:
         return None
-    import shutil
-
     from swarm.live import Notify
 
     try:
-        notifier = Notify(command)
+        return Notify(command)   # the check a goal's `notify:` passed in `swarm validate` (swarm.goal.notify_argv)
     except ValueError as e:
         fail(str(e))
-    if shutil.which(notifier.argv[0]) is None:
-        fail(f"--notify={command!r}: no command {notifier.argv[0]!r} found")
-    return notifier
 
 
 def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = None, quiet: bool = False,
@@ -326,7 +324,12 @@ def _run_controller(make, summary_path: str | None, json_out: bool, goal: Any = 
     except Exception as e:  # the boundary: the state is in sqlite/git, the error becomes one line
         import traceback
 
-        (ctrl.sdir / "crash.log").write_text(traceback.format_exc())
+        from sandboxes.private import write_private
+
+        try:
+            write_private(ctrl.sdir / "crash.log", traceback.format_exc())   # 0600, never through a link
+        except (OSError, ValueError):
+            pass   # the one line below still says what stopped it
         fail(f"controller stopped on {type(e).__name__}: {e} (traceback in {ctrl.sdir / 'crash.log'}); "
              f"state kept, `swarm resume --workspace {ctrl.dir}` continues", code=1)
     if summary_path:
@@ -402,7 +405,7 @@ def _create(workspace: str, goal: Any, **kw: Any):
 @app.command()
 def demo(
     workspace: Optional[str] = typer.Option(None, help="workspace (default: runs/demo-TIMESTAMP)"),
-    goal: str = typer.Option(str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "goals" / "truncation.yaml"),
+    goal: str = typer.Option(str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "goals" / "truncation_config.yaml"),
                              help="the goal to run"),
     jobs: str = typer.Option("ray", help="ray | process"),
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
@@ -444,8 +447,7 @@ def tensorboard_export(workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
     """Write a run's TensorBoard event files from its records (what `swarm run --tensorboard` writes live)."""
     from swarm.tensorboard import export
 
-    if not (pathlib.Path(workspace) / ".swarm" / "state.db").is_file():
-        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
+    _check_state_db(workspace)
     out.print(f"wrote {export(workspace, logdir)}")
 
 
@@ -548,15 +550,21 @@ def queue_human(workspace: str | os.PathLike, iid: str, action: str, by: str) ->
 def request_stop(workspace: str | os.PathLike, by: str) -> str:
     """Ask the workspace's controller to stop (the file `.swarm/stop`; it stops the job and
     writes the final report); recorded in the timeline with `by` when the run has one."""
+    from sandboxes.private import check_private, write_private
     from swarm.store import Store
 
     d = pathlib.Path(workspace) / ".swarm"
-    if not d.is_dir():
+    if check_private(d, "folder") is None:   # a link or a file there: refused, one line
         raise ValueError(f"no swarm run in workspace {str(workspace)!r}")
-    (d / "stop").write_text(str(time.time()))
-    if (d / "state.db").exists():
-        with Store(d / "state.db") as st:
+    # a damaged database (a link, a FIFO, not a database) is refused before anything is written
+    st = Store(d / "state.db") if os.path.lexists(d / "state.db") else None
+    try:
+        write_private(d / "stop", str(time.time()))   # 0600, never through a link
+        if st is not None:
             st.log("human_stop", by=by)
+    finally:
+        if st is not None:
+            st.close()
     return "stop requested"
 
 
@@ -644,10 +652,23 @@ def _check_served(workspace: str | None, root: str | None) -> None:
     """What `swarm ui` and `swarm mcp` serve: one workspace, or every one under a folder."""
     if workspace and root:
         fail("give --workspace or --root, not both")
-    if workspace and not (pathlib.Path(workspace) / ".swarm" / "state.db").is_file():
-        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
+    if workspace:
+        _check_state_db(workspace)
     if root and not pathlib.Path(root).is_dir():
         fail(f"--root={root!r}: not a directory")
+
+
+def _check_state_db(workspace: str) -> None:
+    """`--workspace` holds a run whose state database can be opened, or one line and exit 2."""
+    from swarm.store import Store
+
+    db = pathlib.Path(workspace) / ".swarm" / "state.db"
+    if not os.path.lexists(db):
+        fail(f"--workspace={workspace!r}: no swarm run there (no .swarm/state.db)")
+    try:
+        Store(db).close()   # a link, a FIFO, a folder, a file that is not a database: refused here
+    except ValueError as e:
+        fail(f"--workspace={workspace!r}: {e}")
 
 
 @app.command("mcp")

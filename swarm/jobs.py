@@ -8,9 +8,11 @@ Worker CPU seconds are metered from the trainer processes' pids (the heartbeat n
 so the same accounting works for both launchers.
 
 Every request to a private head carries its auth token (`trainer.launch`: token auth on, the jobs
-inherit it); a controller restarted on a workspace reconnects to its head by address and finds
-the token there. Both launchers pass on the goal's sandbox opt-in (`sandboxes.base.PLAIN_OPT_IN_ENV`):
-local processes inherit the environment, Ray jobs get it in their runtime env.
+inherit it); a controller restarted on a workspace reconnects to the head its run recorded
+(`.swarm/ray_head.json`: address, token file, temp dir, whether the run started it), replaces a
+private head that died, and stops the run's private head when the run ends. Both launchers pass
+on the goal's sandbox opt-in (`sandboxes.base.PLAIN_OPT_IN_ENV`): local processes inherit the
+environment, Ray jobs get it in their runtime env.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import os
 import pathlib
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -79,45 +81,116 @@ class ProcessJobs(Jobs):
 
 
 class RayJobs(Jobs):
-    """Jobs on a Ray cluster through the Jobs API; a private loopback head unless `address`."""
+    """Jobs on a Ray cluster through the Jobs API; a private loopback head unless `address`.
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
+    `saved`: the head a previous controller of the workspace used. A cluster given by address is
+    reached as it is and never stopped here. A private head (`owned`) is checked on first use
+    (`trainer.launch.head_alive`); one that died (a reboot, an OOM kill) is cleaned up (its
+    leftover processes, temp folder and token) and replaced by a new private head, and so is the
+    current head when a status request fails and the head no longer serves. The replaced heads
+    wait in `replaced` for the caller (`take_replaced`): the jobs they ran are gone (their status is
+    FAILED here) and the caller decides what to launch again. `on_head` is called with every head
+    this launcher starts or connects to anew, before any job is submitted to it (the controller
+    records it, so whichever process ends the run stops the head the run started). `close` stops
+    the current head if it is a private one."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, saved: Any = None,
+                 on_head: Callable[[Any], None] | None = None) -> None:
         self.address, self.num_cpus = address, num_cpus
+        if saved is not None and not saved.owned:   # the user's cluster: reached by address, never replaced
+            self.address, saved = self.address or saved.dashboard_url, None
+        self.saved, self.on_head = saved, on_head
         self.head = None
+        self._jobs_client: tuple[Any, Any] | None = None   # (head, its client): made once per head
+        self.replaced: list[Any] = []
+        self.handles: set[str] = set()     # jobs submitted to the current head by this launcher
+        self.lost: set[str] = set()        # jobs of heads it replaced
+
+    def _use(self, head: Any) -> Any:
+        self.head = head
+        if self.on_head is not None:
+            self.on_head(head)
+        return head
+
+    def _replace(self, dead: Any) -> Any:
+        """Clean up a private head that died and start a new one in its place."""
+        from trainer.launch import start_head, stop_head
+
+        stop_head(dead)   # what is left of it: processes, the private temp folder, the token
+        self.replaced.append(dead)
+        self.lost |= self.handles
+        self.handles = set()
+        self.head = None
+        return self._use(start_head(num_cpus=self.num_cpus))
+
+    def _head(self) -> Any:
+        if self.head is None:
+            from trainer.launch import ensure_head, head_alive
+
+            saved, self.saved = self.saved, None
+            if saved is None:
+                self._use(ensure_head(self.address, num_cpus=self.num_cpus))
+            elif head_alive(saved):
+                self.head = saved
+            else:
+                self._replace(saved)
+        return self.head
 
     def _client(self):
-        if self.head is None:
-            from trainer.launch import ensure_head
+        head = self._head()
+        if self._jobs_client is None or self._jobs_client[0] is not head:
+            # a client checks the head's version over HTTP when made: once per head, not per status
+            self._jobs_client = (head, head.client())
+        return self._jobs_client[1]
 
-            self.head = ensure_head(self.address, num_cpus=self.num_cpus)
-        return self.head.client()
+    def take_replaced(self) -> list[Any]:
+        """The heads replaced since the last call (oldest first)."""
+        out, self.replaced = self.replaced, []
+        return out
 
     def start(self, name: str, config_path: str | os.PathLike) -> str:
         from trainer.launch import submit_job
 
-        self._client()
+        self._head()
         import uuid
 
-        return submit_job(self.head, config_path, job_id=f"{name}-{uuid.uuid4().hex[:6]}")
+        handle = submit_job(self.head, config_path, job_id=f"{name}-{uuid.uuid4().hex[:6]}")
+        self.handles.add(handle)
+        return handle
 
     def status(self, handle: str) -> str:
+        if handle in self.lost:
+            return "FAILED"
         try:
             return str(self._client().get_job_status(handle).value)
         except Exception:  # an unknown job or an unreachable head is a status, not a crash
-            return "UNKNOWN"
+            pass
+        try:
+            from trainer.launch import head_alive
+
+            if self.head is not None and self.head.owned and not head_alive(self.head):
+                self._replace(self.head)
+                return "FAILED" if handle in self.lost else "UNKNOWN"
+        except Exception:
+            pass
+        return "UNKNOWN"
 
     def stop(self, handle: str) -> None:
+        if handle in self.lost:
+            return
         try:
             self._client().stop_job(handle)
         except Exception:
             pass
 
     def close(self) -> None:
-        if self.head is not None:
-            from trainer.launch import stop_head
+        from trainer.launch import stop_head
 
-            stop_head(self.head)
-            self.head = None
+        head = self.head or self.saved   # a saved head never used by this process is still the run's
+        if head is not None:
+            stop_head(head)   # a private head only (owned); a cluster given by address is left running
+        self.head = self.saved = None
+        self._jobs_client = None
 
 
 class CpuMeter:

@@ -11,8 +11,10 @@ temp dir and Ray's token auth on: a random token per head in a 0600 file (`RAY_A
 the token (sandboxed code included) can neither submit jobs nor read them: the Jobs API answers
 401. The token files live in `auth_dir()` (0700), named after the head's dashboard address, so a
 controller that reconnects to its head after a restart finds the token again; `stop_head` stops the
-head and removes its token. For an existing cluster (`address`) the token comes from the caller's
-environment (`RAY_AUTH_TOKEN_PATH` or `RAY_AUTH_TOKEN`, as for Ray's own clients) when it is set.
+head and removes its token; `head_alive` tells a head that still serves from one that died (a
+reboot, an OOM kill), and `RayHead.record()` / `RayHead.from_record()` carry a head between
+processes. For an existing cluster (`address`) the token comes from the caller's environment
+(`RAY_AUTH_TOKEN_PATH` or `RAY_AUTH_TOKEN`, as for Ray's own clients) when it is set.
 `num_workers > 1` in the run config makes the job's entrypoint run the loop data-parallel on Ray
 Train workers (gloo on CPU).
 """
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
 from typing import Any
 
 from sandboxes.private import private_dir, write_private
@@ -38,6 +41,7 @@ AUTH_DIR_ENV = "SWARMLAB_RAY_AUTH_DIR"  # where private heads' token files go (d
 
 
 SUBMIT_WAIT_S = 120.0  # how long submit_job waits for a fresh head's job agent
+HEAD_ANSWER_S = 15.0   # how long head_alive waits for a head's Jobs API before calling it dead
 
 
 def _free_port() -> int:
@@ -91,6 +95,21 @@ class RayHead:
         from ray.job_submission import JobSubmissionClient
 
         return JobSubmissionClient(self.dashboard_url, headers=self.headers() or None)
+
+    def record(self) -> dict[str, Any]:
+        """What a later process needs to reach this head again and, if it is `owned`, to stop it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> "RayHead":
+        """The head a `record` names. A record holding only `dashboard_url` (written before heads
+        were recorded in full, for private heads only) is a private head whose token is found by
+        its address; its processes, unknown, are judged by its Jobs API alone."""
+        url = rec["dashboard_url"]
+        if "owned" not in rec:
+            tok = token_path_for(url)
+            return cls(None, url, owned=True, token_path=str(tok) if tok.is_file() else None)
+        return cls(rec.get("gcs_address"), url, rec.get("temp_dir"), bool(rec["owned"]), rec.get("token_path"))
 
 
 def _env(head: RayHead | None = None) -> dict[str, str]:
@@ -166,6 +185,28 @@ def _head_processes(head: RayHead) -> list:
             except psutil.Error:
                 pass
     return list(found.values())
+
+
+def head_alive(head: RayHead, timeout: float = HEAD_ANSWER_S) -> bool:
+    """Whether the head still serves: for a private head started here, some of its processes are
+    alive (none after a reboot or when all were killed: no waiting), and its Jobs API answers a
+    listing within `timeout` (retried meanwhile: a loaded head may be slow). A head whose GCS or
+    dashboard died while other processes linger is not alive: the caller stops what is left."""
+    if head.owned and (head.temp_dir or head.gcs_address) and not _head_processes(head):
+        return False
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # loopback: never through a proxy
+    deadline = time.time() + timeout
+    while True:
+        try:
+            req = urllib.request.Request(head.dashboard_url.rstrip("/") + "/api/jobs/", headers=head.headers())
+            with opener.open(req, timeout=max(1.0, deadline - time.time())) as r:
+                if r.status == 200:
+                    return True
+        except (OSError, ValueError):   # refused, timed out, 401 (a token that is not its), no token file
+            pass
+        if time.time() >= deadline:
+            return False
+        time.sleep(1.0)
 
 
 def stop_head(head: RayHead, timeout: float = 5.0) -> None:
