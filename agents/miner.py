@@ -5,7 +5,15 @@
     for a in actions: a.action in ("add", "update", "retire", "refuse")
 
 How it decides (built-in policy):
-- Episodes are grouped by fix signature (diagnosis | kind | changed fields). A signature with at
+- Each episode is keyed by what mattered (`key`): the fields whose value the fix actually moved
+  (its `before`: the values in force when it was applied, read from its pre- checkpoint; a field
+  set to the value it had is no part of the fix), and the diagnosis from the run's evidence. A fix
+  proposed for a departure (DEPARTURE: the live config left what the controller set; its fix sets
+  every field of the section again) is keyed by a finding of its evidence window that names one of
+  the fields it moved (FINDING_FIELDS: truncation names max_new_tokens, ...) when one held then,
+  else by the departure with only the fields that differed; one whose `before` was not recorded is
+  not mined (what it needed is unknown). An edit that moved nothing is not mined either.
+- Keyed episodes are grouped by fix signature (diagnosis | kind | fields). A signature with at
   least `min_support` wins (kept after evaluation) becomes a skill, unless an active skill with
   that signature exists — then that skill is updated when new winning episodes back it (their
   ids join its evidence, its version goes up). A retired skill is not revived.
@@ -39,12 +47,77 @@ from typing import Any, Iterable, Iterator, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.domain import DEPARTURE
 from agents.recall import prescribes
 
 log = logging.getLogger(__name__)
 
 EMPTY_VIEW: dict[str, Any] = {"metrics": [], "diagnoses": [], "evals": [], "recipe": {}, "harness": {}}
 MAX_UNRELATED = 20
+# the fields each evidence finding is about (a section name covers every field under it): a fix
+# proposed for a departure that moved one of them while the finding held is keyed by the finding
+FINDING_FIELDS: dict[str, tuple[str, ...]] = {
+    "truncation": ("harness.sampling.max_new_tokens", "harness.answer.stop"),
+    "low_temperature": ("harness.sampling.temperature", "harness.sampling.top_p"),
+    "entropy_collapse": ("harness.sampling.temperature", "harness.sampling.top_p"),
+    "too_hard_curriculum": ("harness.curriculum",),
+    "template_mismatch": ("harness.template",),
+    "malformed_rate": ("harness.template", "harness.answer"),
+    "reward_hacking": ("harness.reward",),
+    "kl_blowup": ("recipe.kl_coef",),
+}
+# kinds whose fix is the changes alone: one that moved no field fixed nothing (a rollback or a
+# restart acts on the job and may name no field)
+EDITS = ("recipe_edit", "harness_edit", "data_change", "distill")
+
+
+def is_about(finding: str, field: str) -> bool:
+    """Whether the evidence finding `finding` is about `field` (FINDING_FIELDS)."""
+    return any(field == f or field.startswith(f + ".") for f in FINDING_FIELDS.get(finding, ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Keyed:
+    """An episode as the miner keys it: the diagnosis from evidence and the changes the fix needed.
+    Every other attribute is the episode's."""
+
+    episode: Any
+    diagnosis: str
+    diagnosis_summary: str
+    changes: dict[str, Any]
+    proposed_for: str | None = None            # the departure it was proposed for, when keyed by a finding
+    left_out: tuple[str, ...] = ()             # fields it set to the value they had
+
+    @property
+    def signature(self) -> str:
+        return f"{self.diagnosis}|{self.kind}|{','.join(sorted(self.changes))}"
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "episode":      # not yet set (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.episode, name)
+
+
+def key(ep: Any) -> tuple[Keyed | None, str]:
+    """The episode keyed by what mattered, or None, with why (see the module's docstring)."""
+    before = getattr(ep, "before", None) or {}
+    changes = dict(ep.changes)
+    needed = {k: v for k, v in changes.items() if k not in before or before[k] != v}
+    left_out = tuple(sorted(set(changes) - set(needed)))
+    if ep.kind in EDITS and changes and not needed:
+        return None, "every field it set already had that value"
+    if ep.diagnosis not in DEPARTURE:
+        return Keyed(ep, ep.diagnosis, ep.diagnosis_summary, needed, left_out=left_out), "its diagnosis"
+    if not before and changes:
+        return None, f"a {ep.diagnosis} fix whose values in force were not recorded: what it needed is unknown"
+    window = ep.window if isinstance(ep.window, dict) else {}
+    found = [d for d in window.get("diagnoses") or [] if isinstance(d, dict) and isinstance(d.get("name"), str)
+             and d["name"] not in DEPARTURE]
+    best = max(found, key=lambda d: sum(is_about(d["name"], k) for k in needed), default=None)   # first of the ties
+    if best is not None and any(is_about(best["name"], k) for k in needed):
+        return (Keyed(ep, best["name"], str(best.get("summary") or best["name"]), needed, proposed_for=ep.diagnosis,
+                      left_out=left_out), f"{best['name']} held and names a field it moved")
+    return Keyed(ep, ep.diagnosis, ep.diagnosis_summary, needed, left_out=left_out), "only the departure explains it"
 
 
 @dataclasses.dataclass
@@ -111,11 +184,17 @@ class SkillMiner:
     # ---- the whole pass -----------------------------------------------------------------------
     def mine(self, episodes: Iterable[Any], skills: list[Any], utility: dict[str, Any], *,
              llm: Any = None, sandbox: Any = None) -> list[MinerAction]:
-        eps = list(episodes)
+        eps: list[Any] = []
         actions: list[MinerAction] = []
         by_sig: dict[str, list[Any]] = defaultdict(list)
-        for ep in eps:
-            by_sig[ep.signature].append(ep)
+        for ep in episodes:
+            k, why = key(ep)
+            if k is None:
+                log.debug("skill miner: episode %s not keyed: %s", ep.id, why)
+                eps.append(ep)        # still an unrelated case for verification
+                continue
+            eps.append(k)
+            by_sig[k.signature].append(k)
         names = {s.name for s in skills}
         for sig, group in sorted(by_sig.items()):
             wins = [e for e in group if e.won()]
@@ -184,6 +263,18 @@ class SkillMiner:
                 f"({len(wins)} win(s) on {tasks}{mean}).")
         when = (f"The `{ep.diagnosis}` finding is in the run's evidence, e.g.: {ep.diagnosis_summary or ep.diagnosis}.\n"
                 f"Learnt on: {tasks}.")
+        departures = sorted({str(e.proposed_for) for e in wins if getattr(e, "proposed_for", None)})
+        if departures:
+            when += (f"\n\nLearnt from fixes proposed for {', '.join(f'`{d}`' for d in departures)} (the live config left "
+                     f"what the controller set) while `{ep.diagnosis}` held: of every field those fixes set again, only "
+                     f"{fields} differed from the values in force, which this finding is about.")
+        elif ep.diagnosis in DEPARTURE:
+            when += (f"\n\nThe live config left what the controller set, and no other finding explained it: of every field "
+                     f"the fixes set again, only {fields} differed from the values in force.")
+        left = sorted({f for e in wins for f in getattr(e, "left_out", ())})
+        if left:
+            when += (f"\n\nFields the fixes set to the value they already had are no part of it "
+                     f"({len(left)}: {', '.join(f'`{f}`' for f in left[:8])}{', ...' if len(left) > 8 else ''}).")
         agreed = _agreed([e.changes for e in wins], sorted(ep.changes))
         lines = [f"- `{k}` → `{v}`" for k, v in agreed.items()]
         lines += [f"- `{k}`: computed by the operator from the evidence (winning values: "
@@ -197,7 +288,8 @@ class SkillMiner:
         if llm is None:
             return desc, when, what, "builtin"
         ep_data = [{"task": e.task, "diagnosis": e.diagnosis, "summary": e.diagnosis_summary[:300], "kind": e.kind,
-                    "changes": e.changes, "outcome": e.outcome, "effect": e.effect} for e in wins[-8:]]
+                    "changes": e.changes, "outcome": e.outcome, "effect": e.effect,
+                    "proposed_for": getattr(e, "proposed_for", None)} for e in wins[-8:]]
         import json
 
         system = (f"You are the {self.name} of swarmlab. {self.role} Write the text of one skill for the fix these "
@@ -214,7 +306,9 @@ class SkillMiner:
 
     @staticmethod
     def _body(when: str, what: str, wins: list[Any]) -> str:
-        rows = "\n".join(f"| {e.id} | {e.task} | {e.kind} {e.changes} | {e.outcome} | {_fmt(e.effect)} | "
+        rows = "\n".join(f"| {e.id} | {e.task} | {e.kind} {e.changes}"
+                         + (f" (proposed for {e.proposed_for})" if getattr(e, "proposed_for", None) else "")
+                         + f" | {e.outcome} | {_fmt(e.effect)} | "
                          f"{'—' if e.p_value is None else f'{e.p_value:.3f}'} |" for e in wins)
         return (f"# When it applies\n\n{when}\n\n# What to do\n\n{what}\n\n# Evidence\n\n"
                 "Episodes this skill was learnt from (in the memory's episode log; the workspace's reports/<id>/ "
