@@ -29,9 +29,10 @@ from agents.detectors import TRAINER_NOTICES
 from agents.domain import JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import Evidence, collect
 from agents.llm import LLMPolicy
+from agents.explorer import Explorer
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
-from sandboxes.private import write_private
+from sandboxes.private import private_dir, write_private
 from swarm.backtest import nearest_valid, task_range
 from swarm.deciding import Deciding, in_force
 from swarm.decisions import (PERSIST_WITHIN, Sighting, Skip, corroborated_by, outlook, persistence, plan, restart_hold,
@@ -45,6 +46,7 @@ from swarm.retention import enforce_retention, fold_cpu
 from swarm.store import Store, acquire_lock
 from swarm.workspace import Workspace
 from trainer.control import send_command
+from trainer.launch import RayHead
 from trainer.runlog import atomic_write_text, iter_jsonl, metrics_history, read_heartbeat, tail_jsonl
 
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
@@ -101,10 +103,11 @@ class Controller(Deciding):
         self.ws = Workspace.open(self.dir)
         self.store.subscribe(LifecycleReports(self.ws, self.sdir / "runs" / "train"))   # reports follow the lifecycle
         self.private = self.sdir / "private"
-        self.private.mkdir(exist_ok=True)
+        private_dir(self.private)
         self.runs = self.sdir / "runs"
-        self.jobs: Jobs = ProcessJobs(self.sdir / "logs") if jobs == "process" else RayJobs(ray_address or self._saved_head())
-        self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic()]
+        self.jobs: Jobs = (ProcessJobs(self.sdir / "logs") if jobs == "process" else
+                           RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head))
+        self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic(), Explorer()]
         self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)
         self.llm = None
         if goal.llm.model:
@@ -118,7 +121,7 @@ class Controller(Deciding):
 
         self.knowledge = Knowledge(self.ws, goal.memory, task=(goal.run.get("task") or {}).get("name"), timeline=self.store.log)
         self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
-        self.windows.mkdir(exist_ok=True)
+        private_dir(self.windows)
         self.graph, self._conn = build_graph(self, str(self.sdir / "graph.db"))
         self.config = {"configurable": {"thread_id": RUN_ID}, "recursion_limit": RECURSION_LIMIT}
         self.base_cfg = goal.run_config("train", str(self.runs)).model_dump(mode="json")
@@ -140,7 +143,7 @@ class Controller(Deciding):
 
         seed_workspace(Workspace.open(d), goal.memory)
         priv = d / ".swarm" / "private"
-        priv.mkdir(parents=True, exist_ok=True)
+        private_dir(priv)
 
         write_private(priv / "goal.yaml", yaml.safe_dump(goal.model_dump(mode="json"), sort_keys=False))  # 0600
         return cls(d, goal, **kw)
@@ -153,9 +156,16 @@ class Controller(Deciding):
             raise ValueError(f"no swarm run in workspace {str(d)!r} (missing .swarm/private/goal.yaml)")
         return cls(d, Goal.parse(yaml.safe_load(p.read_text())), **kw)
 
-    def _saved_head(self) -> str | None:
+    def _saved_head(self) -> RayHead | None:
+        """The Ray head this run recorded (`_save_head`): whichever controller process ends the run
+        stops it if the run started it; one that died is replaced (swarm.jobs.RayJobs)."""
         p = self.sdir / "ray_head.json"
-        return json.loads(p.read_text())["dashboard_url"] if p.exists() else None
+        return RayHead.from_record(json.loads(p.read_text())) if p.exists() else None
+
+    def _save_head(self, head: RayHead) -> None:
+        """Record a head as soon as the launcher has it, before any job is submitted to it: its
+        address, token file, temp dir and whether this run started it (`owned`)."""
+        write_private(self.sdir / "ray_head.json", json.dumps(head.record()))
 
     # ---- running ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -166,6 +176,8 @@ class Controller(Deciding):
         inp = None if snap.values else SwarmState()
         self.state_job = (snap.values or {}).get("job")   # resuming mid-node: commands need the live job
         if snap.values and not snap.next and self.store.timeline("finished"):  # already finished
+            self.jobs.close()   # killed after finishing, before stopping its head: stop it now
+            (self.sdir / "ray_head.json").unlink(missing_ok=True)
             return self.summary(SwarmState(**snap.values))
         try:
             final = self.graph.invoke(inp, self.config)
@@ -299,10 +311,40 @@ class Controller(Deciding):
     def start_job(self) -> str:
         self.tick.evidence = None
         handle = self.jobs.start("train", self.write_job_config())
-        if isinstance(self.jobs, RayJobs) and self.jobs.head is not None and self.jobs.head.owned:
-            (self.sdir / "ray_head.json").write_text(json.dumps({"dashboard_url": self.jobs.head.dashboard_url}))
+        self.log_replaced_heads()
         self.store.log("job_started", handle=handle)
         return handle
+
+    def log_replaced_heads(self) -> list[RayHead]:
+        """The private Ray heads the launcher found dead and replaced since the last call, each a
+        timeline row (the reports show it)."""
+        dead = self.jobs.take_replaced() if isinstance(self.jobs, RayJobs) else []
+        for h in dead:
+            self.store.log("ray_head_replaced", old=h.dashboard_url, new=self.jobs.head.dashboard_url if self.jobs.head else None)
+        return dead
+
+    def after_head_replaced(self, s: SwarmState) -> dict[str, Any]:
+        """The run's private Ray head died (a reboot, an OOM kill) and the launcher replaced it: the
+        live job died with it. Unless it had finished, launch it again on the new head, where the
+        trainer resumes from its newest good checkpoint in the run folder: one restart, within
+        `swarm.max_restarts` (past it the job counts as failed and the run ends as job_failed)."""
+        if not self.log_replaced_heads() or not s.job:
+            return {}
+        hb = read_heartbeat(self.run_dir) or {}
+        if hb.get("state") in ("completed", "target_reached"):
+            return {"job_status": JobStatus.SUCCEEDED}   # it had finished before its head died
+        pid = hb.get("pid")
+        try:   # a trainer that outlived its head: no launcher can stop it now (only ours, by its config)
+            if _alive(pid) and str(self.private / "train.yaml") in psutil.Process(pid).cmdline():
+                psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+        if s.restarts >= self.goal.swarm.max_restarts:
+            return {"job_status": JobStatus.FAILED}
+        job = self.start_job()
+        self.state_job = job
+        self.store.log("job_relaunched", handle=job, reason="ray head replaced", restarts=s.restarts + 1, step=s.step)
+        return {"job": job, "restarts": s.restarts + 1, "job_status": JobStatus.PENDING, "launched": time.time()}
 
     def node_launch(self, s: SwarmState) -> dict[str, Any]:
         if s.job and self.job_status(s.job) in JobStatus.alive():
@@ -318,13 +360,15 @@ class Controller(Deciding):
             time.sleep(self.goal.swarm.wait_s(s.quiet))
         self.tick = Tick()
         status = self.job_status(s.job)
+        relaunch = self.after_head_replaced(s)
+        status = relaunch.get("job_status", status)
         self.meter = CpuMeter(s.cpu)
         self.meter.observe(self.run_dir)
         for arm in (self.sdir / "backtests").glob("bt-*"):
             if arm.is_dir():
                 self.meter.observe(arm)
         ev = self.evidence(status)
-        upd: dict[str, Any] = {"tick": s.tick + 1, "job_status": status, "step": ev.step, "cpu": self.meter.state()}
+        upd: dict[str, Any] = {**relaunch, "tick": s.tick + 1, "job_status": status, "step": ev.step, "cpu": self.meter.state()}
         value = ev.latest_eval(self.goal.target.metric)
         if value is not None:
             upd["best"] = value if s.best is None else (max if self.goal.target.op == ">=" else min)(s.best, value)
@@ -397,7 +441,7 @@ class Controller(Deciding):
             m.firing = set()
         self.tick.view, self.tick.proposals = view, proposals
         if self.llm is not None:
-            (self.sdir / "llm_state.json").write_text(json.dumps(self.llm.state(), default=str))
+            write_private(self.sdir / "llm_state.json", json.dumps(self.llm.state(), default=str))
         # a quiet tick skips propose … mine_skills: nothing proposed, no intervention open, and no
         # timeline row (a human decision, a transition, an episode) since the last full pass
         seq = self.store.last_seq()
@@ -472,7 +516,7 @@ class Controller(Deciding):
                 continue
             if any(x.kind == iv.kind and x.status in Status.before_gate() for x in in_flight):
                 continue
-            (self.windows / f"{iv.id}.json").write_text(json.dumps(self.tick.view, default=str))
+            write_private(self.windows / f"{iv.id}.json", json.dumps(self.tick.view, default=str))
             # the store lists (and backtests) oldest first: record in the lead's order, most urgent
             # first, not in the order the operators happened to build their proposals
             iv.created = max(time.time(), last_created + 1e-6)
@@ -505,6 +549,11 @@ class Controller(Deciding):
         next_eval_in = interval - ev.step % interval if interval > 0 else None
         findings = frozenset(d.name for d in self.tick.findings)
         now = Sighting(self.memo.looks, ev.step, time.time())
+        b = self.goal.budget
+        per_step = self.meter.total / ev.step if ev.step > 0 else 0.0     # worker CPU per step so far, arms included
+        steps_left = max(0, b.steps - ev.step)
+        if per_step > 0:
+            steps_left = min(steps_left, max(0, int((b.worker_cpu_s - self.meter.total) / per_step)))
         keep = []
         for iv in proposals:
             # a change plan lets skip its backtest trains no arms: its window is the live run's own steps
@@ -512,7 +561,7 @@ class Controller(Deciding):
             held = (persistence(self.memo.seen.get(iv.diagnosis.name, []), now, since)
                     if iv.diagnosis.name in findings else None)
             why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
-                                  corroborated_by(iv.diagnosis, self.tick.findings))
+                                  corroborated_by(iv.diagnosis, self.tick.findings), steps_left)
             if why is None:
                 keep.append(iv)
                 continue
@@ -551,8 +600,12 @@ class Controller(Deciding):
             if iv.branch is None and iv.status == Status.VALIDATED:
                 self.open_pr(iv)
                 iv = self.store.get(iid)
+            if iv.status == Status.VALIDATED:
+                iv = self.reassess(iv)
             if iv.status == Status.VALIDATED and self.goal.approval.needs_human(iv.risk):
                 self.store.transition(iid, Status.AWAITING_APPROVAL, f"risk {iv.risk.value} needs a human: swarm approve {iid}")
+                # the run does not idle while a human decides: the largest step not rated high goes on
+                self.smaller_alternative(self.store.get(iid))
         return {}
 
     def open_pr(self, iv: Intervention) -> None:
@@ -636,6 +689,9 @@ class Controller(Deciding):
                 step = pre["step"] if pre else s.step
             iv = self.store.get(iv.id)
             iv.checkpoint_before = f"pre-{iv.id}" if pre else None
+            if pre and iv.changes and "before" not in iv.outcome:   # what the change replaced, live (agents/miner.py)
+                from swarm.in_force import values_before
+                iv.outcome["before"] = values_before(self.run_dir / "checkpoints" / f"pre-{iv.id}.pt", list(iv.changes))
         iv.applied_step = step
         if pre and "step" in pre:
             iv.outcome["step_left"] = int(pre["step"])   # where the run was: a rollback's window starts there
@@ -731,7 +787,7 @@ class Controller(Deciding):
         path = self.ws.write_final_report(md, pngs)
         if self.knowledge.opened:   # a run that needed memory: its report joins it (a quiet run does not load it)
             self.knowledge.record_report("final", md, kind="final", reached=bool(summary["reached"]), reason=str(s.done))
-        (self.sdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        write_private(self.sdir / "summary.json", json.dumps(summary, indent=1, default=str))
         self.store.log("finished", reason=s.done, report=str(path))
         self.store.end_run(RUN_ID, str(s.done))
         self.jobs.close()
