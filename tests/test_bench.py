@@ -70,6 +70,38 @@ def test_generated_scenarios_are_valid_goals_from_generic_mechanisms():
     assert seen_mech == {m[0] for m in MECHANISMS}
 
 
+def test_every_origin_is_drawn_and_a_config_fault_is_the_goals_own_config():
+    """Generator v5: each scenario's faults share one origin. A `config` fault leaves no
+    perturbation (nothing changes at a step, nothing to go back to): its values are the run config
+    the goal starts from, and the private header keeps the family's run for the oracle. The origin
+    is never in the goal's own fields."""
+    from swarm.bench.scenarios import MECHANISM_ORIGINS, ORIGINS
+    from trainer.config import get_dotted
+
+    seen = set()
+    for s in range(200):
+        data = generate(s)
+        sc = scenario_from_data(data, f"gen-{s}")
+        origin = data["scenario"]["origin"]
+        seen.add(origin)
+        assert "origin" not in json.dumps({k: v for k, v in data.items() if k != "scenario"})
+        assert all(f["origin"] == origin and origin in MECHANISM_ORIGINS[f["name"]] for f in sc.faults)
+        if origin != "config":
+            assert sc.healthy_goal()["run"] == data["run"]
+            continue
+        assert not data.get("perturbations") and sc.faults
+        fam_run = FAMILIES[data["scenario"]["family"]].run
+        assert sc.healthy_goal()["run"] == fam_run and data["run"] != fam_run
+        for f in sc.faults:
+            field = f["what"].split(" ")[0]
+            if field.startswith(("recipe.", "harness.")) and f["name"] != "curriculum":
+                assert get_dotted(data, "run." + field)[1] != get_dotted({"run": fam_run}, "run." + field)[1], f
+        if any(f["name"] == "curriculum" for f in sc.faults):   # harder training, the family's held-out difficulty
+            cur = data["run"]["harness"]["curriculum"]
+            assert cur["start"] > fam_run["harness"]["curriculum"]["start"] == cur["end"]
+    assert seen == set(ORIGINS) | {"none"}
+
+
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_family_fits_its_model_up_to_the_hardest_difficulty_a_fault_can_set(name):
     """A curriculum fault may set any difficulty up to the family's max: its prompts and SFT targets

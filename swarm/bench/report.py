@@ -123,6 +123,18 @@ def markdown(meta: dict[str, Any], scenarios: list[dict[str, Any]], rows: list[d
         L.append(f"| {a['cls']} | {a['method']} | {a['runs']} | {a['reached']}/{a['runs']} ({100 * a['reached'] / a['runs']:.0f}%) | "
                  f"{fmt_q(a['c2t'])} | {fmt_q(a['c2t_over_oracle'], 2)} | {fmt_q(a['auc'], 2)} | {fmt_q(a['interventions'])} | "
                  f"{fmt_q(a['wasted'])} | {fmt_q(a['cpu_over_plain'], 2)} | {fmt_q(a['wall'])} |")
+    origins = sorted({r.get("origin") for r in rows if r.get("origin") and r["cls"] == "failing"})
+    if origins:
+        L += ["", "## Failing runs per fault origin", "",
+              "The origin (generator v5) is where the fault came from: `config` (the goal's own starting config), `drift` (a "
+              "live config changed at a step), `data` (the data stream, no config change), `infra` (the process or its files). "
+              "The swarm is never told it.", "",
+              "| origin | method | runs | success@budget | C2T ÷ oracle | wasted CPU-s |", "|---|---|---|---|---|---|"]
+        for o in origins:
+            for a in aggregate([r for r in rows if r.get("origin") == o], methods):
+                if a["cls"] == "failing":
+                    L.append(f"| {o} | {a['method']} | {a['runs']} | {a['reached']}/{a['runs']} "
+                             f"({100 * a['reached'] / a['runs']:.0f}%) | {fmt_q(a['c2t_over_oracle'], 2)} | {fmt_q(a['wasted'])} |")
     L += ["", "## Per scenario", "",
           "Cell: reached runs / runs, then the median C2T of the reached ones. `fix in space`: whether the Tune baselines' search "
           "space (lr, temperature, max_new_tokens, curriculum start, kl_coef) can express the fault's fix.", "",

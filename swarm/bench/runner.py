@@ -312,10 +312,12 @@ class Bench:
                 return self.cals[s.name]
 
             def run(method, goal, seed, target, budget, wall_cap):
+                # the oracle runs without the faults: a config-origin fault is the goal's own run config
+                goal = s.healthy_goal() if method == "oracle" else goal
                 return self._spawn({"scenario": s.name, "cls": "calibrating"}, method, goal, seed, target, budget, wall_cap)
 
             c, _cached = cal.calibrate(s.name, s.goal, self.cfg.calib_seed, self.code["baseline"], self.cache, run,
-                                       has_faults=bool(s.goal.get("perturbations")), machine_ref=self.machine_ref,
+                                       has_faults=bool(s.faults), machine_ref=self.machine_ref,
                                        sitting=self.sitting)
             self.cals[s.name] = c
             self._record_calibration_runs(s, c)
@@ -416,7 +418,7 @@ class Bench:
     def _record_calibration_runs(self, s: Scenario, c: cal.Calibration) -> None:
         """The healthy and plain runs of the calibration are the oracle's and plain's at its seed
         (without a fault, plain's config is the oracle's: the same run stands for both)."""
-        no_fault = not s.goal.get("perturbations")
+        no_fault = not s.faults
         for method, res in (("oracle", c.healthy), ("plain", c.healthy if no_fault else c.plain)):
             if method not in self.cfg.methods or res is None or c.cls == "unlearnable":
                 continue
@@ -433,7 +435,7 @@ class Bench:
     def _row(self, s: Scenario, c: cal.Calibration, method: str, seed: int, res: dict[str, Any], **extra) -> dict[str, Any]:
         code = self.code["swarm" if method == "swarm" else "baseline"]
         return {"key": Ledger.key(s.content_hash, method, seed, code), "scenario": s.name, "scenario_hash": s.content_hash,
-                "method": method, "seed": seed, "code_state": code, "cls": c.cls, "target": c.target, "budget": c.budget,
+                "method": method, "seed": seed, "code_state": code, "cls": c.cls, "origin": s.origin, "target": c.target, "budget": c.budget,
                 "wall_cap": c.wall_cap, "src": self.src_desc, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 **extra, **res}
 
@@ -483,7 +485,7 @@ class Bench:
     def _healthy_full(self, s: Scenario) -> bool:
         """A scenario without faults is healthy before it is calibrated: skip it when enough are."""
         quota = self.cfg.take.get("healthy")
-        if quota is None or s.goal.get("perturbations"):
+        if quota is None or s.faults:
             return False
         return sum(c.cls == "healthy" for n, c in list(self.cals.items()) if n not in self.duplicates) >= quota
 
@@ -527,7 +529,8 @@ class Bench:
         if self.ledger.get(key):
             return
         budget, wall_cap = c.scaled(self.cal_factor(c, self.speeds(), to=self.sitting))
-        res = self._spawn({"scenario": s.name, "cls": c.cls}, method, s.goal, seed, c.target, budget, wall_cap)
+        res = self._spawn({"scenario": s.name, "cls": c.cls}, method, s.healthy_goal() if method == "oracle" else s.goal,
+                          seed, c.target, budget, wall_cap)
         self.ledger.add(self._row(s, c, method, seed, res, budget=budget, wall_cap=wall_cap, machine_ref_cpu_s=self.machine_ref,
                                   sitting=self.sitting))
         self.done_this_session += 1

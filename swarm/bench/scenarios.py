@@ -29,7 +29,12 @@ import yaml
 
 from trainer.config import ConfigError, load_yaml
 
-GENERATOR_VERSION = 4
+GENERATOR_VERSION = 5
+# Where a fault comes from (v5). `config`: its values are the goal's own starting config (no
+# perturbation: nothing to go back to); `drift`: a live config changed at a step (a person or a
+# script); `data`: the data stream changes with no config change; `infra`: the process or its files
+# fail. Drawn per scenario and kept in the private header only: the swarm is never told.
+ORIGINS = ("config", "drift", "data", "infra")
 ADDITION_CHARSET = "0123456789+-*=\n "
 
 _SWARM = {"observe_every_s": 2, "observe_quiet_s": 4, "min_steps_between_interventions": 50,
@@ -240,12 +245,49 @@ MECHANISMS: list[tuple[str, Builder, Callable[[Family], bool]]] = [
 ]
 
 
+# the origins each mechanism has (an override is the user's own config at step 0, or a drift at a step)
+MECHANISM_ORIGINS: dict[str, tuple[str, ...]] = {
+    **{m: ("config", "drift") for m in ("lr_scale", "temperature", "max_new_tokens", "template", "verifier",
+                                         "curriculum", "recipe_field")},
+    "label_noise": ("data",), "kill": ("infra",), "stall": ("infra",), "corrupt_checkpoint": ("infra",)}
+
+
+def _set_in(run: dict[str, Any], dotted: str, value: Any) -> None:
+    section, *path = dotted.split(".")
+    node = run.setdefault(section, {})
+    for k in path[:-1]:
+        node = node.setdefault(k, {})
+    node[path[-1]] = value
+
+
+def as_config(run: dict[str, Any], perts: list[dict[str, Any]], faults: list[dict[str, Any]]) -> None:
+    """Write the overrides' values into the goal's own starting config (in place) and mark the faults
+    so. A curriculum fault keeps the held-out difficulty the family evaluates at (the starting
+    config's `end` is the eval difficulty: the fault is training at a harder one, not another target)."""
+    base_start = run["harness"]["curriculum"]["start"]
+    for p in perts:
+        for k, v in p["set"].items():
+            if k == "harness.curriculum.end":
+                v = run["harness"]["curriculum"].get("end") or base_start
+            _set_in(run, k, v)
+    for f in faults:
+        what = (f"harness.curriculum.start -> {run['harness']['curriculum']['start']} (held out at "
+                f"{run['harness']['curriculum']['end']})" if f["name"] == "curriculum" else f["what"])
+        f.update(origin="config", at_step=0, what=what + " (the goal's own starting config)")
+
+
 def generate(seed: int) -> dict[str, Any]:
-    """The scenario for `seed`: a dict with `scenario` (header) and the goal file's fields."""
+    """The scenario for `seed`: a dict with `scenario` (header) and the goal file's fields. The
+    header's `origin` and `healthy_run` (the family's run without a config fault, the oracle's)
+    stay out of what any method sees."""
     rng = random.Random(f"swarmlab-bench-v{GENERATOR_VERSION}-{seed}")
-    fam = FAMILIES[rng.choice(sorted(FAMILIES))]
     n = rng.choices([0, 1, 2], weights=[0.15, 0.5, 0.35])[0]
-    usable = [m for m in MECHANISMS if m[2](fam)]
+    origin = rng.choice(ORIGINS) if n else "none"
+    fams = [f for f in sorted(FAMILIES) if not n
+            or any(m[2](FAMILIES[f]) and origin in MECHANISM_ORIGINS[m[0]] for m in MECHANISMS)]
+    fam = FAMILIES[rng.choice(fams)]
+    usable = [m for m in MECHANISMS if m[2](fam) and (not n or origin in MECHANISM_ORIGINS[m[0]])]
+    n = min(n, len(usable))
     perts: list[dict[str, Any]] = []
     faults: list[dict[str, Any]] = []
     fields: set[str] = set()
@@ -256,7 +298,7 @@ def generate(seed: int) -> dict[str, Any]:
             continue
         fields |= keys
         perts += p
-        faults.append({"name": name, **meta})
+        faults.append({"name": name, **meta, "origin": origin})
     # a corrupt checkpoint only matters to a run that restarts: put it before a kill when both are drawn
     kills = [p for p in perts if p["kind"] == "kill"]
     for p in perts:
@@ -273,10 +315,14 @@ def generate(seed: int) -> dict[str, Any]:
         "llm": {"model": None},
         "swarm": copy.deepcopy(_SWARM),
     }
+    if origin == "config":
+        as_config(goal["run"], perts, faults)
+        perts = []
     if perts:
         goal["perturbations"] = perts
     return {"scenario": {"name": f"g{seed:04d}-{fam.name}-{label}", "seed": seed, "generator_version": GENERATOR_VERSION,
-                         "family": fam.name, "faults": faults}, **goal}
+                         "family": fam.name, "origin": origin, "faults": faults,
+                         **({"healthy_run": copy.deepcopy(fam.run)} if origin == "config" else {})}, **goal}
 
 
 # ---- suites -----------------------------------------------------------------------------------------
@@ -288,6 +334,8 @@ class Scenario:
     faults: list[dict[str, Any]]
     path: str
     family: str | None = None
+    origin: str | None = None                       # v5: config | drift | data | infra | none (private)
+    healthy_run: dict[str, Any] | None = None       # a config-origin fault's run without it (the oracle's)
 
     @property
     def content_hash(self) -> str:
@@ -303,6 +351,8 @@ class Scenario:
     def healthy_goal(self) -> dict[str, Any]:
         g = copy.deepcopy(self.goal)
         g.pop("perturbations", None)
+        if self.healthy_run is not None:
+            g["run"] = copy.deepcopy(self.healthy_run)
         return g
 
 
@@ -327,7 +377,8 @@ def scenario_from_data(data: Any, path: str) -> Scenario:
         faults = [{"name": p.get("shortcut") or p.get("kind"), "mechanism": p.get("kind") or p.get("shortcut"),
                    "what": json.dumps({k: v for k, v in p.items() if k not in ("at_step",)}, sort_keys=True),
                    "at_step": p.get("at_step", 0), "fix_in_space": "?"} for p in data.get("perturbations") or []]
-    return Scenario(name=name, goal=data, faults=list(faults), path=path, family=head.get("family"))
+    return Scenario(name=name, goal=data, faults=list(faults), path=path, family=head.get("family"),
+                    origin=head.get("origin"), healthy_run=head.get("healthy_run"))
 
 
 def load_suite(folder: str | pathlib.Path) -> list[Scenario]:
