@@ -28,15 +28,14 @@ from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
 from agents.domain import JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import Evidence, collect
-from agents.llm import LLMPolicy
 from agents.explorer import Explorer
+from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
 from sandboxes.private import private_dir, write_private
-from swarm.backtest import nearest_valid, task_range
+from swarm.backtest import task_range
 from swarm.deciding import Deciding, in_force
-from swarm.decisions import (PERSIST_WITHIN, Sighting, Skip, corroborated_by, outlook, persistence, plan, restart_hold,
-                             worth_verifying)
+from swarm.decisions import PERSIST_WITHIN, Sighting
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
@@ -471,26 +470,6 @@ class Controller(Deciding):
                 self.store.log("finding", name=d.name, severity=d.severity, summary=d.summary, step=d.step)
             self.memo.findings |= k
 
-    def prepare(self, iv: Intervention, s: SwarmState) -> Intervention | None:
-        """A proposal as the controller will record it: the nearest change the live trainer accepts
-        (curriculum difficulties clamped to the task's range) and the controller's risk; None for
-        a restart held by the cap or the backoff (swarm.decisions.restart_hold)."""
-        if iv.kind == InterventionKind.RESTART:
-            why = restart_hold(s.restarts, self.goal.swarm.max_restarts,
-                               (time.time() - s.launched) if s.launched else None, self.goal.swarm.stale_heartbeat_s)
-            if why is not None:
-                if s.launched not in self.memo.held:     # once per launch
-                    self.memo.held.add(s.launched)
-                    self.store.log("restart_held", operator=iv.operator, diagnosis=iv.diagnosis.name, reason=why, step=s.step)
-                return None
-        if iv.changes and self.validity(iv) is not None:
-            variant = nearest_valid(iv.changes, *self.task_range)
-            if variant != iv.changes and self.validity(iv.model_copy(update={"changes": variant})) is None:
-                iv = iv.model_copy(update={"changes": variant, "rationale": iv.rationale + (
-                    f" (difficulties clamped to the task's range {self.task_range[0]}-{self.task_range[1]}: the trainer "
-                    "refuses a curriculum outside it)")})
-        return self.assess(iv)
-
     def node_propose(self, s: SwarmState) -> dict[str, Any]:
         proposals, self.tick.proposals = self.tick.proposals, []
         proposals = [x for x in (self.prepare(iv, s) for iv in proposals) if x is not None]
@@ -530,46 +509,6 @@ class Controller(Deciding):
                 self.memo.avoided.add(iv.signature())
                 self.store.log("avoided", signature=iv.signature(), operator=iv.operator, reason=why, step=s.step)
         return {}
-
-    def worth_it(self, proposals: list[Intervention], s: SwarmState) -> list[Intervention]:
-        """The proposals worth verifying now (swarm.decisions.worth_verifying on the outlook of the
-        current timeline: the evals since the latest applied intervention); the others wait, logged
-        once per fix and eval."""
-        if not proposals:
-            return proposals
-        ev = self.evidence(s.job_status)
-        metric = self.goal.target.metric
-        since = max([float(iv.outcome.get("since_time", 0.0)) for iv in self.store.list() if iv.applied_step is not None],
-                    default=0.0)
-        pts = [(int(r["step"]), float(r[metric])) for r in ev.evals
-               if isinstance(r.get(metric), (int, float)) and float(r.get("time", 0.0)) >= since]
-        view = outlook(pts, self.goal.target.threshold, self.goal.target.op == ">=")
-        verify = self.verify_steps()
-        interval = int(self.ws.current_recipe().get("eval_interval") or 0)    # the trainer evals at its multiples
-        next_eval_in = interval - ev.step % interval if interval > 0 else None
-        findings = frozenset(d.name for d in self.tick.findings)
-        now = Sighting(self.memo.looks, ev.step, time.time())
-        b = self.goal.budget
-        per_step = self.meter.total / ev.step if ev.step > 0 else 0.0     # worker CPU per step so far, arms included
-        steps_left = max(0, b.steps - ev.step)
-        if per_step > 0:
-            steps_left = min(steps_left, max(0, int((b.worker_cpu_s - self.meter.total) / per_step)))
-        keep = []
-        for iv in proposals:
-            # a change plan lets skip its backtest trains no arms: its window is the live run's own steps
-            cost = 0 if isinstance(plan(iv, self.facts(iv, s.job_status)), Skip) else verify
-            held = (persistence(self.memo.seen.get(iv.diagnosis.name, []), now, since)
-                    if iv.diagnosis.name in findings else None)
-            why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
-                                  corroborated_by(iv.diagnosis, self.tick.findings), steps_left)
-            if why is None:
-                keep.append(iv)
-                continue
-            if (iv.signature(), len(pts)) not in self.memo.deferred:
-                self.memo.deferred.add((iv.signature(), len(pts)))
-                self.store.log("deferred", operator=iv.operator, iv_kind=iv.kind.value, diagnosis=iv.diagnosis.name,
-                               reason=why, step=ev.step)
-        return keep
 
     def pending(self) -> list[str]:
         """Interventions not yet decided, oldest first. The store, not the graph state, is the

@@ -1,21 +1,24 @@
 """The controller's side of the decision model: gathers the inputs of `swarm.decisions`' pure
 functions (the tick's findings, the change's validity and risk, the backtest's arms, the
 evaluation window and its control) and acts on their results. A mixin of
-`swarm.controller.Controller` (the graph's backtest and evaluate nodes live here); every rule is
+`swarm.controller.Controller` (a proposal's preparation and worth, and the graph's backtest and
+evaluate nodes live here); every rule is
 in swarm/decisions.py, this module only does the I/O.
 """
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from agents.operators import config_fields, inconclusive
-from swarm.backtest import check_change, noop_edit, result, rule_for, run_arms
-from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Skip, Window, assign_risk,
-                             decide, judge, plan, progress_since, rate_var, retry_horizon, schedule, smaller_step, wasted)
+from swarm.backtest import check_change, nearest_valid, noop_edit, result, rule_for, run_arms
+from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Sighting, Skip, Window,
+                             assign_risk, corroborated_by, decide, judge, outlook, persistence, plan, progress_since, rate_var,
+                             restart_hold, retry_horizon, schedule, smaller_step, wasted, worth_verifying)
 from trainer.config import get_dotted
 
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
@@ -168,6 +171,67 @@ class Deciding:
         effect too small to tell."""
         return sum(1 for x in self.store.list() if x.id != iv.id and x.signature() == iv.signature() and inconclusive(x))
 
+    # ---- before a proposal is recorded ---------------------------------------------------------
+    def prepare(self, iv: Intervention, s: Any) -> Intervention | None:
+        """A proposal as the controller will record it: the nearest change the live trainer accepts
+        (curriculum difficulties clamped to the task's range) and the controller's risk; None for
+        a restart held by the cap or the backoff (swarm.decisions.restart_hold)."""
+        if iv.kind == InterventionKind.RESTART:
+            why = restart_hold(s.restarts, self.goal.swarm.max_restarts,
+                               (time.time() - s.launched) if s.launched else None, self.goal.swarm.stale_heartbeat_s)
+            if why is not None:
+                if s.launched not in self.memo.held:     # once per launch
+                    self.memo.held.add(s.launched)
+                    self.store.log("restart_held", operator=iv.operator, diagnosis=iv.diagnosis.name, reason=why, step=s.step)
+                return None
+        if iv.changes and self.validity(iv) is not None:
+            variant = nearest_valid(iv.changes, *self.task_range)
+            if variant != iv.changes and self.validity(iv.model_copy(update={"changes": variant})) is None:
+                iv = iv.model_copy(update={"changes": variant, "rationale": iv.rationale + (
+                    f" (difficulties clamped to the task's range {self.task_range[0]}-{self.task_range[1]}: the trainer "
+                    "refuses a curriculum outside it)")})
+        return self.assess(iv)
+
+    def worth_it(self, proposals: list[Intervention], s: Any) -> list[Intervention]:
+        """The proposals worth verifying now (swarm.decisions.worth_verifying on the outlook of the
+        current timeline: the evals since the latest applied intervention); the others wait, logged
+        once per fix and eval."""
+        if not proposals:
+            return proposals
+        ev = self.evidence(s.job_status)
+        metric = self.goal.target.metric
+        since = max([float(iv.outcome.get("since_time", 0.0)) for iv in self.store.list() if iv.applied_step is not None],
+                    default=0.0)
+        pts = [(int(r["step"]), float(r[metric])) for r in ev.evals
+               if isinstance(r.get(metric), (int, float)) and float(r.get("time", 0.0)) >= since]
+        view = outlook(pts, self.goal.target.threshold, self.goal.target.op == ">=")
+        verify = self.verify_steps()
+        interval = int(self.ws.current_recipe().get("eval_interval") or 0)    # the trainer evals at its multiples
+        next_eval_in = interval - ev.step % interval if interval > 0 else None
+        findings = frozenset(d.name for d in self.tick.findings)
+        now = Sighting(self.memo.looks, ev.step, time.time())
+        b = self.goal.budget
+        per_step = self.meter.total / ev.step if ev.step > 0 else 0.0     # worker CPU per step so far, arms included
+        steps_left = max(0, b.steps - ev.step)
+        if per_step > 0:
+            steps_left = min(steps_left, max(0, int((b.worker_cpu_s - self.meter.total) / per_step)))
+        keep = []
+        for iv in proposals:
+            # a change plan lets skip its backtest trains no arms: its window is the live run's own steps
+            cost = 0 if isinstance(plan(iv, self.facts(iv, s.job_status)), Skip) else verify
+            held = (persistence(self.memo.seen.get(iv.diagnosis.name, []), now, since)
+                    if iv.diagnosis.name in findings else None)
+            why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
+                                  corroborated_by(iv.diagnosis, self.tick.findings), steps_left)
+            if why is None:
+                keep.append(iv)
+                continue
+            if (iv.signature(), len(pts)) not in self.memo.deferred:
+                self.memo.deferred.add((iv.signature(), len(pts)))
+                self.store.log("deferred", operator=iv.operator, iv_kind=iv.kind.value, diagnosis=iv.diagnosis.name,
+                               reason=why, step=ev.step)
+        return keep
+
     # ---- backtest -------------------------------------------------------------------------------
     def node_backtest(self, s: Any) -> dict[str, Any]:
         self.resume_paused()
@@ -197,7 +261,6 @@ class Deciding:
         return {}
 
     def backtest(self, iv: Intervention) -> None:
-        bt = self.goal.swarm.backtest
         iid = iv.id
         ack = self.command("checkpoint", f"{iid}-bt", name=f"bt-{iid}")
         if not ack or ack.get("status") != "applied":
