@@ -33,10 +33,12 @@ import pytest
 import yaml
 
 from swarm.jobs import RayJobs
-from swarm.store import Store
 from trainer.control import send_command, wait_for_ack
 from trainer.launch import AUTH_DIR_ENV, RayHead, _free_port, _head_processes, head_alive, stop_head, token_path_for
 from trainer.runlog import read_heartbeat, read_jsonl
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_swarm import timeline  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "goals" / "truncation.yaml"
@@ -106,14 +108,6 @@ def recorded_head(ws: pathlib.Path) -> RayHead | None:
         return RayHead.from_record(json.loads(p.read_text()))
     except (OSError, ValueError):
         return None
-
-
-def timeline(ws: pathlib.Path) -> list[dict[str, Any]]:
-    st = Store(ws)
-    try:
-        return st.timeline()
-    finally:
-        st.close()
 
 
 def sigkill(proc: subprocess.Popen) -> None:
