@@ -405,7 +405,7 @@ def _create(workspace: str, goal: Any, **kw: Any):
 @app.command()
 def demo(
     workspace: Optional[str] = typer.Option(None, help="workspace (default: runs/demo-TIMESTAMP)"),
-    goal: str = typer.Option(str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "goals" / "truncation_config.yaml"),
+    goal: str = typer.Option(str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "goals" / "config" / "truncation.yaml"),
                              help="the goal to run"),
     jobs: str = typer.Option("ray", help="ray | process"),
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
