@@ -6,7 +6,7 @@
 
 How it decides (built-in policy):
 - Each episode is keyed by what mattered (`key`): the fields whose value the fix actually moved
-  (its `before`: the values in force when it was applied, read from its pre- checkpoint; a field
+  (its `before`: the values in force when it was applied, as the live run published them; a field
   set to the value it had is no part of the fix), and the diagnosis from the run's evidence. A fix
   proposed for a departure (DEPARTURE: the live config left what the controller set; its fix sets
   every field of the section again) is keyed by a finding of its evidence window that names one of

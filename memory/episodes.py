@@ -56,7 +56,7 @@ class Episode(BaseModel, extra="forbid"):
     kind: str = Field(description='intervention kind, e.g. "harness_edit"')
     changes: dict[str, Any] = {}
     before: dict[str, Any] = Field({}, description="the changed fields' values in force when the intervention was applied "
-                                   "(its pre- checkpoint), where recorded: a field set to the value it had is no part of the fix")
+                                   "(as the live run published them), where recorded: a field set to the value it had is no part of the fix")
     signature: str = Field(description='"<diagnosis>|<kind>|<sorted comma-joined change keys>"')
     outcome: Literal["kept", "rolled_back", "rejected"]
     effect: float | None = Field(None, description="backtest effect (+ = better) or measured effect after applying")

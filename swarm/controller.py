@@ -628,9 +628,8 @@ class Controller(Deciding):
                 step = pre["step"] if pre else s.step
             iv = self.store.get(iv.id)
             iv.checkpoint_before = f"pre-{iv.id}" if pre else None
-            if pre and iv.changes and "before" not in iv.outcome:   # what the change replaced, live (agents/miner.py)
-                from swarm.in_force import values_before
-                iv.outcome["before"] = values_before(self.run_dir / "checkpoints" / f"pre-{iv.id}.pt", list(iv.changes))
+            if iv.changes and "before" not in iv.outcome:   # what the change replaced, as the run publishes it (agents/miner.py)
+                iv.outcome["before"] = self.published_values(list(iv.changes))
         iv.applied_step = step
         if pre and "step" in pre:
             iv.outcome["step_left"] = int(pre["step"])   # where the run was: a rollback's window starts there

@@ -8,8 +8,11 @@ in swarm/decisions.py, this module only does the I/O.
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any
+
+import yaml
 
 from agents.base import rollback_target
 from agents.detection import THRESHOLDS
@@ -38,6 +41,30 @@ class Deciding:
         if "recipe.lr" in out and live_lr and live_lr > 0:
             # a schedule's warm-up or decay moves the lr; compare with the larger of the two
             out["recipe.lr"] = max(float(live_lr), float(out["recipe.lr"] or 0.0))
+        return out
+
+    def published_values(self, keys: list[str]) -> dict[str, Any]:
+        """The dotted fields' values the live run publishes, for the record of what a change replaced
+        (`outcome["before"]`, which the skill miner keys skills by): the harness the trainer stored
+        under the live harness version its metrics report (`harnesses/<version>.yaml`: every harness
+        a command set is stored), the recipe's logged lr, else the controller's record. A change
+        nobody commanded is not published, so which field it moved stays unknown: the record
+        stands in for it. The controller never opens the trainer's checkpoints for this."""
+        out = self.values_in_force(keys)
+        rows = self.tick.evidence.metrics if self.tick.evidence is not None else []
+        hv = next((str(r["harness_version"]) for r in reversed(rows) if r.get("harness_version")), None)
+        if not hv or not re.fullmatch(r"[0-9a-f]{4,64}", hv) or not any(k.startswith("harness.") for k in keys):
+            return out
+        p = self.run_dir / "harnesses" / f"{hv}.yaml"
+        try:
+            live = yaml.safe_load(p.read_text()) if p.is_file() else None
+        except (OSError, yaml.YAMLError):
+            live = None
+        if isinstance(live, dict):
+            for k in keys:
+                found, v = get_dotted({"harness": live}, k) if k.startswith("harness.") else (False, None)
+                if found:
+                    out[k] = v
         return out
 
     def start_values(self, keys: list[str]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Skills keyed by what mattered (agents/miner.py `key`): a mined skill names the fields whose value
-the fix actually moved (the values in force when it was applied, which the controller reads from
-the intervention's pre- checkpoint: swarm/in_force.py), and the diagnosis from the run's evidence —
+the fix actually moved (the values in force when it was applied, as the live run published them:
+swarm/deciding.py `published_values`), and the diagnosis from the run's evidence —
 never "reset every field of a section" because a departure finding (harness_drift: the live config
 left what the controller set) was what the fix was proposed for.
 
@@ -8,25 +8,18 @@ left what the controller set) was what the fix was proposed for.
 """
 from __future__ import annotations
 
-import io
-import pickle
-import random
 import time
-import zipfile
 
-import numpy as np
 import pytest
-import torch
+import yaml
 
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Status
 from agents.miner import SkillMiner, key
 from agents.operators import config_fields
 from skills import parse_skill, seed_dir
 from swarm.graph import SwarmState
-from swarm.in_force import config_at, values_before
 from test_claims import Recorder, close, controller
 from test_skill_use import TRUNC, episode, view
-from trainer.checkpoint import CheckpointManager
 
 MNT = "harness.sampling.max_new_tokens"
 SET = config_fields("harness", {"sampling": {"max_new_tokens": 64, "temperature": 1.0}})   # what the controller set
@@ -109,64 +102,42 @@ def test_an_existing_correct_single_field_skill_is_unchanged():
 # ---------------------------------------------------------------------- what was in force, recorded
 
 
-def _trainer_state(harness: dict) -> dict:
-    m = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(m.parameters())
-    m(torch.ones(1, 3)).sum().backward()
-    opt.step()
-    return {"model": m.state_dict(), "opt": opt.state_dict(), "step": 7, "seen": [1, 2], "recipe": {"lr": 0.005},
-            "harness": harness, "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                                        "torch": torch.get_rng_state()}}
+def _published(ctrl, harness: dict, step: int = 60) -> str:
+    """The live run as the trainer publishes it: its metrics row names the harness version, and the
+    harness it was set to is stored under that version."""
+    from agents.evidence import Evidence
+    from harness.spec import HarnessSpec
+
+    spec = HarnessSpec.model_validate(harness)
+    d = ctrl.run_dir / "harnesses"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{spec.version}.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    ctrl.tick.evidence = Evidence(run_dir=str(ctrl.run_dir), job_status="RUNNING", step=step,
+                                  metrics=[{"step": step, "harness_version": spec.version, "lr": 3e-3}])
+    return spec.version
 
 
-def test_values_before_read_a_trainer_checkpoint_without_running_anything(tmp_path):
-    path = CheckpointManager(tmp_path).save(_trainer_state({"sampling": {"max_new_tokens": 4}}), 7, "pre-x")
-    assert config_at(path) == {"recipe": {"lr": 0.005}, "harness": {"sampling": {"max_new_tokens": 4}}}
-    assert values_before(path, [MNT, "recipe.lr", "harness.nope"]) == {MNT: 4, "recipe.lr": 0.005}
-    assert values_before(tmp_path / "missing.pt", [MNT]) == {}
-
-    class Boom:
-        def __reduce__(self):
-            return (open, (str(tmp_path / "pwned"), "w"))
-
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("archive/data.pkl", pickle.dumps({"harness": {"sampling": {"max_new_tokens": 3}}, "x": Boom()}))
-    (tmp_path / "evil.pt").write_bytes(buf.getvalue())
-    assert values_before(tmp_path / "evil.pt", [MNT]) == {MNT: 3}
-    assert not (tmp_path / "pwned").exists()          # nothing the file names was called
+def _apply(ctrl, changes: dict, diagnosis: str = "harness_drift"):
+    d = Diagnosis(name=diagnosis, summary="drift", operator="harness_critic", policy="builtin", evidence={"since_step": 55})
+    iv = Intervention(kind=K.HARNESS_EDIT, changes=changes, diagnosis=d, rationale="r", operator="harness_critic",
+                      policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.open_pr(ctrl.store.get(iv.id))
+    ctrl.store.transition(iv.id, Status.VALIDATED, "goes back")
+    ctrl.command = Recorder()
+    ctrl.apply(ctrl.store.get(iv.id), SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60))
+    return ctrl.store.get(iv.id)
 
 
-class Checkpointing(Recorder):
-    """The trainer's command channel, writing the pre- checkpoint the live harness is saved in."""
-
-    def __init__(self, run_dir, live_harness):
-        super().__init__()
-        self.run_dir, self.live = run_dir, live_harness
-
-    def __call__(self, cmd, cid, timeout=60.0, **args):
-        if cmd == "checkpoint":
-            CheckpointManager(self.run_dir / "checkpoints").save(_trainer_state(self.live), self.step, args["name"])
-        return super().__call__(cmd, cid, timeout, **args)
-
-
-def test_apply_records_the_values_in_force_and_the_episode_keeps_them(tmp_path):
+def test_apply_records_the_published_values_in_force_and_the_episode_keeps_them(tmp_path):
     ctrl = controller(tmp_path)
     try:
         set_now = config_fields("harness", ctrl.ws.current_harness())
         live = {**ctrl.ws.current_harness()}
         live["sampling"] = {**live.get("sampling", {}), "max_new_tokens": 1}
         assert set_now[MNT] != 1
-        ctrl.command = Checkpointing(ctrl.run_dir, config_at_dump(live))
-        d = Diagnosis(name="harness_drift", summary="drift", operator="harness_critic", policy="builtin",
-                      evidence={"since_step": 55})
-        iv = Intervention(kind=K.HARNESS_EDIT, changes=set_now, diagnosis=d, rationale="r", operator="harness_critic",
-                          policy="builtin")
-        ctrl.store.put(iv)
-        ctrl.open_pr(ctrl.store.get(iv.id))
-        ctrl.store.transition(iv.id, Status.VALIDATED, "goes back")
-        ctrl.apply(ctrl.store.get(iv.id), SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60))
-        got = ctrl.store.get(iv.id)
+        _published(ctrl, live)                          # a person set max_new_tokens 1 through a command
+        got = _apply(ctrl, set_now)
         assert got.status == Status.APPLIED and set(got.outcome["before"]) == set(set_now)
         assert [k for k in set_now if got.outcome["before"][k] != set_now[k]] == [MNT]
 
@@ -180,8 +151,20 @@ def test_apply_records_the_values_in_force_and_the_episode_keeps_them(tmp_path):
         close(ctrl)
 
 
-def config_at_dump(harness: dict) -> dict:
-    """A harness as the trainer saves it (every field, JSON)."""
-    from harness.spec import HarnessSpec
+def test_a_change_nobody_published_stays_unknown_and_never_comes_from_the_trainers_files(tmp_path):
+    """A harness version the run reports but never stored (changed behind everyone's back): which
+    field moved is not known, so the record stands in; the controller reads no checkpoint for it."""
+    ctrl = controller(tmp_path)
+    try:
+        set_now = config_fields("harness", ctrl.ws.current_harness())
+        from agents.evidence import Evidence
 
-    return HarnessSpec.model_validate(harness).model_dump(mode="json")
+        ctrl.tick.evidence = Evidence(run_dir=str(ctrl.run_dir), job_status="RUNNING", step=60,
+                                      metrics=[{"step": 60, "harness_version": "0123abcd", "lr": 3e-3}])
+        got = _apply(ctrl, set_now)
+        assert got.outcome["before"] == set_now
+        # a version that is no file name is never opened
+        ctrl.tick.evidence = ctrl.tick.evidence.model_copy(update={"metrics": [{"step": 61, "harness_version": "../../x"}]})
+        assert ctrl.published_values([MNT]) == {MNT: set_now[MNT]}
+    finally:
+        close(ctrl)
