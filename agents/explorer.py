@@ -23,7 +23,7 @@ from agents.base import Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
-from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic
+from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, never_learnt
 from trainer.config import TUNABLE, Tunable
 from trainer.runlog import INIT_CHECKPOINT
 
@@ -66,9 +66,8 @@ def candidates(ctx: OperatorContext, algorithm: str) -> list[dict[str, Any]]:
         cur = ctx.get(t.field)
         if isinstance(cur, bool) or not isinstance(cur, (int, float)):
             continue
-        if t.field.startswith("harness.curriculum.") and cur - 1 < ctx.min_difficulty:
-            cur = max(cur, ctx.min_difficulty)
-        out += [{t.field: v} for v in moves(t, cur) if not (t.field.startswith("harness.curriculum.") and v < ctx.min_difficulty)]
+        lowest = ctx.min_difficulty if t.field.startswith("harness.curriculum.") else t.lo
+        out += [{t.field: v} for v in moves(t, cur) if v >= lowest]
     return out
 
 
@@ -99,22 +98,19 @@ class Explorer(Operator):
         findings = ctx.findings if ctx.findings is not None else run_detectors(self.view(ev, ctx), known=ctx.known())
         if any(d.name in CAUSES and d.severity != "info" for d in findings):
             return []
-        algorithm = str(ctx.get("recipe.algorithm") or "sft")
         done = tried(ctx)
-        todo = [c for c in candidates(ctx, algorithm) if c not in done]
+        every = candidates(ctx, str(ctx.get("recipe.algorithm") or "sft"))
+        todo = [c for c in every if c not in done]
         if not todo:
             return []
         change = todo[0]
         (field, value), = change.items()
-        cur = ctx.get(field)
-        best = max((v for v in (_rate(r.get(ctx.target.metric)) for r in ev.evals) if v is not None), default=None)
-        never = best is not None and best <= self.thresholds.not_learning_heldout_max
-        init = any(c.get("name") == INIT_CHECKPOINT for c in ctx.checkpoints)
-        n_all = len(candidates(ctx, algorithm))
         why = (f"{stuck.summary}. No detector names a cause, so the fields the trainer declares tunable are searched, "
-               f"most sensitive first: candidate {n_all - len(todo) + 1} of {n_all}, {field} {cur!r} → {value!r}"
-               f" ({len(done)} change(s) tried in this run so far); the backtest compares it with carrying on")
-        if never and init and stuck.name == "not_learning":
+               f"most sensitive first: candidate {len(every) - len(todo) + 1} of {len(every)}, {field} "
+               f"{ctx.get(field)!r} → {value!r} ({len(done)} change(s) tried in this run so far); the backtest "
+               "compares it with carrying on")
+        best = never_learnt(ev, ctx, self.thresholds.not_learning_heldout_max)
+        if best is not None and stuck.name == "not_learning":
             return [self._propose(K.ROLLBACK, stuck, change, why + f", both from the untrained checkpoint "
                                   f"{INIT_CHECKPOINT!r}: it never learnt (best held-out {best:.3g}), so the damage may "
                                   "be in the weights.", rollback_to=INIT_CHECKPOINT)]
@@ -126,7 +122,3 @@ class Explorer(Operator):
         return self.intervention(kind, d, change, risk=Risk.MEDIUM, rationale=why, rollback_to=rollback_to,
                                  expected_effect="the target rising faster than in the control arm over the "
                                                  "backtest's horizon; if not, the next candidate")
-
-
-def _rate(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None

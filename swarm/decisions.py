@@ -326,7 +326,8 @@ _OBJECTIVE = ("harness.reward.", "recipe.algorithm")
 # verifier, exact credit, no shaping (the reward's defaults)
 TASK_SCORING = {f"harness.reward.{n}": f.default for n, f in RewardConfig.model_fields.items()}
 # signals of `decide` that measure held-out behaviour (the others are training statistics)
-HELD_OUT_SIGNALS = ("target", "held-out format failures")
+TARGET_SIGNAL, FORMAT_SIGNAL = "target", "held-out format failures"
+HELD_OUT_SIGNALS = (TARGET_SIGNAL, FORMAT_SIGNAL)
 
 
 class RiskCall(NamedTuple):
@@ -556,14 +557,14 @@ def signals(pairs: list[Pair], rule: Rule) -> list[Signal]:
     tgt = [(sign * ((p.candidate.target if p.candidate.target is not None else worst) - p.control.target),
             (rate_var(p.candidate.target if p.candidate.target is not None else worst, n) + rate_var(p.control.target, n))
             if rule.target_is_rate else None) for p in ok]
-    t = combine([d for d, _ in tgt], [v for _, v in tgt], 1.0 / n if rule.target_is_rate else 0.0, "target", SEED_SPREAD)
+    t = combine([d for d, _ in tgt], [v for _, v in tgt], 1.0 / n if rule.target_is_rate else 0.0, TARGET_SIGNAL, SEED_SPREAD)
     if t is not None:
         out.append(t)
     ff = [p for p in ok if p.candidate.format_fail is not None and p.control.format_fail is not None]
     if ff:
         s = combine([p.control.format_fail - p.candidate.format_fail for p in ff],
                     [rate_var(p.candidate.format_fail, n) + rate_var(p.control.format_fail, n) for p in ff],
-                    1.0 / n, "held-out format failures", SEED_SPREAD)
+                    1.0 / n, FORMAT_SIGNAL, SEED_SPREAD)
         if s is not None:
             out.append(s)
     if rule.losses_compare:

@@ -77,7 +77,8 @@ def test_the_identical_twin_is_identical(make_cfg, warm_state):
             for _ in range(3):
                 tr.train_one_step()
         assert torch.equal(_params(a), _params(b))
-        a.close(), b.close()
+        for tr in (a, b):
+            tr.close()
 
 
 def _decay_gap(a: Trainer, b: Trainer, wd: float) -> None:
