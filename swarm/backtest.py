@@ -21,7 +21,7 @@ import pathlib
 import shutil
 import statistics
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 import yaml
@@ -169,6 +169,15 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
+class BacktestRunner(Protocol):
+    """What runs a backtest's arms: `run_arms` (the controller's), or a scripted one in tests."""
+
+    def __call__(self, iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, metric: str,
+                 horizon: int, seeds: list[int] | tuple[int, ...], eval_size: int, jobs: Jobs, workdir: pathlib.Path,
+                 config_dir: pathlib.Path | None = None, candidate_ckpt: str | None = None,
+                 candidate_step: int | None = None, label: str = "") -> tuple[list[Pair], float]: ...
+
+
 def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, metric: str,
              horizon: int, seeds: list[int] | tuple[int, ...], eval_size: int, jobs: Jobs, workdir: pathlib.Path,
              config_dir: pathlib.Path | None = None, timeout_s: float = 1800.0,
@@ -213,12 +222,12 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
 
 
 def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_better: bool, metric: str,
-             eval_size: int, looks: int, look: int) -> Rule:
+             eval_size: int, looks: int, look: int, share: float = 1.0) -> Rule:
     """The decision rule's settings for this intervention's arms."""
     return Rule(alpha=alpha, higher_is_better=higher_is_better, eval_size=eval_size,
                 target_is_rate=metric in HELDOUT_METRICS,
                 losses_compare=sft_comparable(base, iv.changes), same_data=same_data(iv.changes),
-                looks=looks, look=look)
+                looks=looks, look=look, share=share)
 
 
 def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, seeds: list[int] | tuple[int, ...],

@@ -33,7 +33,7 @@ from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
 from sandboxes.private import private_dir, write_private
-from swarm.backtest import task_range
+from swarm.backtest import BacktestRunner, run_arms, task_range
 from swarm.deciding import Deciding, in_force
 from swarm.decisions import PERSIST_WITHIN, Sighting
 from swarm.goal import Goal
@@ -92,7 +92,8 @@ class Memo:
 
 
 class Controller(Deciding):
-    def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None) -> None:
+    def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None,
+                 backtest_runner: BacktestRunner = run_arms) -> None:
         self.dir = pathlib.Path(workspace).resolve()
         self.sdir = self.dir / ".swarm"
         self.sdir.mkdir(parents=True, exist_ok=True)
@@ -115,6 +116,7 @@ class Controller(Deciding):
             if saved.exists():  # spend and token counts survive a controller restart
                 self.llm.load_state(json.loads(saved.read_text()))
         self.meter = CpuMeter()
+        self.backtest_runner = backtest_runner   # runs a backtest's arms (swarm.backtest.run_arms; tests script them)
         self.tick, self.memo = Tick(), Memo()
         self.state_job: str | None = None       # the live job's handle (commands wait on it)
 

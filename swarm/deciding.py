@@ -18,10 +18,10 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from agents.operators import config_fields, inconclusive
-from swarm.backtest import check_change, nearest_valid, noop_edit, result, rule_for, run_arms
-from swarm.decisions import (BacktestSpec, Control, Extend, Facts, Kept, Pair, Pending, Refuse, Sighting, Skip, Window,
-                             assign_risk, corroborated_by, decide, judge, outlook, persistence, plan, progress_since, rate_var,
-                             restart_hold, retry_horizon, schedule, smaller_step, wasted, worth_verifying)
+from swarm.backtest import check_change, nearest_valid, noop_edit, result, rule_for
+from swarm.decisions import (BacktestSpec, Control, Facts, Kept, Look, Pair, Pending, Refuse, Rule, Sighting, Skip, Window,
+                             assign_risk, corroborated_by, judge, outlook, persistence, plan, progress_since, rate_var,
+                             restart_hold, retry_horizon, run_looks, schedule, try_share, smaller_step, wasted, worth_verifying)
 from trainer.config import get_dotted
 
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
@@ -338,33 +338,32 @@ class Deciding:
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
         before = self.tries_without_gain(iv)
         base = retry_horizon(bt.horizon_steps, before)
-        done: dict[int, list[Pair]] = {}        # horizon factor -> the pairs run at it
-        cpu, notes = 0.0, []
-        if base > bt.horizon_steps:
-            notes.append(f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {base} steps")
-        for n, look in enumerate(looks, 1):
-            have = done.setdefault(look.horizon_factor, [])
-            new = [sd for sd in look.seeds if sd not in {p.seed for p in have}]
-            horizon = base * look.horizon_factor
-            label = f"-x{look.horizon_factor}" if look.horizon_factor > 1 else ""
-            ps, c = run_arms(
+        cpu = 0.0
+        notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {base} steps"] if base > bt.horizon_steps else []
+
+        def measure(look: Look, seeds: list[int]) -> list[Pair]:
+            nonlocal cpu
+            ps, c = self.backtest_runner(
                 iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
                 candidate_ckpt=str(self.run_dir / "checkpoints" / f"{target}.pt") if cand else None,
-                candidate_step=cand["step"] if cand else None, metric=self.goal.target.metric, horizon=horizon,
-                seeds=new, eval_size=bt.eval_size, jobs=self.jobs, workdir=self.sdir / "backtests",
-                config_dir=self.private / "backtests", label=label)
+                candidate_step=cand["step"] if cand else None, metric=self.goal.target.metric,
+                horizon=base * look.horizon_factor, seeds=seeds, eval_size=bt.eval_size, jobs=self.jobs,
+                workdir=self.sdir / "backtests", config_dir=self.private / "backtests",
+                label=f"-x{look.horizon_factor}" if look.horizon_factor > 1 else "")
             cpu += c
-            have.extend(ps)
-            pairs = list(have)
-            rule = rule_for(iv, self.base_cfg, alpha=bt.alpha, higher_is_better=self.goal.target.op == ">=",
+            return ps
+
+        def rule_at(n: int) -> Rule:
+            return rule_for(iv, self.base_cfg, alpha=bt.alpha, share=try_share(before), higher_is_better=self.goal.target.op == ">=",
                             metric=self.goal.target.metric, eval_size=bt.eval_size, looks=len(looks), look=n)
-            d = decide(pairs, rule)
-            if not isinstance(d, Extend):
-                break
-            nxt = looks[n]
+
+        d, pairs, look, extended = run_looks(looks, measure, rule_at)
+        for i, (lk, dec) in enumerate(extended):
+            nxt = looks[i + 1]
             more = (f"a critical finding: looked again over {base * nxt.horizon_factor} steps"
-                    if nxt.horizon_factor != look.horizon_factor else f"added seed(s) {', '.join(map(str, nxt.seeds[len(look.seeds):]))}")
-            notes.append(f"look {n} over {horizon} steps, seed(s) {', '.join(map(str, look.seeds))}: {d.reason}; {more}")
+                    if nxt.horizon_factor != lk.horizon_factor else f"added seed(s) {', '.join(map(str, nxt.seeds[len(lk.seeds):]))}")
+            notes.append(f"look {i + 1} over {base * lk.horizon_factor} steps, seed(s) {', '.join(map(str, lk.seeds))}: {dec.reason}; {more}")
+        horizon = base * look.horizon_factor
         res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu, note="; ".join(notes))
         iv = self.store.get(iid)
         iv.backtest = res

@@ -4,6 +4,7 @@
     plan(iv, facts)            -> Skip(reason) | Refuse(reason) | Backtest(spec)   before any compute
     schedule(seeds, …)         -> the looks of a backtest (one seed first, one more per look)
     retry_horizon(h, k)        -> a longer horizon for a fix whose earlier backtests were inconclusive
+    try_share(k)               -> the share of alpha that try spends (all tries of a fix: alpha)
     decide(pairs, rule)        -> Validated | Rejected | Extend                     on the backtest's arms
     judge(window, control, …)  -> Kept | RolledBack(undo)                           after applying
     assign_risk(iv, current, start, validated_on) -> RiskCall                       the controller's, not the proposer's
@@ -31,7 +32,7 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   malformed), (3) the mean SFT training loss over the horizon's second half (only when both arms
   train SFT on the same targets), (4) the mean training pass rate over the second half (only when
   both arms train on the same data). The first conclusive signal decides: P(harm) >= 1 - alpha →
-  Rejected; P(gain) >= 1 - alpha/m → Validated, with m = (signals available) x (looks planned: a
+  Rejected; P(gain) >= 1 - share x alpha/m → Validated (share: 1/2 at a fix's first try, `try_share`), with m = (signals available) x (looks planned: a
   second, longer look when the finding is critical). A secondary signal is consulted only while
   the target is not lower by more than delta on average (lower, not credibly worse: Extend when a
   look remains, else Rejected). Nothing conclusive: Extend when a look remains, else Rejected — no
@@ -40,13 +41,16 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   critical finding's fix gets one more over `extend_factor` x the horizon with every seed. A clear
   effect (for or against) is decided on the first pair; only an unclear one pays for the others.
   Error rate: under the Normal model the chance that a change with no effect of at least delta on
-  any signal is validated is at most alpha over all signals and looks (Bonferroni).
+  any signal is validated is at most alpha over all signals and looks (Bonferroni), and over all
+  the tries of one fix (`try_share` splits alpha between them). It holds while the spread between
+  seeds is within what a one-seed look assumes (SEED_SPREAD): simulated in
+  tests/test_decision_alpha.py, which also shows it failing at a larger spread.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Union
 
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
@@ -419,6 +423,17 @@ def retry_horizon(horizon: int, inconclusive_before: int) -> int:
     return horizon * 2 ** min(max(inconclusive_before, 0), RETRY_DOUBLINGS)
 
 
+def try_share(inconclusive_before: int) -> float:
+    """The share of alpha one backtest of a fix may spend on validating it, after
+    `inconclusive_before` earlier ones of the same fix: every retry is one more chance to validate
+    a fix that does nothing, so the tries split alpha — half to the first, half of the rest to each
+    next, the last try the remainder (1/2, 1/4, 1/4 with RETRY_DOUBLINGS = 2) — and over all of them
+    a fix with no effect is validated at most alpha of the time (tests/test_decision_alpha.py).
+    Rejecting for credible harm spends nothing (it validates nothing) and keeps the whole alpha."""
+    k = min(max(inconclusive_before, 0), RETRY_DOUBLINGS)
+    return 2.0 ** -(k + 1) if k < RETRY_DOUBLINGS else 2.0 ** -RETRY_DOUBLINGS
+
+
 @dataclass(frozen=True)
 class Look:
     seeds: tuple[int, ...]                # the seeds whose pairs this look reads (earlier looks' included)
@@ -435,6 +450,26 @@ def schedule(seeds: tuple[int, ...] | list[int], critical: bool, extend_factor: 
         looks.append(Look(seeds, extend_factor))
     return tuple(looks)
 
+
+
+def run_looks(looks: tuple[Look, ...], measure: Callable[[Look, list[int]], list[Pair]],
+              rule_at: Callable[[int], "Rule"]) -> tuple["Decision", list[Pair], Look, list[tuple[Look, "Decision"]]]:
+    """A backtest's looks in order: each measures the pairs of the seeds it adds at its horizon
+    factor (`measure(look, new_seeds)`: the controller runs the arms, a test scripts or simulates
+    them), joins them to that horizon's earlier pairs and asks `decide` with the look's rule, until
+    a decision is not Extend or the looks run out. Returns the last decision, the pairs it read,
+    its look, and each extended look with its decision."""
+    done: dict[int, list[Pair]] = {}
+    extended: list[tuple[Look, Decision]] = []
+    for n, look in enumerate(looks, 1):
+        have = done.setdefault(look.horizon_factor, [])
+        have.extend(measure(look, [sd for sd in look.seeds if sd not in {p.seed for p in have}]))
+        pairs = list(have)
+        d = decide(pairs, rule_at(n))
+        if not isinstance(d, Extend) or n == len(looks):
+            return d, pairs, look, extended
+        extended.append((look, d))
+    raise ValueError("run_looks: no looks")
 
 
 @dataclass(frozen=True)
@@ -465,6 +500,7 @@ class Rule:
     same_data: bool = False               # both arms train on the same data (pass rates compare)
     looks: int = 1                        # looks planned at this fork (`schedule`)
     look: int = 1                         # this look's number
+    share: float = 1.0                    # of alpha, what validating at this try may spend (`try_share`)
 
 
 @dataclass(frozen=True)
@@ -484,7 +520,7 @@ class Signal:
 @dataclass(frozen=True)
 class Validated:
     signal: Signal
-    level: float                          # the P(gain) needed (1 - alpha/m)
+    level: float                          # the P(gain) needed (1 - share x alpha/m)
     signals: tuple[Signal, ...] = ()
     reason: str = ""
 
@@ -593,7 +629,7 @@ def decide(pairs: list[Pair], rule: Rule) -> Decision:
     if not sig or sig[0].name != "target":
         return Rejected("no control arm measured the target: nothing to compare", tuple(sig))
     m = len(sig) * max(rule.looks, 1)
-    level = 1.0 - rule.alpha / m
+    level = 1.0 - rule.alpha * rule.share / m
     harm = 1.0 - rule.alpha
     target = sig[0]
     for i, s in enumerate(sig):

@@ -425,7 +425,6 @@ def test_a_backtest_adds_a_seed_per_look_and_a_critical_fix_gets_a_longer_one(tm
     from swarm.graph import SwarmState
 
     goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
-    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
     calls = []
 
     def fake_arms(iv, *, horizon, label="", **kw):
@@ -436,7 +435,7 @@ def test_a_backtest_adds_a_seed_per_look_and_a_critical_fix_gets_a_longer_one(tm
         long = horizon > goal.swarm.backtest.horizon_steps
         return [Pair(s, ArmScore(0.3 if long else 0.0), ArmScore(0.0)) for s in kw["seeds"]], 1.5
 
-    monkeypatch.setattr("swarm.deciding.run_arms", fake_arms)
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process", backtest_runner=fake_arms)
     monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120})
     d = Diagnosis(name="template_mismatch", summary="cut", operator="harness_critic", policy="builtin", severity=severity)
     iv = Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.template": "Q: {question}\nA:"}, diagnosis=d,
@@ -467,7 +466,6 @@ def test_a_fix_retried_after_an_inconclusive_gain_is_backtested_over_twice_the_h
     from swarm.graph import SwarmState
 
     goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
-    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
     calls = []
 
     def fake_arms(iv, *, horizon, label="", **kw):
@@ -476,7 +474,7 @@ def test_a_fix_retried_after_an_inconclusive_gain_is_backtested_over_twice_the_h
         calls.append(horizon)
         return [Pair(s, ArmScore(0.6), ArmScore(0.0)) for s in kw["seeds"]], 1.0
 
-    monkeypatch.setattr("swarm.deciding.run_arms", fake_arms)
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process", backtest_runner=fake_arms)
     monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120})
     d = Diagnosis(name="truncation", summary="cut", operator="harness_critic", policy="builtin")
 
@@ -511,7 +509,6 @@ def test_only_a_confirmed_divergence_rollback_skips_its_backtest(tmp_path, monke
     from swarm.graph import SwarmState
 
     goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
-    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
     calls = []
 
     def fake_arms(iv, *, horizon, label="", **kw):
@@ -520,7 +517,7 @@ def test_only_a_confirmed_divergence_rollback_skips_its_backtest(tmp_path, monke
         calls.append(horizon)
         return [Pair(s, ArmScore(0.8), ArmScore(0.0)) for s in kw["seeds"]], 1.0
 
-    monkeypatch.setattr("swarm.deciding.run_arms", fake_arms)
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process", backtest_runner=fake_arms)
     monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120})
     d = Diagnosis(name=name, summary="s", operator="x", policy="builtin", severity="critical",
                   evidence={"rollback_to": "step_0000050"})
