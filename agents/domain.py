@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 
 class _Strict(BaseModel):
@@ -214,6 +214,49 @@ class BacktestResult(_Strict):
     cpu_s: float | None = Field(None, description="worker CPU seconds of the backtest's arms")
 
 
+class Outcome(_Strict):
+    """What happened to an intervention, filled in as it moves through its lifecycle (None: not
+    reached, or not measured). Recorded with the intervention; only the fields that are set are
+    written (`recorded`)."""
+
+    # the controller's risk (swarm.deciding: assess, reassess, smaller_alternative)
+    proposed_risk: str | None = Field(None, description="the proposer's risk, which the controller replaces with its own")
+    risk_reason: str | None = Field(None, description="why the controller rated it as it did (swarm.decisions.assign_risk)")
+    risk_cause: str | None = Field(None, description="what made it high: size, objective, unknown (None: not high)")
+    risk_before_backtest: str | None = Field(None, description="its risk before a held-out gain was measured")
+    smaller_step_of: str | None = Field(None, description="the high-risk intervention this one is a smaller step of")
+    alternative: str | None = Field(None, description="the smaller step proposed while this one waits for a human")
+    # plan and backtest
+    refused: str | None = Field(None, description="refused before or at apply (invalid, a no-op, the trainer said no): a loss")
+    exhausted: str | None = Field(None, description="its backtests ran out of longer horizons without a gain: a loss")
+    backtest_cpu_s: float | None = Field(None, description="worker CPU-s its backtest's arms used")
+    paused_for_backtest: bool | None = Field(None, description="the live job is paused while its arms run")
+    fork_tries: int | None = Field(None, description="failed tries to fork the live run for its arms")
+    # apply
+    before: dict[str, Any] | None = Field(None, description="the values it replaced, as the live run published them")
+    step_left: int | None = Field(None, description="the run's step when it was applied (a rollback's window starts there)")
+    baseline: float | None = Field(None, description="the target metric just before applying")
+    since_time: float | None = Field(None, description="rows after this time belong to the timeline it created")
+    cpu_at_apply: float | None = Field(None, description="the live run's worker CPU-s when it was applied")
+    carried_over: list[str] | None = Field(None, description="later fixes set again after its rollback")
+    rollback_skipped: str | None = Field(None, description="why its rollback only set the fields again")
+    # judge (swarm.decisions.judge)
+    looks: int | None = Field(None, description="evaluation windows looked at")
+    pending: str | None = Field(None, description="why the last look was inconclusive")
+    after: float | None = Field(None, description="the target metric at the end of its window")
+    window_steps: int | None = Field(None, description="training steps of its window")
+    control: float | None = Field(None, description="the value it was compared with")
+    control_source: str | None = Field(None, description="where the control came from")
+    window_cpu_s: float | None = Field(None, description="worker CPU-s of its window")
+    rule: str | None = Field(None, description="the rule that judged it")
+    gain: bool | None = Field(None, description="a measured gain over the control")
+    undone: bool | None = Field(None, description="rolled back (False: no gain, left in force)")
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields that are set."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
 class Intervention(_Strict):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex[:8])
     kind: InterventionKind
@@ -231,7 +274,7 @@ class Intervention(_Strict):
     checkpoint_before: str | None = None
     applied_step: int | None = None
     branch: str | None = None
-    outcome: dict[str, Any] = Field(default_factory=dict)
+    outcome: Outcome = Field(default_factory=lambda: Outcome())
     history: list[dict[str, Any]] = Field(default_factory=list)
     created: float = Field(default_factory=time.time)
 
@@ -241,6 +284,10 @@ class Intervention(_Strict):
             if not (k.startswith("recipe.") or k.startswith("harness.")):
                 raise ValueError(f"intervention change {k!r}: only recipe.* and harness.* fields can change")
         return self
+
+    @field_serializer("outcome")
+    def _outcome_set_fields(self, o: Outcome) -> dict[str, Any]:
+        return o.recorded()
 
     def move(self, to: Status, note: str = "") -> None:
         if to not in TRANSITIONS[self.status]:

@@ -518,7 +518,7 @@ def inconclusive(iv: Intervention) -> bool:
     model backtests the same fix again over a doubled horizon (swarm.decisions.retry_horizon) until
     it runs out of them (then it is refused as `exhausted`, a loss)."""
     return (iv.status == Status.REJECTED and iv.backtest is not None and iv.backtest.effect > 0
-            and not iv.outcome.get("refused") and not iv.outcome.get("exhausted"))
+            and not iv.outcome.refused and not iv.outcome.exhausted)
 
 
 class Lead:

@@ -485,7 +485,7 @@ class Controller(Deciding):
         # proposals: a second fix waits for evidence from the run with the first one in force (its
         # symptom may be the first one's fault's, e.g. truncation from a too-hard curriculum)
         in_flight = [iv for iv in self.store.list() if iv.status in Status.in_flight()
-                     and not (iv.status == Status.EVALUATING and iv.outcome.get("looks"))]
+                     and not (iv.status == Status.EVALUATING and iv.outcome.looks)]
         last_applied = max((iv.applied_step or 0 for iv in self.store.list() if iv.applied_step is not None), default=None)
         last_created = 0.0
         for iv in self.lead.arbitrate(proposals, ctx):
@@ -602,7 +602,7 @@ class Controller(Deciding):
                 far = self.too_far_back(iv, target, pre)
                 if far:
                     iv = self.store.get(iv.id)
-                    iv.outcome["rollback_skipped"] = far
+                    iv.outcome.rollback_skipped = far
                     self.store.put(iv)
                     self.store.log("rollback_skipped", id=iv.id, reason=far)
                     target = None
@@ -620,7 +620,7 @@ class Controller(Deciding):
                 if not ack or ack.get("status") != "applied":
                     why = f"the trainer refused the change: {ack and ack.get('reason')}"
                     iv = self.store.get(iv.id)
-                    iv.outcome["refused"] = why      # a loss in memory: never retried
+                    iv.outcome.refused = why      # a loss in memory: never retried
                     self.store.put(iv)
                     self.store.transition(iv.id, Status.REJECTED, why)
                     self.ws.reject(iv.id)
@@ -630,17 +630,18 @@ class Controller(Deciding):
                 step = pre["step"] if pre else s.step
             iv = self.store.get(iv.id)
             iv.checkpoint_before = f"pre-{iv.id}" if pre else None
-            if iv.changes and "before" not in iv.outcome:   # what the change replaced, as the run publishes it (agents/miner.py)
-                iv.outcome["before"] = self.published_values(list(iv.changes))
+            if iv.changes and iv.outcome.before is None:   # what the change replaced, as the run publishes it (agents/miner.py)
+                iv.outcome.before = self.published_values(list(iv.changes))
         iv.applied_step = step
         if pre and "step" in pre:
-            iv.outcome["step_left"] = int(pre["step"])   # where the run was: a rollback's window starts there
+            iv.outcome.step_left = int(pre["step"])   # where the run was: a rollback's window starts there
         ev = self.evidence(s.job_status)
-        iv.outcome["baseline"] = ev.latest_eval(self.goal.target.metric)
+        iv.outcome.baseline = ev.latest_eval(self.goal.target.metric)
         # rows written after this moment belong to the timeline the intervention created (the
         # trainer's acknowledgement of the checkpoint taken just before applying, else now)
-        iv.outcome["since_time"] = pre["time"] if pre and "time" in pre else began
-        iv.outcome.setdefault("cpu_at_apply", round(self.live_cpu(), 3))   # the evaluation window's CPU counts from here
+        iv.outcome.since_time = pre["time"] if pre and "time" in pre else began
+        if iv.outcome.cpu_at_apply is None:   # the evaluation window's CPU counts from here
+            iv.outcome.cpu_at_apply = round(self.live_cpu(), 3)
         self.store.put(iv)
         if iv.status in Status.passed() and self.ws.pr_state(iv.id) == "open":
             self.ws.approve(iv.id)   # merged before a crash: not again
@@ -658,8 +659,8 @@ class Controller(Deciding):
         if t_ckpt is None:
             return {}
         later = [x for x in self.store.list() if x.id != exclude and in_force(x) and x.changes
-                 and x.outcome.get("since_time", 0.0) > t_ckpt]
-        return {x.id: dict(x.changes) for x in sorted(later, key=lambda x: x.outcome["since_time"])}
+                 and (x.outcome.since_time or 0.0) > t_ckpt]
+        return {x.id: dict(x.changes) for x in sorted(later, key=lambda x: x.outcome.since_time)}
 
     def carry_over(self, iid: str, checkpoint: str) -> dict[str, Any]:
         """The fields to set again after intervention `iid` rolls the trainer back to `checkpoint`
@@ -668,7 +669,7 @@ class Controller(Deciding):
         if not carried:
             return {}
         iv = self.store.get(iid)
-        iv.outcome["carried_over"] = list(carried)
+        iv.outcome.carried_over = list(carried)
         self.store.put(iv)
         return {k: v for c in carried.values() for k, v in c.items()}
 
@@ -756,10 +757,10 @@ class Controller(Deciding):
                                "effect": iv.backtest.effect if iv.backtest else None,
                                "p_value": iv.backtest.p_value if iv.backtest else None,
                                "signal": iv.backtest.signal if iv.backtest else None, "risk": iv.risk.value,
-                               "backtest_cpu_s": iv.outcome.get("backtest_cpu_s"),
+                               "backtest_cpu_s": iv.outcome.backtest_cpu_s,
                                "wasted_cpu_s": wasted[iv.id]["cpu_s"] if iv.id in wasted else 0.0,
                                "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step,
-                               "gain": iv.outcome.get("gain"), "refused": iv.outcome.get("refused"),
+                               "gain": iv.outcome.gain, "refused": iv.outcome.refused,
                                "changes": iv.changes, "created": iv.created} for iv in ivs],
             "backtests": sum(1 for iv in ivs if iv.backtest is not None),
             "wasted_cpu_s": waste["total_cpu_s"],

@@ -45,7 +45,7 @@ class Deciding:
 
     def published_values(self, keys: list[str]) -> dict[str, Any]:
         """The dotted fields' values the live run publishes, for the record of what a change replaced
-        (`outcome["before"]`, which the skill miner keys skills by): the harness the trainer stored
+        (`outcome.before`, which the skill miner keys skills by): the harness the trainer stored
         under the live harness version its metrics report (`harnesses/<version>.yaml`: every harness
         a command set is stored), the recipe's logged lr, else the controller's record. A change
         nobody commanded is not published, so which field it moved stays unknown: the record
@@ -117,8 +117,8 @@ class Deciding:
         """When the controller last changed the live run (applied, undid or restarted; 0 before its
         first change): rows written before it predate the recipe and harness it believes in force."""
         ivs = self.store.list()
-        times = [float(iv.outcome["since_time"]) for iv in ivs if "since_time" in iv.outcome]
-        times += [float(h["time"]) for iv in ivs if iv.outcome.get("undone") for h in iv.history if h.get("to") == "rolled_back"]
+        times = [float(iv.outcome.since_time) for iv in ivs if iv.outcome.since_time is not None]
+        times += [float(h["time"]) for iv in ivs if iv.outcome.undone for h in iv.history if h.get("to") == "rolled_back"]
         return max(times, default=0.0)
 
     def assess(self, iv: Intervention) -> Intervention:
@@ -127,8 +127,8 @@ class Deciding:
         keys = list(iv.changes)
         call = assign_risk(iv, self.values_in_force(keys), self.start_values(keys))
         return iv.model_copy(update={"risk": call.risk, "backtest_skipped": None,
-                                     "outcome": {**iv.outcome, "proposed_risk": iv.risk.value, "risk_reason": call.why,
-                                                 "risk_cause": call.cause}})
+                                     "outcome": iv.outcome.model_copy(update={"proposed_risk": iv.risk.value, "risk_reason": call.why,
+                                                                                      "risk_cause": call.cause})})
 
     def reassess(self, iv: Intervention) -> Intervention:
         """A validated intervention's risk with what its backtest measured (assign_risk's
@@ -141,9 +141,9 @@ class Deciding:
         if call.risk == iv.risk:
             return iv
         self.store.log("risk_reassessed", id=iv.id, before=iv.risk.value, after=call.risk.value, reason=call.why)
-        iv = iv.model_copy(update={"risk": call.risk, "outcome": {**iv.outcome, "risk_reason": call.why,
+        iv = iv.model_copy(update={"risk": call.risk, "outcome": iv.outcome.model_copy(update={"risk_reason": call.why,
                                                                    "risk_cause": call.cause,
-                                                                   "risk_before_backtest": iv.risk.value}})
+                                                                   "risk_before_backtest": iv.risk.value})})
         self.store.put(iv)
         return iv
 
@@ -152,7 +152,7 @@ class Deciding:
         same change cut to the largest step not rated high (swarm.decisions.smaller_step), recorded
         as a new proposal of the lead's that goes through plan, backtest and gate like any other;
         None when there is no such step or it would wait for a human too."""
-        if iv.outcome.get("risk_cause") != "size" or iv.outcome.get("alternative"):
+        if iv.outcome.risk_cause != "size" or iv.outcome.alternative:
             return None
         keys = list(iv.changes)
         step = smaller_step(iv.changes, self.values_in_force(keys))
@@ -161,7 +161,7 @@ class Deciding:
         moved = ", ".join(f"{k} {iv.changes[k]!r} → {step[k]!r}" for k in step if step[k] != iv.changes[k])
         alt = self.assess(Intervention(
             kind=iv.kind, changes=step, diagnosis=iv.diagnosis, operator="lead", policy=iv.policy, risk=iv.risk,
-            rationale=f"A smaller step of {iv.id}, which waits for a human ({iv.outcome.get('risk_reason', 'high risk')}): "
+            rationale=f"A smaller step of {iv.id}, which waits for a human ({iv.outcome.risk_reason or 'high risk'}): "
                       f"{moved}, the largest move not rated high for its size; the run goes on with it meanwhile. "
                       f"{iv.rationale}",
             expected_effect=iv.expected_effect, outcome={"smaller_step_of": iv.id}))
@@ -171,7 +171,7 @@ class Deciding:
         self.store.log("proposed", id=alt.id, iv_kind=alt.kind.value, operator=alt.operator, policy=alt.policy,
                        diagnosis=alt.diagnosis.name, skills=[], risk=alt.risk.value, alternative_to=iv.id)
         iv = self.store.get(iv.id)
-        iv.outcome["alternative"] = alt.id
+        iv.outcome.alternative = alt.id
         self.store.put(iv)
         return alt
 
@@ -227,7 +227,7 @@ class Deciding:
             return proposals
         ev = self.evidence(s.job_status)
         metric = self.goal.target.metric
-        since = max([float(iv.outcome.get("since_time", 0.0)) for iv in self.store.list() if iv.applied_step is not None],
+        since = max([float(iv.outcome.since_time or 0.0) for iv in self.store.list() if iv.applied_step is not None],
                     default=0.0)
         pts = [(int(r["step"]), float(r[metric])) for r in ev.evals
                if isinstance(r.get(metric), (int, float)) and float(r.get("time", 0.0)) >= since]
@@ -272,10 +272,10 @@ class Deciding:
                 p = plan(iv, self.facts(iv, s.job_status))
                 if isinstance(p, Refuse):
                     if p.reason.startswith("the live trainer would refuse"):
-                        iv.outcome["refused"] = p.reason          # a loss in memory: never retried
+                        iv.outcome.refused = p.reason          # a loss in memory: never retried
                         self.store.put(iv)
                     elif p.exhausted:
-                        iv.outcome["exhausted"] = p.reason        # a loss in memory too
+                        iv.outcome.exhausted = p.reason        # a loss in memory too
                         self.store.put(iv)
                     self.store.transition(iid, Status.REJECTED, p.reason)
                     continue
@@ -292,9 +292,9 @@ class Deciding:
         ack = self.command("checkpoint", f"{iid}-bt", name=f"bt-{iid}")
         if not ack or ack.get("status") != "applied":
             # says nothing about the change (the job may be restarting): tried again on later ticks
-            tries = int(iv.outcome.get("fork_tries", 0)) + 1
+            tries = int(iv.outcome.fork_tries or 0) + 1
             if tries < FORK_TRIES and not (ack and ack.get("status") == "rejected"):
-                iv.outcome["fork_tries"] = tries
+                iv.outcome.fork_tries = tries
                 self.store.put(iv)
                 return
             self.store.transition(iid, Status.REJECTED, f"could not checkpoint the live job for a backtest "
@@ -307,7 +307,7 @@ class Deciding:
         # and the arms get its cores; it goes on when the arms are done (resume_paused, also after
         # a controller crash)
         iv = self.store.get(iid)
-        iv.outcome["paused_for_backtest"] = True
+        iv.outcome.paused_for_backtest = True
         self.store.put(iv)
         self.command("pause", f"{iid}-bt-pause")
         try:
@@ -319,13 +319,13 @@ class Deciding:
         """Resume the live job wherever a backtest paused it and is no longer running (`only`: that
         intervention's, now)."""
         for iv in self.store.list():
-            if not iv.outcome.get("paused_for_backtest"):
+            if not iv.outcome.paused_for_backtest:
                 continue
             if (iv.id != only) if only is not None else (iv.status == Status.BACKTESTING):
                 continue      # another's, or (a sweep) a backtest that will resume it itself
             self.command("resume", f"{iv.id}-bt-resume", timeout=10.0)
             iv = self.store.get(iv.id)
-            iv.outcome["paused_for_backtest"] = False
+            iv.outcome.paused_for_backtest = False
             self.store.put(iv)
 
     def _backtest_arms(self, iv: Intervention, ack: dict[str, Any]) -> None:
@@ -367,7 +367,7 @@ class Deciding:
         res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu, note="; ".join(notes))
         iv = self.store.get(iid)
         iv.backtest = res
-        iv.outcome["backtest_cpu_s"] = round(cpu, 3)
+        iv.outcome.backtest_cpu_s = round(cpu, 3)
         self.store.put(iv)
         self.store.transition(iid, Status.VALIDATED if res.passed else Status.REJECTED,
                               f"{res.signal}: effect {res.effect:+.3f}, P(no gain)={res.p_value:.3f}")
@@ -410,7 +410,7 @@ class Deciding:
             m = sum(bt.control) / len(bt.control)
             se = math.sqrt(sum(rate_var(c, n) for c in bt.control)) / len(bt.control) if rate else None
             return Control(m, se, f"the backtest's control arms after {bt.horizon_steps} steps")
-        base = iv.outcome.get("baseline")
+        base = iv.outcome.baseline
         n = int(self.base_cfg["recipe"].get("eval_size") or 200)
         se = math.sqrt(rate_var(base, n)) if rate and isinstance(base, (int, float)) else None
         return Control(base if isinstance(base, (int, float)) else None, se, "the value before applying")
@@ -440,14 +440,14 @@ class Deciding:
             # the live step and evals of the timeline it created: a rollback moved the step counter
             # back, so the graph state's step (from before it) and older evals say nothing about it
             ev = ev or self.evidence(s.job_status)
-            looks = int(iv.outcome.get("looks", 0))
+            looks = int(iv.outcome.looks or 0)
             # a rollback sets the step counter back: its window starts where the run left off, so
             # that it is compared with the value before applying after as many steps, not fewer
-            start = max(iv.applied_step, int(iv.outcome.get("step_left", 0))) if iv.kind == InterventionKind.ROLLBACK \
+            start = max(iv.applied_step, int(iv.outcome.step_left or 0)) if iv.kind == InterventionKind.ROLLBACK \
                 else iv.applied_step
             if ev.step < start + window * (looks + 1) and not final:
                 continue
-            t_applied = iv.outcome.get("since_time", 0.0)
+            t_applied = (iv.outcome.since_time or 0.0)
             metric = self.goal.target.metric
             evals = [r for r in ev.evals if r.get("time", t_applied) >= t_applied and isinstance(r.get(metric), (int, float))]
             after = [r[metric] for r in evals if r.get("step", 0) > start]
@@ -462,28 +462,28 @@ class Deciding:
                        target_is_rate=control.se is not None, higher_is_better=self.goal.target.op == ">=",
                        look=looks + 1, last_look=final)
             verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)
-            iv.outcome["looks"] = looks + 1
+            iv.outcome.looks = looks + 1
             if isinstance(verdict, Pending):
-                iv.outcome["pending"] = verdict.reason
+                iv.outcome.pending = verdict.reason
                 self.store.put(iv)
                 continue
-            iv.outcome.update({"after": w.after, "window_steps": steps, "control": control.value, "control_source": control.source,
-                               "window_cpu_s": round(max(self.live_cpu() - float(iv.outcome.get("cpu_at_apply", 0.0)), 0.0), 3),
+            iv.outcome = iv.outcome.model_copy(update={
+                               "after": w.after, "window_steps": steps, "control": control.value, "control_source": control.source, "pending": None,
+                               "window_cpu_s": round(max(self.live_cpu() - float(iv.outcome.cpu_at_apply or 0.0), 0.0), 3),
                                "rule": "swarm.decisions.judge: kept only on a measured gain over the control"
                                        + (" (judged at the end of the run, before the full window)" if steps < window else "")})
-            iv.outcome.pop("pending", None)
             if isinstance(verdict, Kept):
-                iv.outcome["gain"] = True
+                iv.outcome.gain = True
                 self.store.put(iv)
                 self.store.transition(iv.id, Status.KEPT, verdict.reason)
             elif verdict.undo:
-                iv.outcome.update({"gain": False, "undone": True})
+                iv.outcome.gain, iv.outcome.undone = False, True
                 self.store.put(iv)
                 self.roll_back(iv, verdict.reason)
             else:
                 # no measured gain: a loss in memory, never a win or a skill; left in force (the state
                 # before it was no better, and undoing costs the window's training)
-                iv.outcome.update({"gain": False, "undone": False})
+                iv.outcome.gain, iv.outcome.undone = False, False
                 self.store.put(iv)
                 self.store.transition(iv.id, Status.ROLLED_BACK, f"{verdict.reason}; counted as a loss, left in force")
         return {}
@@ -491,7 +491,7 @@ class Deciding:
     def roll_back(self, iv: Intervention, note: str) -> None:
         # the checkpoint taken before applying holds the recipe and harness of that moment too
         iv = self.store.get(iv.id)
-        iv.outcome["undone"] = True
+        iv.outcome.undone = True
         self.store.put(iv)
         if iv.checkpoint_before:
             self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
@@ -514,5 +514,5 @@ class Deciding:
 
 def in_force(iv: Intervention) -> bool:
     """Applied and not undone (an intervention with no measured gain that was left in force counts)."""
-    return iv.status in Status.in_force() or (iv.status == Status.ROLLED_BACK and iv.outcome.get("undone") is False)
+    return iv.status in Status.in_force() or (iv.status == Status.ROLLED_BACK and iv.outcome.undone is False)
 

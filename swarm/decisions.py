@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Union
 
 from agents.detection import THRESHOLDS
-from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Risk
+from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Outcome, Risk
 from harness.spec import RewardConfig
 
 # ---- plan ---------------------------------------------------------------------------------------
@@ -754,15 +754,15 @@ class Waste:
         return self.backtest_cpu_s + self.window_cpu_s
 
 
-def wasted(status: str, outcome: dict[str, Any]) -> Waste:
+def wasted(status: str, outcome: Outcome) -> Waste:
     """What of an intervention's recorded CPU was spent for nothing: its backtest's when it was
     rejected, rolled back or kept without a gain; its evaluation window's when it was undone."""
-    bt = float(outcome.get("backtest_cpu_s") or 0.0)
-    win = float(outcome.get("window_cpu_s") or 0.0)
+    bt = float(outcome.backtest_cpu_s or 0.0)
+    win = float(outcome.window_cpu_s or 0.0)
     if status == "rejected":
         return Waste(bt, 0.0, ("backtest of a rejected change",) if bt else ())
     if status == "rolled_back":
-        undone = bool(outcome.get("undone", True))
+        undone = outcome.undone is not False
         return Waste(bt, win if undone else 0.0, ("backtest and window of an intervention rolled back" if undone
                                                   else "backtest of an intervention with no measured gain",))
     return Waste()

@@ -259,22 +259,22 @@ class Knowledge:
             outcome = "kept"
         elif iv.status == Status.ROLLED_BACK:
             outcome = "rolled_back"
-        elif iv.status == Status.REJECTED and (iv.backtest is not None or iv.outcome.get("refused") or iv.outcome.get("exhausted")):
+        elif iv.status == Status.REJECTED and (iv.backtest is not None or iv.outcome.refused or iv.outcome.exhausted):
             outcome = "rejected"
         else:
             return False
-        effect = iv.backtest.effect if iv.backtest is not None and not iv.outcome.get("refused") else None
-        if iv.backtest is None and isinstance(iv.outcome.get("after"), (int, float)) and isinstance(iv.outcome.get("baseline"), (int, float)):
-            effect = float(iv.outcome["after"]) - float(iv.outcome["baseline"])
+        effect = iv.backtest.effect if iv.backtest is not None and not iv.outcome.refused else None
+        if iv.backtest is None and isinstance(iv.outcome.after, (int, float)) and isinstance(iv.outcome.baseline, (int, float)):
+            effect = float(iv.outcome.after) - float(iv.outcome.baseline)
         ep = Episode(
             id=f"{self.name}/{iv.id}", workspace=self.name, task=self.task or "", operator=iv.operator, policy=iv.policy,
             diagnosis=iv.diagnosis.name, diagnosis_summary=iv.diagnosis.summary[:500], severity=iv.diagnosis.severity,
-            kind=iv.kind.value, changes=dict(iv.changes), before=dict(iv.outcome.get("before") or {}),
+            kind=iv.kind.value, changes=dict(iv.changes), before=dict(iv.outcome.before or {}),
             signature=iv.signature(), outcome=outcome, effect=effect,
             p_value=iv.backtest.p_value if iv.backtest is not None else None,
             metric=iv.backtest.metric if iv.backtest is not None else "heldout_acc",
             window={**(window or {}), "risk": iv.risk.value}, skills_used=list(iv.skills_used),
-            worker_cpu_s=iv.outcome.get("backtest_cpu_s"), step=iv.applied_step or iv.diagnosis.step,
+            worker_cpu_s=iv.outcome.backtest_cpu_s, step=iv.applied_step or iv.diagnosis.step,
             time=iv.history[-1]["time"] if iv.history else iv.created)   # deterministic: re-recording is a no-op
         new = self.memory.record_episode(ep)
         self.version += new

@@ -263,8 +263,8 @@ Expected effect: {_prose(iv.expected_effect) or '_not stated_'}
 """
     if iv.history:
         md += "\n### Lifecycle\n\n" + _table(["time", "from", "to", "note"], _history_rows(iv)) + "\n"
-    if iv.outcome:
-        md += "\n## Outcome\n\n" + _table(["measure", "value"], [[k, _num_str(v)] for k, v in _flatten(iv.outcome).items()]) + "\n"
+    if iv.outcome.recorded():
+        md += "\n## Outcome\n\n" + _table(["measure", "value"], [[k, _num_str(v)] for k, v in _flatten(iv.outcome.recorded()).items()]) + "\n"
     return clean_text(md), {"metrics.png": png}
 
 

@@ -153,7 +153,7 @@ def test_adversarial_llm_false_divergence_lr_10_risk_low_and_restart_spam_are_no
         assert len(restarts) == 3 and all(iv.status == Status.REJECTED for iv in restarts)
         assert all("detectors see no crashed or stale job" in iv.history[-1]["note"] for iv in restarts)
         assert s.restarts == 0 and not ctrl.store.timeline("job_started")
-        assert rb.policy.startswith("llm") and rb.outcome["proposed_risk"] == "low" and rb.risk.value == "high"
+        assert rb.policy.startswith("llm") and rb.outcome.proposed_risk == "low" and rb.risk.value == "high"
         assert rb.backtest_skipped is None and rb.backtest is not None and rb.status == Status.REJECTED
         assert rb.backtest.signal == "target" and "credibly worse" in rb.backtest.note
         assert {c for c, _, _ in rec.sent} == {"checkpoint", "pause", "resume"}   # no set_fields, no rollback sent
@@ -187,7 +187,7 @@ def test_a_change_the_trainer_refuses_is_tried_as_its_nearest_valid_variant_or_r
     ctrl.node_backtest(s)
     refused = ctrl.store.get(bad.id)
     assert refused.status == Status.REJECTED and refused.backtest is None
-    assert "the live trainer would refuse it" in refused.history[-1]["note"] and "max_new_tokens" in refused.outcome["refused"]
+    assert "the live trainer would refuse it" in refused.history[-1]["note"] and "max_new_tokens" in refused.outcome.refused
     assert not any(cid.startswith(bad.id) for _, cid, _ in rec.sent)       # no fork, no arm for it
     assert ctrl.knowledge.record(refused, {})
     (ep,) = [e for e in ctrl.knowledge.memory.episodes() if e.id.endswith(bad.id)]
@@ -218,7 +218,7 @@ def test_restarts_wait_for_the_launch_grace_and_the_backoff_and_stop_at_the_cap(
 
 def judged(ctrl, iv, after, s):
     """Apply bookkeeping as the controller's apply leaves it, then evaluation rows and the judge."""
-    iv.applied_step, iv.outcome["since_time"] = 60, time.time() - 1
+    iv.applied_step, iv.outcome.since_time = 60, time.time() - 1
     ctrl.store.put(iv)
     ctrl.open_pr(ctrl.store.get(iv.id))
     ctrl.store.transition(iv.id, Status.APPLIED, "applied at step 60")
@@ -245,17 +245,17 @@ def test_no_measured_gain_is_never_kept_remembered_as_a_win_or_mined(tmp_path):
                             outcome={"baseline": 0.0})
 
     same = judged(ctrl, iv("plateau"), 0.0, s)
-    assert same.status == Status.ROLLED_BACK and same.outcome["gain"] is False and same.outcome["undone"] is False
+    assert same.status == Status.ROLLED_BACK and same.outcome.gain is False and same.outcome.undone is False
     assert ctrl.knowledge.record(same, {})
     (ep,) = [e for e in ctrl.knowledge.memory.episodes() if e.id.endswith(same.id)]
     assert not ep.won()
     worse = iv("loss_spike")
-    worse.outcome["baseline"] = 0.74
+    worse.outcome.baseline = 0.74
     worse = judged(ctrl, worse, 0.0, s)
-    assert worse.status == Status.ROLLED_BACK and worse.outcome["undone"] is True
+    assert worse.status == Status.ROLLED_BACK and worse.outcome.undone is True
     assert ("rollback", f"{worse.id}-undo", {"name": "pre-x"}) in rec.sent
     better = judged(ctrl, iv("not_learning"), 0.6, s)
-    assert better.status == Status.KEPT and better.outcome["gain"] is True
+    assert better.status == Status.KEPT and better.outcome.gain is True
     close(ctrl)
 
 
@@ -278,9 +278,9 @@ def test_a_departure_rollback_goes_only_as_far_back_as_its_stake_when_applied(tm
         got = ctrl.store.get(iv.id)
         assert got.status == Status.APPLIED and ("set_fields", f"{iv.id}-apply", {"fields": iv.changes}) in rec.sent
         assert (("rollback", f"{iv.id}-rb", {"name": "step_0000050"}) in rec.sent) is rolls, rec.sent
-        assert ("rollback_skipped" in got.outcome) is not rolls
+        assert (got.outcome.rollback_skipped is not None) is not rolls
         if not rolls:
-            assert "150 steps back" in got.outcome["rollback_skipped"] and ctrl.store.timeline("rollback_skipped")
+            assert "150 steps back" in got.outcome.rollback_skipped and ctrl.store.timeline("rollback_skipped")
         close(ctrl)
 
 
@@ -309,7 +309,7 @@ def test_steps_that_gained_nothing_are_no_stake(tmp_path, since, rolls):
     ctrl.store.transition(iv.id, Status.VALIDATED, "goes back")
     ctrl.apply(ctrl.store.get(iv.id), SwarmState(job="ghost", job_status="RUNNING", tick=1, step=200))
     assert (("rollback", f"{iv.id}-rb", {"name": "step_0000050"}) in rec.sent) is rolls, rec.sent
-    assert ("rollback_skipped" in ctrl.store.get(iv.id).outcome) is not rolls
+    assert (ctrl.store.get(iv.id).outcome.rollback_skipped is not None) is not rolls
     close(ctrl)
 
 
@@ -348,7 +348,7 @@ def test_a_rollback_is_judged_after_as_many_steps_as_the_run_had_trained(tmp_pat
     assert train(199, 0.25).status == Status.EVALUATING
     # a window past where the run left off
     got = train(200 + window + 1, 0.6)
-    assert got.status == Status.KEPT and got.outcome["after"] == 0.6 and got.outcome["window_steps"] >= window
+    assert got.status == Status.KEPT and got.outcome.after == 0.6 and got.outcome.window_steps >= window
     close(ctrl)
 
 
@@ -463,7 +463,7 @@ def test_a_validated_change_waits_while_the_job_hangs_and_no_answer_is_not_a_ref
     ctrl.command = flaky
     ctrl.node_apply(s)
     got = ctrl.store.get(edit.id)
-    assert got.status == Status.VALIDATED and "refused" not in got.outcome
+    assert got.status == Status.VALIDATED and got.outcome.refused is None
     assert [r for r in ctrl.store.timeline("apply_deferred") if r.get("id") == edit.id]
     close(ctrl)
 
@@ -552,7 +552,7 @@ def test_a_job_paused_for_a_backtest_goes_on_after_a_controller_crash(tmp_path):
     ctrl.node_backtest(s)
     ctrl.node_backtest(s)
     assert [(c, cid) for c, cid, _ in rec.sent] == [("resume", f"{edit.id}-bt-resume")]
-    assert ctrl.store.get(edit.id).outcome["paused_for_backtest"] is False
+    assert ctrl.store.get(edit.id).outcome.paused_for_backtest is False
     close(ctrl)
 
 
@@ -579,7 +579,7 @@ def test_a_fix_whose_longer_backtests_ran_out_is_refused_as_a_loss(tmp_path):
     ctrl.store.put(again)
     ctrl.node_backtest(SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60, started=time.time()))
     got = ctrl.store.get(again.id)
-    assert got.status == Status.REJECTED and got.backtest is None and "backtested 3 times" in got.outcome["exhausted"]
+    assert got.status == Status.REJECTED and got.backtest is None and "backtested 3 times" in got.outcome.exhausted
     assert not any(cid.startswith(again.id) for _, cid, _ in rec.sent)     # no fork, no arm
     assert ctrl.knowledge.record(got, {})
     (ep,) = [e for e in ctrl.knowledge.memory.episodes() if e.id.endswith(again.id)]

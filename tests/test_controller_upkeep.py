@@ -204,7 +204,7 @@ def test_rolling_back_to_an_older_checkpoint_sets_the_later_fixes_in_force_again
     def iv(changes, status, t):
         x = Intervention(kind=InterventionKind.HARNESS_EDIT, changes=changes, diagnosis=d, rationale="r",
                          operator="harness_critic", policy="builtin")
-        x.status, x.outcome["since_time"] = status, t
+        x.status, x.outcome.since_time = status, t
         ctrl.store.put(x)
         return x
 
@@ -230,7 +230,7 @@ def test_rolling_back_to_an_older_checkpoint_sets_the_later_fixes_in_force_again
                     ("set_fields", f"{undone.id}-undo-carry",
                      {"fields": {"harness.sampling.temperature": 0.9, "harness.sampling.max_new_tokens": 8}})]
     after = ctrl.store.get(undone.id)
-    assert after.status == Status.ROLLED_BACK and after.outcome["carried_over"] == [temp.id, toks.id]
+    assert after.status == Status.ROLLED_BACK and after.outcome.carried_over == [temp.id, toks.id]
     assert ctrl.ws.pr_state(undone.id) == "reverted"
     ctrl.knowledge.close()
     ctrl._conn.close()
@@ -450,7 +450,7 @@ def test_a_backtest_adds_a_seed_per_look_and_a_critical_fix_gets_a_longer_one(tm
         assert got.status == Status.VALIDATED and got.backtest.horizon_steps == 4 * h and got.backtest.seeds == [0, 1]
         assert got.backtest.note.startswith(f"look 1 over {h} steps, seed(s) 0: inconclusive")
         assert "added seed(s) 1" in got.backtest.note and "looked again over" in got.backtest.note
-        assert got.outcome["backtest_cpu_s"] == 4.5 == got.backtest.cpu_s      # every look's arms
+        assert got.outcome.backtest_cpu_s == 4.5 == got.backtest.cpu_s      # every look's arms
     else:
         assert len(calls) == 2 and got.status == Status.REJECTED and got.backtest.seeds == [0, 1]
     ctrl.knowledge.close()

@@ -193,9 +193,9 @@ def test_a_too_hard_curriculum_is_eased_within_the_task_range_at_the_controllers
     assert transitions(iv)[1] in ("validated", "rejected"), iv.history
 
     # the risk is the controller's: curriculum-only easing is low, whatever the proposer said
-    assert iv.outcome["proposed_risk"] == "high"
-    assert iv.risk.value == "low", (iv.risk, iv.outcome.get("risk_reason"))
-    assert iv.outcome["risk_reason"].startswith("data_change of harness.curriculum.")
+    assert iv.outcome.proposed_risk == "high"
+    assert iv.risk.value == "low", (iv.risk, iv.outcome.risk_reason)
+    assert iv.outcome.risk_reason.startswith("data_change of harness.curriculum.")
     (proposed,) = [r for r in tl if r.get("kind") == "proposed" and r.get("id") == iv.id]
     assert proposed["risk"] == "low"
     # low risk is auto-approved: it never waited for a human
@@ -232,7 +232,7 @@ def check_backtest_record(iv, tl: list[dict[str, Any]]) -> None:
     bt = iv.backtest
     assert bt is not None and bt.passed and bt.effect > 0 and 0 <= bt.p_value < 0.2, bt
     assert len(bt.control) == len(bt.candidate) in (1, 2) and bt.horizon_steps == 40
-    assert iv.outcome["backtest_cpu_s"] > 0
+    assert iv.outcome.backtest_cpu_s > 0
     h = {x["to"]: x for x in iv.history}
     assert re.match(r"forked at step \d+", h["backtesting"]["note"]), h["backtesting"]
     assert f"effect {bt.effect:+.3f}" in h["validated"]["note"]        # decide, with its numbers
@@ -259,19 +259,19 @@ def test_distillation_on_noisy_labels_is_backtested_applied_and_kept_on_a_measur
     assert iv.status == Status.KEPT, (iv.status, iv.history[-1])
     o = iv.outcome
     n = NOISY["run"]["recipe"]["eval_size"]
-    assert o["control_source"].startswith("the backtest's control arms")
-    assert o["control"] == pytest.approx(sum(iv.backtest.control) / 2)
-    assert o["after"] - o["control"] > 1 / n and o["gain"] is True, o
+    assert o.control_source.startswith("the backtest's control arms")
+    assert o.control == pytest.approx(sum(iv.backtest.control) / 2)
+    assert o.after - o.control > 1 / n and o.gain is True, o
     # after its full window, or on the window it got when the run met its target first (measured:
     # the distilled run can reach 0.99 held-out within 30 steps of the apply)
     window = NOISY["swarm"]["evaluate_window_steps"]
-    full = o["window_steps"] >= window
-    assert full or (summary["reason"] == "target_met" and "judged at the end of the run" in o["rule"]), (o, summary["reason"])
+    full = o.window_steps >= window
+    assert full or (summary["reason"] == "target_met" and "judged at the end of the run" in o.rule), (o, summary["reason"])
     # the recorded numbers give the recorded verdict
     se = math.sqrt(sum(rate_var(c, n) for c in iv.backtest.control)) / 2           # as control_for computes it
-    w = Window(K.DISTILL, o["after"], o["window_steps"], window if full else max(o["window_steps"], 1), eval_size=n,
+    w = Window(K.DISTILL, o.after, o.window_steps, window if full else max(o.window_steps, 1), eval_size=n,
                look=1, last_look=not full)
-    assert isinstance(judge(w, Control(o["control"], se, "bt"), alpha=0.2), Kept)
+    assert isinstance(judge(w, Control(o.control, se, "bt"), alpha=0.2), Kept)
     assert wasted(iv.status.value, o).total == 0.0
     row = next(r for r in summary["interventions"] if r["id"] == iv.id)
     assert row["status"] == "kept" and row["wasted_cpu_s"] == 0.0 and row["effect"] == iv.backtest.effect
@@ -337,11 +337,11 @@ def test_a_change_that_does_not_hold_up_in_the_window_is_undone_and_counted_as_a
 
     # judge: credibly worse than the backtest's control → RolledBack(undo=True)
     o = iv.outcome
-    assert iv.status == Status.ROLLED_BACK and o["undone"] is True and o["gain"] is False, (iv.status, o)
+    assert iv.status == Status.ROLLED_BACK and o.undone is True and o.gain is False, (iv.status, o)
     assert transitions(iv)[-3:] == ["applied", "evaluating", "rolled_back"], transitions(iv)
     assert "credibly worse" in iv.history[-1]["note"], iv.history[-1]
-    assert o["after"] == 0.0 and o["control"] > 0.3, o
-    assert o["control_source"].startswith("the backtest's control arms")
+    assert o.after == 0.0 and o.control > 0.3, o
+    assert o.control_source.startswith("the backtest's control arms")
 
     # the live run is restored to the pre-apply state: the trainer rolled back to the checkpoint
     # taken before applying (weights, recipe and harness of that moment), and trains on from there
@@ -371,8 +371,8 @@ def test_a_change_that_does_not_hold_up_in_the_window_is_undone_and_counted_as_a
     assert not list(ws.glob("skills/*/SKILL.md")), list(ws.glob("skills/*"))
 
     # its backtest and its window were compute spent for nothing
-    assert o["window_cpu_s"] > 0, o
-    waste = round(o["backtest_cpu_s"] + o["window_cpu_s"], 3)
+    assert o.window_cpu_s > 0, o
+    waste = round(o.backtest_cpu_s + o.window_cpu_s, 3)
     row = next(r for r in summary["interventions"] if r["id"] == iv.id)
     assert row["status"] == "rolled_back" and row["wasted_cpu_s"] == pytest.approx(waste, abs=1e-3), (row, o)
     assert summary["wasted_cpu_s"] >= waste

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
+from agents.domain import Diagnosis, Intervention, InterventionKind as K, Outcome, Risk
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Look, Pair, Refuse, Rejected,
                              Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, smaller_step, wasted,
                              schedule, worth_verifying, corroborated_by,
@@ -267,10 +267,10 @@ def test_judge_waits_for_a_later_window_while_inconclusive():
 
 
 def test_waste():
-    assert wasted("rejected", {"backtest_cpu_s": 12.0}).total == 12.0
-    assert wasted("rolled_back", {"backtest_cpu_s": 5.0, "window_cpu_s": 7.0, "undone": True}).total == 12.0
-    assert wasted("rolled_back", {"backtest_cpu_s": 5.0, "window_cpu_s": 7.0, "undone": False}).total == 5.0
-    assert wasted("kept", {"backtest_cpu_s": 5.0}).total == 0.0
+    assert wasted("rejected", Outcome(backtest_cpu_s=12.0)).total == 12.0
+    assert wasted("rolled_back", Outcome(backtest_cpu_s=5.0, window_cpu_s=7.0, undone=True)).total == 12.0
+    assert wasted("rolled_back", Outcome(backtest_cpu_s=5.0, window_cpu_s=7.0, undone=False)).total == 5.0
+    assert wasted("kept", Outcome(backtest_cpu_s=5.0)).total == 0.0
 
 
 # ---- worth verifying? ---------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def _validated(c: Controller, signal: str) -> Intervention:
     d = Diagnosis(name="low_temperature", summary="groups sample one answer", operator="diagnostics", policy="builtin")
     iv = c.assess(Intervention(kind=K.HARNESS_EDIT, changes={"harness.sampling.temperature": 1.0}, diagnosis=d,
                                rationale="sample again", operator="diagnostics", policy="builtin"))
-    assert (iv.risk, iv.outcome["risk_cause"]) == (Risk.HIGH, "size")        # before any backtest
+    assert (iv.risk, iv.outcome.risk_cause) == (Risk.HIGH, "size")        # before any backtest
     c.store.put(iv)
     c.store.transition(iv.id, Status.BACKTESTING, "forked")
     iv = c.store.get(iv.id)
@@ -51,7 +51,7 @@ def test_a_large_fix_validated_on_held_out_answers_goes_ahead_as_medium(ctrl):
     ctrl.node_gate(None)
     got = ctrl.store.get(iv.id)
     assert got.status == Status.VALIDATED and got.risk == Risk.MEDIUM, got.outcome
-    assert got.outcome["risk_before_backtest"] == "high" and "validated on the held-out target" in got.outcome["risk_reason"]
+    assert got.outcome.risk_before_backtest == "high" and "validated on the held-out target" in got.outcome.risk_reason
     assert [r for r in ctrl.store.timeline() if r.get("kind") == "risk_reassessed" and r.get("id") == iv.id]
 
 
@@ -60,10 +60,10 @@ def test_a_high_risk_fix_waits_while_its_smaller_step_goes_on(ctrl):
     ctrl.node_gate(None)
     got = ctrl.store.get(iv.id)
     assert got.status == Status.AWAITING_APPROVAL and got.risk == Risk.HIGH
-    alt = ctrl.store.get(got.outcome["alternative"])
+    alt = ctrl.store.get(got.outcome.alternative)
     assert alt.status == Status.PROPOSED and alt.operator == "lead"
     assert alt.changes == {"harness.sampling.temperature": 0.15}                 # 3× the value in force
-    assert alt.risk == Risk.MEDIUM and alt.outcome["smaller_step_of"] == iv.id
+    assert alt.risk == Risk.MEDIUM and alt.outcome.smaller_step_of == iv.id
     assert iv.id in alt.rationale
     ctrl.node_gate(None)                                                       # a second pass adds nothing
-    assert len([x for x in ctrl.store.list() if x.outcome.get("smaller_step_of") == iv.id]) == 1
+    assert len([x for x in ctrl.store.list() if x.outcome.smaller_step_of == iv.id]) == 1

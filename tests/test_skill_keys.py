@@ -138,13 +138,13 @@ def test_apply_records_the_published_values_in_force_and_the_episode_keeps_them(
         assert set_now[MNT] != 1
         _published(ctrl, live)                          # a person set max_new_tokens 1 through a command
         got = _apply(ctrl, set_now)
-        assert got.status == Status.APPLIED and set(got.outcome["before"]) == set(set_now)
-        assert [k for k in set_now if got.outcome["before"][k] != set_now[k]] == [MNT]
+        assert got.status == Status.APPLIED and set(got.outcome.before) == set(set_now)
+        assert [k for k in set_now if got.outcome.before[k] != set_now[k]] == [MNT]
 
         kept = got.model_copy(update={"status": Status.KEPT, "history": [{"time": time.time()}]})
         assert ctrl.knowledge.record(kept, view("harness_drift", "truncation", truncation_rate=1.0))
         (ep,) = ctrl.knowledge.memory.episodes()
-        assert ep.before == got.outcome["before"]
+        assert ep.before == got.outcome.before
         (act,) = SkillMiner().mine([ep], [], {})
         assert act.action == "add" and act.skill.signature() == TRUNC, act.reason
     finally:
@@ -162,7 +162,7 @@ def test_a_change_nobody_published_stays_unknown_and_never_comes_from_the_traine
         ctrl.tick.evidence = Evidence(run_dir=str(ctrl.run_dir), job_status="RUNNING", step=60,
                                       metrics=[{"step": 60, "harness_version": "0123abcd", "lr": 3e-3}])
         got = _apply(ctrl, set_now)
-        assert got.outcome["before"] == set_now
+        assert got.outcome.before == set_now
         # a version that is no file name is never opened
         ctrl.tick.evidence = ctrl.tick.evidence.model_copy(update={"metrics": [{"step": 61, "harness_version": "../../x"}]})
         assert ctrl.published_values([MNT]) == {MNT: set_now[MNT]}

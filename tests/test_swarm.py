@@ -286,9 +286,9 @@ def test_failing_goal_reaches_target_and_perturbations_stay_private(tmp_path):
     (rec,) = [iv for iv in ivs(ws) if iv.id == fix["id"]]
     assert fix["status"] in ("evaluating", "kept", "rolled_back"), fix
     if fix["status"] == "kept":
-        assert rec.outcome["gain"] is True and rec.outcome["after"] > rec.outcome["control"], rec.outcome
+        assert rec.outcome.gain is True and rec.outcome.after > rec.outcome.control, rec.outcome
     elif fix["status"] == "rolled_back":
-        assert rec.outcome["gain"] is False and "no measured gain" in rec.history[-1]["note"], rec.history
+        assert rec.outcome.gain is False and "no measured gain" in rec.history[-1]["note"], rec.history
     # an edit, or the harness_drift fix's rollback to a checkpoint before the fault (when it is
     # no further back than a backtest's arms would train)
     assert fix["operator"] == "harness_critic" and fix["policy"] == "builtin"
