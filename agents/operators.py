@@ -358,8 +358,8 @@ def departure_fix(op: Operator, d: Diagnosis, section: str, edit: K, ev: Evidenc
     version the controller did not set, since `since_step`): every field of the section set again
     to the controller's value; and the run rolled back to the newest checkpoint before the
     departure when the target measured since is worse than at that checkpoint by more than
-    `departure_harm` (`departure_harmed`) and going back throws away no more steps than
-    verifying a fix by backtest would train (`ctx.verify_steps`). Which field changed the version
+    `departure_harm` (`departure_harmed`) and going back throws away no stake (`rollback_stake`,
+    the rule the controller reads again when it applies the rollback). Which field changed the version
     does not say whether the steps since harmed the weights (a broken template can take held-out
     from 0.64 to 0.03 within 50 steps, while a lower answer limit leaves SFT's weights as they
     were and a run restarted from its first checkpoint may spend a thousand steps on a plateau
@@ -369,7 +369,8 @@ def departure_fix(op: Operator, d: Diagnosis, section: str, edit: K, ev: Evidenc
     changes = config_fields(section, data or {})
     since = d.evidence.get("since_step")
     ckpt = ctx.checkpoint_before(int(since) - 1) if isinstance(since, (int, float)) and since > 0 else None
-    if ckpt is not None and ctx.verify_steps is not None and ev.step - int(ckpt["step"]) > ctx.verify_steps:
+    if ckpt is not None and rollback_stake(eval_series(ev, ctx.target.metric), int(ckpt["step"]), ev.step, ctx.verify_steps,
+                                           op.thresholds.departure_harm, ctx.target.op == ">="):
         ckpt = None
     harm = departure_harmed(ev, ctx, int(ckpt["step"]), int(since), op.thresholds.departure_harm) if ckpt else None
     if harm is None:
@@ -384,6 +385,48 @@ def departure_fix(op: Operator, d: Diagnosis, section: str, edit: K, ev: Evidenc
             expected_effect=effect + " from the checkpoint's level")
     return op.intervention(edit, d, changes, risk=Risk.MEDIUM, rationale=why + " (no checkpoint predates the change).",
                            expected_effect=effect)
+
+
+def eval_series(ev: Evidence, metric: str) -> list[tuple[int, int, float]]:
+    """The run's finite evals of `metric` as (segment, step, value), in the order written."""
+    return [(int(r.get("segment", 0)), int(r["step"]), float(r[metric])) for r in ev.evals
+            if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and "step" in r]
+
+
+def progress_since(evals: list[tuple[int, int, float]], ckpt_step: int, higher_is_better: bool) -> float | None:
+    """How far the target moved towards the goal over the steps a rollback to the checkpoint at
+    `ckpt_step` would throw away: the best eval since it (of the newest segment, steps after the
+    checkpoint) against the latest eval at or before it — or, with none there (the untrained start),
+    against the first eval since. `evals` are (segment, step, value) in the order written; None
+    when no eval follows the checkpoint."""
+    if not evals:
+        return None
+    seg = evals[-1][0]
+    after = [v for g, st, v in evals if g == seg and st > ckpt_step]
+    if not after:
+        return None
+    before = [v for _, st, v in evals if st <= ckpt_step]
+    sign = 1.0 if higher_is_better else -1.0
+    then = before[-1] if before else after[0]
+    return max(sign * (v - then) for v in after)
+
+
+def rollback_stake(evals: list[tuple[int, int, float]], ckpt_step: int, now_step: int, stake_steps: int | None,
+                   harm: float, higher_is_better: bool) -> str | None:
+    """What going back to the checkpoint at `ckpt_step` would throw away that a departure's fix may
+    not bet (None: nothing): the steps since it, when they are more than `stake_steps` (what
+    verifying a fix by backtest trains: the most a departure's rollback bets) and moved the target
+    towards the goal by more than `harm` (`progress_since`) — steps that measurably gained nothing
+    are no stake, however many (a run whose weights a wrong lr wrecked sits at 0). The one rule the
+    proposer (`departure_fix`) and the controller applying the rollback later (`too_far_back`) read."""
+    lost = now_step - ckpt_step
+    if stake_steps is None or lost <= stake_steps:
+        return None
+    gained = progress_since(evals, ckpt_step, higher_is_better)
+    if gained is not None and gained <= harm:
+        return None
+    moved = f", over which the target moved {gained:+.3g}" if gained is not None else ""
+    return f"{lost} steps back{moved}: more than verifying a fix by backtest trains ({stake_steps})"
 
 
 def departure_harmed(ev: Evidence, ctx: OperatorContext, ckpt_step: int, since: int, harm: float) -> str | None:

@@ -17,10 +17,10 @@ import yaml
 from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
-from agents.operators import config_fields, inconclusive
+from agents.operators import config_fields, eval_series, inconclusive, rollback_stake
 from swarm.backtest import check_change, nearest_valid, noop_edit, result, rule_for
 from swarm.decisions import (BacktestSpec, Control, Facts, Kept, Look, Pair, Pending, Refuse, Rule, Sighting, Skip, Window,
-                             assign_risk, corroborated_by, judge, outlook, persistence, plan, progress_since, rate_var,
+                             assign_risk, corroborated_by, judge, outlook, persistence, plan, rate_var,
                              restart_hold, retry_horizon, run_looks, schedule, try_share, smaller_step, wasted, worth_verifying)
 from trainer.config import get_dotted
 
@@ -82,26 +82,18 @@ class Deciding:
         return 2 * len(bt.seeds) * bt.horizon_steps
 
     def too_far_back(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:
-        """Why a departure's rollback goes only as far as its edit now (None: it rolls back). Its
-        proposer bet at most the steps a backtest's arms train (agents.operators.departure_fix);
-        applied later, the run may have moved on past that stake — unless those steps moved the
-        target no more than `departure_harm` (`progress_since`): steps that measurably gained
-        nothing are no stake, however many (a run whose weights a wrong lr wrecked sits at 0)."""
+        """Why a departure's rollback goes only as far as its edit now (None: it rolls back): the
+        run moved on since it was proposed, and going back would now throw away a stake
+        (agents.operators.rollback_stake, the rule its proposer read)."""
         if target is None or not pre or iv.diagnosis.name not in DEPARTURE:
             return None
         ckpt = next((c for c in self.checkpoints() if c["name"] == target), None)
-        lost = int(pre.get("step", 0)) - int(ckpt["step"]) if ckpt else 0
-        if lost <= self.verify_steps():
+        if ckpt is None:
             return None
-        metric = self.goal.target.metric
-        ev = self.evidence(JobStatus.RUNNING)
-        evals = [(int(r.get("segment", 0)), int(r["step"]), float(r[metric])) for r in ev.evals
-                 if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and "step" in r]
-        gained = progress_since(evals, int(ckpt["step"]), self.goal.target.op == ">=") if ckpt else None
-        if gained is not None and gained <= THRESHOLDS.departure_harm:
-            return None
-        return (f"checkpoint {target} lies {lost} steps back by now, more than verifying a fix by backtest trains "
-                f"({self.verify_steps()}): the fields are set again without going back")
+        why = rollback_stake(eval_series(self.evidence(JobStatus.RUNNING), self.goal.target.metric), int(ckpt["step"]),
+                             int(pre.get("step", 0)), self.verify_steps(), THRESHOLDS.departure_harm,
+                             self.goal.target.op == ">=")
+        return None if why is None else f"checkpoint {target} lies {why}: the fields are set again without going back"
 
     def rollback_target(self, iv: Intervention) -> str | None:
         """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else

@@ -285,24 +285,6 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     return None
 
 
-def progress_since(evals: list[tuple[int, int, float]], ckpt_step: int, higher_is_better: bool) -> float | None:
-    """How far the target moved towards the goal over the steps a rollback to the checkpoint at
-    `ckpt_step` would throw away: the best eval since it (of the newest segment, steps after the
-    checkpoint) against the latest eval at or before it — or, with none there (the untrained start),
-    against the first eval since. `evals` are (segment, step, value) in the order written; None
-    when no eval follows the checkpoint."""
-    if not evals:
-        return None
-    seg = evals[-1][0]
-    after = [v for g, st, v in evals if g == seg and st > ckpt_step]
-    if not after:
-        return None
-    before = [v for _, st, v in evals if st <= ckpt_step]
-    sign = 1.0 if higher_is_better else -1.0
-    then = before[-1] if before else after[0]
-    return max(sign * (v - then) for v in after)
-
-
 # ---- risk ---------------------------------------------------------------------------------------
 #
 # Risk says what could go wrong that the swarm could not undo by itself. A config edit (recipe or

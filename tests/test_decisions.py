@@ -7,7 +7,8 @@ from agents.domain import Diagnosis, Intervention, InterventionKind as K, Outcom
 from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Look, Pair, Refuse, Rejected,
                              Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, smaller_step, wasted,
                              schedule, worth_verifying, corroborated_by,
-                             PERSIST_WITHIN, Sighting, persistence, progress_since)
+                             PERSIST_WITHIN, Sighting, persistence)
+from agents.operators import progress_since
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 

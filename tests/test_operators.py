@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agents.base import LLMPolicyLike, Operator, OperatorContext, rollback_target, tainted
-from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk, Status, Target
+from agents.domain import Diagnosis, Intervention, InterventionKind as K, Outcome, Risk, Status, Target
 from agents.evidence import collect
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead, default_operators
 from test_detectors import HARNESS, grpo_rows, identical_groups, make_ev, real_run, samples, sft_rows
@@ -389,7 +389,7 @@ def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_howeve
         h = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.REJECTED)
         bt = BacktestResult(metric="heldout_acc", candidate=[0.1], control=[0.08], effect=effect, p_value=0.3,
                             test="t", horizon_steps=40, seeds=[0], passed=False)
-        return h.model_copy(update={"backtest": bt, "outcome": outcome})
+        return h.model_copy(update={"backtest": bt, "outcome": Outcome(**outcome)})
 
     lr = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning")
     lead = Lead()
