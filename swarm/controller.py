@@ -35,7 +35,7 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import private_dir, write_private
 from swarm.backtest import BacktestRunner, run_arms, task_range
 from swarm.deciding import Deciding, in_force
-from swarm.decisions import PERSIST_WITHIN, Sighting
+from swarm.decisions import PERSIST_WITHIN
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
@@ -79,8 +79,7 @@ class Memo:
     closed: set[str] = field(default_factory=set)
     held: set[float] = field(default_factory=set)  # launches whose restart hold was logged
     deferred: set[tuple[str, int]] = field(default_factory=set)  # (fix, evals seen) whose deferral was logged
-    looks: int = 0                                  # the controller's looks (node_diagnose calls) so far
-    seen: dict[str, list[Sighting]] = field(default_factory=dict)   # finding -> its latest looks (swarm.decisions.persistence)
+    looks: int = 0                                  # the controller's looks so far (the store keeps those that saw a finding)
     # the timeline's last seq when this process's last full pass began (rows logged during or
     # after it, a human decision included, make the next tick a full pass)
     full_seq: int | None = None
@@ -117,7 +116,7 @@ class Controller(Deciding):
                 self.llm.load_state(json.loads(saved.read_text()))
         self.meter = CpuMeter()
         self.backtest_runner = backtest_runner   # runs a backtest's arms (swarm.backtest.run_arms; tests script them)
-        self.tick, self.memo = Tick(), Memo()
+        self.tick, self.memo = Tick(), Memo(looks=self.store.last_look())
         self.state_job: str | None = None       # the live job's handle (commands wait on it)
 
         self.knowledge = Knowledge(self.ws, goal.memory, task=(goal.run.get("task") or {}).get("name"), timeline=self.store.log)
@@ -404,10 +403,8 @@ class Controller(Deciding):
         self.tick.findings = findings
         ctx.with_findings(findings)
         self.log_findings(findings)
-        m = self.memo             # the looks each finding was seen on
-        m.looks += 1
-        for d in findings:
-            m.seen[d.name] = (m.seen.get(d.name, []) + [Sighting(m.looks, ev.step, time.time())])[-PERSIST_WITHIN:]
+        self.memo.looks += 1      # the looks each finding was seen on are kept in the store
+        self.store.record_look(self.memo.looks, ev.step, [d.name for d in findings], keep=PERSIST_WITHIN)
         wrong = [d for d in findings if d.severity != "info"]
         # skills and past episodes only when something is wrong (a healthy tick costs nothing), and
         # retrieved again only when what is wrong, the library or the memory changed: a finding that

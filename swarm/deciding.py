@@ -238,7 +238,7 @@ class Deciding:
         for iv in proposals:
             # a change plan lets skip its backtest trains no arms: its window is the live run's own steps
             cost = 0 if isinstance(plan(iv, self.facts(iv, s.job_status)), Skip) else verify
-            held = (persistence(self.memo.seen.get(iv.diagnosis.name, []), now, since)
+            held = (persistence([Sighting(*x) for x in self.store.sightings(iv.diagnosis.name)], now, since)
                     if iv.diagnosis.name in findings else None)
             why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
                                   corroborated_by(iv.diagnosis, self.tick.findings), steps_left)

@@ -74,6 +74,12 @@ CREATE TABLE IF NOT EXISTS timeline (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS timeline_kind ON timeline(kind);
+CREATE TABLE IF NOT EXISTS looks (
+    n INTEGER PRIMARY KEY,
+    step INTEGER NOT NULL,
+    time REAL NOT NULL,
+    findings TEXT NOT NULL
+);
 """
 
 
@@ -295,6 +301,27 @@ class Store:
         if not rows:
             raise KeyError(f"unknown controller run {run_id!r} (in {self.path})")
         return dict(rows[0])
+
+    # ---- the controller's looks -------------------------------------------------------------
+    def record_look(self, n: int, step: int, findings: list[str], keep: int) -> None:
+        """Record the controller's look number `n` at the run (the findings it saw at `step`; a look
+        that saw none is not written), keeping the looks of the newest `keep`. How long a finding
+        has held gates decisions (swarm.decisions.persistence), so it survives a controller restart."""
+        if not findings:
+            return
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO looks(n, step, time, findings) VALUES (?,?,?,?)",
+                       (int(n), int(step), time.time(), dumps(sorted(set(findings)))))
+            db.execute("DELETE FROM looks WHERE n <= ?", (int(n) - keep,))
+
+    def last_look(self) -> int:
+        """The newest recorded look's number (0 before the first)."""
+        return int(self._rows("SELECT COALESCE(MAX(n), 0) AS n FROM looks")[0]["n"])
+
+    def sightings(self, finding: str) -> list[tuple[int, int, float]]:
+        """(look, step, time) of the kept looks that saw `finding`, oldest first."""
+        return [(int(r["n"]), int(r["step"]), float(r["time"])) for r in self._rows("SELECT * FROM looks ORDER BY n")
+                if finding in json.loads(r["findings"])]
 
     # ---- timeline -----------------------------------------------------------------------------
     def log(self, kind: str, **data: Any) -> int:

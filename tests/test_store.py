@@ -188,3 +188,22 @@ def test_sigkilled_holder_leaves_no_stale_lock(tmp_path):
     assert lock.held and lock_holder(tmp_path) == os.getpid()
     lock.release()
     assert not lock.held
+
+
+def test_the_looks_that_gate_persistence_survive_a_restart(tmp_path):
+    """How long a finding has held is read from the store (swarm.decisions.persistence gates fixes
+    on it): a controller started again counts on from the looks before, keeps only the newest
+    `keep`, and does not write the looks that saw nothing."""
+    from swarm.decisions import Sighting, persistence
+
+    s = Store(tmp_path / "state.db")
+    for n in range(1, 8):
+        s.record_look(n, 10 * n, ["truncation"] if n >= 5 else [], keep=4)
+    s2 = Store(tmp_path / "state.db")            # another process opens the same ledger
+    assert s2.last_look() == 7
+    got = s2.sightings("truncation")
+    assert [x[:2] for x in got] == [(5, 50), (6, 60), (7, 70)] and s2.sightings("divergence") == []
+    s2.record_look(9, 90, ["truncation"], keep=4)  # looks 6..9 kept
+    assert [x[0] for x in s2.sightings("truncation")] == [6, 7, 9]
+    held = persistence([Sighting(*x) for x in s2.sightings("truncation")], Sighting(9, 90, got[-1][2] + 1), since=0.0)
+    assert held == (3, 30)
