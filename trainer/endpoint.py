@@ -1,0 +1,340 @@
+"""An OpenAI-compatible policy endpoint: any agent program can act with the policy being trained.
+
+`EndpointServer` serves `POST /v1/chat/completions` (FastAPI + uvicorn, in a thread) on
+127.0.0.1 at a free port, every request authenticated with a bearer token (a random one unless
+given; 401 with an OpenAI-style error body without it). Requests are rendered with the agent
+harness's message template into token ids, the policy generates under the harness's sampling
+(the client's `temperature` and `top_p` are recorded, not obeyed; its `max_tokens` can only
+shorten a turn), and a completion that holds a tool call in the harness's syntax is returned as
+OpenAI `tool_calls` (finish_reason "tool_calls").
+
+Every call is appended to a JSONL trajectory log as one step-level record, grouped by the episode
+id the client passes (the `X-Episode-Id` header, else the request's `user` field, else
+"default"; an `X-Attempt` header is recorded beside it): the request's messages and tools, the exact prompt and completion token ids as
+generated, per-token log-probs (when the policy has `logprobs`), the finish reason, the harness
+and weight versions, and whether the prompt extends the episode's previous prompt + completion.
+Token ids are never rebuilt from text where they can be known: an assistant message the client
+sends back that this server produced for the same episode is replaced by the ids it was generated
+as (`reused_assistant` counts them; `retokenized_assistant` counts the ones it had to encode).
+`POST /v1/episodes/{id}/reward` appends the episode's reward. Streaming and n > 1 are refused.
+
+    with EndpointServer(policy, harness, log_path) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=srv.token)
+        client.chat.completions.create(model="policy", messages=[...], tools=[...], user="episode-1")
+
+The policy is any `trainer.agent_rollout.Generator` (`PolicyGenerator` for the trainer's own).
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import pathlib
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+from fastapi import Request   # at module level: the routes' annotations are resolved from this module
+
+from harness.agent import AgentHarness
+from harness.tools import Malformed, ToolCall, ToolSpec, describe_tools
+from trainer.agent_rollout import Generator, cut_at_stop
+
+MAX_BODY_MESSAGES = 512
+EPISODE_HEADER = "x-episode-id"
+ATTEMPT_HEADER = "x-attempt"
+
+
+class _Episode:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.last: list[int] | None = None          # previous prompt + completion ids
+        self.produced: dict[str, list[int]] = {}    # canonical assistant text -> completion ids
+
+
+class EndpointServer:
+    def __init__(self, policy: Generator, harness: AgentHarness, log_path: str | pathlib.Path,
+                 token: str | None = None, weight_version: str = "", model_name: str = "policy") -> None:
+        if token is not None and (not isinstance(token, str) or len(token) < 16):
+            raise ValueError("endpoint token must be a string of at least 16 characters")
+        self.policy, self.harness = policy, harness
+        self.log_path = pathlib.Path(log_path)
+        self.token = token or secrets.token_urlsafe(24)
+        self.weight_version, self.model_name = weight_version, model_name
+        self.episodes: dict[str, _Episode] = {}
+        self._gen_lock = threading.Lock()
+        self._log_lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None
+        self.app = self._make_app()
+
+    # ---- lifecycle --------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self.port is not None, "the server is not started"
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "EndpointServer":
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                        name="policy-endpoint")
+        self._thread.start()
+        deadline = time.time() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.time() > deadline:
+                raise RuntimeError("the policy endpoint did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> "EndpointServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- records ----------------------------------------------------------------------
+    def _append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._log_lock:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+
+    # ---- rendering --------------------------------------------------------------------
+    def _canonical(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        return content + "".join(self.harness.tool_syntax.render(n, a) for n, a in calls)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[ToolSpec] | None, ep: _Episode
+               ) -> tuple[list[int], int, int]:
+        """Prompt ids for `messages`, and how many assistant messages were reused as generated
+        ids / re-encoded from text. ValueError for a message the harness cannot render."""
+        h, tok = self.harness, self.policy.tok
+        shown_tools = tools if tools is not None else h.tools
+        msgs = list(messages)
+        if not any(m.get("role") in ("system", "developer") for m in msgs):
+            msgs.insert(0, {"role": "system", "content": h.system_prompt.format(
+                tools=describe_tools(shown_tools, h.tool_syntax))})
+        elif tools:
+            first = next(i for i, m in enumerate(msgs) if m.get("role") in ("system", "developer"))
+            msgs[first] = {**msgs[first], "content": _text(msgs[first].get("content"), first) + "\n"
+                           + describe_tools(tools, h.tool_syntax)}
+        ids = [tok.bos_id]
+        reused = retok = 0
+        for i, m in enumerate(msgs):
+            role = m.get("role")
+            role = "system" if role == "developer" else role
+            if role not in ("system", "user", "assistant", "tool"):
+                raise ValueError(f"messages[{i}].role={role!r} must be system, developer, user, assistant or tool")
+            prefix, suffix = h.template.parts(role)
+            content = _text(m.get("content"), i)
+            if role == "assistant":
+                calls = []
+                for c in m.get("tool_calls") or []:
+                    fn = (c or {}).get("function") or {}
+                    try:
+                        args = json.loads(fn.get("arguments") or "{}")
+                    except ValueError:
+                        raise ValueError(f"messages[{i}].tool_calls: arguments are not JSON") from None
+                    if not isinstance(fn.get("name"), str) or not isinstance(args, dict):
+                        raise ValueError(f"messages[{i}].tool_calls: a call needs a name and object arguments")
+                    calls.append((fn["name"], args))
+                text = self._canonical(content, calls)
+                body = ep.produced.get(text)
+                if body is None:
+                    body, retok = tok.encode(text), retok + 1
+                else:
+                    reused += 1
+            else:
+                if role == "tool":
+                    content = h.observation.apply(content)[0]
+                body = tok.encode(content)
+            ids += tok.encode(prefix) + body + tok.encode(suffix)
+        return ids + tok.encode(h.template.parts("assistant")[0]), reused, retok
+
+    # ---- the app ----------------------------------------------------------------------
+    def _make_app(self) -> Any:
+        from fastapi import FastAPI
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import JSONResponse
+        from starlette.exceptions import HTTPException
+
+        app = FastAPI(title="swarmlab policy endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+        def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                  code: str | None = None) -> JSONResponse:
+            return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                                status_code=status)
+
+        @app.exception_handler(RequestValidationError)
+        async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+            first = exc.errors()[0] if exc.errors() else {}
+            loc = ".".join(str(x) for x in first.get("loc", ())[1:])
+            return error(400, f"{loc or 'body'}: {first.get('msg', 'invalid request')}", param=loc or None)
+
+        @app.exception_handler(HTTPException)
+        async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+            return error(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+
+        @app.middleware("http")
+        async def _auth(request: Request, call_next: Any) -> Any:
+            got = request.headers.get("authorization", "")
+            want = "Bearer " + self.token
+            if not hmac.compare_digest(got.encode(), want.encode()):
+                return error(401, "a valid bearer token is required", kind="authentication_error",
+                             code="invalid_api_key")
+            return await call_next(request)
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> JSONResponse:
+            try:
+                body = await request.json()
+            except ValueError:
+                return error(400, "the body is not JSON")
+            if not isinstance(body, dict):
+                return error(400, "the body must be a JSON object")
+            episode = request.headers.get(EPISODE_HEADER) or body.get("user") or "default"
+            attempt = request.headers.get(ATTEMPT_HEADER)
+            import anyio
+
+            try:
+                return JSONResponse(await anyio.to_thread.run_sync(self._complete, body, str(episode), attempt))
+            except ValueError as e:
+                return error(400, str(e))
+
+        @app.post("/v1/episodes/{episode}/reward")
+        async def reward(episode: str, request: Request) -> JSONResponse:
+            try:
+                body = await request.json()
+            except ValueError:
+                return error(400, "the body is not JSON")
+            value = body.get("reward") if isinstance(body, dict) else None
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+                return error(400, f"reward={value!r} must be a number", param="reward")
+            self._append({"type": "reward", "episode": episode, "reward": float(value), "time": time.time(),
+                          "harness_version": self.harness.version, "weight_version": self.weight_version})
+            return JSONResponse({"ok": True})
+
+        return app
+
+    def _complete(self, body: dict[str, Any], episode: str, attempt: str | None = None) -> dict[str, Any]:
+        h, tok = self.harness, self.policy.tok
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or len(messages) > MAX_BODY_MESSAGES:
+            raise ValueError(f"messages must be a non-empty list of at most {MAX_BODY_MESSAGES} messages")
+        if any(not isinstance(m, dict) for m in messages):
+            raise ValueError("every message must be an object")
+        if body.get("stream"):
+            raise ValueError("stream=true is not supported by this endpoint")
+        if body.get("n", 1) != 1:
+            raise ValueError(f"n={body.get('n')!r}: this endpoint returns one choice")
+        tools = None
+        if body.get("tools") is not None:
+            try:
+                tools = [ToolSpec(name=t["function"]["name"], description=t["function"].get("description", ""),
+                                  parameters=t["function"].get("parameters") or {"type": "object", "properties": {}})
+                         for t in body["tools"]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"tools: {str(e).splitlines()[0]}") from None
+        max_new = h.sampling.max_new_tokens
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        if asked is not None:
+            if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+                raise ValueError(f"max_tokens={asked!r} must be a positive integer")
+            max_new = min(max_new, asked)
+        with self._gen_lock:
+            ep = self.episodes.setdefault(episode, _Episode())
+            prompt, reused, retok = self.render(messages, tools, ep)
+            limit = getattr(self.policy, "max_len", None)
+            if limit is not None and len(prompt) + 1 > limit:
+                raise ValueError(f"the prompt is {len(prompt)} tokens; the policy takes at most {limit}")
+            if limit is not None:
+                max_new = min(max_new, limit - len(prompt))
+            out = list(self.policy.generate(prompt, max_new, h.sampling.temperature, list(h.stop)))[:max_new]
+            out, stopped = cut_at_stop(tok, out, h.stop)
+            logprobs = self.policy.logprobs(prompt, out) if hasattr(self.policy, "logprobs") else None
+            extends = ep.last is None or prompt[: len(ep.last)] == ep.last
+            ep.last = prompt + out
+            ep.calls += 1
+            call_index = ep.calls
+            text = tok.decode(out)
+            stopped = stopped or (bool(out) and out[-1] == tok.eos_id) or len(out) < max_new
+            at = h.tool_syntax.find(text)
+            parsed = h.tool_syntax.parse(text, tools if tools is not None else h.tools) if at >= 0 else None
+            answer_at = text.find(h.answer.prefix) if h.answer.prefix else -1
+            tool_calls = None
+            content: str | None = text
+            if isinstance(parsed, ToolCall) and not (0 <= answer_at < at):
+                content = text[:at]
+                call_id = f"call_{secrets.token_hex(6)}"
+                tool_calls = [{"id": call_id, "type": "function",
+                               "function": {"name": parsed.name, "arguments": json.dumps(parsed.arguments)}}]
+                ep.produced[self._canonical(content, [(parsed.name, parsed.arguments)])] = out
+                finish = "tool_calls"
+            else:
+                ep.produced[text] = out
+                finish = "stop" if stopped else "length"
+        record = {
+            "type": "call", "episode": episode, "attempt": attempt, "call": call_index, "time": time.time(),
+            "harness_version": h.version, "weight_version": self.weight_version,
+            "messages": messages, "tools": body.get("tools"),
+            "requested": {k: body.get(k) for k in ("model", "temperature", "top_p", "max_tokens",
+                                                   "max_completion_tokens") if k in body},
+            "prompt_ids": prompt, "completion_ids": out, "logprobs": logprobs, "text": text,
+            "finish_reason": finish, "tool_calls": tool_calls,
+            "malformed_call": parsed.reason if isinstance(parsed, Malformed) else None,
+            "extends_previous": extends, "reused_assistant": reused, "retokenized_assistant": retok,
+        }
+        self._append(record)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                                  "message": {"role": "assistant", "content": (content or None) if tool_calls else content,
+                                              "tool_calls": tool_calls}}
+        if body.get("logprobs") and logprobs is not None:
+            choice["logprobs"] = {"content": [
+                {"token": tok.decode([t]), "logprob": lp, "bytes": list(tok.decode([t]).encode()), "top_logprobs": []}
+                for t, lp in zip(out, logprobs)]}
+        return {
+            "id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion", "created": int(time.time()),
+            "model": self.model_name, "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out),
+                      "total_tokens": len(prompt) + len(out)},
+            "system_fingerprint": h.version,
+        }
+
+
+def _text(content: Any, i: int) -> str:
+    """A message's content as text: a string, None, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                raise ValueError(f"messages[{i}].content: only text parts are supported")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
+
+
+def read_log(path: str | pathlib.Path) -> list[dict[str, Any]]:
+    """The records of a trajectory log, in order."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
