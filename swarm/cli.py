@@ -360,9 +360,10 @@ def _load_goal(path: str):
 @app.command()
 def validate(goal: str = typer.Argument(..., help="goal file (YAML)")) -> None:
     """Check a goal file as `swarm run` does before it creates anything; prints "ok" or one error line."""
-    g = _load_goal(goal)
-    out.print(f"ok: {g.run_config('check', 'runs').task.name} task, target {g.target.metric} {g.target.op} "
-              f"{g.target.threshold:g}", markup=False, highlight=False)
+    from swarm.plan import validated_lines
+
+    for line in validated_lines(_load_goal(goal)):   # the task as understood, the plan's fields by source
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

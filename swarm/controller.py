@@ -119,7 +119,7 @@ class Controller(Deciding):
         self.tick, self.memo = Tick(), Memo(looks=self.store.last_look())
         self.state_job: str | None = None       # the live job's handle (commands wait on it)
 
-        self.knowledge = Knowledge(self.ws, goal.memory, task=(goal.run.get("task") or {}).get("name"), timeline=self.store.log)
+        self.knowledge = Knowledge(self.ws, goal.memory, task=goal.run_config("train", "runs").task.name, timeline=self.store.log)
         self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
         private_dir(self.windows)
         self.graph, self._conn = build_graph(self, str(self.sdir / "graph.db"))

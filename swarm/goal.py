@@ -12,13 +12,27 @@
     sandbox: isolated                                     # unsafe_plain: run untrusted code unisolated where nothing isolates
 
 Validated up front: a malformed goal is one line naming the field, exit code 2.
+
+A goal may be as short as its sentence, a target and a budget:
+
+    goal: a policy that sorts lists of 5 digits with >= 90% held-out exact match
+    target: {metric: heldout_acc, op: ">=", threshold: 0.9}
+    budget: {worker_cpu_s: 1800}
+
+The task comes from `run.task` when written, else from the sentence (swarm/words.py: a documented
+matcher over the task registry). The fields `run:` leaves out are chosen by the plan from the task's
+own facts, each with its source (swarm/plan.py); a goal that writes `run.task` keeps today's
+contract: its run as written, RunConfig's defaults for the rest. `Goal.load` (a goal file: the
+user's words) refuses a sentence that names no task, two tasks equally, another task than
+`run.task`, or a difficulty the task does not have; `Goal.parse` (goals built in code, the
+controller's saved copy) records the same understanding in `goal.understood` and refuses nothing.
 """
 from __future__ import annotations
 
 import pathlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from agents.domain import ApprovalPolicy, Budget, LLMSettings, Target
 from trainer.config import EVAL_MAX, ConfigError, Perturbation, RunConfig, format_validation_error, load_yaml
@@ -120,9 +134,47 @@ class Goal(_Setting):
         "the run ends (split like a shell line, run without a shell; SWARM_EVENT, SWARM_INTERVENTION, SWARM_DETAIL, "
         "SWARM_APPROVE, SWARM_WORKSPACE in its environment); `--notify` on the command line overrides it")
 
+    # what the sentence was understood as (swarm.words) and the plan (swarm.plan), kept for the
+    # (goal, run) they were made from: a goal changed after parsing is understood afresh
+    _words: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def _memo(self, what: str, make: Any) -> Any:
+        import json
+
+        key = json.dumps([what, self.goal, self.run], sort_keys=True, default=str)
+        if key not in self._words:
+            self._words[key] = make()
+        return self._words[key]
+
+    @property
+    def understood(self) -> Any:
+        """`swarm.words.Understood | Refused` for this goal."""
+        from swarm.words import understand
+
+        task = self.run.get("task") if "task" in self.run else None
+        written = task if isinstance(task, dict) or task is None else {"name": task}
+        return self._memo("understood", lambda: understand(self.goal, written))
+
+    def plan(self) -> Any:
+        """The `swarm.plan.Plan` of this goal, None when its sentence is refused."""
+        from swarm.plan import make_plan
+        from swarm.words import Refused
+
+        u = self.understood
+        return None if isinstance(u, Refused) else self._memo("plan", lambda: make_plan(u, self.run, self.goal))
+
+    def planned_run(self) -> dict[str, Any]:
+        """The run to train: `run` as written, filled by the plan when the task comes from the words."""
+        from swarm.words import Understood
+
+        u = self.understood
+        if isinstance(u, Understood) and u.source == "words":
+            return self.plan().run(self.run)
+        return self.run
+
     def run_config(self, name: str, out_dir: str, with_perturbations: bool = False) -> RunConfig:
         """The trainer config. Perturbations are included only for the job the trainer runs."""
-        data = {**self.run, "name": name, "out_dir": out_dir}
+        data = {**self.planned_run(), "name": name, "out_dir": out_dir}
         data.pop("perturbations", None)
         if with_perturbations:
             data["perturbations"] = [p.model_dump(exclude_unset=True) for p in self.perturbations]
@@ -136,7 +188,13 @@ class Goal(_Setting):
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> "Goal":
-        return cls.parse(load_yaml(path, "goal file"))
+        """A goal file: validated, and its sentence understood (else a ConfigError of one line)."""
+        from swarm.words import Refused
+
+        goal = cls.parse(load_yaml(path, "goal file"))
+        if isinstance(goal.understood, Refused):
+            raise ConfigError(goal.understood.line)
+        return goal
 
     @classmethod
     def parse(cls, data: Any) -> "Goal":
@@ -155,10 +213,13 @@ class Goal(_Setting):
                 notify_argv(goal.notify, "notify")
             except ValueError as e:
                 raise ConfigError(f"invalid goal: {e}") from None
-        try:
+        try:   # the goal's own fields first, so an error names what the user wrote, never a plan's choice
+            RunConfig.parse({**goal.run, "name": "check", "out_dir": "/tmp"})
             goal.run_config("check", "/tmp", with_perturbations=True)
         except ConfigError as e:
             raise ConfigError(str(e).replace("invalid config: ", "invalid goal: run.")) from None
+        except ValueError as e:   # the plan's task could not be built from what the words named
+            raise ConfigError(f"invalid goal: goal: {e}") from None
         from trainer.perturb import check_overrides
 
         cfg = goal.run_config("check", "/tmp")

@@ -43,6 +43,9 @@ class _BinaryArithmetic(Task):
     min_difficulty = 1
     max_difficulty = 12
     charset: ClassVar[str] = "0123456789+*-"  # '-' only ever in a (wrong) negative answer
+    words = ("number", "numbers", "integer", "integers", "digit", "digits", "arithmetic")
+    difficulty_patterns = (r"(\d+)[- ]digits?\b", r"\bof (\d+) digits\b") + Task.difficulty_patterns
+    difficulty_label = "{d} digits"
 
     def _apply(self, a: int, b: int) -> int:
         raise NotImplementedError
@@ -73,6 +76,10 @@ class _BinaryArithmetic(Task):
 class Addition(_BinaryArithmetic):
     name = "addition"
     op = "+"
+    names = ("add", "sum", "addition", "additions", "adds", "adding", "sums", "summing", "plus")
+
+    def max_lengths(self, difficulty: int) -> tuple[int, int]:
+        return 2 * difficulty + 1, difficulty + 1      # "a+b", and one carry digit at most
 
     def _apply(self, a: int, b: int) -> int:
         return a + b
@@ -82,6 +89,11 @@ class Addition(_BinaryArithmetic):
 class Multiplication(_BinaryArithmetic):
     name = "multiplication"
     op = "*"
+    names = ("multiply", "product", "multiplication", "multiplications", "multiplies", "multiplying", "products",
+             "times")
+
+    def max_lengths(self, difficulty: int) -> tuple[int, int]:
+        return 2 * difficulty + 1, 2 * difficulty      # "a*b"; a product of two d-digit numbers has <= 2d digits
 
     def _apply(self, a: int, b: int) -> int:
         return a * b

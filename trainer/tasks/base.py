@@ -93,6 +93,44 @@ class Task(abc.ABC):
     min_difficulty: ClassVar[int] = 1
     max_difficulty: ClassVar[int] = 10
 
+    # What a goal's sentence may say about the family (read by swarm/words.py, never by training).
+    # `names`: words or phrases that name it, each inflection written out ("adds", "adding");
+    # `words`: describing words that break a tie between families a name picks; `difficulty_patterns`:
+    # regexes with one group, over the lowercased sentence (number words as digits), that read the
+    # difficulty it states ("3-digit numbers"); `difficulty_label`: how a difficulty reads ("{d} digits").
+    names: ClassVar[tuple[str, ...]] = ()
+    words: ClassVar[tuple[str, ...]] = ()
+    difficulty_patterns: ClassVar[tuple[str, ...]] = (r"\bdifficulty (?:of )?(\d+)\b", r"\blevel (\d+)\b")
+    difficulty_label: ClassVar[str] = "difficulty {d}"
+    # Facts a plan is made from (swarm/plan.py): the difficulty when the goal states none; the
+    # options its words never set (said so in the plan); an answer format when the one-word default
+    # cannot hold the answer (AnswerFormat fields) and the prompt template that goes with it.
+    default_difficulty: ClassVar[int] = 3
+    unread_options: ClassVar[tuple[str, ...]] = ()
+    answer_format: ClassVar[dict[str, Any] | None] = None
+    template: ClassVar[str | None] = None
+    length_probes: ClassVar[int] = 64   # examples per split generated when lengths are measured, not derived
+    charset: ClassVar[str] = ""         # every character questions and answers use; "" = free text
+
+    def max_lengths(self, difficulty: int) -> tuple[int, int]:
+        """(question, answer) length bounds in characters at `difficulty`; the answer is the longer of
+        `answer` and `solution` (the SFT target). Families whose lengths follow from the difficulty
+        override this with the exact bound; here they are measured on `length_probes` examples of
+        each split and given a margin (x1.5 + 8): a bound that holds for what was seen, not a proof."""
+        q = a = 0
+        for split in Split:
+            for i in range(self.length_probes):
+                try:
+                    ex = self.example(split, i, difficulty)
+                except ValueError:   # a split with no question at this difficulty
+                    break
+                q = max(q, len(ex.question))
+                a = max(a, len(ex.answer), len(ex.solution or ""))
+        return (q * 3 + 1) // 2 + 8, (a * 3 + 1) // 2 + 8
+
+    def default_difficulty_clamped(self) -> int:
+        return min(max(self.default_difficulty, self.min_difficulty), self.max_difficulty)
+
     def __init__(self, seed: int = 0, **options: Any) -> None:
         if options:
             raise ValueError(f"task {self.name!r}: unknown options {sorted(options)}")

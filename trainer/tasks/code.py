@@ -245,6 +245,15 @@ class CodeTask(Task):
     min_difficulty = 1
     max_difficulty = 10
     charset: ClassVar[str] = ""  # code is free text: use the model's own tokenizer
+    names = ("python", "function", "functions", "code", "coding", "program", "programs", "programming")
+    words = ("write", "writes", "writing", "implement", "implements", "pipeline", "pipelines", "tests")
+    difficulty_patterns = (r"\b(\d+)[- ]stages?\b", r"\bof (\d+) stages\b") + Task.difficulty_patterns
+    difficulty_label = "{d} stages"
+    unread_options = ("sandbox", "n_tests", "timeout", "reward")
+    # multi-line code: a fenced block, closed by the end of the completion (eos) or a closing fence
+    answer_format = {"prefix": "```python\n", "regex": "```python\n(.*?)(?:```|\\Z)", "stop": None}
+    template = "{question}\n"
+    length_probes = 32
 
     def __init__(self, seed: int = 0, sandbox: str = "local", n_tests: int = 8, timeout: float = 5.0,
                  reward: str = "fraction", workers: int | None = None, **options: Any) -> None:

@@ -143,6 +143,11 @@ class Countdown(Task):
     max_difficulty = 6
     # question: digits, space, "->"; answers: digits, + - * /, parentheses (spaces tolerated)
     charset: ClassVar[str] = "0123456789 ->+*/()"
+    names = ("countdown", "count down", "countdown game", "numbers game")
+    words = ("target", "expression", "expressions", "reach", "combine", "numbers", "arithmetic")
+    difficulty_patterns = (r"\b(\d+) (?:given |input |starting |source )?numbers\b",) + Task.difficulty_patterns
+    difficulty_label = "{d} numbers"
+    unread_options = ("max_number", "max_target")
 
     def __init__(self, seed: int = 0, max_number: int = 25, max_target: int = 999, **options: Any) -> None:
         super().__init__(seed=seed, **options)
@@ -152,6 +157,13 @@ class Countdown(Task):
             raise ValueError(f"task 'countdown': max_target={max_target} must be >= max_number={max_number}")
         self.max_number = max_number
         self.max_target = max_target
+
+    def max_lengths(self, difficulty: int) -> tuple[int, int]:
+        """n numbers of at most len(max_number) digits with spaces, "->", a target <= max_target; the
+        answer: the n numbers, n-1 operators and a pair of parentheses around each inner node but the
+        root (n-2 of them)."""
+        n, w = difficulty, len(str(self.max_number))
+        return n * (w + 1) - 1 + 2 + len(str(self.max_target)), n * w + (n - 1) + 2 * max(n - 2, 0)
 
     def make(self, rng: random.Random, difficulty: int) -> Example:
         numbers = [rng.randint(1, self.max_number) for _ in range(difficulty)]

@@ -55,6 +55,15 @@ class ReasoningGym(Task):
     min_difficulty = 1
     max_difficulty = 1  # per instance, from the dataset's curriculum
     charset: ClassVar[str] = ""  # free text: use the model's own tokenizer
+    # the family's names; each dataset is named by its id ("basic_arithmetic") and that id's words
+    # ("basic arithmetic"): `dataset_names()`
+    names = ("reasoning gym", "reasoninggym", "rg")
+    words = ("puzzle", "puzzles", "dataset", "reasoning")
+    difficulty_label = "level {d}"
+    answer_format = {"prefix": "<answer>", "regex": "<answer>(.*?)(?:</answer>|\\Z)", "stop": None}
+    template = "{question}\n"
+    default_difficulty = 1
+    length_probes = 16     # a few generators take seconds per example at their top levels
 
     def __init__(self, seed: int = 0, dataset: str | None = None, **config: Any) -> None:
         super().__init__(seed=seed)
@@ -84,6 +93,12 @@ class ReasoningGym(Task):
         self._levels = self._usable_levels(curricula.get(dataset))
         self.max_difficulty = len(self._levels)  # type: ignore[misc]
         self._scorers: dict[int, Any] = {}
+
+    @staticmethod
+    def dataset_names() -> dict[str, tuple[str, ...]]:
+        """What names each reasoning-gym dataset in a goal's sentence: its id and the id's words."""
+        datasets, _ = _registry()
+        return {d: (d, d.replace("_", " ")) for d in sorted(datasets)}
 
     def knobs(self, difficulty: int) -> dict[str, Any]:
         """The dataset config fields for `difficulty` (curriculum values, then the user's options)."""

@@ -28,6 +28,16 @@ class _DigitSequence(Task):
     min_difficulty = 2
     max_difficulty = 12
     charset: ClassVar[str] = "0123456789sr:"
+    words = ("list", "lists", "sequence", "sequences", "string", "strings", "digit", "digits", "array", "arrays")
+    difficulty_patterns = (
+        r"(\d+)[- ](?:digits?|elements?|items?|characters?)\b",
+        r"\b(?:lists?|sequences?|strings?|arrays?) of (?:length )?(\d+)\b",
+        r"\blength (?:of )?(\d+)\b",
+    ) + Task.difficulty_patterns
+    difficulty_label = "length {d}"
+
+    def max_lengths(self, difficulty: int) -> tuple[int, int]:
+        return difficulty + 2, difficulty              # "s:" + the digits; the answer is as long
 
     def _transform(self, digits: str) -> str:
         raise NotImplementedError
@@ -57,6 +67,7 @@ class _DigitSequence(Task):
 class Sort(_DigitSequence):
     name = "sort"
     prefix = "s"
+    names = ("sort", "ascending", "sorts", "sorted", "sorting", "sorter")
 
     def _transform(self, digits: str) -> str:
         return "".join(sorted(digits))
@@ -66,6 +77,7 @@ class Sort(_DigitSequence):
 class Reverse(_DigitSequence):
     name = "reverse"
     prefix = "r"
+    names = ("reverse", "backwards", "reverses", "reversed", "reversing", "reversal")
 
     def _transform(self, digits: str) -> str:
         return digits[::-1]
