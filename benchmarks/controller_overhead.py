@@ -11,10 +11,15 @@ process's own CPU time is the controller's). Measured with getrusage(SELF):
 Reported: whole-run CPU / wall (target ≤ 2%), steady CPU / steady wall, per-node CPU, and how
 many ticks were quiet (diagnose → report, nothing to do) or full passes.
 
-    python benchmarks/controller_overhead.py [--observe-s 2]
+    python benchmarks/controller_overhead.py [--observe-s 2] [--jobs ray]
     python benchmarks/controller_overhead.py --unreachable --wall-s 300
 
-Results: benchmarks/results/controller_overhead[_unreachable].{json,md}.
+`--jobs ray` runs the job on a private Ray head as `swarm run` does (the controller then also polls
+the Jobs API); the head's own processes (GCS, raylet, dashboard, job supervisor; the trainer
+excluded) are measured beside the controller, since a run of days pays for them too.
+`benchmarks/controller_overhead_compare.py` runs this script on two code states side by side.
+
+Results: benchmarks/results/controller_overhead[_unreachable][_ray].{json,md} (or `--out NAME`).
 """
 from __future__ import annotations
 
@@ -40,11 +45,45 @@ def cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def ray_head_cpu(since: float) -> dict[int, float]:
+    """CPU-s so far of each Ray process started after `since` (this run's private head: GCS, raylet,
+    dashboard, the job supervisor...), the trainer and its children excluded."""
+    import psutil
+
+    out: dict[int, float] = {}
+    skip: set[int] = set()
+    procs = []
+    for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if p.info["create_time"] < since - 1 or p.pid == os.getpid():
+                continue
+            if "trainer.entry" in cmd or "trainer/entry" in cmd:
+                skip.add(p.pid)
+                skip.update(c.pid for c in p.children(recursive=True))
+            elif "ray" in cmd:
+                procs.append(p)
+        except psutil.Error:
+            continue
+    for p in procs:
+        if p.pid in skip:
+            continue
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--unreachable", action="store_true", help="target out of reach: watch for --wall-s seconds")
     ap.add_argument("--wall-s", type=float, default=300.0, help="--unreachable: wall budget of the run")
     ap.add_argument("--observe-s", type=float, default=None, help="swarm.observe_every_s (default: the goal's)")
+    ap.add_argument("--jobs", choices=["process", "ray"], default="process",
+                    help="process: the trainer is a child process; ray: a private Ray head runs it as a job")
+    ap.add_argument("--out", default=None, help="results name under benchmarks/results (default: from the options)")
     args = ap.parse_args()
     t0, c0 = time.time(), cpu()
     import yaml
@@ -65,12 +104,18 @@ def main() -> None:
 
     per_node: dict[str, list] = {}     # node → [calls, CPU-s, [CPU-s of each call]]
 
+    head_cpu: dict[str, dict[int, float]] = {}
+
     class Timed(Controller):
         def node_plan(self, s):
+            if "steady" not in marks:
+                head_cpu["steady"] = ray_head_cpu(t0)
             marks.setdefault("steady", (time.time(), cpu()))
             return super().node_plan(s)
 
         def node_finish(self, s):
+            if "finish" not in marks:
+                head_cpu["finish"] = ray_head_cpu(t0)
             marks.setdefault("finish", (time.time(), cpu()))
             return super().node_finish(s)
 
@@ -92,12 +137,17 @@ def main() -> None:
         setattr(Timed, name, timed(name))
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="ctrl-overhead-"))
-    ctrl = Timed.create(work / "ws", Goal.parse(goal), jobs="process")
+    ctrl = Timed.create(work / "ws", Goal.parse(goal), jobs=args.jobs)
     summary = ctrl.run()
     t_end, c_end = time.time(), cpu()
     (ts, cs), (tf, cf) = marks["steady"], marks["finish"]
     n_interventions = len([r for r in json.loads((work / "ws" / ".swarm" / "summary.json").read_text()).get("interventions", [])])
+    steady_head = (sum(head_cpu.get("finish", {}).values()) - sum(
+        v for pid, v in head_cpu.get("steady", {}).items() if pid in head_cpu.get("finish", {})))
     res = {
+        "jobs": args.jobs,
+        "head_steady_cpu_s": steady_head if args.jobs == "ray" else None,
+        "head_steady_pct": 100 * steady_head / (tf - ts) if args.jobs == "ray" else None,
         "wall_s": t_end - t0, "controller_cpu_s": c_end - c0,
         "startup_cpu_s": cs - c0, "startup_wall_s": ts - t0,
         "steady_cpu_s": cf - cs, "steady_wall_s": tf - ts,
@@ -115,15 +165,18 @@ def main() -> None:
     }
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    name = "controller_overhead" + ("_unreachable" if args.unreachable else "")
+    name = args.out or ("controller_overhead" + ("_unreachable" if args.unreachable else "")
+                        + ("_ray" if args.jobs == "ray" else ""))
     (out / f"{name}.json").write_text(json.dumps(res, indent=1))
     what = (f"The healthy goal with an unreachable target (held-out 1.0), so the controller ticks every {observe_s:g} s "
             f"for the whole {args.wall_s:g} s budget" if args.unreachable else
             f"The healthy example as shipped (`examples/goals/healthy.yaml`), observed every {observe_s:g} s")
     what += f" ({quiet_s:g} s after a quiet tick)" if quiet_s != observe_s else ""
+    head_line = ("" if args.jobs != "ray" else f"\nThe private Ray head's own processes (the trainer excluded) used "
+                 f"{steady_head:.2f} CPU-s in the steady state: {res['head_steady_pct']:.2f}% of its wall time, beside the controller's.")
     md = f"""# Controller overhead: {'a long run that never reaches its target' if args.unreachable else 'the healthy example'}
 
-Command: `python benchmarks/controller_overhead.py{' --unreachable --wall-s %g' % args.wall_s if args.unreachable else ''}{' --observe-s %g' % args.observe_s if args.observe_s is not None else ''}`.
+Command: `python benchmarks/controller_overhead.py{' --unreachable --wall-s %g' % args.wall_s if args.unreachable else ''}{' --observe-s %g' % args.observe_s if args.observe_s is not None else ''}{' --jobs ray' if args.jobs == 'ray' else ''}`.
 Code: {res['commit']}. Machine: {res['machine']} (shared with other jobs). {what}; {res['steps']} trainer steps;
 {res['interventions']} interventions; ended: {res['reason']}. Ticks: {res['ticks']}, of which {res['ticks'] - res['full_ticks']} quiet
 (diagnose → report) and {res['full_ticks']} full passes (propose … mine_skills).
@@ -135,7 +188,7 @@ Code: {res['commit']}. Machine: {res['machine']} (shared with other jobs). {what
 | finish (stop, final report with its SVG curves) | {res['finish_cpu_s']:.2f} | {res['finish_wall_s']:.1f} | — |
 | **whole run** | {res['controller_cpu_s']:.2f} | {res['wall_s']:.1f} | **{res['total_pct']:.2f}%** (target ≤ 2%) |
 
-The steady-state share is what a run of days pays; start-up and finish are fixed costs per controller start.
+The steady-state share is what a run of days pays; start-up and finish are fixed costs per controller start.{head_line}
 
 CPU by node (steady state; `observe` excludes its sleep, which costs no CPU):
 
