@@ -27,6 +27,7 @@ import logging
 import random
 from typing import Any, Callable, ClassVar
 
+from sandboxes.errors import SwarmlabError
 from harness.agent import AgentHarness
 from harness.tools import ToolSpec, check_arguments
 from trainer.tasks.base import MAX_DRAWS, Example, Split, Verdict, VerifyResult, _split_seed, heldout_question
@@ -34,7 +35,7 @@ from trainer.tasks.base import MAX_DRAWS, Example, Split, Verdict, VerifyResult,
 log = logging.getLogger(__name__)
 
 
-class ToolFailure(Exception):
+class ToolFailure(SwarmlabError):
     """Raised by a tool's code for a failure the policy should read (a key that does not exist,
     an expression that does not evaluate); `AgentEnv.call` turns it into an observation."""
 

@@ -27,10 +27,11 @@ import dataclasses
 import math
 from typing import Any
 
+from sandboxes.errors import SwarmlabError
 from trainer.steer.settings import GENERATION
 
 
-class ApplyError(RuntimeError):
+class ApplyError(SwarmlabError, RuntimeError):
     """A hot setting could not be set or did not read back as set: the change is not in force."""
 
 
