@@ -162,6 +162,18 @@ class AgentEnv(abc.ABC):
         """Release what the tools hold (a sandbox)."""
 
 
+def check_integer(parsed: str, example: Example) -> VerifyResult:
+    """The verdict on an answer that must be the example's integer (the lookup and calc environments)."""
+    from trainer.tasks.arithmetic import canonical_int
+
+    got = canonical_int(parsed)
+    if got is None:
+        return VerifyResult(0.0, Verdict.MALFORMED, parsed, "not an integer")
+    if got == example.answer:
+        return VerifyResult(1.0, Verdict.CORRECT, got)
+    return VerifyResult(0.0, Verdict.WRONG, got, f"expected {example.answer}")
+
+
 ENVS: dict[str, type[AgentEnv]] = {}
 
 

@@ -15,9 +15,8 @@ import random
 from typing import Any
 
 from harness.tools import ToolSpec, params
-from trainer.envs.base import AgentEnv, Tool, ToolFailure, register_env
-from trainer.tasks.arithmetic import canonical_int
-from trainer.tasks.base import Example, Verdict, VerifyResult
+from trainer.envs.base import AgentEnv, Tool, ToolFailure, check_integer, register_env
+from trainer.tasks.base import Example, VerifyResult
 
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 SYMBOL = {"add": "+", "subtract": "-", "multiply by": "*"}
@@ -93,12 +92,7 @@ class CalcEnv(AgentEnv):
         return Example(uid="", question=question, answer=str(trace[-1]), meta=meta)
 
     def check(self, parsed: str, example: Example) -> VerifyResult:
-        got = canonical_int(parsed)
-        if got is None:
-            return VerifyResult(0.0, Verdict.MALFORMED, parsed, "not an integer")
-        if got == example.answer:
-            return VerifyResult(1.0, Verdict.CORRECT, got)
-        return VerifyResult(0.0, Verdict.WRONG, got, f"expected {example.answer}")
+        return check_integer(parsed, example)
 
     def demo(self, example: Example) -> tuple[list[tuple[str, dict[str, Any]]], str]:
         calls, value = [], example.meta["start"]

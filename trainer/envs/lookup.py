@@ -13,9 +13,8 @@ import string
 from typing import Any
 
 from harness.tools import ToolSpec, params
-from trainer.envs.base import AgentEnv, Tool, ToolFailure, register_env
-from trainer.tasks.arithmetic import canonical_int
-from trainer.tasks.base import Example, Verdict, VerifyResult
+from trainer.envs.base import AgentEnv, Tool, ToolFailure, check_integer, register_env
+from trainer.tasks.base import Example, VerifyResult
 
 
 def _quoted(keys: list[str]) -> str:
@@ -59,12 +58,7 @@ class LookupEnv(AgentEnv):
         return Example(uid="", question=question, answer=answer, meta={"table": table, "asked": asked})
 
     def check(self, parsed: str, example: Example) -> VerifyResult:
-        got = canonical_int(parsed)
-        if got is None:
-            return VerifyResult(0.0, Verdict.MALFORMED, parsed, "not an integer")
-        if got == example.answer:
-            return VerifyResult(1.0, Verdict.CORRECT, got)
-        return VerifyResult(0.0, Verdict.WRONG, got, f"expected {example.answer}")
+        return check_integer(parsed, example)
 
     def demo(self, example: Example) -> tuple[list[tuple[str, dict[str, Any]]], str]:
         return [("get", {"key": k}) for k in example.meta["asked"]], example.answer
