@@ -493,7 +493,7 @@ def main() -> None:
     ap.add_argument("--coverage", default=None, help="text for the coverage section of the .md")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--cores", type=int, default=None, help="core slots shared with every bench process on this machine "
-                    "(swarm.bench.machine.CoreSlots; default: all cores): a run waits until its cores are free")
+                    "(swarmbench.machine.CoreSlots; default: all cores): a run waits until its cores are free")
     a = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
     res = load_results(a.fresh)
@@ -525,7 +525,7 @@ def main() -> None:
         log(f"controller import cost: {meta['controller_import_cost']}")
     tasks = [(g, s, arm) for s in a.seeds for g in a.goals for arm in a.arms]
     lock = threading.Lock()
-    from swarm.bench.machine import METHOD_CORES, CoreSlots
+    from swarmbench.machine import METHOD_CORES, CoreSlots
 
     slots = CoreSlots(a.cores)   # the same slots as `swarm bench`: no run is measured on an oversubscribed machine
 

@@ -599,9 +599,15 @@ def rollback(iid: str = typer.Argument(...), workspace: str = typer.Option(DEFAU
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def bench(ctx: typer.Context) -> None:
     """Benchmark suite: swarm vs plain, oracle, Ray Tune PBT/PB2/ASHA (`swarm bench --help`; docs/benchmarks.md)."""
-    from swarm.bench.cli import main as bench_main
+    from importlib.metadata import distributions
 
-    raise typer.Exit(bench_main(list(ctx.args)))
+    # the suite (swarmbench) sits above the controller, which never imports it: its command is found
+    # through the entry point pyproject.toml declares, in every copy of the metadata on the path (a
+    # stale swarmlab.egg-info in the working directory would hide the installed one from entry_points())
+    found = [ep for d in distributions() for ep in d.entry_points if ep.group == "swarmlab.cli" and ep.name == "bench"]
+    if not found:
+        fail("swarm bench: the benchmark suite is not installed (pip install -e . installs swarmbench)")
+    raise typer.Exit(found[0].load()(list(ctx.args)))
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""The benchmark suite (swarm/bench): calibration cache, the Tune trainable's fault and
+"""The benchmark suite (swarmbench): calibration cache, the Tune trainable's fault and
 override handling, worker-CPU accounting, the resumable runner and a smoke bench.
 
 Real parts throughout: real trainer processes on a tiny 1-digit addition config, real checkpoints,
@@ -17,12 +17,12 @@ import time
 import pytest
 import yaml
 
-from swarm.bench import calibrate as cal
-from swarm.bench.accounting import ProcessMeter, cpu_at, is_trainer
-from swarm.bench.report import auc
-from swarm.bench.runner import Bench, BenchConfig, Ledger
-from swarm.bench.scenarios import write_suite
-from swarm.bench.tune_methods import BudgetStopper, fired_after_restore, train_segment
+from swarmbench import calibrate as cal
+from swarmbench.accounting import ProcessMeter, cpu_at, is_trainer
+from swarmbench.report import auc
+from swarmbench.runner import Bench, BenchConfig, Ledger
+from swarmbench.scenarios import write_suite
+from swarmbench.tune_methods import BudgetStopper, fired_after_restore, train_segment
 from trainer.config import Perturbation
 from trainer.perturb import expand
 
@@ -106,8 +106,8 @@ class Paused(Exception):
 
 
 def _spec(perturbations: list[dict], steps: int = 80) -> dict:
-    from swarm.bench.methods import trainer_config
-    from swarm.bench.tune_methods import space_bounds
+    from swarmbench.methods import trainer_config
+    from swarmbench.tune_methods import space_bounds
 
     g = tiny_goal(perturbations)
     g["budget"]["steps"] = steps
@@ -167,7 +167,7 @@ def test_fired_state_after_restore():
 
 KILL_SCRIPT = """
 import json, pathlib, shutil, sys
-from swarm.bench.tune_methods import train_segment
+from swarmbench.tune_methods import train_segment
 spec, trial_dir, keep, restore = json.loads(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3]), sys.argv[4]
 steps = []
 def report(m, ck):
@@ -234,8 +234,8 @@ def test_smoke_bench_two_scenarios_two_methods(smoke):
 
 
 def test_code_state_counts_what_a_run_executes_not_the_runner_or_its_report(tmp_path):
-    for f in ("trainer/train.py", "swarm/decisions.py", "swarm/bench/methods.py", "swarm/bench/runner.py",
-              "swarm/bench/report.py", "agents/operators.py"):
+    for f in ("trainer/train.py", "swarm/decisions.py", "swarmbench/methods.py", "swarmbench/runner.py",
+              "swarmbench/report.py", "agents/operators.py"):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("x = 1\n")
 
@@ -243,13 +243,13 @@ def test_code_state_counts_what_a_run_executes_not_the_runner_or_its_report(tmp_
         return cal.code_state(tmp_path, cal.BASELINE_DIRS), cal.code_state(tmp_path, cal.SWARM_DIRS)
 
     before = states()
-    for f in ("swarm/bench/runner.py", "swarm/bench/report.py"):      # what runs the bench and writes its tables
+    for f in ("swarmbench/runner.py", "swarmbench/report.py"):      # what runs the bench and writes its tables
         (tmp_path / f).write_text("x = 2\n")
         assert states() == before, f
     (tmp_path / "swarm/decisions.py").write_text("x = 2\n")           # the swarm's own code
     after = states()
     assert after[0] == before[0] and after[1] != before[1]
-    (tmp_path / "swarm/bench/methods.py").write_text("x = 2\n")       # how every method runs
+    (tmp_path / "swarmbench/methods.py").write_text("x = 2\n")       # how every method runs
     assert all(a != b for a, b in zip(states(), after))
 
 
@@ -344,7 +344,7 @@ def test_interrupted_bench_resumes_without_redoing_finished_runs(smoke):
 def test_real_ray_tune_pbt_on_a_tiny_faulted_scenario(tmp_path):
     """Real Ray Tune PBT (population 4) around the trainer, the template fault in force: it runs to
     its budget or the target, every trial's CPU is counted, and no trial errored."""
-    from swarm.bench.tune_methods import run_tune
+    from swarmbench.tune_methods import run_tune
 
     g = tiny_goal([{"kind": "override", "at_step": 20, "set": {"harness.template": "{question:.1}="}}])
     r = run_tune("pbt", g, 0, 0.3, 25.0, 300, tmp_path)
@@ -357,7 +357,7 @@ def test_real_ray_tune_pbt_on_a_tiny_faulted_scenario(tmp_path):
 
 
 def test_report_only_rewrites_the_results_without_running(smoke):
-    from swarm.bench.cli import main as bench_main
+    from swarmbench.cli import main as bench_main
 
     base, cfg, _ = smoke
     md = base / "results" / "suite_suite.md"
@@ -414,7 +414,7 @@ def test_two_benches_on_one_ledger_each_keep_their_part_of_the_session(tmp_path)
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
-    from swarm.bench.cli import main as bench_main
+    from swarmbench.cli import main as bench_main
 
     assert bench_main([str(tmp_path / "missing")]) == 2
     assert "SUITE=" in capsys.readouterr().err
@@ -428,7 +428,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_src_commit_snapshots_that_commit_whatever_head_is(tmp_path):
-    from swarm.bench.runner import ROOT, prepare_src, resolve
+    from swarmbench.runner import ROOT, prepare_src, resolve
 
     head = resolve("HEAD")
     if head is None or resolve("HEAD~1") is None:
@@ -534,7 +534,7 @@ def test_a_run_starts_in_an_empty_folder_even_where_an_earlier_sitting_left_one(
 # ---- the machine: its reference workload, its cores ------------------------------------------------
 
 def test_the_reference_workload_runs_the_trainer_and_gives_its_worker_cpu(tmp_path):
-    from swarm.bench import machine
+    from swarmbench import machine
 
     short = machine.measure(tmp_path / "a", runs=1, steps=3)
     longer = machine.measure(tmp_path / "b", runs=1, steps=40)
@@ -545,7 +545,7 @@ def test_the_progress_log_names_the_runs_waiting_for_cores(capsys):
     import threading
     import types
 
-    from swarm.bench.runner import log_display
+    from swarmbench.runner import log_display
 
     b = types.SimpleNamespace(lock=threading.Lock(), current_rows=lambda: [1, 2], planned=lambda: 10,
                               running={1: {"scenario": "g1", "method": "plain", "seed": 0}},
@@ -566,8 +566,8 @@ def test_a_run_that_sleeps_through_its_wall_cap_lends_its_core_and_a_busy_one_ke
     (here ~0: they slept on). A run that keeps computing keeps its slot."""
     import threading
 
-    from swarm.bench.machine import CoreSlots
-    from swarm.bench.runner import lend_when_asleep, sleeps_through
+    from swarmbench.machine import CoreSlots
+    from swarmbench.runner import lend_when_asleep, sleeps_through
 
     stall = {"perturbations": [{"kind": "stall", "at_step": 20, "seconds": 900.0}]}
     assert sleeps_through(stall, 600.0) and not sleeps_through(stall, 1200.0)
@@ -624,7 +624,7 @@ def test_core_slots_never_hold_more_than_the_cores_across_holders(tmp_path):
     import threading
     import time as _time
 
-    from swarm.bench import machine
+    from swarmbench import machine
 
     slots = [machine.CoreSlots(2, tmp_path, poll_s=0.01), machine.CoreSlots(2, tmp_path, poll_s=0.01)]
     busy, peak, done, lock = [0], [0], [], threading.Lock()

@@ -1,5 +1,5 @@
 """The bench's sittings: which machine measured a row, and the speed factors fitted between them
-(swarm.bench.machine)."""
+(swarmbench.machine)."""
 from __future__ import annotations
 
 import time
@@ -21,7 +21,7 @@ def test_sitting_speeds_come_from_repeated_runs_not_from_a_noisy_reference():
     follows the four oracle and plain runs measured in both. Capped runs, runs of other lengths and
     runs of a method that is not one fixed trainer run do not count. A sitting that no repeated run
     links to another gets the ratio of the references."""
-    from swarm.bench import machine
+    from swarmbench import machine
 
     t0 = 1.8e9
     rows = []
@@ -52,7 +52,7 @@ def test_old_rows_are_one_sitting_where_their_runs_overlap_and_two_where_a_gap_p
     processes whose runs overlap in time wrote into one ledger on one machine (one sitting, whatever
     their references said); rows with no reference, hours apart with nothing running between, may
     be two machines (two sittings, linked only by their repeated runs). Two boots never merge."""
-    from swarm.bench import machine
+    from swarmbench import machine
 
     t0 = 1.8e9
     rows = [_row(None, "plain", "p", 10.0, t0 + 100, ref=2.7, wall=200, label=False),
@@ -76,7 +76,7 @@ def test_old_rows_are_one_sitting_where_their_runs_overlap_and_two_where_a_gap_p
 
 
 def test_the_reference_is_measured_once_per_sitting_and_shared(tmp_path):
-    from swarm.bench import machine
+    from swarmbench import machine
 
     calls = []
 

@@ -1,15 +1,16 @@
 """The package layers: no import cycles between the product's packages, and the lower packages never
 import the upper ones.
 
-    swarm  ->  agents  ->  skills  ->  trainer  ->  harness, kernels, sandboxes, memory
+    swarmbench  ->  swarm  ->  agents  ->  skills  ->  trainer  ->  harness, kernels, sandboxes, memory
 
-`swarm/` (controller, decisions, workspace, CLI) may import everything; `agents/` reads evidence
-and returns proposals and never imports `swarm/`; `skills/`, `trainer/`, `harness/`, `kernels/`,
-`sandboxes/` and `memory/` import neither `swarm/` nor `agents/`. Every import counts, the ones
-inside functions and under `TYPE_CHECKING` too: a deferred import still ties the packages together.
-The graph is read from the source with `ast` (nothing is imported), so a violation is reported
-even when the module would fail to import. docs/architecture.md says why each layer sits where it
-does.
+`swarmbench/` (the benchmark suite) may import everything and nothing imports it (`swarm bench`
+finds it through an entry point); `swarm/` (controller, decisions, workspace, CLI) may import the
+rest; `agents/` reads evidence and returns proposals and never imports `swarm/`; `skills/`,
+`trainer/`, `harness/`, `kernels/`, `sandboxes/` and `memory/` import neither `swarm/` nor
+`agents/`. Every import counts, the ones inside functions and under `TYPE_CHECKING` too: a deferred
+import still ties the packages together. The graph is read from the source with `ast` (nothing is
+imported), so a violation is reported even when the module would fail to import.
+docs/architecture.md says why each layer sits where it does.
 
     .venv/bin/python -m pytest tests/test_layers.py -q
 """
@@ -22,16 +23,17 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("swarm", "agents", "skills", "harness", "trainer", "kernels", "sandboxes", "memory")
+PACKAGES = ("swarmbench", "swarm", "agents", "skills", "harness", "trainer", "kernels", "sandboxes", "memory")
 # package -> the packages it must never import
 FORBIDDEN = {
-    "agents": {"swarm"},
-    "skills": {"swarm", "agents"},
-    "trainer": {"swarm", "agents"},
-    "harness": {"swarm", "agents"},
-    "kernels": {"swarm", "agents"},
-    "sandboxes": {"swarm", "agents"},
-    "memory": {"swarm", "agents"},
+    "swarm": {"swarmbench"},
+    "agents": {"swarmbench", "swarm"},
+    "skills": {"swarmbench", "swarm", "agents"},
+    "trainer": {"swarmbench", "swarm", "agents"},
+    "harness": {"swarmbench", "swarm", "agents"},
+    "kernels": {"swarmbench", "swarm", "agents"},
+    "sandboxes": {"swarmbench", "swarm", "agents"},
+    "memory": {"swarmbench", "swarm", "agents"},
 }
 
 Edge = tuple[str, str, str, int]   # (importing module, imported name, file, line)
@@ -199,7 +201,7 @@ def test_no_installed_distribution_shares_a_package_name():
     constraints.txt keeps such versions out."""
     import importlib.metadata as md
 
-    ours = {"swarm", "agents", "skills", "harness", "trainer", "kernels", "sandboxes", "memory"}
+    ours = set(PACKAGES)
     clash = {}
     for dist in md.distributions():
         name = (dist.metadata["Name"] or "").lower().replace("-", "_")

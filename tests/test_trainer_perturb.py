@@ -1,8 +1,9 @@
 """Perturbations: every shortcut and every generic kind has an observable effect on the run, and
 the perturbation settings never appear in what the operators read (metrics, samples, events, the
-command log, the logged config, the heartbeat, the stored harnesses).
+command log, the logged config, the heartbeat, the stored harnesses). The data pipeline's faults
+change no harness or recipe version; the machine's faults show only in time and in the job's log.
 
-worker_kill really SIGKILLs the worker, so it runs `python -m trainer.entry` in a subprocess."""
+worker_kill and oom really end the worker, so they run `python -m trainer.entry` in a subprocess."""
 from __future__ import annotations
 
 import collections
@@ -19,7 +20,7 @@ import yaml
 from trainer.config import ConfigError, Perturbation, RunConfig
 from trainer.control import send_command
 from trainer.loop import Trainer
-from trainer.perturb import SHORTCUTS, expand, noisy_label
+from trainer.perturb import DATA_FORMATS, SHORTCUTS, Perturber, draw_example, expand, noisy_label
 from trainer.rollout import score
 from trainer.runlog import read_heartbeat, read_jsonl
 from trainer.tasks import make_task
@@ -300,6 +301,171 @@ def test_corrupt_checkpoint(make_cfg):
     assert_hidden(cfg)
 
 
+# ---- the data pipeline: format, shift, duplicates ----------------------------------------------------
+
+
+def versions(cfg: RunConfig) -> set[tuple[str, str]]:
+    return {(r["harness_version"], r["recipe_version"]) for r in step_rows(cfg.run_dir)}
+
+
+def test_data_formats_change_what_they_name_and_nothing_else():
+    task = make_task("countdown")
+    ex = task.example("train", 5, 2)
+    body = ex.solution or ex.answer
+    out = {style: f(ex) for style, f in DATA_FORMATS.items()}
+    assert out["answer_prefix"].solution == "=" + body
+    assert out["answer_spaced"].solution == " ".join(body) and len(body) > 1
+    assert out["answer_reversed"].solution == body[::-1] != body
+    assert out["question_prefix"].question == "=" + ex.question
+    assert out["question_spaced"].question == " ".join(ex.question)
+    for style, e in out.items():   # the problem, its answer and its id stay; only the written text moves
+        assert (e.uid, e.answer, e.meta, e.difficulty) == (ex.uid, ex.answer, ex.meta, ex.difficulty)
+        assert (e.question == ex.question) == style.startswith("answer_")
+        assert (e.solution == ex.solution) == style.startswith("question_")
+    assert set(DATA_FORMATS) == set(Perturbation.model_fields["style"].annotation.__args__[0].__args__)
+
+
+@pytest.mark.parametrize("style, shows", [
+    ("answer_prefix", lambda s: s["completion"].rstrip("\n").endswith("=")),   # '=' + answer, written reversed
+    ("answer_spaced", lambda s: " " in s["completion"]),
+    ("answer_reversed", lambda s: s["verdict"] == "wrong"),     # well-formed, in the other order (or on the way to it)
+    ("question_spaced", lambda s: s["prompt"].startswith("r : ")),
+])
+def test_data_format_teaches_the_changed_format_under_the_same_harness_version(make_cfg, learn_recipe, warm_state,
+                                                                                style, shows):
+    """The recipe with which the clean run learns reversal (warm_state: >= 0.8 held-out) trains on
+    data written in another format from step 5: the samples show the new format, held-out accuracy
+    stays near 0 (measured: 0.0 for each style), and every row names the harness and recipe the run
+    started with."""
+    cfg, _, _ = run(make_cfg(recipe={**learn_recipe, "eval_interval": 80, "eval_size": 64}, samples_per_step=4,
+                             perturbations=[{"kind": "data_format", "style": style, "at_step": 5}]))
+    rows = step_rows(cfg.run_dir)
+    assert versions(cfg) == {(cfg.harness.version, cfg.recipe.version)}
+    assert rows[-1]["heldout_acc"] <= 0.3, rows[-1]["heldout_acc"]
+    late = [s for s in read_jsonl(cfg.run_dir / "samples.jsonl") if s["step"] >= 60]
+    assert sum(map(shows, late)) >= 0.75 * len(late), [(s["prompt"], s["completion"]) for s in late[-8:]]
+    wrong = sum(s["verdict"] != "correct" for s in late) / len(late)
+    # a changed target is wrong everywhere; a changed prompt is learnt on the train side only
+    assert wrong >= 0.75 if style.startswith("answer_") else wrong <= 0.25, wrong
+    assert_hidden(cfg, style)
+
+
+def test_data_shift_draws_harder_problems_than_the_curriculum_reports(make_cfg):
+    cfg, _, _ = run(make_cfg(recipe={"steps": 4}, samples_per_step=8, model={"max_seq_len": 32},
+                             perturbations=[{"kind": "data_shift", "levels": 3, "at_step": 2}]))
+    assert [r["difficulty"] for r in step_rows(cfg.run_dir)] == [3, 3, 3, 3]      # what the curriculum says
+    lens = {(s["step"], len(s["question"])) for s in read_jsonl(cfg.run_dir / "samples.jsonl")}
+    assert lens == {(0, len("r:123")), (1, len("r:123")), (2, len("r:123456")), (3, len("r:123456"))}
+    assert versions(cfg) == {(cfg.harness.version, cfg.recipe.version)}
+    assert_hidden(cfg, "data_shift")
+    task = make_task("reverse")     # capped at the task's hardest
+    top = draw_example(task, 0, task.max_difficulty - 1, [Perturbation(kind="data_shift", levels=5)])
+    assert top.difficulty == task.max_difficulty
+
+
+def test_duplicates_shrink_the_stream_to_a_pool_the_policy_memorises(make_cfg, learn_recipe):
+    """From step 10 on a pool of 8 reversal questions: the training loss goes to ~0 on them while
+    held-out accuracy stays near 0 (the clean run: >= 0.9 by step 50, tests/conftest.py)."""
+    cfg, _, _ = run(make_cfg(recipe={**learn_recipe, "eval_interval": 40, "eval_size": 64}, samples_per_step=8,
+                             perturbations=[{"kind": "duplicates", "pool": 8, "fraction": 1.0, "at_step": 10}]))
+    rows = step_rows(cfg.run_dir)
+    qs = collections.defaultdict(set)
+    for s in read_jsonl(cfg.run_dir / "samples.jsonl"):
+        qs[s["step"] >= 10].add(s["question"])
+    assert len(qs[False]) >= 70 and len(qs[True]) <= 8, {k: len(v) for k, v in qs.items()}
+    # memorised (measured: loss 0.06 over the last 10 steps, ~2.3 at the start) but not learnt (held-out 0.0)
+    assert sum(r["loss"] for r in rows[-10:]) / 10 < 0.2 < rows[0]["loss"] and rows[-1]["heldout_acc"] <= 0.3
+    assert versions(cfg) == {(cfg.harness.version, cfg.recipe.version)}
+    assert_hidden(cfg, "duplicates")
+
+
+def test_part_duplicated_stream_is_deterministic_and_the_dedupe_filter_drops_the_repeats(make_cfg):
+    task = make_task("reverse")
+    dup = [Perturbation(kind="duplicates", pool=4, fraction=0.75)]
+    a = [draw_example(task, i, 3, dup) for i in range(400)]
+    assert a == [draw_example(task, i, 3, dup) for i in range(400)]
+    uids = collections.Counter(e.uid for e in a)       # the train index an example was drawn from
+    repeated = {u: n for u, n in uids.items() if n > 1}
+    assert len(repeated) == 4 and 0.65 <= sum(repeated.values()) / 400 <= 0.85    # binomial(400, 0.75): ±4σ
+    cfg, tr, _ = run(make_cfg(recipe={"steps": 3}, samples_per_step=8, harness={"filters": {"dedupe": True}},
+                              perturbations=[{"kind": "duplicates", "pool": 4, "fraction": 0.75}]))
+    qs = [s["question"] for s in read_jsonl(cfg.run_dir / "samples.jsonl")]
+    assert len(qs) == 24 and len(set(qs)) == 24
+
+
+def test_data_faults_go_on_after_a_rollback_and_in_a_state_fork(make_cfg):
+    """The data source changed, not the run: a rollback to a checkpoint from before the onset still
+    draws the changed data, and a backtest forked from the run's state trains on the same data."""
+    def changed(q: str) -> bool:
+        return q.startswith("=r:") and len(q) == len("=r:12345")
+
+    cfg = RunConfig.parse(make_cfg(recipe={"steps": 6}, checkpoint={"interval": 2}, samples_per_step=8,
+                                   perturbations=[{"kind": "data_shift", "levels": 2, "at_step": 3},
+                                                  {"kind": "data_format", "style": "question_prefix", "at_step": 3}]))
+    tr = Trainer(cfg)
+    tr.on_step = lambda row: row["step"] == 4 and row["segment"] == 0 and send_command(cfg.run_dir, "rollback",
+                                                                                       name="step_0000002")
+    tr.run()
+    seen = collections.defaultdict(set)
+    for s in read_jsonl(cfg.run_dir / "samples.jsonl"):
+        seen[(s["segment"], s["step"])].add(changed(s["question"]))
+    assert seen[(0, 2)] == {False} and seen[(0, 3)] == {True} and seen[(1, 2)] == {True}, dict(seen)
+    fork = RunConfig.parse(make_cfg(name="arm", samples_per_step=8, fork_mode="state", fork_overrides={"recipe.steps": 8},
+                                    fork_from=str(cfg.run_dir / "checkpoints" / "step_0000006.pt")))
+    Trainer(fork).run()
+    qs = {s["question"] for s in read_jsonl(fork.run_dir / "samples.jsonl")}
+    assert qs and all(map(changed, qs)), qs
+    p = Perturber([], pathlib.Path("none.json"))
+    p.inherit({"label_noise": [0.0, "random_char"]})            # a checkpoint written before these faults existed
+    assert p.data_faults() == [] and p.carried() == {"label_noise": [0.0, "random_char"], "data": []}
+    q = Perturber([Perturbation(kind="data_shift", levels=2)], pathlib.Path("none.json"))
+    q.fired = {0}
+    q.inherit(q.carried())     # a restored Ray Tune trial: its own fired fault and the checkpoint's, shifted once
+    assert q.data_faults() == [expand(Perturbation(kind="data_shift", levels=2))]
+
+
+# ---- the machine: a slow worker, out of memory ------------------------------------------------------
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_slow_worker_slows_every_step_until_the_job_moves(make_cfg, once):
+    """From step 2 every step takes 0.3 s longer (step_time, throughput); a restarted job runs on
+    another worker (`once`), or the slowness follows it (`once: false`)."""
+    cfg = RunConfig.parse(make_cfg(recipe={"steps": 6}, checkpoint={"interval": 2}, samples_per_step=0,
+                                   perturbations=[{"kind": "slow_worker", "seconds": 0.3, "at_step": 2, "once": once}]))
+    Trainer(cfg).run(until=4)
+    Trainer(cfg).run()
+    rows = step_rows(cfg.run_dir)
+    slow = [r["step_time"] >= 0.3 for r in rows]
+    assert slow == [False, False, True, True] + ([False, False] if once else [True, True]), [r["step_time"] for r in rows]
+    assert min(r["tokens_per_s"] for r in rows[:2]) > 3 * max(r["tokens_per_s"] for r in rows[2:4])
+    assert versions(cfg) == {(cfg.harness.version, cfg.recipe.version)}
+    assert_hidden(cfg, "slow_worker", "0.3")
+
+
+def test_oom_dies_at_every_restart_until_the_batch_fits(make_cfg, tmp_path):
+    """The job dies with a MemoryError traceback from step 3, again after a restart, and trains on
+    once the controller's command lowers recipe.batch_size to the limit. The job log names the
+    allocator, never the fault."""
+    cfg = RunConfig.parse(make_cfg(recipe={"steps": 6, "batch_size": 8}, checkpoint={"interval": 2},
+                                   perturbations=[{"kind": "oom", "max_batch_size": 4, "at_step": 3}]))
+    path = tmp_path / "cfg.yaml"
+    path.write_text(cfg.to_yaml())
+    for _ in range(2):
+        died = _entry(path)
+        assert died.returncode == 1, died.stderr[-2000:]
+        last = died.stderr.strip().splitlines()[-1]
+        assert last.startswith("MemoryError: DefaultCPUAllocator: can't allocate memory"), last
+        assert "Traceback" in died.stderr and "perturb" not in died.stderr and "oom" not in died.stderr
+    assert [(r["step"], r["segment"]) for r in step_rows(cfg.run_dir)] == [(1, 0), (2, 0), (3, 0)]  # resumed at 2, died at 3
+    send_command(cfg.run_dir, "set_recipe", fields={"batch_size": 4})
+    done = _entry(path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = step_rows(cfg.run_dir)
+    assert rows[-1]["step"] == 6 and rows[-1]["recipe_version"] != cfg.recipe.version
+    assert_hidden(cfg, "max_batch_size")
+
+
 # ---- invalid perturbations and leaks through the control channel ------------------------------------
 
 
@@ -310,6 +476,12 @@ def test_corrupt_checkpoint(make_cfg):
     ({"kind": "override", "set": {"seed": 3}}, "seed"),
     ({"shortcut": "hang", "kind": "kill"}, "hang"),
     ({}, "kind or a shortcut"),
+    ({"kind": "data_format"}, "style"),
+    ({"kind": "data_shift"}, "levels=0"),
+    ({"kind": "duplicates", "pool": 8}, "fraction=0.0"),
+    ({"kind": "duplicates", "fraction": 1.0}, "pool=0"),
+    ({"kind": "slow_worker"}, "seconds=0.0"),
+    ({"kind": "oom", "at_step": 5}, "max_batch_size=0"),
 ])
 def test_invalid_perturbation_is_a_config_error_before_anything_starts(make_cfg, spec, needle):
     cfg = RunConfig.parse(make_cfg(perturbations=[spec]))
@@ -317,6 +489,18 @@ def test_invalid_perturbation_is_a_config_error_before_anything_starts(make_cfg,
         Trainer(cfg)
     assert "perturbations[0]" in str(e.value) and "\n" not in str(e.value)
     assert not pathlib.Path(cfg.out_dir).exists()
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"kind": "data_format", "style": "yaml"}, "style"),
+    ({"kind": "data_shift", "levels": -1}, "levels"),
+    ({"kind": "duplicates", "pool": 8, "fraction": 1.5}, "fraction"),
+    ({"kind": "oom", "max_batch_size": -2}, "max_batch_size"),
+    ({"kind": "slow_worker", "seconds": -1}, "seconds"),
+])
+def test_a_bad_value_of_a_fault_field_names_the_field(make_cfg, spec, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        RunConfig.parse(make_cfg(perturbations=[spec]))
 
 
 def test_expand_fills_shortcut_defaults():

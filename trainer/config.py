@@ -145,21 +145,38 @@ class Perturbation(_Strict):
     kinds: `override` (set recipe/harness fields: `set`, dotted keys like `recipe.lr`,
     `harness.sampling.temperature`), `kill` (SIGKILL the worker), `stall` (sleep `seconds` without
     progress), `label_noise` (corrupt `fraction` of SFT labels, as `noise` says), `corrupt_checkpoint` (damage the
-    newest checkpoint file). `shortcut` expands to one of these (see trainer/perturb.py)."""
+    newest checkpoint file); in the data pipeline, below the harness (no harness or recipe version
+    changes): `data_format` (examples written as `style` says), `data_shift` (problems `levels`
+    harder than the curriculum's), `duplicates` (`fraction` of the stream drawn from a pool of `pool`
+    examples); on the machine: `slow_worker` (every step `seconds` slower), `oom` (the job dies of
+    out-of-memory at every step while recipe.batch_size is above `max_batch_size`). `shortcut`
+    expands to one of these (see trainer/perturb.py, which also checks each kind's fields)."""
 
-    kind: Literal["override", "kill", "stall", "label_noise", "corrupt_checkpoint"] | None = Field(
+    kind: Literal["override", "kill", "stall", "label_noise", "corrupt_checkpoint", "data_format", "data_shift",
+                  "duplicates", "slow_worker", "oom"] | None = Field(
         None, description="the fault mechanism (see above); None when `shortcut` names it")
     shortcut: str | None = Field(None, description="a named fault with its defaults, e.g. lr_spike, broken_template "
                                  "(trainer/perturb.py SHORTCUTS); explicit fields win")
     at_step: int = Field(0, ge=0, description="apply when this step starts (0 = from the start)")
     set: dict[str, Any] = Field(default_factory=dict, description="override: dotted recipe.*/harness.* fields to set")
-    seconds: float = Field(0.0, ge=0.0, le=86400.0, description="stall: seconds the worker sleeps without progress "
-                           "(at most a day)")
-    fraction: float = Field(0.0, ge=0.0, le=1.0, description="label_noise: share of SFT labels corrupted")
+    seconds: float = Field(0.0, ge=0.0, le=86400.0, description="stall: seconds the worker sleeps without progress; "
+                           "slow_worker: seconds every step takes longer (at most a day)")
+    fraction: float = Field(0.0, ge=0.0, le=1.0, description="label_noise: share of SFT labels corrupted; duplicates: "
+                            "share of the training stream drawn from the pool")
     noise: Literal["random_char", "off_by_one"] = Field(
         "random_char", description="label_noise: how a corrupted label is wrong — one character replaced at random, "
         "or an integer answer off by one (+1: a systematic labelling bug, the same on every corrupted example)")
-    once: bool = Field(True, description="kill/stall: only the first time the step is reached (not after a restart)")
+    style: Literal["answer_prefix", "answer_spaced", "answer_reversed", "question_prefix", "question_spaced"] | None = Field(
+        None, description="data_format: what the data pipeline writes differently — the reference answer SFT learns "
+        "(before the harness renders it) with a '=' before it, its characters spaced or reversed; or the question the "
+        "template wraps with a '=' before it or its characters spaced")
+    levels: int = Field(0, ge=0, le=64, description="data_shift: difficulty levels the training stream draws above "
+                        "the curriculum's (capped at the task's hardest)")
+    pool: int = Field(0, ge=0, le=1_000_000, description="duplicates: distinct examples the repeated part of the stream "
+                      "is drawn from")
+    max_batch_size: int = Field(0, ge=0, description="oom: the largest recipe.batch_size that fits in memory")
+    once: bool = Field(True, description="kill/stall: only the first time the step is reached (not after a restart); "
+                       "slow_worker: only in the process it started in (a restarted job runs on another worker)")
 
 
 class Tunable(BaseModel):

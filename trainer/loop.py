@@ -215,10 +215,11 @@ class Trainer:
         diff = self.harness.curriculum.difficulty_at(self.step)
         diff = min(max(diff, self.task.min_difficulty), self.task.max_difficulty)
         f = self.harness.filters
+        draw = self.perturber.stream(self.task)   # the train split as the data pipeline hands it over
         out: list[Example] = []
         scanned = 0
         while len(out) < B:
-            ex = self.task.example(Split.TRAIN, self.cursor, diff)
+            ex = draw(self.cursor, diff)
             self.cursor += 1
             scanned += 1
             if scanned > 100 * B:
@@ -230,6 +231,9 @@ class Trainer:
                     continue
                 self.seen.add(ex.question)
             out.append(ex)
+        lacking = self.perturber.out_of_memory(self.step, r.batch_size, self.params[0].device.type)
+        if lacking:
+            raise MemoryError(lacking)
         per = max(1, B // W)
         return out[self.dist.rank * per : (self.dist.rank + 1) * per]
 
@@ -251,7 +255,7 @@ class Trainer:
             "step": self.step, "cursor": self.cursor, "segment": self.segment, "seen": sorted(self.seen),
             "recipe": self.recipe.model_dump(mode="json"), "harness": self.harness.model_dump(mode="json"),
             "shown": self.shown.model_dump(mode="json"), "ref": self.ref_state,
-            "faults": {"label_noise": list(self.perturber.label_noise())},   # carried into state forks only
+            "faults": self.perturber.carried(),   # the data faults in force: carried into state forks only
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                     "torch": torch.get_rng_state(), "gen": self.gen.get_state()},
         }
@@ -425,8 +429,7 @@ class Trainer:
                 self.recipe = self.cfg.recipe.model_copy(deep=True)
                 self.harness = self.shown = self.cfg.harness.model_copy(deep=True)
             if self.cfg.fork_mode == "state":   # the forked run's data faults go on in the fork (backtests)
-                frac, how = (st.get("faults") or {}).get("label_noise") or (0.0, "random_char")
-                self.perturber.inherited = (float(frac), str(how))
+                self.perturber.inherit(st.get("faults") or {})
             # this run's seed picks its own sampling stream and data (same seed → same stream)
             self.gen.manual_seed(self.cfg.seed * 1000 + 17 + self.dist.rank)
             self.cursor += self.cfg.seed * 1_000_003

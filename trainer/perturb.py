@@ -1,23 +1,32 @@
 """Perturbations: faults injected for evaluation, applied by the trainer.
 
-Generic mechanisms (override any recipe/harness field, SIGKILL the worker, stall, corrupt SFT
-labels, corrupt the newest checkpoint) with readable shortcuts. The trainer applies them
-silently: nothing about them is written to metrics, samples, events, the command log or the logged
-config — the operators must find the problem from its effects. Which one-shot faults have fired is
-kept in `OUT_DIR/.perturb/NAME.json`, outside the run directory, so a restarted worker is not
-killed again by the same fault.
+Generic mechanisms with readable shortcuts. On the run's config: override any recipe/harness
+field. In the data pipeline, below the harness, so no harness or recipe version changes: corrupt
+SFT labels (`label_noise`), write the examples in another format (`data_format`), draw harder
+problems than the curriculum says (`data_shift`), repeat a small pool of examples (`duplicates`).
+On the machine: SIGKILL the worker, stall, corrupt the newest checkpoint, slow every step
+(`slow_worker`), die of out-of-memory while the batch is above a limit (`oom`).
+
+The trainer applies them silently: nothing about them is written to metrics, samples, events, the
+command log or the logged config — the operators must find the problem from its effects. Which
+faults have fired is kept in `OUT_DIR/.perturb/NAME.json`, outside the run directory, so a
+restarted worker is not killed again by the same one-shot fault, and a data fault stays in force.
+The data faults in force travel in a checkpoint's state (`carried`), so a backtest forked from a
+run trains on the same data; the machine's faults stay with the machine.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import pathlib
 import signal
 import time
-from typing import Any
+from typing import Any, Callable
 
 from trainer.config import Perturbation
+from trainer.tasks.base import Example, Split
 
 # shortcut → (kind, defaults)
 SHORTCUTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -36,12 +45,32 @@ SHORTCUTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+DATA_KINDS = ("label_noise", "data_format", "data_shift", "duplicates")   # in force from their step on, carried by forks
+
+
+def check(p: Perturbation) -> Perturbation:
+    """Raise ValueError naming the field unless the kind has the fields it needs (a data fault that
+    changes nothing, a slow worker that is not slower, an OOM with no batch limit)."""
+    if p.kind == "data_format" and p.style is None:
+        raise ValueError(f"data_format needs style (one of {', '.join(DATA_FORMATS)})")
+    if p.kind == "data_shift" and p.levels < 1:
+        raise ValueError(f"data_shift needs levels >= 1, got levels={p.levels}")
+    if p.kind == "duplicates" and (p.pool < 1 or p.fraction <= 0):
+        raise ValueError(f"duplicates needs pool >= 1 and fraction > 0, got pool={p.pool}, fraction={p.fraction}")
+    if p.kind == "slow_worker" and p.seconds <= 0:
+        raise ValueError(f"slow_worker needs seconds > 0 (added to every step), got seconds={p.seconds}")
+    if p.kind == "oom" and p.max_batch_size < 1:
+        raise ValueError(f"oom needs max_batch_size >= 1 (the largest recipe.batch_size that fits), "
+                         f"got max_batch_size={p.max_batch_size}")
+    return p
+
+
 def expand(p: Perturbation) -> Perturbation:
-    """Fill a shortcut's kind and defaults (explicit fields win)."""
+    """Fill a shortcut's kind and defaults (explicit fields win), and check the kind's fields."""
     if p.shortcut is None:
         if p.kind is None:
             raise ValueError("perturbation needs a kind or a shortcut")
-        return p
+        return check(p)
     if p.shortcut not in SHORTCUTS:
         raise ValueError(f"unknown perturbation shortcut {p.shortcut!r}; known: {', '.join(sorted(SHORTCUTS))}")
     kind, defaults = SHORTCUTS[p.shortcut]
@@ -53,7 +82,7 @@ def expand(p: Perturbation) -> Perturbation:
     if p.kind is not None and p.kind != kind:
         raise ValueError(f"perturbation shortcut {p.shortcut!r} is kind {kind!r}, not {p.kind!r}")
     merged = {**defaults, **data, "kind": kind}
-    return Perturbation.model_validate(merged)
+    return check(Perturbation.model_validate(merged))
 
 
 def check_overrides(cfg: Any, perturbations: list[Perturbation]) -> None:
@@ -87,6 +116,53 @@ def noisy_label(answer: str, uid: str, fraction: float, noise: str = "random_cha
     return answer[:i] + repl + answer[i + 1 :]
 
 
+# data_format: what a changed export writes. The answer styles change the SFT target (the reference
+# completion), so the policy learns the new format while the task's verifier expects the old one;
+# the question styles change the problem text the harness template wraps (the prompt), as a template
+# change would, but below the harness. '=' and ' ' are characters every built-in charset has.
+DATA_FORMATS: dict[str, Callable[[Example], Example]] = {
+    "answer_prefix": lambda ex: dataclasses.replace(ex, solution="=" + (ex.solution or ex.answer)),
+    "answer_spaced": lambda ex: dataclasses.replace(ex, solution=" ".join(ex.solution or ex.answer)),
+    "answer_reversed": lambda ex: dataclasses.replace(ex, solution=(ex.solution or ex.answer)[::-1]),
+    "question_prefix": lambda ex: dataclasses.replace(ex, question="=" + ex.question),
+    "question_spaced": lambda ex: dataclasses.replace(ex, question=" ".join(ex.question)),
+}
+POOL_BASE = 1 << 40    # train-split indices of a duplicates pool: far from any cursor a run or a fork reaches
+
+
+def _unit(key: str) -> float:
+    """A deterministic draw in [0, 1) from `key`."""
+    return (int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") % 1_000_000) / 1_000_000
+
+
+def draw_example(task: Any, index: int, difficulty: int, faults: list[Perturbation]) -> Example:
+    """Train example `index` at `difficulty` as the data pipeline hands it over with `faults` (data
+    faults) in force: drawn harder (`data_shift`), from a small pool (`duplicates`: which indices
+    repeat is a hash of the index, so a resumed or forked run draws the same stream), then written
+    in the changed format (`data_format`)."""
+    for p in faults:
+        if p.kind == "data_shift":
+            difficulty = min(task.max_difficulty, difficulty + p.levels)
+    for p in faults:
+        if p.kind == "duplicates" and _unit(f"duplicates|{index}") < p.fraction:
+            index = POOL_BASE + int(_unit(f"pool|{index}") * p.pool)
+    ex = task.example(Split.TRAIN, index, difficulty)
+    for p in faults:
+        if p.kind == "data_format":
+            ex = DATA_FORMATS[p.style](ex)
+    return ex
+
+
+def out_of_memory_message(batch_size: int, device: str) -> str:
+    """What an allocator says when a step's activations no longer fit (their size grows with the batch)."""
+    need = batch_size * (1 << 26)
+    if device == "cuda":
+        return (f"CUDA out of memory. Tried to allocate {need / 2**30:.2f} GiB. GPU 0 has a total capacity of "
+                f"{max(8, 2 * need / 2**30):.2f} GiB of which {need / 2**31:.2f} GiB is free.")
+    return (f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {need} bytes. "
+            "Error code 12 (Cannot allocate memory)")
+
+
 class Perturber:
     def __init__(self, perturbations: list[Perturbation], state_path: pathlib.Path) -> None:
         self.items = [expand(p) for p in perturbations]
@@ -106,12 +182,60 @@ class Perturber:
         os.replace(tmp, self.state_path)
 
     inherited: tuple[float, str] = (0.0, "random_char")   # a fork's: the label noise of the run it forked
+    inherited_data: tuple[Perturbation, ...] = ()          # a fork's: the other data faults of the run it forked
+    slow_here: frozenset[int] = frozenset()                # slow_worker faults that fired in this process
 
     def label_noise(self) -> tuple[float, str]:
         """(fraction of SFT labels to corrupt now, how) — label_noise applies from its step on, and
         in a run forked (fork_mode state) from one where it was on."""
         return max([(p.fraction, p.noise) for i, p in enumerate(self.items) if p.kind == "label_noise" and i in self.fired]
                    + [self.inherited])
+
+    def data_faults(self) -> list[Perturbation]:
+        """The data faults in force other than label noise: those that fired (from their step on,
+        after a restart or a rollback too: the data source changed, not the run) and a fork's, each
+        once (a Ray Tune trial restored from a checkpoint has both)."""
+        fired = [p for i, p in enumerate(self.items) if p.kind in DATA_KINDS and i in self.fired]
+        out: list[Perturbation] = []
+        for p in fired + list(self.inherited_data):
+            if p.kind != "label_noise" and p not in out:
+                out.append(p)
+        return out
+
+    def carried(self) -> dict[str, Any]:
+        """The data faults in force, as a checkpoint's state keeps them for a fork (`inherit`)."""
+        return {"label_noise": list(self.label_noise()),
+                "data": [p.model_dump(mode="json", exclude_defaults=True) for p in self.data_faults()]}
+
+    def inherit(self, faults: dict[str, Any]) -> None:
+        """Keep the data faults of the run a fork (fork_mode state) starts from."""
+        frac, how = faults.get("label_noise") or (0.0, "random_char")
+        self.inherited = (float(frac), str(how))
+        self.inherited_data = tuple(Perturbation.model_validate(d) for d in faults.get("data") or [])
+
+    def stream(self, task: Any) -> Callable[[int, int], Example]:
+        """`draw(index, difficulty)`: how this step's training examples come out of the data pipeline
+        (`draw_example` with the data faults in force). A slow worker's delay is spent here, inside
+        the step's time, as a slow loader or a throttled device spends it."""
+        delay = sum(p.seconds for i, p in enumerate(self.items) if p.kind == "slow_worker"
+                    and (i in self.slow_here if p.once else i in self.fired))
+        if delay:
+            time.sleep(delay)
+        faults = self.data_faults()
+        if not faults:
+            return lambda index, difficulty: task.example(Split.TRAIN, index, difficulty)
+        return lambda index, difficulty: draw_example(task, index, difficulty, faults)
+
+    def out_of_memory(self, step: int, batch_size: int, device: str = "cpu") -> str:
+        """The allocator's message when an `oom` fault is in force (from its step on, and at every
+        step after it first fired: a restart does not free the memory) and `batch_size` is above
+        its limit; '' while the batch fits."""
+        for i, p in enumerate(self.items):
+            if p.kind == "oom" and (i in self.fired or step >= p.at_step) and batch_size > p.max_batch_size:
+                if i not in self.fired:
+                    self._mark(i)
+                return out_of_memory_message(batch_size, device)
+        return ""
 
     def before_step(self, step: int, trainer: Any) -> None:
         """Apply what is due at `step`. Overrides mutate the trainer's live recipe/harness once."""
@@ -121,8 +245,11 @@ class Perturber:
             if p.kind == "override":
                 trainer.apply_overrides(p.set, silent=True)
                 self._mark(i)
-            elif p.kind == "label_noise":
+            elif p.kind in DATA_KINDS:
                 self._mark(i)
+            elif p.kind == "slow_worker":
+                self._mark(i)
+                self.slow_here = self.slow_here | {i}
             elif p.kind == "stall":
                 if p.once:
                     self._mark(i)

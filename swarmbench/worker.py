@@ -1,4 +1,4 @@
-"""One benchmark run in its own process: `python -m swarm.bench.worker SPEC.json RESULT.json`.
+"""One benchmark run in its own process: `python -m swarmbench.worker SPEC.json RESULT.json`.
 
 The runner starts one per run, with the code under test first on PYTHONPATH, so that a crash, a
 leaked thread or Ray's state stays in that run, and so that getrusage of the worker's children is
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
             tmp.write_text(json.dumps(d))
             os.replace(tmp, prog)
 
-    from swarm.bench.methods import run_method
+    from swarmbench.methods import run_method
 
     t0 = time.time()
     try:

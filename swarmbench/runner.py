@@ -14,7 +14,7 @@ plots, rewritten after every finished run from the ledger rows of the current pl
 By default the code under test is a snapshot of git HEAD (`git archive`), so edits in the working
 tree while a long bench runs do not leak into it; `--src COMMIT` snapshots another commit (a bench
 resumed later measures the same code whatever HEAD is then). Each run is its own process
-(`python -m swarm.bench.worker`) started with the snapshot first on PYTHONPATH.
+(`python -m swarmbench.worker`) started with the snapshot first on PYTHONPATH.
 """
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ from typing import Any
 
 import psutil
 
-from swarm.bench import calibrate as cal
-from swarm.bench import report
-from swarm.bench import machine
-from swarm.bench.methods import METHODS, summarise
-from swarm.bench.scenarios import Scenario, load_suite
+from swarmbench import calibrate as cal
+from swarmbench import report
+from swarmbench import machine
+from swarmbench.methods import METHODS, summarise
+from swarmbench.scenarios import Scenario, load_suite
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def part_commands(part: dict[str, Any]) -> list[str]:
@@ -131,6 +131,24 @@ def prepare_src(mode: str, work: pathlib.Path) -> tuple[pathlib.Path, str]:
     return src, f"snapshot of git {'HEAD ' if mode == 'head' else 'commit '}{sha[:10]}"
 
 
+def worker_launch(src: pathlib.Path, spec: pathlib.Path, result: pathlib.Path) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of one run's process: the worker of the code under test `src`,
+    with `src` first on PYTHONPATH (the process starts in `src` as well)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("MPLBACKEND", "Agg")
+    return [sys.executable, "-m", worker_module(src), str(spec), str(result)], env
+
+
+def worker_module(src: pathlib.Path) -> str:
+    """The module a run's process starts in the code under test: `swarmbench.worker`, or
+    `swarm.bench.worker` in a snapshot of a commit from before the suite had its own package (so
+    a bench on such a commit runs that commit's worker and methods, not this tree's)."""
+    if (src / "swarmbench" / "worker.py").is_file() or not (src / "swarm" / "bench" / "worker.py").is_file():
+        return "swarmbench.worker"
+    return "swarm.bench.worker"
+
+
 SLEEPERS = ("plain", "pbt", "pb2", "asha")   # the methods that run the faults and restart no hung job
 IDLE_WINDOW_S = 30.0     # a run is asleep when its processes used under IDLE_CORES of a core over this
 IDLE_CORES = 0.1         # (Ray's own daemons use a few % of a core while every trial sleeps)
@@ -160,7 +178,7 @@ def lend_when_asleep(proc: subprocess.Popen, lease: machine.Lease, lent: dict[st
     (`sleeps_through`), so its cores go to the next run. The CPU counted is every descendant's,
     including those that ended (a Tune trial replaced by another is no idle time). `lent` gets when,
     and the CPU-s the run's processes used after it (the measurement's check that they slept on)."""
-    from swarm.bench.accounting import ProcessMeter
+    from swarmbench.accounting import ProcessMeter
 
     meter = ProcessMeter(proc.pid)      # every descendant's CPU, those that ended included
     seen: list[tuple[float, float]] = []
@@ -262,9 +280,7 @@ class Bench:
         spec = {"method": method, "goal": goal, "seed": seed, "target": target, "budget": budget, "wall_cap": wall_cap,
                 "work": str(d / "work"), "progress": str(d / "progress.json")}
         (d / "spec.json").write_text(json.dumps(spec))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(self.src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.setdefault("MPLBACKEND", "Agg")
+        argv, env = worker_launch(self.src, d / "spec.json", d / "result.json")
         # the cores it keeps busy, held for the run: no run is measured on an oversubscribed machine
         with self.lock:
             self.waiting[rid] = {**label, "method": method, "seed": seed, "since": time.time()}
@@ -281,8 +297,7 @@ class Bench:
                 self.running[rid] = {**label, "method": method, "seed": seed, "budget": budget, "t0": time.time(),
                                      "progress": d / "progress.json"}
                 with open(d / "worker.log", "wb") as log:
-                    p = subprocess.Popen([sys.executable, "-m", "swarm.bench.worker", str(d / "spec.json"), str(d / "result.json")],
-                                         cwd=self.src, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    p = subprocess.Popen(argv, cwd=self.src, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 self.procs[rid] = p
             lent: dict[str, float] = {}
             if method in SLEEPERS and sleeps_through(goal, wall_cap):

@@ -127,7 +127,8 @@ def markdown(meta: dict[str, Any], scenarios: list[dict[str, Any]], rows: list[d
     if origins:
         L += ["", "## Failing runs per fault origin", "",
               "The origin (generator v5) is where the fault came from: `config` (the goal's own starting config), `drift` (a "
-              "live config changed at a step), `data` (the data stream, no config change), `infra` (the process or its files). "
+              "live config changed at a step), `data` (the data stream, no config change), `infra` (the machine, the process "
+              "or its files). "
               "The swarm is never told it.", "",
               "| origin | method | runs | success@budget | C2T ÷ oracle | wasted CPU-s |", "|---|---|---|---|---|---|"]
         for o in origins:
@@ -217,7 +218,7 @@ def plots(rows: list[dict[str, Any]], methods: list[str], out_dir: pathlib.Path,
 
 
 def machine_line(meta: dict[str, Any]) -> str:
-    """How the worker CPU-s of the tables compare across sittings (swarm.bench.machine)."""
+    """How the worker CPU-s of the tables compare across sittings (swarmbench.machine)."""
     sittings = meta.get("sittings") or []
     slots = (f"Runs hold the cores their method keeps busy ({meta.get('cores')} cores shared by every bench process "
              "of a sitting), so no run is measured on an oversubscribed machine.")

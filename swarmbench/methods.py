@@ -15,7 +15,7 @@ interventions and wasted compute.
           `swarm stop` at the budget or the cap, a kill 60 s later. Wasted compute: the arms of every
           backtest not followed by a kept gain, plus the evaluation window of an undone intervention
           (the swarm's own record of the window's live-job CPU).
-  pbt / pb2 / asha   see swarm/bench/tune_methods.py.
+  pbt / pb2 / asha   see swarmbench/tune_methods.py.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import yaml
 
-from swarm.bench.accounting import ProcessMeter, cpu_at, is_trainer
+from swarmbench.accounting import ProcessMeter, cpu_at, is_trainer
 
 POLL_S = 0.5
 SWARM_POLL_S = 0.1     # many short-lived trainer processes: each one's last poll interval goes uncounted
@@ -263,7 +263,7 @@ def run_method(method: str, goal: dict[str, Any], seed: int, target: float, budg
     if method == "swarm":
         return run_swarm(goal, seed, target, budget, wall_cap, work, progress)
     if method in ("pbt", "pb2", "asha"):
-        from swarm.bench.tune_methods import run_tune
+        from swarmbench.tune_methods import run_tune
 
         return run_tune(method, goal, seed, target, budget, wall_cap, work, progress)
     raise ValueError(f"method={method!r}: unknown; known: {', '.join(METHODS)}")

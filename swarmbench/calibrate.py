@@ -26,9 +26,9 @@ import os
 import pathlib
 from typing import Any, Callable
 
-from swarm.bench import machine
+from swarmbench import machine
 
-CALIB_VERSION = 2           # 2: calibrations record the machine's reference (swarm.bench.machine)
+CALIB_VERSION = 2           # 2: calibrations record the machine's reference (swarmbench.machine)
 BUDGET_MULTIPLE = 5.0
 CALIB_CPU_CAP = 600.0
 CALIB_WALL_CAP = 900.0
@@ -37,16 +37,14 @@ WALL_CAP_MULTIPLE = 10.0    # a run's wall-clock cap: this x the healthy run's w
 MIN_WALL_CAP = 240.0        # ... and at least this (a hung run ends here)
 
 # what a measurement depends on (the runner, the report and the CLI do not change a measurement)
-BASELINE_DIRS = ("trainer", "harness", "kernels", "swarm/bench/methods.py", "swarm/bench/tune_methods.py",
-                 "swarm/bench/accounting.py", "swarm/bench/worker.py")
+BASELINE_DIRS = ("trainer", "harness", "kernels", "swarmbench/methods.py", "swarmbench/tune_methods.py",
+                 "swarmbench/accounting.py", "swarmbench/worker.py")
 SWARM_DIRS = BASELINE_DIRS + ("swarm", "agents", "skills", "memory", "sandboxes")
-NOT_MEASURED = ("swarm/bench",)   # under the folders above, but only the files BASELINE_DIRS names run
 
 
-def code_state(root: pathlib.Path, dirs: tuple[str, ...], skip: tuple[str, ...] = NOT_MEASURED) -> str:
+def code_state(root: pathlib.Path, dirs: tuple[str, ...]) -> str:
     """A hash of the source files (*.py, *.yaml, *.c, *.md) under `dirs` (folders or files) of
-    `root`: what a result was measured with. Files under a folder of `skip` count only where `dirs`
-    names them one by one."""
+    `root`: what a result was measured with."""
     h = hashlib.sha256()
     files: set[pathlib.Path] = set()
     for d in dirs:
@@ -55,8 +53,7 @@ def code_state(root: pathlib.Path, dirs: tuple[str, ...], skip: tuple[str, ...] 
             files.add(base)
         elif base.is_dir():
             files |= {p for p in base.rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".c", ".md")
-                      and "__pycache__" not in p.parts
-                      and not any(p.relative_to(root).as_posix().startswith(x + "/") for x in skip)}
+                      and "__pycache__" not in p.parts}
     for p in sorted(files):
         h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:12]

@@ -53,7 +53,7 @@ REF_WEIGHT = 0.05   # a reference ratio's weight in the fit, against 1 for each 
 def reference_goal() -> dict[str, Any]:
     """The reference workload: the 2-digit addition family's healthy config (SFT), REFERENCE_STEPS
     steps, one held-out eval at the end, with the target 1.0 (a held-out level it does not reach in that many steps)."""
-    from swarm.bench.scenarios import FAMILIES, generate
+    from swarmbench.scenarios import FAMILIES, generate
 
     fam = FAMILIES["addition2"]
     g = {k: v for k, v in generate(0).items() if k not in ("scenario", "perturbations")}
@@ -65,7 +65,7 @@ def reference_goal() -> dict[str, Any]:
 
 def measure(work: pathlib.Path, runs: int = REFERENCE_RUNS, steps: int | None = None) -> float:
     """The reference's worker CPU-s on this machine (the least of `runs` runs)."""
-    from swarm.bench.methods import run_trainer, trainer_config
+    from swarmbench.methods import run_trainer, trainer_config
 
     g = reference_goal()
     if steps is not None:

@@ -3,16 +3,18 @@
 A scenario is a goal file (the same format as `examples/goals/*.yaml`) plus a `scenario:` header
 saying where it came from, which faults it carries and whether the baselines' search space can
 express their fix. `generate(seed)` draws one: a task family and difficulty the built-in model learns
-in a minute or two on 2 cores, and 0-2 faults composed from the trainer's generic perturbation
-mechanisms (`trainer/perturb.py`: override of a recipe/harness field at a step, SIGKILL, stall, label
-noise, corrupt newest checkpoint), each with its onset step and magnitude drawn from a range. The
-same seed always gives the same scenario (a `random.Random` seeded with a string, independent of
-`PYTHONHASHSEED` and of the platform).
+in a minute or two on 2 cores, and 0-2 faults of one origin composed from the trainer's generic
+perturbation mechanisms (`trainer/perturb.py`: an override of a recipe/harness field, written into
+the goal's own config or changed at a step; label noise, a changed format, harder problems or
+duplicated examples in the data pipeline; SIGKILL, a stall, a corrupt newest checkpoint, a slow
+worker or an out-of-memory death on the machine), each with its onset step and magnitude drawn from
+a range. The same seed always gives the same scenario (a `random.Random` seeded with a string,
+independent of `PYTHONHASHSEED` and of the platform).
 
 A suite is a folder of YAML files. Plain goal files (no `scenario:` header) load as scenarios too, so
 `examples/goals/` is a suite as it stands.
 
-    python -m swarm.bench.scenarios benchmarks/suites/dev --seeds 0-39     # (re)write a suite folder
+    python -m swarmbench.scenarios benchmarks/suites/dev --seeds 0-39     # (re)write a suite folder
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ from trainer.config import ConfigError, load_yaml
 GENERATOR_VERSION = 5
 # Where a fault comes from (v5). `config`: its values are the goal's own starting config (no
 # perturbation: nothing to go back to); `drift`: a live config changed at a step (a person or a
-# script); `data`: the data stream changes with no config change; `infra`: the process or its files
-# fail. Drawn per scenario and kept in the private header only: the swarm is never told.
+# script); `data`: the data stream changes with no config change; `infra`: the machine, the process
+# or its files fail. Drawn per scenario and kept in the private header only: the swarm is never told.
 ORIGINS = ("config", "drift", "data", "infra")
 ADDITION_CHARSET = "0123456789+-*=\n "
 
@@ -60,6 +62,7 @@ class Family:
     grpo: bool = False
     max_difficulty: int = 12
     warmup_steps: int = 0      # SFT warm-up steps of a GRPO family: rollout faults start after it
+    min_difficulty: int = 1    # the task's easiest difficulty (how far a lower curriculum start can go)
 
     def onset(self, rng: random.Random, lo: float, hi: float, *, after_warmup: bool = False, min_step: int = 0) -> int:
         """A step drawn at `lo`..`hi` of the way from the start (or the end of the SFT warm-up) to the
@@ -85,20 +88,22 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            _run("addition", 2, charset=ADDITION_CHARSET, reverse=True), 3000, question_len=5, answer_len=3,
            healthy_steps=500),
     Family("sort4", "a policy that sorts 4-digit sequences with >= 90% held-out exact match", 0.9,
-           _run("sort", 4), 3000, question_len=4, answer_len=4, healthy_steps=175),
+           _run("sort", 4), 3000, question_len=4, answer_len=4, healthy_steps=175, min_difficulty=2),
     Family("reverse7", "a policy that reverses 7-digit sequences with >= 90% held-out exact match", 0.9,
-           _run("reverse", 7, mnt=8, seq_len=28), 3000, question_len=7, answer_len=7, healthy_steps=150),
+           _run("reverse", 7, mnt=8, seq_len=28), 3000, question_len=7, answer_len=7, healthy_steps=150,
+           min_difficulty=2),
     Family("sort3_grpo", "a policy that sorts 3-digit sequences with >= 85% held-out exact match (SFT warm-up, then GRPO)",
            0.85, _run("sort", 3, mnt=4, reward={"kind": "partial"},
                       recipe={"algorithm": "grpo", "sft_warmup_steps": 90, "sft_warmup_batch_size": 128, "lr": 0.0003,
                               "schedule": "constant", "warmup_steps": 0, "batch_size": 16, "eval_interval": 25,
                               "eval_size": 200, "group_size": 8}),
-           1000, question_len=3, answer_len=3, healthy_steps=300, grpo=True, warmup_steps=90),
+           1000, question_len=3, answer_len=3, healthy_steps=300, grpo=True, warmup_steps=90, min_difficulty=2),
     # countdown with two numbers ("25 4->21" -> "25-4"): any expression that uses them and hits the target
     # (max_seq_len: room for the hardest difficulty a curriculum fault can set — prompt, SFT target,
     # <bos> and <eos> — with a margin where the length varies between examples)
     Family("countdown2", "a policy that solves 2-number countdown puzzles with >= 80% held-out success", 0.8,
-           _run("countdown", 2, mnt=8, seq_len=64), 3000, question_len=8, answer_len=5, healthy_steps=550, max_difficulty=6),
+           _run("countdown", 2, mnt=8, seq_len=64), 3000, question_len=8, answer_len=5, healthy_steps=550, max_difficulty=6,
+           min_difficulty=2),
     # a reasoning-gym dataset at its first curriculum level ("Calculate 2 * -3." -> "-6"), answers written reversed
     Family("rg_arith", "a policy that solves reasoning-gym basic_arithmetic (level 1) with >= 80% held-out exact match", 0.8,
            _run("rg", 1, reverse=True, mnt=5, options={"dataset": "basic_arithmetic"}, seq_len=112), 3000,
@@ -112,7 +117,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
 # ---- fault mechanisms ---------------------------------------------------------------------------
 # Each builder draws onset and magnitude from its ranges and returns (perturbations, description).
 # `fix_in_space`: whether the baselines' search space (lr, temperature, max_new_tokens, curriculum
-# start, kl_coef) can express the fix.
+# start, kl_coef) can express the fix; where it cannot, what would.
 
 Builder = Callable[[random.Random, Family], tuple[list[dict[str, Any]], dict[str, Any]]]
 
@@ -223,13 +228,68 @@ def f_label_noise(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]]
         "mechanism": "label_noise", "what": f"{frac:g} of SFT labels ({noise})", "at_step": at, "fix_in_space": "no (data)"}
 
 
+def f_data_format(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    # GRPO learns from its prompts, SFT from its targets as well: the answer styles change SFT targets only
+    styles = ["question_prefix", "question_spaced"]
+    if not fam.grpo:
+        styles = ["answer_prefix", "answer_spaced", "answer_reversed"] + styles
+    style = rng.choice(styles)
+    at = fam.onset(rng, 0.0, 0.6, after_warmup=True)
+    # the harness extracts what it renders, so no setting of it turns a changed label back; only a
+    # parser that skips the prefix reads the intended answer
+    how = "an answer regex that skips the '=' reads it" if style == "answer_prefix" else "the data must be fixed"
+    return [{"kind": "data_format", "at_step": at, "style": style}], {
+        "mechanism": "data_format", "what": f"examples written differently ({style})", "at_step": at,
+        "fix_in_space": f"no (data: {how})"}
+
+
+def f_data_shift(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    start = fam.run["harness"]["curriculum"]["start"]
+    levels = min(fam.max_difficulty, start + rng.randint(*CURRICULUM_JUMP)) - start
+    at = fam.onset(rng, 0.0, 0.6)
+    lo = fam.min_difficulty
+    fix = (f"yes (curriculum start {start - levels}: the stream draws {levels} above it)" if start - levels >= lo
+           else f"no (the curriculum start stops at {lo}: the stream draws at {lo + levels} or above)")
+    return [{"kind": "data_shift", "at_step": at, "levels": levels}], {
+        "mechanism": "data_shift", "what": f"training problems {levels} levels harder than the curriculum's", "at_step": at,
+        "fix_in_space": fix}
+
+
+def f_duplicates(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    pool = rng.choice([8, 16, 32])
+    frac = round(rng.uniform(0.9, 0.98), 2)
+    at = fam.onset(rng, 0.0, 0.5, after_warmup=True)
+    return [{"kind": "duplicates", "at_step": at, "pool": pool, "fraction": frac}], {
+        "mechanism": "duplicates", "what": f"{frac:g} of the stream from a pool of {pool} examples", "at_step": at,
+        "fix_in_space": "no (data: harness.filters.dedupe drops the repeats)"}
+
+
+def f_slow_worker(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    s = _loguniform(rng, 0.5, 3.0)
+    at = fam.onset(rng, 0.1, 0.6)
+    return [{"kind": "slow_worker", "at_step": at, "seconds": s}], {
+        "mechanism": "slow_worker", "what": f"every step {s:g} s slower", "at_step": at,
+        "fix_in_space": "no (a slow trial is not restarted; a restarted job is not slow)"}
+
+
+def f_oom(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    bs = fam.run["recipe"]["batch_size"]
+    limit = rng.randint(max(8, bs // 4), max(8, 3 * bs // 4))    # 8: the smallest batch a search may set (TUNABLE)
+    at = fam.onset(rng, 0.3, 0.9, min_step=60, after_warmup=True)
+    return [{"kind": "oom", "at_step": at, "max_batch_size": limit}], {
+        "mechanism": "oom", "what": f"out of memory while recipe.batch_size > {limit}", "at_step": at,
+        "fix_in_space": "no (recipe.batch_size; a retried trial dies again)"}
+
+
 def f_corrupt_checkpoint(rng: random.Random, fam: Family) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     at = fam.onset(rng, 0.3, 0.9, min_step=60)
     return [{"kind": "corrupt_checkpoint", "at_step": at}], {"mechanism": "corrupt_checkpoint", "what": "newest checkpoint damaged",
                                                              "at_step": at, "fix_in_space": "n/a (harmless without a restart)"}
 
 
-# (name, builder, applies to family) — GRPO-only faults act on rollouts; label noise on SFT labels
+# (name, builder, applies to family) — GRPO-only faults act on rollouts; label noise on SFT labels;
+# a GRPO family's data format changes its prompts (the format of its SFT warm-up's targets is over
+# before the faults start)
 MECHANISMS: list[tuple[str, Builder, Callable[[Family], bool]]] = [
     ("lr_scale", f_lr_scale, lambda f: True),
     ("temperature", f_temperature, lambda f: f.grpo),
@@ -242,14 +302,27 @@ MECHANISMS: list[tuple[str, Builder, Callable[[Family], bool]]] = [
     ("stall", f_stall, lambda f: True),
     ("label_noise", f_label_noise, lambda f: not f.grpo),
     ("corrupt_checkpoint", f_corrupt_checkpoint, lambda f: True),
+    ("data_format", f_data_format, lambda f: True),
+    ("data_shift", f_data_shift, lambda f: True),
+    ("duplicates", f_duplicates, lambda f: True),
+    ("slow_worker", f_slow_worker, lambda f: True),
+    ("oom", f_oom, lambda f: True),
 ]
 
 
-# the origins each mechanism has (an override is the user's own config at step 0, or a drift at a step)
+# The origins each mechanism has. An override is the user's own config at step 0, or a drift at a
+# step. Two overrides have a data counterpart, drawn as their own mechanisms: a template changed in
+# the data pipeline is `data_format` (its question styles), a curriculum made harder there is
+# `data_shift` — the same effect on the examples, with no harness version to go back to.
 MECHANISM_ORIGINS: dict[str, tuple[str, ...]] = {
     **{m: ("config", "drift") for m in ("lr_scale", "temperature", "max_new_tokens", "template", "verifier",
                                          "curriculum", "recipe_field")},
-    "label_noise": ("data",), "kill": ("infra",), "stall": ("infra",), "corrupt_checkpoint": ("infra",)}
+    **{m: ("data",) for m in ("label_noise", "data_format", "data_shift", "duplicates")},
+    **{m: ("infra",) for m in ("kill", "stall", "corrupt_checkpoint", "slow_worker", "oom")}}
+# Faults not drawn together: both lengthen the examples past what the family's model was sized for
+# (the hardest difficulty a curriculum fault can set, in the format the harness writes).
+LENGTHEN = frozenset({"data_shift", "data_format"})
+RESTARTS = ("kill", "oom")    # faults that end the job: a restart reads the newest good checkpoint
 
 
 def _set_in(run: dict[str, Any], dotted: str, value: Any) -> None:
@@ -293,14 +366,14 @@ def generate(seed: int) -> dict[str, Any]:
     fields: set[str] = set()
     for name, build, _ in rng.sample(usable, n):
         p, meta = build(rng, fam)
-        keys = {k for q in p for k in q.get("set", {})}
+        keys = {k for q in p for k in q.get("set", {})} | ({"example length"} if name in LENGTHEN else set())
         if keys & fields:                      # two faults on one field: the later one would hide the first
             continue
         fields |= keys
         perts += p
         faults.append({"name": name, **meta, "origin": origin})
-    # a corrupt checkpoint only matters to a run that restarts: put it before a kill when both are drawn
-    kills = [p for p in perts if p["kind"] == "kill"]
+    # a corrupt checkpoint only matters to a run that restarts: put it before a kill or an OOM when both are drawn
+    kills = [p for p in perts if p["kind"] in RESTARTS]
     for p in perts:
         if p["kind"] == "corrupt_checkpoint" and kills and p["at_step"] >= kills[0]["at_step"]:
             p["at_step"] = max(50, kills[0]["at_step"] - 20)
@@ -403,7 +476,7 @@ def write_suite(folder: str | pathlib.Path, seeds: list[int]) -> list[pathlib.Pa
     for s in seeds:
         sc = generate(s)
         p = d / f"{sc['scenario']['name']}.yaml"
-        head = (f"# Generated by `python -m swarm.bench.scenarios {d} --seeds {s}` (generator v{GENERATOR_VERSION}).\n"
+        head = (f"# Generated by `python -m swarmbench.scenarios {d} --seeds {s}` (generator v{GENERATOR_VERSION}).\n"
                 "# The perturbations are handed to the trainer only; no operator, prompt, report or memory sees them.\n")
         p.write_text(head + yaml.safe_dump(sc, sort_keys=False, width=120))
         paths.append(p)

@@ -1,4 +1,5 @@
-"""`swarm bench SUITE ...`: the benchmark suite's command line (swarm/cli.py delegates here).
+"""`swarm bench SUITE ...`: the benchmark suite's command line (`swarm bench` finds it through the
+`swarmlab.cli` entry point; `python -m swarmbench.cli` runs it as well).
 
     swarm bench SUITE [--methods plain oracle pbt pb2 asha swarm] [--seeds 0 1 2 | 0-2]
                       [--more-seeds 1 2 --more-on 5] [--parallel N] [--name NAME]
@@ -15,9 +16,9 @@ import pathlib
 import shlex
 import sys
 
-from swarm.bench import machine
-from swarm.bench.methods import METHODS
-from swarm.bench.runner import ROOT, Bench, BenchConfig, live_display, log_display
+from swarmbench import machine
+from swarmbench.methods import METHODS
+from swarmbench.runner import ROOT, Bench, BenchConfig, live_display, log_display
 from trainer.config import ConfigError
 
 
@@ -50,7 +51,7 @@ def _error(msg: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from swarm.bench.scenarios import parse_seeds, write_suite
+    from swarmbench.scenarios import parse_seeds, write_suite
 
     if argv[:1] == ["generate"]:
         ap = argparse.ArgumentParser(prog="swarm bench generate", description="write generated scenarios into a suite folder")

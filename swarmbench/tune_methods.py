@@ -14,8 +14,9 @@ step and the faults' fired state) and restores through the trainer's own fork:
   * the search values go in as fork_overrides, applied to the live config after the fork;
   * faults not yet due still fire at their step (the scenario's perturbations are in every trial's
     config); which ones fired travels with the checkpoint, and a one-shot kill or stall that fired in
-    this trial or in the donor's history does not fire again (kill/stall are events of the process,
-    overrides and label noise are state of the run);
+    this trial or in the donor's history does not fire again (kill/stall are events of the process;
+    overrides, the data faults and an OOM are state of the run, and a slow worker slows only the
+    trainer it fired in);
   * every trial and every restore gets its own seed (data order and sampling), derived from the run
     seed, the trial id and the segment number;
   * `CheckpointConfig(num_to_keep=None)`: Tune deletes checkpoints that exploit still points at when
@@ -42,7 +43,7 @@ import time
 from typing import Any, Callable
 
 from sandboxes.private import private_dir
-from swarm.bench.methods import Progress, trainer_config
+from swarmbench.methods import Progress, trainer_config
 from trainer.runlog import HELDOUT_METRICS
 
 EVAL_FIELDS = tuple(HELDOUT_METRICS)
@@ -85,9 +86,9 @@ def segment_seed(base_seed: int, trial_id: str, segment: int) -> int:
 # ---- the trainable ----------------------------------------------------------------------------------
 
 def fired_after_restore(items: list[Any], ckpt_fired: set[int], own_fired: set[int]) -> set[int]:
-    """Which faults count as fired in a restored trial: state faults (overrides, label noise, corrupt
-    checkpoint) as the checkpoint says; process events (kill, stall) once fired anywhere in this trial
-    or in the checkpoint's history."""
+    """Which faults count as fired in a restored trial: state faults (overrides, data faults, corrupt
+    checkpoint, OOM, slow worker) as the checkpoint says; process events (kill, stall) once fired
+    anywhere in this trial or in the checkpoint's history."""
     state = {i for i in ckpt_fired if items[i].kind not in PROCESS_KINDS}
     process = {i for i in ckpt_fired | own_fired if items[i].kind in PROCESS_KINDS}
     return state | process
@@ -313,7 +314,7 @@ def run_tune(method: str, goal: dict[str, Any], seed: int, target: float, budget
     import ray
     from ray import tune
 
-    from swarm.bench.accounting import ProcessMeter
+    from swarmbench.accounting import ProcessMeter
 
     work.mkdir(parents=True, exist_ok=True)
     cfg = trainer_config(goal, str(work / "runs"), seed, target)
