@@ -25,6 +25,7 @@ data detectors are in `agents/harness_detectors.py`.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from agents.detection import (NOTHING, THRESHOLDS, algorithm, column, current_rows, detector, eval_difficulty,
@@ -373,6 +374,8 @@ def crashed_job(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     ended = bool(life) and life[-1] == "end"   # the newest segment wrote its end event
     if ev.job_status == JobStatus.FAILED:
         why = "the job FAILED"
+    elif ev.job_status == JobStatus.UNKNOWN and ev.heartbeat_state == "failed" and not ended:
+        why = "the worker wrote that it failed"
     elif (ev.job_status == JobStatus.UNKNOWN and ev.heartbeat_state == "running" and not ended and not in_grace(ev, th, known)
           and ev.heartbeat_age_s is not None and ev.heartbeat_age_s > stale_threshold(ev, th, known)):
         why = "the worker stopped writing heartbeats without an end event"
@@ -384,6 +387,32 @@ def crashed_job(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                            "heartbeat_state": ev.heartbeat_state, "last_step": ev.step, "end_event": ended,
                            "last_event": last.get("event"), "last_event_step": last.get("step"),
                            "threshold_s": stale_threshold(ev, th, known)})
+
+
+# what an allocator or a framework says when memory runs out (CPU allocators, CUDA, ROCm, Python)
+MEMORY_ERROR = re.compile(r"out of memory|can'?t allocate memory|cannot allocate memory|MemoryError|OutOfMemoryError|"
+                          r"std::bad_alloc|Cannot allocate memory", re.I)
+
+
+@detector("out_of_memory")
+def out_of_memory(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The newest worker died of an error that names memory: an allocation failed at that step.
+    The same config fails again at the same place after a restart (the memory a step needs grows
+    with its batch), so this names what a restart alone cannot fix. Only the newest life counts: a
+    worker that started again after an OOM and has not died since is not out of memory."""
+    life = [e for e in ev.events if e.get("event") in ("start", "resume", "end", "error")]
+    if not life or life[-1].get("event") != "error":
+        return None
+    last = life[-1]
+    text = f"{last.get('error', '')}: {last.get('message', '')}"
+    if not MEMORY_ERROR.search(text):
+        return None
+    times = sum(1 for e in ev.events if e.get("event") == "error"
+                and MEMORY_ERROR.search(f"{e.get('error', '')}: {e.get('message', '')}"))
+    return make_diagnosis(ev, "out_of_memory", f"the worker ran out of memory at step {last.get('step')} "
+                          f"({times} time(s) in this run): {text[:160]}", "critical",
+                          {"error": text[:300], "at_step": last.get("step"), "memory_errors": times,
+                           "job_status": ev.job_status})
 
 
 # ---- what the trainer noticed -------------------------------------------------------------------

@@ -238,9 +238,7 @@ class Controller(Deciding):
         for row in iter_jsonl(log):
             if row.get("id") == cid:
                 return row
-        sent = any(r.get("id") == cid for r in iter_jsonl(self.run_dir / "commands.jsonl"))
-        if not sent:
-            send_command(self.run_dir, cmd, id=cid, **args)
+        self.send(cmd, cid, **args)
         deadline = time.time() + timeout
         while time.time() < deadline:
             for row in iter_jsonl(log):
@@ -252,6 +250,11 @@ class Controller(Deciding):
                 return None
             time.sleep(0.2)
         return None
+
+    def send(self, cmd: str, cid: str, **args: Any) -> None:
+        """Put a command in the inbox once (its id is deterministic: re-sending after a crash is a no-op)."""
+        if not any(r.get("id") == cid for r in iter_jsonl(self.run_dir / "commands.jsonl")):
+            send_command(self.run_dir, cmd, id=cid, **args)
 
     def job_unwell(self, job_status: Any) -> bool:
         """The live job is not running, this tick's detectors find it crashed or hung, or its
@@ -587,10 +590,20 @@ class Controller(Deciding):
                 return {}
             if s.job and self.job_status(s.job) not in JobStatus.terminal():
                 self.stop_job(s.job)
+            if iv.changes:   # in the inbox before the job starts: the new worker reads it before its first step
+                self.send("set_fields", f"{iv.id}-apply", fields=iv.changes)
             job = self.start_job()
             self.state_job = job
             upd = {"job": job, "restarts": s.restarts + 1, "job_status": JobStatus.PENDING, "launched": time.time()}
             step = s.step
+            if iv.changes:
+                ack = self.command("set_fields", f"{iv.id}-apply", fields=iv.changes)
+                if ack and ack.get("status") != "applied":
+                    self.refused(iv, f"the trainer refused the change it was restarted with: {ack.get('reason')}")
+                    return upd
+                iv = self.store.get(iv.id)
+                if iv.outcome.before is None:
+                    iv.outcome.before = self.published_values(list(iv.changes))
         else:
             pre = self.command("checkpoint", f"{iv.id}-pre", name=f"pre-{iv.id}")
             changes = iv.changes
@@ -615,12 +628,7 @@ class Controller(Deciding):
                     self.store.log("apply_deferred", id=iv.id, reason="the job stopped answering", step=s.step)
                     return {}
                 if not ack or ack.get("status") != "applied":
-                    why = f"the trainer refused the change: {ack and ack.get('reason')}"
-                    iv = self.store.get(iv.id)
-                    iv.outcome.refused = why      # a loss in memory: never retried
-                    self.store.put(iv)
-                    self.store.transition(iv.id, Status.REJECTED, why)
-                    self.ws.reject(iv.id)
+                    self.refused(iv, f"the trainer refused the change: {ack and ack.get('reason')}")
                     return {}
                 step = ack["step"]
             else:
@@ -647,6 +655,13 @@ class Controller(Deciding):
             self.store.log("applied", id=iv.id, step=step)
         self.store.transition(iv.id, Status.APPLIED, f"applied at step {step}")
         return upd
+
+    def refused(self, iv: Intervention, why: str) -> None:
+        iv = self.store.get(iv.id)
+        iv.outcome.refused = why      # a loss in memory: never retried
+        self.store.put(iv)
+        self.store.transition(iv.id, Status.REJECTED, why)
+        self.ws.reject(iv.id)
 
     def changes_since(self, checkpoint: str, exclude: str) -> dict[str, dict[str, Any]]:
         """Field changes of the interventions in force (applied, being judged or kept) that were

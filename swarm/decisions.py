@@ -327,7 +327,7 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
     """The risk of a change by the model above: `current` holds the dotted fields' values in force
     (the live run's where it reports them), `start` the goal's starting values, `validated_on` the
     signal a passed backtest validated it on (None before one, or when it skipped one)."""
-    if iv.kind == K.RESTART:
+    if iv.kind == K.RESTART and not iv.changes:
         return RiskCall(Risk.LOW, "a restart changes no field")
     risk = Risk.LOW if iv.kind == K.DATA_CHANGE else Risk.MEDIUM
     why = f"{iv.kind.value} of {', '.join(sorted(iv.changes)) or 'no field'}"

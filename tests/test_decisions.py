@@ -86,7 +86,7 @@ def test_an_invalid_change_names_the_trainers_reason():
 
 # ---- risk -------------------------------------------------------------------------------------
 
-CUR = {"recipe.lr": 0.003, "harness.sampling.max_new_tokens": 5, "harness.curriculum.start": 8,
+CUR = {"recipe.lr": 0.003, "recipe.batch_size": 64, "harness.sampling.max_new_tokens": 5, "harness.curriculum.start": 8,
        "harness.reward.verifier": "task", "recipe.algorithm": "sft", "harness.sampling.temperature": 0.05}
 START = {"recipe.lr": 0.003, "harness.sampling.max_new_tokens": 5, "harness.curriculum.start": 2,
          "harness.reward.verifier": "task", "recipe.algorithm": "sft", "harness.sampling.temperature": 1.0}
@@ -94,6 +94,8 @@ START = {"recipe.lr": 0.003, "harness.sampling.max_new_tokens": 5, "harness.curr
 
 @pytest.mark.parametrize("proposal, want", [
     (iv(K.RESTART, diagnosis="crashed_job", risk=Risk.HIGH), Risk.LOW),
+    (iv(K.RESTART, {"recipe.batch_size": 32}, diagnosis="out_of_memory"), Risk.MEDIUM),   # rated as the change
+    (iv(K.RESTART, {"recipe.lr": 10}, diagnosis="out_of_memory"), Risk.HIGH),
     (iv(K.ROLLBACK, {"recipe.lr": 10}, risk=Risk.LOW), Risk.HIGH),                 # 3333× up: the proposer's "low" is ignored
     (iv(K.RECIPE_EDIT, {"recipe.lr": 0.0003}), Risk.MEDIUM),                       # 10× down
     (iv(K.RECIPE_EDIT, {"recipe.lr": 1e-8}), Risk.HIGH),                           # 300000× down

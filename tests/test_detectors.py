@@ -116,7 +116,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 24
+    assert len(DETECTORS) == 25
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -363,6 +363,31 @@ def test_crashed_job():
     ended = make_ev(rows, job_status="UNKNOWN", heartbeat_age_s=300.0, heartbeat_state="completed",
                     events=[{"event": "end", "step": 60}])
     assert DETECTORS["crashed_job"](ended, THRESHOLDS, KNOWN) is None
+
+
+OOM_CPU = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 bytes."
+OOM_CUDA = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 8.00 GiB"
+
+
+def test_out_of_memory_names_a_worker_that_died_allocating_and_only_its_newest_life():
+    rows = sft_rows()
+    start = {"event": "start", "step": 0}
+    for err, msg in (("MemoryError", OOM_CPU), ("OutOfMemoryError", OOM_CUDA), ("RuntimeError", OOM_CUDA)):
+        died = [start, {"event": "error", "step": 60, "error": err, "message": msg}]
+        d = fired(make_ev(rows, job_status="FAILED", events=died), "out_of_memory")
+        assert d.severity == "critical" and d.evidence["at_step"] == 60 and d.evidence["memory_errors"] == 1
+    # another error is a crash, not out-of-memory
+    other = [start, {"event": "error", "step": 60, "error": "KeyError", "message": "'question'"}]
+    assert DETECTORS["out_of_memory"](make_ev(rows, job_status="FAILED", events=other), THRESHOLDS, KNOWN) is None
+    # a worker that started again after an OOM and has not died since is not out of memory
+    again = [start, {"event": "error", "step": 60, "error": "MemoryError", "message": OOM_CPU},
+             {"event": "resume", "step": 50}]
+    assert DETECTORS["out_of_memory"](make_ev(rows, events=again), THRESHOLDS, KNOWN) is None
+    twice = again + [{"event": "error", "step": 60, "error": "MemoryError", "message": OOM_CPU}]
+    assert fired(make_ev(rows, job_status="FAILED", events=twice), "out_of_memory").evidence["memory_errors"] == 2
+    # the job's status unknown (a restarted controller) but the worker wrote that it failed: crashed
+    failed = make_ev(rows, job_status="UNKNOWN", heartbeat_state="failed", heartbeat_age_s=2.0, events=twice)
+    assert fired(failed, "crashed_job").summary.startswith("the worker wrote that it failed")
 
 
 def test_template_mismatch_from_prompt_shape():

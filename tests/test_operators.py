@@ -71,6 +71,20 @@ def test_cluster_ops_restarts_crashed_and_hung_jobs_and_only_reports_throughput(
     assert op.builtin(ev, ctx()) == []
 
 
+def test_cluster_ops_restarts_a_worker_that_ran_out_of_memory_with_half_the_batch():
+    op = ClusterOps()
+    died = [{"event": "start", "step": 0},
+            {"event": "error", "step": 60, "error": "MemoryError", "message": "can't allocate memory"}]
+    ev = make_ev(sft_rows(), job_status="FAILED", events=died)
+    [iv] = op.builtin(ev, ctx(recipe={"algorithm": "sft", "lr": 3e-3, "batch_size": 64}))
+    check_record(iv, op)
+    assert iv.kind == K.RESTART and iv.diagnosis.name == "out_of_memory" and iv.changes == {"recipe.batch_size": 32}
+    assert iv.risk == Risk.MEDIUM and iv.backtest_skipped
+    # a batch of one has nothing to halve: a plain restart
+    [iv] = op.builtin(ev, ctx(recipe={"algorithm": "sft", "lr": 3e-3, "batch_size": 1}))
+    assert iv.kind == K.RESTART and iv.changes == {} and iv.risk == Risk.LOW
+
+
 def spiked(lr_jump: bool = True):
     rows = sft_rows()
     for r in rows[49:]:

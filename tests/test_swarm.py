@@ -683,6 +683,29 @@ def test_a_trainer_that_keeps_crashing_stops_cleanly_after_max_restarts(tmp_path
     assert "finished" in [r["kind"] for r in timeline(ws)] and (ws / "reports" / "final" / "REPORT.md").exists()
 
 
+def test_a_worker_out_of_memory_restarts_with_half_the_batch_and_trains_on(tmp_path, reap):
+    """A worker that dies of out-of-memory at every start while its batch is above a limit: the
+    trainer records the allocator's message as the error that ended it, `out_of_memory` names it,
+    and the restart carries recipe.batch_size halved, read by the new worker before its first step;
+    the job then trains past the step it died at (a plain restart would die there again)."""
+    from swarm.controller import Controller
+
+    goal = Goal.parse(tiny_goal(target={"threshold": 0.99}, budget={"wall_s": 60},
+                                memory={"backend": "memory", "seed_skills": False},
+                                perturbations=[{"kind": "oom", "at_step": 30, "max_batch_size": 32}]))
+    summary = Controller.create(tmp_path / "ws", goal, jobs="process").run()
+    restarts = [r for r in summary["interventions"] if r["kind"] == "restart"]
+    assert summary["restarts"] == 1 and len(restarts) == 1, summary
+    assert restarts[0]["diagnosis"] == "out_of_memory" and restarts[0]["changes"] == {"recipe.batch_size": 32}, restarts
+    assert restarts[0]["status"] in ("applied", "evaluating", "kept"), restarts
+    run_dir = tmp_path / "ws" / ".swarm" / "runs" / "train"
+    errors = [e for e in read_jsonl(run_dir / "events.jsonl") if e.get("event") == "error"]
+    assert len(errors) == 1 and "allocate memory" in errors[0]["message"], errors
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if not r.get("final") and r.get("step", 0) > 30]
+    assert len(rows) >= 20, f"{len(rows)} steps after the OOM step"
+    check_applied_once(run_dir, [restarts[0]["id"]])
+
+
 @pytest.mark.parametrize("budget,reason", [({"worker_cpu_s": 4}, "budget_worker_cpu"), ({"wall_s": 8}, "budget_wall_clock")])
 def test_a_spent_budget_stops_the_run_with_its_report(tmp_path, reap, budget, reason):
     """The worker-CPU and wall-clock budgets end a run that would go on (a healthy run with a

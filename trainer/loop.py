@@ -41,6 +41,9 @@ STEPS: dict[str, Callable] = {"sft": sft_step, "grpo": grpo_step, "distill": dis
 HEARTBEAT_EVERY_S = 0.5   # while running, the heartbeat is rewritten at most this often (state changes always)
 
 
+ERROR_CHARS = 500   # of an exception's message kept in the 'error' event that records why the job died
+
+
 class StopRun(Exception):
     def __init__(self, status: str) -> None:
         super().__init__(status)
@@ -459,6 +462,13 @@ class Trainer:
                     break
         except StopRun as e:
             status = e.status
+        except Exception as e:
+            # the job dies of it, and why is evidence: an allocator's message names the memory, a
+            # data error the example (the operators read it; a restart that meets it again fails again)
+            if self.dist.is_main and self.log:
+                self.log.event("error", self.step, error=type(e).__name__, message=str(e)[:ERROR_CHARS])
+                self.log.heartbeat(self.step, "failed")
+            raise
         final = self.evaluate() if status in ("completed", "stopped_by_command", "target_reached") and self.recipe.steps else {}
         if self.dist.is_main:
             if until is None or status != "completed":
