@@ -88,6 +88,11 @@ class Thresholds:
     label_noise_heldout_evals: int = 3  # ... and held-out accuracy has stopped improving over this many evals
     label_shift_ratio: float = 2.0     # or: the loss of the latest `label_noise_rows` rows at least this multiple
     label_shift_abs: float = 0.1       # (and this much above) the lowest it reached on the same data and config
+    # repeated examples: the training stream repeats questions it sampled a few steps before
+    # (over 100 uniform draws a space of 100 questions repeats 37%, of 60 about 50%; a pool of 32 fed
+    # 90% of the stream about 60%, smaller pools or larger shares more)
+    repeat_share: float = 0.55         # share of the window's per-step distinct questions seen at an earlier step
+    repeat_window: int = 100           # the newest this many questions are judged; fewer are not
     # not learning: the loss has barely moved since the run began and held-out stays near zero
     not_learning_rows: int = 100
     not_learning_rel: float = 0.1

@@ -41,6 +41,7 @@ class Evidence(BaseModel):
     metrics: list[dict[str, Any]] = Field(default_factory=list)   # newest last, current segment only
     evals: list[dict[str, Any]] = Field(default_factory=list)     # rows with the target metric
     samples: list[dict[str, Any]] = Field(default_factory=list)   # newest last; untrusted text
+    questions: list[dict[str, Any]] = Field(default_factory=list) # step, segment, question of more samples; newest last
     events: list[dict[str, Any]] = Field(default_factory=list)
     acks: list[dict[str, Any]] = Field(default_factory=list)
     heartbeat_age_s: float | None = None
@@ -195,17 +196,22 @@ _INDEX: dict[str, _SegmentIndex] = {}
 
 
 def collect(run_dir: str | pathlib.Path, job_status: str = "UNKNOWN", window: int = 200,
-            n_samples: int = 32, harness: dict | None = None, recipe: dict | None = None) -> Evidence:
+            n_samples: int = 32, harness: dict | None = None, recipe: dict | None = None,
+            n_questions: int = 400) -> Evidence:
     p = pathlib.Path(run_dir)
     idx = _INDEX.setdefault(str(p / "metrics.jsonl"), _SegmentIndex())
     _TAIL.rows(p / "metrics.jsonl", on_row=idx.add, on_reset=idx.reset)
     cur, evals = idx.cur, idx.evals
-    samples = _TAIL.rows(p / "samples.jsonl")[-n_samples:]
+    sampled = _TAIL.rows(p / "samples.jsonl")
+    samples = sampled[-n_samples:]
+    # only the questions of a longer stretch: what the data stream repeats shows over hundreds of samples
+    questions = [{"step": r.get("step"), "segment": r.get("segment", 0), "question": r.get("question")}
+                 for r in sampled[-n_questions:]]
     hb = read_heartbeat(p)
     # built from our own parser's lists and dicts: no validation pass (it copied every row per tick)
     return Evidence.model_construct(
         run_dir=str(p), job_status=job_status, step=(cur[-1]["step"] if cur else 0),
-        metrics=cur[-window:], evals=evals[-50:], samples=samples,
+        metrics=cur[-window:], evals=evals[-50:], samples=samples, questions=questions,
         events=_TAIL.rows(p / "events.jsonl")[-50:], acks=_TAIL.rows(p / "command_log.jsonl")[-20:],
         heartbeat_age_s=(time.time() - hb["time"]) if hb else None,
         heartbeat_state=hb.get("state") if hb else None, harness=harness, recipe=recipe,

@@ -231,6 +231,39 @@ def labels_changed(ev: Evidence, th: Thresholds) -> dict[str, Any] | None:
             "rows": n, "difficulty": k[1]}
 
 
+@detector("repeated_examples")
+def repeated_examples(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The training stream repeats itself: of the newest `repeat_window` questions sampled in the
+    current segment (each step's distinct questions: the completions of a GRPO group share one), at
+    least `repeat_share` were already sampled at an earlier step of the window.
+    A stream drawn from a large question space almost never repeats within a few hundred samples;
+    one stuck on a small pool (a duplicated shard, a loader that restarts its file) repeats most, and
+    the policy memorises the pool instead of the task. Only while the harness does not dedupe."""
+    if ((ev.harness or {}).get("filters") or {}).get("dedupe"):
+        return None
+    seg = max((int(q.get("segment") or 0) for q in ev.questions), default=0)
+    per_step: dict[int, set[str]] = {}
+    for q in ev.questions:
+        if int(q.get("segment") or 0) == seg and isinstance(q.get("question"), str) and isinstance(q.get("step"), int):
+            per_step.setdefault(q["step"], set()).add(q["question"])
+    items = [q for step in sorted(per_step) for q in sorted(per_step[step])][-th.repeat_window:]
+    if len(items) < th.repeat_window:
+        return None
+    seen: set[str] = set()
+    repeats = 0
+    for q in items:
+        repeats += q in seen
+        seen.add(q)
+    share = repeats / len(items)
+    if share < th.repeat_share:
+        return None
+    return make_diagnosis(ev, "repeated_examples",
+                          f"{repeats} of the last {len(items)} sampled training questions were sampled before "
+                          f"({len(seen)} distinct): the data stream repeats a small pool", "warning",
+                          {"questions": len(items), "distinct": len(seen), "repeated_share": share,
+                           "threshold_share": th.repeat_share, "window": th.repeat_window})
+
+
 @detector("not_learning")
 def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The run is not learning at all: after `not_learning_rows` steps the loss's recent median is

@@ -524,18 +524,28 @@ def restore_template(ev: Evidence, ctx: OperatorContext) -> tuple[str, str | Non
 
 class DataCuration(Operator):
     name = "data_curation"
-    role = ("Data curation: watches per-step pass rates, the training difficulty against the eval difficulty and "
-            "the SFT loss floor. A curriculum nothing can be learnt from goes back to the eval difficulty (one "
-            "lower first, ramping up); SFT on noisy labels switches to distillation on the policy's own verified "
-            "successes.")
+    role = ("Data curation: watches per-step pass rates, the training difficulty against the eval difficulty, "
+            "the SFT loss floor and whether the stream repeats itself. A curriculum nothing can be learnt from goes "
+            "back to the eval difficulty (one lower first, ramping up); SFT on noisy labels switches to "
+            "distillation on the policy's own verified successes; a stream that repeats a small pool of questions "
+            "gets the dedupe filter.")
     tools = frozenset({K.DATA_CHANGE, K.DISTILL})
-    detectors = ("too_hard_curriculum", "label_noise")
+    detectors = ("too_hard_curriculum", "label_noise", "repeated_examples")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
         out: list[Intervention] = []
         if "too_hard_curriculum" in found:
             out.append(self._curriculum(found["too_hard_curriculum"], ev, ctx))
+        if "repeated_examples" in found:
+            d = found["repeated_examples"]
+            out.append(self.intervention(
+                K.DATA_CHANGE, d, {"harness.filters.dedupe": True}, risk=Risk.LOW,
+                rationale=f"{d.summary}. A policy trained on a few questions over and over memorises them instead "
+                          "of the task; the dedupe filter skips every question the run has already trained on, so "
+                          "each step sees new problems again.",
+                expected_effect="sampled questions distinct again at once; held-out accuracy rising where it "
+                                "had stalled"))
         if "label_noise" in found:
             d = found["label_noise"]
             changes: dict[str, Any] = {"recipe.algorithm": "distill"}

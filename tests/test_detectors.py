@@ -116,7 +116,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 25
+    assert len(DETECTORS) == 26
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -388,6 +388,33 @@ def test_out_of_memory_names_a_worker_that_died_allocating_and_only_its_newest_l
     # the job's status unknown (a restarted controller) but the worker wrote that it failed: crashed
     failed = make_ev(rows, job_status="UNKNOWN", heartbeat_state="failed", heartbeat_age_s=2.0, events=twice)
     assert fired(failed, "crashed_job").summary.startswith("the worker wrote that it failed")
+
+
+def questions(steps: range, draw) -> list[dict]:
+    """Sampled questions: 4 per step, each `draw(step, k)`."""
+    return [{"step": s, "segment": 0, "question": draw(s, k)} for s in steps for k in range(4)]
+
+
+def test_repeated_examples_fires_on_a_stream_stuck_on_a_small_pool_only():
+    rows = sft_rows()
+    pool = questions(range(20, 60), lambda s, k: f"{(s * 4 + k) % 16}+7")          # 16 questions over and over
+    d = fired(make_ev(rows, questions=pool), "repeated_examples")
+    assert d.evidence["distinct"] == 16 and d.evidence["repeated_share"] == 0.84   # 16 new, 84 repeats
+    fresh = questions(range(20, 60), lambda s, k: f"{s * 4 + k}+7")                # every question new
+    assert DETECTORS["repeated_examples"](make_ev(rows, questions=fresh), THRESHOLDS, KNOWN) is None
+    # a GRPO group: the completions of one prompt share its question, which is not a repeat
+    grouped = questions(range(20, 60), lambda s, k: f"{s}+7")
+    assert DETECTORS["repeated_examples"](make_ev(rows, questions=grouped), THRESHOLDS, KNOWN) is None
+    # a small question space repeats by chance, less than a pool (1-digit sums: 100 questions)
+    rng = random.Random(3)
+    small = questions(range(20, 60), lambda s, k: f"{rng.randrange(10)}+{rng.randrange(10)}")
+    assert DETECTORS["repeated_examples"](make_ev(rows, questions=small), THRESHOLDS, KNOWN) is None
+    # too few questions to judge; the pool of an older segment; a harness that already dedupes
+    assert DETECTORS["repeated_examples"](make_ev(rows, questions=pool[:90]), THRESHOLDS, KNOWN) is None
+    newer = [dict(q, segment=0) for q in pool] + [dict(q, segment=1) for q in fresh]
+    assert DETECTORS["repeated_examples"](make_ev(rows, questions=newer), THRESHOLDS, KNOWN) is None
+    deduped = make_ev(rows, questions=pool, harness={**HARNESS, "filters": {"dedupe": True}})
+    assert DETECTORS["repeated_examples"](deduped, THRESHOLDS, KNOWN) is None
 
 
 def test_template_mismatch_from_prompt_shape():

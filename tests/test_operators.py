@@ -85,6 +85,15 @@ def test_cluster_ops_restarts_a_worker_that_ran_out_of_memory_with_half_the_batc
     assert iv.kind == K.RESTART and iv.changes == {} and iv.risk == Risk.LOW
 
 
+def test_data_curation_turns_dedupe_on_for_a_stream_that_repeats_a_small_pool():
+    op = DataCuration()
+    pool = [{"step": s, "segment": 0, "question": f"{(s * 4 + k) % 16}+7"} for s in range(20, 60) for k in range(4)]
+    [iv] = op.builtin(make_ev(sft_rows(), questions=pool), ctx())
+    check_record(iv, op)
+    assert iv.kind == K.DATA_CHANGE and iv.diagnosis.name == "repeated_examples"
+    assert iv.changes == {"harness.filters.dedupe": True} and iv.risk == Risk.LOW
+
+
 def spiked(lr_jump: bool = True):
     rows = sft_rows()
     for r in rows[49:]:
