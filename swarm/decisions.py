@@ -118,48 +118,61 @@ def departures_covering(changes: dict[str, Any], findings: frozenset[str]) -> fr
 
 
 def plan(iv: Intervention, facts: Facts) -> Plan:
-    """Skip, Refuse or Backtest, in this order:
-    - a change the live trainer would refuse, or one that changes nothing → Refuse;
-    - a fix backtested more than RETRY_DOUBLINGS times with gains too small to tell (its last look
-      already over the longest retry horizon) → Refuse, a loss;
-    - a restart → Skip when a crash or a stall (crashed_job, stale_heartbeat) is confirmed now,
-      else Refuse (the job is not verifiably dead or stale);
-    - going back → Skip when it is not high risk and the detectors confirm now that the run left
-      where it was put: a rollback claiming a divergence, with a divergence finding, that sets
-      every field back to the goal's starting value (`restores`); a change whose every field lies
-      where the detectors find the live config left what the controller set (departures_covering:
-      the harness for harness_drift, the recipe for recipe_drift, the lr for lr_drift), whatever
-      its proposer named, that sets every field back to the controller's value (`reverts`: what
-      the departure left, which is the goal's value or an applied intervention's). The finding
-      justifies going back, not a new value; the post-apply judgement compares with the value
-      measured just before applying. Otherwise such a change is backtested like any fix;
-    - a fix a trusted skill backs → Skip when its diagnosis is confirmed now and it is not high risk;
-    - anything else → Backtest."""
-    if facts.invalid:
-        return Refuse(f"the live trainer would refuse it: {facts.invalid}")
-    if facts.noop:
-        return Refuse(facts.noop)
-    if facts.tries_without_gain > RETRY_DOUBLINGS:
-        return Refuse(f"backtested {facts.tries_without_gain} times without a measured gain, the last over "
-                      f"{2 ** RETRY_DOUBLINGS}x the horizon (swarm.decisions.retry_horizon): a loss", exhausted=True)
-    confirmed = iv.diagnosis.name in facts.findings
-    if iv.kind == K.RESTART:
-        seen = sorted(facts.findings & JOB_FINDINGS)
-        if not seen:
-            return Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed or stale job now")
-        return Skip(f"restart of a job the detectors find {' and '.join(seen)}: nothing to compare against")
-    diverged = facts.findings & DIVERGENCE if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE else frozenset()
-    departed = departures_covering(iv.changes, facts.findings)
-    left = (diverged if facts.restores else frozenset()) | (departed if facts.reverts else frozenset())
-    if left and facts.risk != Risk.HIGH:
-        whose = "the goal's values" if diverged and facts.restores else "the values the controller set"
-        return Skip(f"goes back to {whose}; the detectors find the run left them ({', '.join(sorted(left))}): "
-                    "the control arm would only continue there")
-    if iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE:
-        return Backtest(facts.spec)
-    if facts.trusted and confirmed and facts.risk != Risk.HIGH:
-        return Skip(facts.trusted)
+    """One rule: Refuse when something the controller checked disqualifies the proposal (the first
+    of `refusals`); else Skip the backtest when the evidence confirms the claim now and a control
+    arm would show nothing (the first of `shortcuts`), never for a high-risk change; else Backtest."""
+    refused = next((r for r in refusals(iv, facts) if r is not None), None)
+    if refused is not None:
+        return refused
+    if facts.risk != Risk.HIGH:
+        skip = next((r for r in shortcuts(iv, facts) if r), None)
+        if skip:
+            return Skip(skip)
     return Backtest(facts.spec)
+
+
+def refusals(iv: Intervention, facts: Facts) -> list[Refuse | None]:
+    """What disqualifies a proposal before any compute, in order: a change the live trainer would
+    refuse; one that changes nothing; a fix backtested more than RETRY_DOUBLINGS times with gains
+    too small to tell, its last look already over the longest retry horizon (a loss); a restart of
+    a job the detectors do not find crashed or stale now."""
+    return [
+        Refuse(f"the live trainer would refuse it: {facts.invalid}") if facts.invalid else None,
+        Refuse(facts.noop) if facts.noop else None,
+        Refuse(f"backtested {facts.tries_without_gain} times without a measured gain, the last over "
+               f"{2 ** RETRY_DOUBLINGS}x the horizon (swarm.decisions.retry_horizon): a loss", exhausted=True)
+        if facts.tries_without_gain > RETRY_DOUBLINGS else None,
+        Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed or stale job now")
+        if iv.kind == K.RESTART and not facts.findings & JOB_FINDINGS else None,
+    ]
+
+
+def shortcuts(iv: Intervention, facts: Facts) -> list[str]:
+    """Why a proposal needs no backtest ('' where a reason does not hold), in order:
+    - a restart of a job the detectors find crashed or stale: a dead or hung job trains nothing to
+      compare against;
+    - going back where the detectors confirm now that the run left where it was put: a rollback
+      claiming a divergence, with a divergence finding, that sets every field back to the goal's
+      starting value (`restores`); a change whose every field lies where the detectors find the
+      live config left what the controller set (departures_covering: the harness for
+      harness_drift, the recipe for recipe_drift, the lr for lr_drift), whatever its proposer
+      named, that sets every field back to the controller's value (`reverts`). The finding
+      justifies going back, not a new value; the post-apply judgement compares with the value
+      measured just before applying;
+    - a fix a trusted skill backs whose diagnosis is confirmed now, other than a divergence
+      rollback (its checkpoint and lr are this run's own, which no skill knows)."""
+    seen = sorted(facts.findings & JOB_FINDINGS)
+    diverges = iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE
+    diverged = facts.findings & DIVERGENCE if diverges and facts.restores else frozenset()
+    departed = departures_covering(iv.changes, facts.findings) if facts.reverts else frozenset()
+    whose = "the goal's values" if diverged else "the values the controller set"
+    return [
+        f"restart of a job the detectors find {' and '.join(seen)}: nothing to compare against"
+        if iv.kind == K.RESTART and seen else "",
+        f"goes back to {whose}; the detectors find the run left them ({', '.join(sorted(diverged | departed))}): "
+        "the control arm would only continue there" if diverged | departed else "",
+        facts.trusted or "" if iv.diagnosis.name in facts.findings and not diverges else "",
+    ]
 
 
 # ---- worth it? ------------------------------------------------------------------------------------
