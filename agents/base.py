@@ -47,6 +47,8 @@ class OperatorContext(BaseModel):
     start_harness: dict[str, Any] | None = Field(None, description="the goal's starting harness (template restores)")
     eval_difficulty: int | None = Field(None, description="difficulty held-out evals run at")
     min_difficulty: int = Field(1, ge=0, description="the task's lowest difficulty (curriculum edits stay above it)")
+    question_chars: dict[int, float] = Field(default_factory=dict, description="the task's own fact: the median "
+                                             "length in characters of a training question at each difficulty")
     history: list[Intervention] = Field(default_factory=list, description="interventions so far, oldest first")
     checkpoints: list[dict[str, Any]] = Field(
         default_factory=list, description="checkpoints of the run: {'name': str, 'step': int}, any order")

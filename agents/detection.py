@@ -93,6 +93,10 @@ class Thresholds:
     # 90% of the stream about 60%, smaller pools or larger shares more)
     repeat_share: float = 0.55         # share of the window's per-step distinct questions seen at an earlier step
     repeat_window: int = 100           # the newest this many questions are judged; fewer are not
+    # harder data: the questions got longer at an unchanged difficulty and config, the pass rate fell
+    shift_rows: int = 20               # steps with samples per block compared
+    shift_len_ratio: float = 1.2       # the newest block's median question length at least this multiple
+    shift_pass_drop: float = 0.2       # and its median train pass rate at least this much lower
     # not learning: the loss has barely moved since the run began and held-out stays near zero
     not_learning_rows: int = 100
     not_learning_rel: float = 0.1

@@ -231,6 +231,54 @@ def labels_changed(ev: Evidence, th: Thresholds) -> dict[str, Any] | None:
             "rows": n, "difficulty": k[1]}
 
 
+@detector("harder_data")
+def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The training questions got longer while the difficulty the curriculum asks for, the harness
+    and the recipe stayed the same (one segment), and the train pass rate fell with them: the data
+    stream draws harder problems than the curriculum says (a shifted source, a sampler changed
+    upstream). Block against block of `shift_rows` steps with samples: the newest block's median
+    question length at least `shift_len_ratio`x the shortest earlier block's of the same config, and
+    its median pass rate at least `shift_pass_drop` below that block's."""
+    rows = [r for r in current_rows(ev) if not r.get("final") and isinstance(r.get("step"), int)]
+    if not rows:
+        return None
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r.get("segment", 0), r.get("difficulty"), r.get("harness_version"), r.get("recipe_version")
+
+    k, n = key(rows[-1]), th.shift_rows
+    by_step = {r["step"]: r for r in rows if key(r) == k}
+    lengths: dict[int, list[int]] = {}
+    for q in ev.questions:
+        s = q.get("step")
+        # the samples written at step s come from the update that writes metrics row s + 1
+        if isinstance(s, int) and isinstance(q.get("question"), str) and int(q.get("segment") or 0) == k[0] \
+                and s + 1 in by_step:
+            lengths.setdefault(s, []).append(len(q["question"]))
+    steps = sorted(lengths)
+    if len(steps) < 2 * n:
+        return None
+
+    def block(ss: list[int]) -> tuple[float, float | None]:
+        pr = [to_float(by_step[s + 1].get("pass_rate")) for s in ss]
+        pr = [x for x in pr if x is not None and math.isfinite(x)]
+        return median_of([x for s in ss for x in lengths[s]]), (median_of(pr) if pr else None)
+
+    now_len, now_pass = block(steps[-n:])
+    earlier = [block(steps[i : i + n]) for i in range(0, len(steps) - 2 * n + 1, n)]
+    then_len, then_pass = min(earlier, key=lambda b: b[0])
+    if now_pass is None or then_pass is None or now_len < th.shift_len_ratio * then_len \
+            or then_pass - now_pass < th.shift_pass_drop:
+        return None
+    return make_diagnosis(ev, "harder_data",
+                          f"training questions grew from {then_len:.3g} to {now_len:.3g} characters at difficulty {k[1]} "
+                          f"with the config unchanged, and the train pass rate fell from {then_pass:.2f} to {now_pass:.2f}: "
+                          "the data stream draws harder problems than the curriculum asks for", "warning",
+                          {"difficulty": k[1], "question_chars_then": then_len, "question_chars_now": now_len,
+                           "pass_rate_then": then_pass, "pass_rate_now": now_pass, "steps_per_block": n,
+                           "threshold_len_ratio": th.shift_len_ratio, "threshold_pass_drop": th.shift_pass_drop})
+
+
 @detector("repeated_examples")
 def repeated_examples(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The training stream repeats itself: of the newest `repeat_window` questions sampled in the

@@ -522,21 +522,30 @@ def restore_template(ev: Evidence, ctx: OperatorContext) -> tuple[str, str | Non
     return "nowhere", None
 
 
+# findings whose fix reads the task's question lengths by difficulty (OperatorContext.question_chars)
+NEEDS_TASK_LENGTHS = frozenset({"harder_data"})
+
+
 class DataCuration(Operator):
     name = "data_curation"
     role = ("Data curation: watches per-step pass rates, the training difficulty against the eval difficulty, "
-            "the SFT loss floor and whether the stream repeats itself. A curriculum nothing can be learnt from goes "
-            "back to the eval difficulty (one lower first, ramping up); SFT on noisy labels switches to "
-            "distillation on the policy's own verified successes; a stream that repeats a small pool of questions "
-            "gets the dedupe filter.")
+            "the SFT loss floor and whether the stream repeats itself or got harder. A curriculum nothing can be "
+            "learnt from goes back to the eval difficulty (one lower first, ramping up); SFT on noisy labels "
+            "switches to distillation on the policy's own verified successes; a stream that repeats a small pool "
+            "of questions gets the dedupe filter; a stream that draws harder problems than the curriculum asks "
+            "for gets a curriculum lowered by as many levels as its questions' lengths say it rose.")
     tools = frozenset({K.DATA_CHANGE, K.DISTILL})
-    detectors = ("too_hard_curriculum", "label_noise", "repeated_examples")
+    detectors = ("too_hard_curriculum", "label_noise", "repeated_examples", "harder_data")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
         out: list[Intervention] = []
         if "too_hard_curriculum" in found:
             out.append(self._curriculum(found["too_hard_curriculum"], ev, ctx))
+        if "harder_data" in found:
+            iv = self._lower(found["harder_data"], ctx)
+            if iv is not None:
+                out.append(iv)
         if "repeated_examples" in found:
             d = found["repeated_examples"]
             out.append(self.intervention(
@@ -557,6 +566,33 @@ class DataCuration(Operator):
                           "verifier accepts, so wrong labels stop pulling it away from right answers.",
                 expected_effect="held-out accuracy rises past its SFT plateau within ~100 steps"))
         return out
+
+    def _lower(self, d: Diagnosis, ctx: OperatorContext) -> Intervention | None:
+        """The curriculum lowered by the levels the stream rose: the difficulty whose questions are
+        as long as the stream's now (the task's own lengths, `ctx.question_chars`) minus the one the
+        curriculum asks for. None when the lengths do not say (or the curriculum is at its floor)."""
+        e, lens = d.evidence, ctx.question_chars
+        asked, now = e.get("difficulty"), _f(e.get("question_chars_now"))
+        if not isinstance(asked, int) or asked not in lens or now is None:
+            return None
+        drawn = min(lens, key=lambda x: (abs(lens[x] - now), x))
+        levels = drawn - asked
+        start = ctx.get("harness.curriculum.start")
+        if levels < 1 or not isinstance(start, int):
+            return None
+        changes: dict[str, Any] = {"harness.curriculum.start": max(ctx.min_difficulty, start - levels)}
+        end = ctx.get("harness.curriculum.end")
+        if isinstance(end, int):
+            changes["harness.curriculum.end"] = max(ctx.min_difficulty, end - levels)
+        if all(ctx.get(k) == v for k, v in changes.items()):
+            return None
+        return self.intervention(
+            K.DATA_CHANGE, d, changes, risk=Risk.LOW,
+            rationale=f"{d.summary}. Questions of {now:.3g} characters are the task's difficulty {drawn} (its own "
+                      f"lengths), {levels} above the {asked} the curriculum asks for; the curriculum goes {levels} "
+                      "lower so that what the stream hands over is what was asked for again.",
+            expected_effect="train pass rate back near its level before the shift within ~20 steps; held-out "
+                            "accuracy rising again")
 
     def _curriculum(self, d: Diagnosis, ev: Evidence, ctx: OperatorContext) -> Intervention:
         e = d.evidence

@@ -117,6 +117,24 @@ def task_range(base: dict[str, Any]) -> tuple[int, int]:
     return int(t.min_difficulty), int(t.max_difficulty)
 
 
+def question_chars(base: dict[str, Any], probes: int = 24) -> dict[int, float]:
+    """The task's median training-question length in characters at each of its difficulties (at
+    most 16 of them, from the lowest), measured on `probes` generated examples each."""
+    import statistics
+
+    from trainer.tasks import Split, make_task
+
+    task = base.get("task") or {}
+    t = make_task(task.get("name"), seed=int(base.get("seed", 0)), **(task.get("options") or {}))
+    out: dict[int, float] = {}
+    for d in range(int(t.min_difficulty), min(int(t.max_difficulty), int(t.min_difficulty) + 15) + 1):
+        try:
+            out[d] = float(statistics.median(len(t.example(Split.TRAIN, i, d).question) for i in range(probes)))
+        except ValueError:    # no question of this split at this difficulty
+            continue
+    return out
+
+
 def nearest_valid(changes: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     """The change with its curriculum difficulties clamped to the task's range [lo, hi]."""
     out = dict(changes)

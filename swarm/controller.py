@@ -30,10 +30,10 @@ from agents.domain import JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionK
 from agents.evidence import Evidence, collect
 from agents.explorer import Explorer
 from agents.llm import LLMPolicy
-from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
+from agents.operators import NEEDS_TASK_LENGTHS, ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
 from sandboxes.private import private_dir, write_private
-from swarm.backtest import BacktestRunner, run_arms, task_range
+from swarm.backtest import BacktestRunner, question_chars, run_arms, task_range
 from swarm.deciding import Deciding, in_force
 from swarm.decisions import PERSIST_WITHIN
 from swarm.goal import Goal
@@ -88,6 +88,7 @@ class Memo:
     reported_at: float = float("-inf")   # when status.json was last written (wall clock)
     ckpts: tuple[int, list[dict[str, Any]]] | None = None
     recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+    question_chars: dict[int, float] = field(default_factory=dict)   # the task's, measured at first need
 
 
 class Controller(Deciding):
@@ -404,6 +405,9 @@ class Controller(Deciding):
         ctx = self.context(ev)
         findings = run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s))   # once: the operators reuse them
         self.tick.findings = findings
+        if any(d.name in NEEDS_TASK_LENGTHS for d in findings):   # measured once, when a fix first reads them
+            self.memo.question_chars = self.memo.question_chars or question_chars(self.base_cfg)
+            ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars})
         ctx.with_findings(findings)
         self.log_findings(findings)
         self.memo.looks += 1      # the looks each finding was seen on are kept in the store

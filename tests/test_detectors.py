@@ -116,7 +116,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 26
+    assert len(DETECTORS) == 27
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -415,6 +415,32 @@ def test_repeated_examples_fires_on_a_stream_stuck_on_a_small_pool_only():
     assert DETECTORS["repeated_examples"](make_ev(rows, questions=newer), THRESHOLDS, KNOWN) is None
     deduped = make_ev(rows, questions=pool, harness={**HARNESS, "filters": {"dedupe": True}})
     assert DETECTORS["repeated_examples"](deduped, THRESHOLDS, KNOWN) is None
+
+
+def shifted(at: int, grow: bool = True, drop: bool = True, key_change: bool = False):
+    """SFT rows and sampled questions: from step `at` the questions are 9 characters instead of 5
+    (`grow`) and the pass rate falls from 0.9 to 0.3 (`drop`); `key_change`: the curriculum's
+    difficulty rose with them (a curriculum change, not the data's)."""
+    rows = sft_rows(100)
+    for r in rows:
+        after = r["step"] > at
+        r.update(pass_rate=0.3 if after and drop else 0.9, difficulty=4 if after and key_change else 2,
+                 harness_version="h1", recipe_version="r1")
+    qs = questions(range(0, 100), lambda s, k: f"{s:03d}+{k}" + ("4567" if s + 1 > at and grow else "4"))
+    return rows, qs
+
+
+def test_harder_data_fires_when_questions_lengthen_and_pass_rate_falls_at_an_unchanged_config():
+    rows, qs = shifted(60)
+    d = fired(make_ev(rows, questions=qs), "harder_data")
+    assert d.evidence["question_chars_then"] == 6 and d.evidence["question_chars_now"] == 9
+    assert d.evidence["difficulty"] == 2 and d.evidence["pass_rate_then"] == 0.9
+    for kw in ({"grow": False}, {"drop": False}, {"key_change": True}):    # only one of the two, or the curriculum's
+        rows, qs = shifted(60, **kw)
+        assert DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, KNOWN) is None, kw
+    rows, qs = shifted(95)                                                  # too few steps since the change
+    assert DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, KNOWN) is None
+    assert "harder_data" not in names(make_ev(sft_rows(100), questions=shifted(200)[1]))
 
 
 def test_template_mismatch_from_prompt_shape():
