@@ -13,6 +13,20 @@
 
 Validated up front: a malformed goal is one line naming the field, exit code 2.
 
+A goal may run the user's own training script instead of this project's trainer (a Hugging Face /
+TRL script steered through `trainer.steer`, docs/steering.md): `run:` then holds only an entrypoint:
+
+    target: {metric: heldout_acc, op: ">=", threshold: 0.2}
+    run:
+      entrypoint:
+        script: examples/steer/sft_addition.py          # relative to the working directory
+        args: ["--max_steps", "2000", "--learning_rate", "0.05"]
+        metric: eval_accuracy                           # what the script logs; SwarmCallback writes heldout_acc
+
+The script must exist. `metric` must be an evaluation metric that the Trainer logs (`eval_…`).
+The target must read the name SwarmCallback writes for it (`trainer.steer.metrics.run_name`).
+Faults go in the script's own arguments, not in `perturbations:`.
+
 A goal may be as short as its sentence, a target and a budget:
 
     goal: a policy that sorts lists of 5 digits with >= 90% held-out exact match
@@ -113,6 +127,26 @@ class MemorySettings(_Setting):
                                      f"skill program run (at most {PROGRAM_TIMEOUT_MAX_S:g})")
 
 
+class Entrypoint(_Setting):
+    """A user's training script that the swarm runs instead of this project's trainer."""
+
+    script: str = Field(..., min_length=1, max_length=4096, description="the training script (a path, relative "
+                        "to the working directory); it attaches SwarmCallback (trainer.steer)")
+    args: list[str] = Field(default_factory=list, max_length=1000, description="its command-line arguments "
+                            "(a change the swarm makes is appended as `--NAME VALUE`)")
+    metric: str = Field("eval_accuracy", min_length=1, max_length=200, description="the evaluation metric the "
+                        "script logs (a Trainer `eval_…` name) that the goal's target reads, under the name "
+                        "SwarmCallback writes for it (eval_accuracy → heldout_acc, eval_X → heldout_X)")
+    python: str | None = Field(None, max_length=4096, description="the interpreter that runs the script; None: "
+                               "the one running swarm")
+
+    def argv(self) -> list[str]:
+        """The script's command line: the interpreter, the script, its arguments."""
+        import sys
+
+        return [self.python or sys.executable, str(pathlib.Path(self.script).expanduser().resolve()), *self.args]
+
+
 class Goal(_Setting):
     goal: str = Field(..., min_length=1, description="the request in words, for the operators, the reports and memory")
     target: Target = Field(default_factory=Target, description="the metric and threshold that end the run when met")
@@ -147,6 +181,13 @@ class Goal(_Setting):
         return self._words[key]
 
     @property
+    def entrypoint(self) -> Entrypoint | None:
+        """The script this goal runs (`run.entrypoint`), None for a goal on this project's trainer."""
+        if "entrypoint" not in self.run:
+            return None
+        return Entrypoint.model_validate(self.run["entrypoint"])
+
+    @property
     def understood(self) -> Any:
         """`swarm.words.Understood | Refused` for this goal."""
         from swarm.words import understand
@@ -173,7 +214,12 @@ class Goal(_Setting):
         return self.run
 
     def run_config(self, name: str, out_dir: str, with_perturbations: bool = False) -> RunConfig:
-        """The trainer config. Perturbations are included only for the job the trainer runs."""
+        """The trainer config. Perturbations are included only for the job the trainer runs. A goal
+        that runs a script has none (a ConfigError of one line)."""
+        if "entrypoint" in self.run:
+            raise ConfigError("invalid goal: run.entrypoint: this goal runs a script, not the project's trainer; "
+                              "the swarm's controller does not launch script goals yet (run the script under "
+                              "`python -m trainer.steer.relaunch`, docs/steering.md)")
         data = {**self.planned_run(), "name": name, "out_dir": out_dir}
         data.pop("perturbations", None)
         if with_perturbations:
@@ -192,7 +238,7 @@ class Goal(_Setting):
         from swarm.words import Refused
 
         goal = cls.parse(load_yaml(path, "goal file"))
-        if isinstance(goal.understood, Refused):
+        if goal.entrypoint is None and isinstance(goal.understood, Refused):   # a script's task is its own
             raise ConfigError(goal.understood.line)
         return goal
 
@@ -204,6 +250,9 @@ class Goal(_Setting):
             goal = cls.model_validate(data)
         except ValidationError as e:
             raise ConfigError(format_validation_error(e).replace("invalid config", "invalid goal")) from None
+        if "entrypoint" in goal.run:
+            _check_script_goal(goal)
+            return goal
         _check_target(goal.target)
         if "perturbations" in goal.run:   # run_config() would drop them: a fault that never fires
             raise ConfigError("invalid goal: run.perturbations: a goal's faults go in its top-level `perturbations:` "
@@ -249,6 +298,53 @@ def _check_target(target: Target) -> None:
                           f"known: {', '.join(HELDOUT_METRICS)}")
     if not 0.0 <= target.threshold <= 1.0:
         raise ConfigError(f"invalid goal: target.threshold={target.threshold!r}: {metric} is a rate, in [0, 1]")
+
+
+def _check_script_goal(goal: Goal) -> None:
+    """A goal that runs a script: `run` holds the entrypoint alone, its metric is an evaluation
+    metric that SwarmCallback writes under the name the target reads, and the script exists. Then
+    the checks every goal gets (notify, folders)."""
+    from trainer.steer.metrics import EVAL_TIMINGS, run_name
+
+    others = sorted(k for k in goal.run if k != "entrypoint")
+    if others:
+        raise ConfigError(f"invalid goal: run.{others[0]}: a goal that runs a script (run.entrypoint) takes no "
+                          "trainer config; the script's own arguments go in run.entrypoint.args")
+    if not isinstance(goal.run["entrypoint"], dict):
+        raise ConfigError(f"invalid goal: run.entrypoint={goal.run['entrypoint']!r}: must be a mapping "
+                          "(script, args, metric)")
+    try:
+        ep = Entrypoint.model_validate(goal.run["entrypoint"])
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e).replace("invalid config: ", "invalid goal: run.entrypoint.")) from None
+    if goal.perturbations:
+        raise ConfigError("invalid goal: perturbations: a goal that runs a script injects its faults in its own "
+                          "arguments (run.entrypoint.args)")
+    if not ep.metric.startswith("eval_") or ep.metric in EVAL_TIMINGS:
+        raise ConfigError(f"invalid goal: run.entrypoint.metric={ep.metric!r}: not an evaluation metric (eval_…, "
+                          "not a timing); a target reads held-out metrics, which SwarmCallback writes only from "
+                          "the Trainer's evaluations")
+    written = run_name(ep.metric)
+    if goal.target.metric != written:
+        raise ConfigError(f"invalid goal: target.metric={goal.target.metric!r}: SwarmCallback writes "
+                          f"run.entrypoint.metric={ep.metric!r} as {written!r}; the target must read {written!r}")
+    if written in HELDOUT_METRICS and not 0.0 <= goal.target.threshold <= 1.0:
+        raise ConfigError(f"invalid goal: target.threshold={goal.target.threshold!r}: {written} is a rate, in [0, 1]")
+    script = pathlib.Path(ep.script).expanduser()
+    if not script.is_file():
+        raise ConfigError(f"invalid goal: run.entrypoint.script={ep.script!r}: file not found (a path relative to "
+                          f"the working directory, {str(pathlib.Path.cwd())!r})")
+    if ep.python is not None:
+        import shutil
+
+        if shutil.which(ep.python) is None:
+            raise ConfigError(f"invalid goal: run.entrypoint.python={ep.python!r}: no such interpreter")
+    if goal.notify is not None:
+        try:
+            notify_argv(goal.notify, "notify")
+        except ValueError as e:
+            raise ConfigError(f"invalid goal: {e}") from None
+    _check_paths(goal)
 
 
 def notify_argv(command: str, name: str = "--notify") -> list[str]:

@@ -4,6 +4,10 @@
     h = jobs.start("train-0", cfg_path)   # the trainer's entrypoint: python -m trainer.entry CFG
     jobs.status(h) -> "RUNNING" | "SUCCEEDED" | "FAILED" | "STOPPED" | "PENDING"
 
+A goal that runs the user's own script (`run.entrypoint`) has its own launcher, `ScriptJobs`: each
+job is the steering relauncher (`python -m trainer.steer.relaunch`) running the script as a local
+process, with the job's run folder as the script's `$SWARMLAB_RUN_DIR`.
+
 Worker CPU seconds are metered from the trainer processes' pids (the heartbeat names its pid),
 so the same accounting works for both launchers.
 
@@ -51,9 +55,11 @@ class ProcessJobs(Jobs):
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, config_path: str | os.PathLike) -> str:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "trainer.entry", str(config_path)], cwd=ROOT,
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self._spawn(name, [sys.executable, "-m", "trainer.entry", str(config_path)], ROOT)
+
+    def _spawn(self, name: str, argv: list[str], cwd: str | os.PathLike) -> str:
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            p = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = p
         return name
 
@@ -78,6 +84,30 @@ class ProcessJobs(Jobs):
     def close(self) -> None:
         for h in list(self.procs):
             self.stop(h)
+
+
+class ScriptJobs(ProcessJobs):
+    """Jobs of a goal that runs the user's own script (`swarm.goal.Entrypoint`): each job is the
+    steering relauncher running the script as a child process. `start(name, run_dir)` takes the run
+    folder that the script's SwarmCallback writes. The relauncher relaunches the script from its
+    checkpoint after a restart-required change, and resumes it after a crash. Stopping a job sends
+    SIGTERM to the relauncher, which passes it on to the script and then ends by it (STOPPED).
+    `cwd`: the folder the script runs in (its relative paths, e.g. its `--output_dir`). The default
+    is the current one."""
+
+    def __init__(self, entrypoint: Any, log_dir: str | os.PathLike, cwd: str | os.PathLike | None = None,
+                 max_crashes: int = 3) -> None:
+        super().__init__(log_dir)
+        self.entrypoint = entrypoint
+        self.cwd = pathlib.Path(cwd or os.getcwd()).resolve()
+        self.max_crashes = max_crashes
+
+    def start(self, name: str, config_path: str | os.PathLike) -> str:
+        run_dir = pathlib.Path(config_path).resolve()   # for a script job: its run folder
+        run_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "trainer.steer.relaunch", "--run-dir", str(run_dir),
+                "--max-crashes", str(self.max_crashes), "--", *self.entrypoint.argv()]
+        return self._spawn(name, argv, self.cwd)
 
 
 class RayJobs(Jobs):

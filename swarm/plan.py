@@ -249,13 +249,15 @@ def validated_lines(goal: Any) -> list[str]:
     understood, the target, then the plan's fields by source."""
     from trainer.tasks import TASKS
 
+    t = goal.target
+    if goal.entrypoint is not None:   # the user's own script: no task or trainer config of ours to plan
+        return [f"ok: script {goal.entrypoint.script}, target {t.metric} {t.op} {t.threshold:g}"]
     cfg = goal.run_config("check", "runs")
     cls = TASKS.get(cfg.task.name)
     d = cfg.harness.curriculum.end or cfg.harness.curriculum.start   # the difficulty it is evaluated at
     what = [str(cfg.task.options["dataset"])] if cfg.task.name == "rg" and cfg.task.options.get("dataset") else []
     if cls is not None:
         what.append(cls.difficulty_label.format(d=d))
-    t = goal.target
     lines = [f"ok: {cfg.task.name} task ({', '.join(what)}), target {t.metric} {t.op} {t.threshold:g}"]
     plan = goal.plan()
     if plan is not None:

@@ -4,6 +4,9 @@ steers (`docs/steering.md`).
     from trainer.steer import steer
     steer(trainer, run_dir="runs/my-run")    # before trainer.train()
 
+`relaunch` runs the script as a child process and launches it again after a restart-required
+change or a crash (`python -m trainer.steer.relaunch --run-dir RUN -- python train.py …`).
+
 `settings` (declared settings and the pure `check_change`) imports neither torch nor
 transformers; `callback` needs transformers.
 """

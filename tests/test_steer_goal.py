@@ -1,0 +1,107 @@
+"""Goals that run the user's own script (`run.entrypoint`, swarm/goal.py) and their launcher
+(`swarm.jobs.ScriptJobs`: the steering relauncher running the script as a local process).
+
+The refusals (missing script, a target metric the callback does not write, …) go through the
+real CLI in tests/test_bad_input.py over tests/bad_goals/script_*.yaml. Here: the example goal
+loads as a typed entrypoint, and a job of the launcher runs the real example script to its end,
+with the target's metric in the run folder. A job that is stopped ends as STOPPED, and its script
+ends with it.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from swarm.cli import app
+from swarm.goal import Entrypoint, Goal
+from swarm.jobs import ScriptJobs
+from trainer.config import ConfigError
+from trainer.runlog import read_heartbeat, read_jsonl
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "steer" / "goal_lr_too_high.yaml"
+TINY = ["--d_model", "32", "--n_layers", "1", "--train_size", "512", "--eval_size", "64"]
+
+
+@pytest.fixture(autouse=True)
+def _threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_the_example_goal_is_a_typed_entrypoint(monkeypatch):
+    monkeypatch.chdir(ROOT)   # the script's path is relative to the working directory
+    g = Goal.load(EXAMPLE)
+    ep = g.entrypoint
+    assert isinstance(ep, Entrypoint) and ep.metric == "eval_accuracy" and g.target.metric == "heldout_acc"
+    assert ep.argv()[1] == str(ROOT / "examples" / "steer" / "sft_addition.py") and "--learning_rate" in ep.argv()
+    with pytest.raises(ConfigError, match="this goal runs a script"):
+        g.run_config("train", "/tmp")
+    assert Goal.parse({"goal": "x", "run": {"task": {"name": "addition"}}}).entrypoint is None
+
+
+def test_swarm_run_refuses_a_script_goal_in_one_line_until_the_controller_launches_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    ws = tmp_path / "ws"
+    r = CliRunner().invoke(app, ["run", str(EXAMPLE), "--workspace", str(ws), "--jobs", "process"])
+    assert r.exit_code == 2 and "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert "run.entrypoint" in r.output and not ws.exists()
+
+
+def test_swarm_validate_names_the_script_and_the_target(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    r = CliRunner().invoke(app, ["validate", str(EXAMPLE)])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    assert r.output.strip() == "ok: script examples/steer/sft_addition.py, target heldout_acc >= 0.2"
+
+
+def wait(pred, timeout: float = 240.0) -> None:
+    deadline = time.time() + timeout
+    while not pred():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_script_job_runs_the_example_to_its_end_and_writes_the_targets_metric(tmp_path):
+    ep = Entrypoint(script=str(ROOT / "examples" / "steer" / "sft_addition.py"), metric="eval_accuracy",
+                    args=[*TINY, "--output_dir", "out", "--max_steps", "20", "--eval_steps", "10", "--save_steps", "10"])
+    jobs = ScriptJobs(ep, tmp_path / "logs", cwd=tmp_path)
+    run = tmp_path / "runs" / "train"
+    h = jobs.start("train", run)
+    try:
+        assert jobs.status(h) == "RUNNING"
+        wait(lambda: jobs.status(h) != "RUNNING")
+        assert jobs.status(h) == "SUCCEEDED", (tmp_path / "logs" / "train.log").read_text()[-3000:]
+    finally:
+        jobs.close()
+    evals = [r for r in read_jsonl(run / "metrics.jsonl") if "heldout_acc" in r]
+    assert [r["step"] for r in evals] == [10, 20] and all(0.0 <= r["heldout_acc"] <= 1.0 for r in evals)
+    assert (tmp_path / "out" / "checkpoint-20").is_dir()   # the script's own paths are relative to cwd
+    assert [r["reason"] for r in read_jsonl(run / "launches.jsonl") if r["event"] == "launch"] == ["start"]
+    assert read_heartbeat(run)["state"] == "completed"
+
+
+def test_stopping_a_script_job_stops_its_script(tmp_path):
+    ep = Entrypoint(script=str(ROOT / "examples" / "steer" / "sft_addition.py"),
+                    args=[*TINY, "--output_dir", "out", "--max_steps", "100000", "--eval_strategy", "no"])
+    jobs = ScriptJobs(ep, tmp_path / "logs", cwd=tmp_path)
+    run = tmp_path / "run"
+    h = jobs.start("train", run)
+    try:
+        wait(lambda: (read_heartbeat(run) or {}).get("state") == "running")
+        pid = read_heartbeat(run)["pid"]
+        assert pid != jobs.procs[h].pid and psutil.pid_exists(pid)
+        jobs.stop(h)
+        assert jobs.status(h) == "STOPPED"
+        wait(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30)
+    finally:
+        jobs.close()
+    rows = read_jsonl(run / "launches.jsonl")
+    assert [r["event"] for r in rows] == ["launch", "exit"] and rows[1]["rc"] == -15
+    assert not any(r["event"] == "launch" and r["reason"] == "crash" for r in rows)   # a stop is not a crash
+    assert os.path.exists(run / "metrics.jsonl")
