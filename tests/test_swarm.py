@@ -197,7 +197,9 @@ def check_applied_once(run_dir: pathlib.Path, ids: list[str]) -> None:
 SECRET = 4093
 LEAKS = [re.compile(p, re.I) for p in (
     r"perturb", r"shortcut", r"at_step",
-    r"max_new_tokens\W{0,4}2(?![\d.])",            # the truncation override's value
+    # the truncation override's value: one no move of the swarm's own reaches from the goal's 5 (the
+    # explorer's search halves it to 2, legitimately)
+    r"max_new_tokens\W{0,4}1(?![\d.])",
     rf"max_prompt_chars\W{{0,4}}{SECRET}",          # a harmless override, distinctive value
 )]
 # the trainer logs its config with the perturbations removed: `perturbations: []` says nothing
@@ -237,7 +239,7 @@ class Recording(Controller):
 
 def test_failing_goal_reaches_target_and_perturbations_stay_private(tmp_path):
     goal = Goal.parse(tiny_goal(perturbations=[
-        {"shortcut": "truncation", "at_step": 0},
+        {"shortcut": "truncation", "at_step": 0, "set": {"harness.sampling.max_new_tokens": 1}},
         {"kind": "override", "at_step": 0, "set": {"harness.filters.max_prompt_chars": SECRET}},
     ]))
     ws = tmp_path / "ws"
