@@ -8,8 +8,11 @@ process's own CPU time is the controller's). Measured with getrusage(SELF):
   start-up   imports + Controller.create (workspace, git, sqlite, LangGraph)
   steady     the graph's ticks from the first node to the start of `finish`
   finish     stopping the job, the final report (SVG curves, no matplotlib), summary
-Reported: whole-run CPU / wall (target ≤ 2%), steady CPU / steady wall, per-node CPU, and how
-many ticks were quiet (diagnose → report, nothing to do) or full passes.
+Reported: whole-run CPU / wall (target ≤ 2%), steady CPU / steady wall, per-node CPU, how many
+ticks were quiet (diagnose → report, nothing to do) or full passes, the mean CPU per tick (steady
+CPU / ticks: the job's launch, and with `--jobs ray` the private head's start and Ray's import,
+spread over the ticks) and the median CPU of one tick (from one `observe` to the next: what a run
+of days pays per tick, launches excluded).
 
     python benchmarks/controller_overhead.py [--observe-s 2] [--jobs ray]
     python benchmarks/controller_overhead.py --unreachable --wall-s 300
@@ -103,6 +106,7 @@ def main() -> None:
     marks: dict[str, tuple[float, float]] = {}
 
     per_node: dict[str, list] = {}     # node → [calls, CPU-s, [CPU-s of each call]]
+    observe_cpu: list[float] = []      # CPU-s at the start of every observe: consecutive ones bound a tick
 
     head_cpu: dict[str, dict[int, float]] = {}
 
@@ -124,6 +128,8 @@ def main() -> None:
 
         def node(self, s, **kw):
             c = cpu()
+            if name == "node_observe" and "finish" not in marks:
+                observe_cpu.append(c)
             try:
                 return inner(self, s, **kw)
             finally:
@@ -144,6 +150,7 @@ def main() -> None:
     n_interventions = len([r for r in json.loads((work / "ws" / ".swarm" / "summary.json").read_text()).get("interventions", [])])
     steady_head = (sum(head_cpu.get("finish", {}).values()) - sum(
         v for pid, v in head_cpu.get("steady", {}).items() if pid in head_cpu.get("finish", {})))
+    tick_cpu = sorted(b - a for a, b in zip(observe_cpu, observe_cpu[1:]))
     res = {
         "jobs": args.jobs,
         "head_steady_cpu_s": steady_head if args.jobs == "ray" else None,
@@ -154,6 +161,8 @@ def main() -> None:
         "finish_cpu_s": c_end - cf, "finish_wall_s": t_end - tf,
         "steady_pct": 100 * (cf - cs) / (tf - ts), "total_pct": 100 * (c_end - c0) / (t_end - t0),
         "mean_tick_ms": 1000 * (cf - cs) / max(per_node.get("report", [1])[0], 1),
+        "median_tick_ms": 1000 * tick_cpu[len(tick_cpu) // 2] if tick_cpu else None,
+        "launch_cpu_s": per_node.get("launch", [0, 0.0])[1],
         "steps": summary["steps"], "interventions": n_interventions, "reason": summary["reason"],
         "observe_every_s": observe_s, "observe_quiet_s": quiet_s, "variant": "unreachable" if args.unreachable else "example",
         "ticks": per_node.get("report", [0])[0], "full_ticks": per_node.get("propose", [0])[0],
@@ -198,7 +207,8 @@ CPU by node (steady state; `observe` excludes its sleep, which costs no CPU):
                 for k, v in res["per_node"].items()) + f"""
 
 A tick costs {res['mean_tick_ms']:.1f} ms of CPU on average (steady CPU / ticks, LangGraph's checkpoint writes
-included), every {observe_s:g} s{f' ({quiet_s:g} s after a quiet tick)' if quiet_s != observe_s else ''}. One-off work inside the steady state, when something goes wrong: loading the
+included; the job's launch, {res['launch_cpu_s']:.2f} CPU-s{' with the private head started and Ray imported' if args.jobs == 'ray' else ''}, spread over them) and
+{(res['median_tick_ms'] or 0):.1f} ms at the median (one tick, from one observe to the next), every {observe_s:g} s{f' ({quiet_s:g} s after a quiet tick)' if quiet_s != observe_s else ''}. One-off work inside the steady state, when something goes wrong: loading the
 embedding model, a backtest's orchestration, a PR's report and plots.
 """
     (out / f"{name}.md").write_text(md)

@@ -112,12 +112,26 @@ class RayHead:
         return cls(rec.get("gcs_address"), url, rec.get("temp_dir"), bool(rec["owned"]), rec.get("token_path"))
 
 
+# What a private head does for nobody, turned down: measured on an idle head and with a job running
+# (Ray 2.60, 2 cores; docs/operations.md). Environment defaults of `ray start`, so a caller's own
+# setting wins. Prestarting workers when the first driver connects leaves one idle Python worker
+# per CPU polling forever (~1.3% of a core with a job running); the jobs' drivers are no Ray workers
+# and Ray Train starts its own on demand. The dashboard agent's reporter samples every process with
+# psutil every 5 s for the dashboard's node view and Prometheus, which nothing here reads (~0.3%).
+HEAD_QUIET_ENV = {
+    "RAY_prestart_worker_first_driver": "0",
+    "REPORTER_UPDATE_INTERVAL_MS": "60000",
+}
+
+
 def _env(head: RayHead | None = None) -> dict[str, str]:
     env = dict(os.environ)
     if head is not None and head.token_path:
         env.pop("RAY_AUTH_TOKEN", None)  # an inline token in the caller's environment would win over the file
         env.update(head.auth_env())
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for k, v in HEAD_QUIET_ENV.items():
+        env.setdefault(k, v)
     # `ray start --node-ip-address=127.0.0.1` swaps loopback for the external address (and then
     # binds to it and 0.0.0.0); with "cluster mode" off the node address stays 127.0.0.1 and every
     # server binds to loopback (checked with `ss -ltn`, Ray 2.60).
@@ -143,7 +157,11 @@ def start_head(num_cpus: int | None = None, temp_dir: str | None = None, timeout
     cmd = [_ray_bin(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
            f"--dashboard-agent-listen-port={agent}",
-           f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+           f"--temp-dir={temp_dir}", "--disable-usage-stats",
+           # the log monitor polls every worker log ten times a second to stream it to drivers (~0.6%
+           # of a core): job logs do not need it (the job supervisor writes the driver's output to
+           # its own file, which the Jobs API reads) and the job's ray.init has log_to_driver off
+           "--include-log-monitor=false"]
     if num_cpus:
         cmd.append(f"--num-cpus={num_cpus}")
     try:
