@@ -1,0 +1,469 @@
+"""Train a tool-using policy in an agent environment: an SFT warm-up on generated demonstrations,
+then multi-turn GRPO over whole trajectories (`trainer.algorithms.agent_grpo`).
+
+    .venv/bin/python -m trainer.agent_train --env lookup --out runs --name lookup-1
+    .venv/bin/python -m trainer.agent_train --env calc --max-seq-len 384 --sft-steps 600
+
+Why a warm-up: an untrained policy never writes a well-formed tool call, so every trajectory of a
+group earns 0 and GRPO has no signal. A few hundred SFT steps on the environment's expert
+demonstrations (`env.demo`, written in the harness's call syntax and run through the real
+environment, so the demonstration's observations are the tool's) give a policy that succeeds
+sometimes; GRPO then raises its held-out success.
+
+One stage at a time, top to bottom:
+
+    warm-up:  for step in 1..sft.steps:  demos = demonstrations of the next train episodes
+                                          loss  = -log p(policy tokens of each demo row)
+    GRPO:     for step in 1..grpo.steps: for each of `prompts` train episodes, G sampled trajectories
+                                          A     = one group-normalised advantage per trajectory
+                                          loss  = per-trajectory mean of the clipped surrogate
+                                                  over the policy's tokens (tool output masked)
+    eval:     greedy held-out success (`heldout_acc`) before, after the warm-up, every
+              `eval_every` GRPO steps and at the end
+
+The run writes the trainer's run format (`trainer.runlog.RunLog`) under OUT/NAME: metrics.jsonl
+(`algorithm` "eval", "sft" every `log_every` steps or "grpo" every step; held-out fields on eval
+rows; `drift` = calls that could not be merged into their trajectory's row; a last `final` row),
+samples.jsonl (trajectories as text), events.jsonl (start, end), heartbeat.json and config.yaml
+(this config, resolved). Progress is printed one line per logged step.
+
+Deviations: the learning-rate schedule is constant per stage after a linear warm-up; no
+checkpoints, control inbox or data-parallel workers (`trainer.loop.Trainer` has those for
+single-turn tasks; its optimiser step is tied to them, so the few lines of `optimise` are here);
+the policy's calls are batched across the episodes of a step (`trainer.agent_batching`).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import pathlib
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.agent import AgentHarness
+from trainer.agent_batching import BatchedGenerator
+from trainer.agent_rollout import Trajectory, demonstration, run_episode, summarize
+from trainer.algorithms.agent_grpo import (Call, Row, agent_grpo_loss, episodes_from_records, group_advantages,
+                                           merge_calls, row_logprobs, sft_rows_loss, trajectory_calls)
+from trainer.config import ConfigError, ModelConfig, format_validation_error
+from trainer.envs import make_env
+from trainer.envs.base import AgentEnv
+from trainer.logprobs import select_backend
+from trainer.policy import Policy
+from trainer.runlog import RunLog, atomic_write_text
+from trainer.tasks.base import Example, Split
+from trainer.tokenizer import Tokenizer
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+# A compact system prompt for the small built-in model: every token of it is read on every turn.
+SHORT_SYSTEM = "{tools}"
+
+
+class SFTStage(_Strict):
+    steps: int = Field(300, ge=0, description="SFT steps on demonstrations (0 = no warm-up)")
+    batch_size: int = Field(16, ge=1, le=4096, description="demonstrations per step")
+    lr: float = Field(3e-3, gt=0.0, le=10.0, description="AdamW learning rate")
+    warmup_steps: int = Field(10, ge=0, description="steps of linear learning-rate warm-up")
+
+
+class GRPOStage(_Strict):
+    steps: int = Field(30, ge=0, description="GRPO steps (0 = none)")
+    prompts: int = Field(4, ge=1, le=1024, description="train episodes per step")
+    group_size: int = Field(8, ge=2, le=256, description="trajectories sampled per episode")
+    lr: float = Field(5e-4, gt=0.0, le=10.0, description="AdamW learning rate")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear learning-rate warm-up")
+    temperature: float = Field(1.0, gt=0.0, le=5.0, description="sampling temperature of training trajectories "
+                               "(the harness's sampling.temperature)")
+    clip_eps: float = Field(0.2, gt=0.0, le=1.0, description="importance-ratio clip")
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the k3 KL to the policy the warm-up produced")
+    loss: str = Field("grpo_clip", description="policy loss (trainer/algorithms/core.py LOSSES)")
+    advantage: str = Field("grpo", description="advantage estimator (trainer/algorithms/core.py ADVANTAGES)")
+    updates_per_batch: int = Field(1, ge=1, le=16, description="optimiser steps per batch of trajectories")
+
+
+class AgentTrainConfig(_Strict):
+    name: str = Field("agent", pattern=r"^[A-Za-z0-9_.-]+$", description="the run's folder under out_dir")
+    out_dir: str = Field("runs", description="the run writes to OUT_DIR/NAME")
+    seed: int = Field(0, description="seed of the model init, the environment and sampling")
+    env: str = Field("lookup", description="agent environment (trainer/envs): lookup, calc, code")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="the environment's options")
+    difficulty: int = Field(1, ge=1, description="episode difficulty (train and held-out)")
+    model: ModelConfig = Field(
+        default_factory=lambda: ModelConfig(d_model=64, n_layers=2, n_heads=4, max_seq_len=256, learned_positions=True),
+        description="the policy (built-in by default: small, with learned absolute positions, since the fixed "
+                    "system prompt puts the question's key at a fixed place)")
+    system_prompt: str | None = Field(SHORT_SYSTEM, description="the harness's system prompt; None = the default "
+                                      "AgentHarness one")
+    max_new_tokens: int | None = Field(None, ge=1, le=4096, description="tokens per policy turn; None = the "
+                                       "longest expert turn over 32 train episodes + 8")
+    max_turns: int | None = Field(None, ge=1, le=64, description="policy turns per episode; None = the most expert "
+                                  "turns over 32 train episodes + 1")
+    sft: SFTStage = Field(default_factory=SFTStage, description="the warm-up on demonstrations")
+    grpo: GRPOStage = Field(default_factory=GRPOStage, description="multi-turn GRPO")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(1.0, gt=0.0, description="clip the global gradient norm to this")
+    eval_size: int = Field(64, ge=1, le=100_000, description="held-out episodes per eval (greedy)")
+    eval_every: int = Field(10, ge=0, description="held-out eval every N GRPO steps (0 = only at stage ends)")
+    log_every: int = Field(10, ge=1, description="SFT: print and write a metrics row every N steps")
+    samples_per_step: int = Field(2, ge=0, le=1024, description="trajectories written to samples.jsonl per GRPO step")
+    threads: int = Field(0, ge=0, le=256, description="torch intra-op threads (0 = torch default)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "AgentTrainConfig":
+        if self.model.kind == "builtin" and self.max_new_tokens is not None and \
+                self.max_new_tokens >= self.model.max_seq_len:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be below model.max_seq_len="
+                             f"{self.model.max_seq_len}")
+        return self
+
+    @property
+    def run_dir(self) -> pathlib.Path:
+        return pathlib.Path(self.out_dir) / self.name
+
+    @classmethod
+    def parse(cls, data: Any) -> "AgentTrainConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e, data)) from None
+
+
+class DemoGenerator:
+    """A `Generator` that writes a demonstration's turns, one per call, as token ids; the rollout
+    runs them through the real environment, so the demonstration's observations are the tool's."""
+
+    def __init__(self, tok: Tokenizer, turns: list[str], max_len: int | None = None) -> None:
+        self.tok, self.turns = tok, list(turns)
+        if max_len is not None:   # the policy's length: the rollout keeps the demonstration within it
+            self.max_len = max_len
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, stop: list[str]) -> list[int]:
+        return self.tok.encode(self.turns.pop(0))[:max_new_tokens] if self.turns else []
+
+
+class AgentTrainer:
+    def __init__(self, cfg: AgentTrainConfig, printer: Callable[[str], None] | None = print) -> None:
+        self.cfg, self.printer = cfg, printer
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        try:
+            self.env: AgentEnv = make_env(cfg.env, seed=cfg.seed, **cfg.env_options)
+            self.env.check_difficulty(cfg.difficulty)
+            self.policy = Policy.build(cfg.model, seed=cfg.seed)
+            fields: dict[str, Any] = {"max_turns": cfg.max_turns or 64,
+                                      "sampling": {"temperature": cfg.grpo.temperature, "top_p": 1.0,
+                                                   "max_new_tokens": cfg.max_new_tokens or 1}}
+            if cfg.system_prompt is not None:
+                fields["system_prompt"] = cfg.system_prompt
+            self.harness: AgentHarness = self.env.default_harness(**fields)
+            if cfg.max_new_tokens is None or cfg.max_turns is None:   # what the expert needs, and a little more
+                exs = [self.env.episode(Split.TRAIN, i, cfg.difficulty) for i in range(32)]
+                turns = [demonstration(self.env, ex, self.harness) for ex in exs]
+                if cfg.max_new_tokens is None:
+                    longest = max(len(self.policy.tok.encode(x)) for t in turns for x in t)
+                    fields["sampling"]["max_new_tokens"] = longest + 8
+                if cfg.max_turns is None:
+                    fields["max_turns"] = max(len(t) for t in turns) + 1
+                self.harness = self.env.default_harness(**fields)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(str(e)) from None
+        device = next(self.policy.model.parameters()).device
+        self.backend, _ = select_backend("torch" if cfg.model.kernels == "auto" and device.type == "cpu"
+                                         else cfg.model.kernels, device)
+        self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.sft.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.rng = torch.Generator().manual_seed(cfg.seed * 1000 + 29)
+        self.step = 0
+        self.cursor = 0
+        self.ref_policy: Policy | None = None
+        self.log: RunLog | None = None
+        self.history: list[dict[str, Any]] = []
+        self._check_demonstrations()
+
+    def _check_demonstrations(self, n: int = 32) -> None:
+        """The expert must succeed under the harness (else the warm-up teaches failures): a turn
+        cut by max_new_tokens or a prompt past the context budget is a config error."""
+        for t in self.demonstrations([self.env.episode(Split.TRAIN, i, self.cfg.difficulty) for i in range(n)]):
+            if t.reward == 1.0 and not t.tool_errors:
+                continue
+            why = f"the {self.cfg.env!r} expert fails under this harness (episode {t.uid}: {t.end.value})"
+            if t.end.value == "context_full":
+                raise ConfigError(f"{why}: its transcript does not fit the policy's {self.policy._max_len()} tokens "
+                                  f"with max_new_tokens={self.harness.sampling.max_new_tokens}; raise "
+                                  "model.max_seq_len or shorten system_prompt")
+            if t.end.value == "max_turns":
+                raise ConfigError(f"{why}: raise max_turns={self.harness.max_turns}")
+            longest = max((len(s.completion_ids) for s in t.steps), default=0)
+            raise ConfigError(f"{why}, {t.tool_errors} tool errors: its turns are cut at max_new_tokens="
+                              f"{self.harness.sampling.max_new_tokens} (they take up to {longest} tokens); raise it")
+
+    # ---- data ---------------------------------------------------------------------------
+    def next_train(self, n: int) -> list[Example]:
+        out = [self.env.episode(Split.TRAIN, self.cursor + i, self.cfg.difficulty) for i in range(n)]
+        self.cursor += n
+        return out
+
+    def demonstrations(self, examples: list[Example]) -> list[Trajectory]:
+        """Expert trajectories with the policy's tokenizer, run through the environment."""
+        return [run_episode(DemoGenerator(self.policy.tok, demonstration(self.env, ex, self.harness),
+                                          self.policy._max_len()), self.env, ex, self.harness) for ex in examples]
+
+    # ---- optimisation -------------------------------------------------------------------
+    def optimise(self, loss: torch.Tensor, lr: float) -> dict[str, float]:
+        """Backward, clip, step; a non-finite loss or gradient norm skips the step."""
+        self.opt.zero_grad(set_to_none=False)
+        v = float(loss.detach())
+        if not math.isfinite(v):
+            return {"loss": v, "grad_norm": float("nan"), "skipped": 1.0}
+        loss.backward()
+        gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))
+        if not math.isfinite(gn):
+            self.opt.zero_grad(set_to_none=False)
+            return {"loss": v, "grad_norm": gn, "skipped": 1.0}
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.step()
+        return {"loss": v, "grad_norm": gn, "skipped": 0.0}
+
+    @staticmethod
+    def _lr(base: float, warmup: int, i: int) -> float:
+        return base * min(1.0, (i + 1) / warmup) if warmup else base
+
+    def sft_step(self, i: int) -> dict[str, float]:
+        demos = self.demonstrations(self.next_train(self.cfg.sft.batch_size))
+        # a demonstration that does not fit the harness (a longer episode than the start-up check saw) is left out
+        trajs = [t for t in demos if t.reward == 1.0 and not t.tool_errors]
+        if not trajs:
+            return {"loss": 0.0, "grad_norm": 0.0, "skipped": 1.0, "demo_kept": 0.0}
+        rows: list[Row] = []
+        drift = 0
+        for k, t in enumerate(trajs):
+            r, d = merge_calls(trajectory_calls(t), k)
+            rows += r
+            drift += d
+        loss, stats = sft_rows_loss(self.policy, rows, self.backend)
+        out = self.optimise(loss, self._lr(self.cfg.sft.lr, self.cfg.sft.warmup_steps, i))
+        return {**stats, **out, "drift": float(drift), "demo_kept": len(trajs) / len(demos)}
+
+    def grpo_step(self, i: int) -> dict[str, float]:
+        """Sample a group of trajectories for each of the next train episodes, then `update`."""
+        g = self.cfg.grpo
+        t0 = time.perf_counter()
+        examples = self.next_train(g.prompts)
+        trajs = self.rollout([ex for ex in examples for _ in range(g.group_size)])
+        t_gen = time.perf_counter() - t0
+        self._samples(trajs)
+        groups = [[(trajectory_calls(t), t.reward) for t in trajs[k * g.group_size:(k + 1) * g.group_size]]
+                  for k in range(len(examples))]
+        stats = {**summarize(trajs), "t_generate": t_gen,
+                 "success": sum(t.result.verdict.value == "correct" for t in trajs) / len(trajs)}
+        return {**stats, **self.update(groups, i)}
+
+    def update(self, groups: list[list[tuple[list[Call], float]]], i: int = 0) -> dict[str, float]:
+        """One GRPO update from groups of trajectories, each trajectory its policy calls (exact ids)
+        and its reward; the trajectories of a group share their episode prompt."""
+        g = self.cfg.grpo
+        flat = [t for grp in groups for t in grp]
+        adv = [a for grp in group_advantages([[r for _, r in grp] for grp in groups], g.advantage) for a in grp]
+        rows: list[Row] = []
+        drift = 0
+        for k, (calls, _) in enumerate(flat):
+            r, d = merge_calls(calls, k)
+            rows += r
+            drift += d
+        stats = {"drift": float(drift), "trajectories": float(len(flat)),
+                 "informative_groups": sum(len({r for _, r in grp}) > 1 for grp in groups) / max(1, len(groups))}
+        if not any(a != 0 for a in adv):   # every group all-right or all-wrong: nothing to learn from
+            return {**stats, "loss": 0.0, "grad_norm": 0.0, "skipped": 1.0}
+        turns = [len(calls) for calls, _ in flat]
+        # the behaviour policy's log-probs, before this batch's first update (one update: ratio 1)
+        old = row_logprobs(self.policy, rows, self.backend) if g.updates_per_batch > 1 else None
+        out: dict[str, float] = {}
+        for _ in range(g.updates_per_batch):
+            loss, lstats = agent_grpo_loss(
+                self.policy, rows, adv, turns, loss=g.loss, clip_eps=g.clip_eps, kl_coef=g.kl_coef,
+                turn_discount=self.harness.turn_discount, ref_policy=self.ref_policy, old_logp=old,
+                backend=self.backend)
+            out = {**stats, **lstats, **self.optimise(loss, self._lr(g.lr, g.warmup_steps, i))}
+        return out
+
+    def update_from_records(self, records: list[dict[str, Any]], i: int = 0) -> dict[str, float]:
+        """One GRPO update from a policy endpoint's log records (`trainer.endpoint.read_log`): the
+        episodes that have a reward, grouped by their first prompt's ids (one episode prompt each)."""
+        eps = [e for e in episodes_from_records(records).values() if e["reward"] is not None]
+        by_prompt: dict[tuple[int, ...], list[tuple[list[Call], float]]] = {}
+        for e in eps:
+            by_prompt.setdefault(e["prompt"], []).append((e["calls"], e["reward"]))
+        groups = [grp for grp in by_prompt.values() if len(grp) > 1]
+        stats = {"episodes": float(len(eps)), "groups": float(len(groups)),
+                 "reward_mean": sum(e["reward"] for e in eps) / max(1, len(eps))}
+        if not groups:
+            return {**stats, "loss": 0.0, "grad_norm": 0.0, "skipped": 1.0}
+        return {**stats, **self.update(groups, i)}
+
+    def rollout(self, examples: list[Example], greedy: bool = False) -> list[Trajectory]:
+        """Episodes of `examples`, the policy's calls batched across them (`trainer.agent_batching`)."""
+        return BatchedGenerator(self.policy, generator=self.rng).run(self.env, examples, self.harness, greedy=greedy)
+
+    def _samples(self, trajs: list[Trajectory]) -> None:
+        if not self.log:
+            return
+        tok = self.policy.tok
+        for t in trajs[: self.cfg.samples_per_step]:
+            self.log.samples.write({"step": self.step, "uid": t.uid, "transcript": tok.decode(t.ids),
+                                    "policy_text": tok.decode([x for x, m in zip(t.ids, t.mask) if m]),
+                                    "reward": t.reward, "end": t.end.value, "turns": len(t.steps)})
+
+    # ---- evaluation ---------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, n: int | None = None) -> dict[str, float]:
+        """Greedy held-out success and the rollout summary, as `heldout_*` fields."""
+        n = n or self.cfg.eval_size
+        exs = [self.env.episode(Split.HELDOUT, i, self.cfg.difficulty) for i in range(n)]
+        trajs = self.rollout(exs, greedy=True)
+        s = summarize(trajs)
+        acc = sum(t.result.verdict.value == "correct" for t in trajs) / len(trajs)
+        return {"heldout_acc": acc, "heldout_tool_calls": s["tool_calls_mean"], "heldout_turns": s["turns_mean"],
+                "heldout_answered": s["end_answered"]}
+
+    # ---- the run ------------------------------------------------------------------------
+    def write_row(self, row: dict[str, Any]) -> None:
+        """A metrics row: kept in `history`, written to metrics.jsonl with a heartbeat, printed."""
+        self.history.append(row)
+        if self.log:
+            self.log.metrics.write(row)
+            self.log.heartbeat(self.step, "running")
+        if self.printer:
+            keys = ("loss", "success", "reward_mean", "turns_mean", "tool_calls_mean", "drift", "heldout_acc")
+            shown = " ".join(f"{k}={row[k]:.3g}" for k in keys if k in row)
+            self.printer(f"[{row['algorithm']} {self.step:4d}] {shown} ({row['step_time']:.2f}s)")
+
+    def start(self) -> None:
+        """Open the run's log, write the resolved config and the untrained policy's held-out eval."""
+        cfg = self.cfg
+        self.t_start = time.time()
+        self.log = RunLog(cfg.run_dir)
+        atomic_write_text(cfg.run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        self.log.event("start", self.step, params=sum(p.numel() for p in self.params), env=cfg.env,
+                       harness_version=self.harness.version, kernels=self.backend)
+        ev = self.evaluate()
+        self.heldout_start = ev["heldout_acc"]
+        self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev})
+
+    def row_base(self, algorithm: str) -> dict[str, Any]:
+        """The fields every metrics row starts with."""
+        return {"step": self.step, "time": time.time(), "algorithm": algorithm,
+                "harness_version": self.harness.version, "difficulty": self.cfg.difficulty}
+
+    def warm_up(self) -> float:
+        """The SFT stage; returns held-out success after it."""
+        cfg = self.cfg
+        for i in range(cfg.sft.steps):
+            t0 = time.perf_counter()
+            stats = self.sft_step(i)
+            self.step += 1
+            last = i == cfg.sft.steps - 1
+            if (i + 1) % cfg.log_every == 0 or last:
+                row = {**self.row_base("sft"), **stats, "lr": self._lr(cfg.sft.lr, cfg.sft.warmup_steps, i)}
+                if last:
+                    row.update(self.evaluate())
+                row["step_time"] = time.perf_counter() - t0
+                self.write_row(row)
+        self.heldout_warm = self.last_heldout()
+        return self.heldout_warm
+
+    def reinforce(self) -> float:
+        """The GRPO stage; returns held-out success after it."""
+        cfg = self.cfg
+        if cfg.grpo.kl_coef > 0:   # the KL reference is the policy the warm-up produced
+            self.ref_policy = Policy(self.policy.cfg, self.policy.tok, copy.deepcopy(self.policy.model))
+            self.ref_policy.model.requires_grad_(False)
+        for g in self.opt.param_groups:
+            g["lr"] = cfg.grpo.lr
+        for i in range(cfg.grpo.steps):
+            t0 = time.perf_counter()
+            stats = self.grpo_step(i)
+            self.step += 1
+            row = {**self.row_base("grpo"), **stats, "lr": self._lr(cfg.grpo.lr, cfg.grpo.warmup_steps, i)}
+            if (cfg.eval_every and (i + 1) % cfg.eval_every == 0) or i == cfg.grpo.steps - 1:
+                row.update(self.evaluate())
+            row["step_time"] = time.perf_counter() - t0
+            self.write_row(row)
+        return self.last_heldout()
+
+    def last_heldout(self) -> float:
+        return next((r["heldout_acc"] for r in reversed(self.history) if "heldout_acc" in r), 0.0)
+
+    def finish(self) -> dict[str, Any]:
+        assert self.log is not None, "start() opens the log"
+        final = self.last_heldout()
+        summary = {"status": "completed", "steps": self.step, "run_dir": str(self.cfg.run_dir),
+                   "heldout_acc_start": self.heldout_start, "heldout_acc_warm": getattr(self, "heldout_warm", final),
+                   "heldout_acc": final, "wall_s": time.time() - self.t_start}
+        self.log.metrics.write({**self.row_base("eval"), "final": True, "heldout_acc": final})
+        self.log.event("end", self.step, **{k: v for k, v in summary.items() if k != "steps"})
+        self.log.heartbeat(self.step, "completed")
+        self.log.close()
+        return summary
+
+    def run(self) -> dict[str, Any]:
+        """Untrained eval, warm-up, GRPO; returns held-out success at each point and the wall time."""
+        self.start()
+        self.warm_up()
+        self.reinforce()
+        return self.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.agent_train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", help="YAML of AgentTrainConfig fields (flags below override it)")
+    ap.add_argument("--env", help="lookup, calc or code")
+    ap.add_argument("--difficulty", type=int)
+    ap.add_argument("--sft-steps", type=int)
+    ap.add_argument("--grpo-steps", type=int)
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--max-seq-len", type=int, help="the built-in model's longest prompt + completion")
+    ap.add_argument("--out", dest="out_dir")
+    ap.add_argument("--name")
+    ap.add_argument("--threads", type=int)
+    a = ap.parse_args(argv)
+    try:
+        data: dict[str, Any] = {}
+        if a.config:
+            from trainer.config import load_yaml
+
+            data = load_yaml(a.config, "config file") or {}
+        for k in ("env", "difficulty", "seed", "out_dir", "name", "threads"):
+            if getattr(a, k) is not None:
+                data[k] = getattr(a, k)
+        if a.sft_steps is not None:
+            data.setdefault("sft", {})["steps"] = a.sft_steps
+        if a.grpo_steps is not None:
+            data.setdefault("grpo", {})["steps"] = a.grpo_steps
+        if a.max_seq_len is not None:
+            data["model"] = {**AgentTrainConfig.model_fields["model"].default_factory().model_dump(),
+                             **data.get("model", {}), "max_seq_len": a.max_seq_len}
+        cfg = AgentTrainConfig.parse(data)
+        summary = AgentTrainer(cfg).run()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"held-out success: {summary['heldout_acc_start']:.3f} untrained, {summary['heldout_acc_warm']:.3f} after "
+          f"the warm-up, {summary['heldout_acc']:.3f} after GRPO ({summary['wall_s']:.0f} s); {summary['run_dir']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
