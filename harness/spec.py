@@ -111,7 +111,8 @@ class Curriculum(_Strict):
 
 class DataFilters(_Strict):
     max_prompt_chars: int = Field(512, ge=1, description="skip examples whose rendered prompt is longer")
-    dedupe: bool = Field(False, description="skip examples whose question was already seen in this run")
+    dedupe: bool = Field(False, description="skip examples whose question the run trained on in its last 16 batches "
+                         "(a task with fewer questions than that takes repeats again rather than stopping)")
 
 
 TEMPLATE_MAX_CHARS = 8192      # a prompt template, before the question goes in

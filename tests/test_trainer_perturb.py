@@ -393,6 +393,21 @@ def test_part_duplicated_stream_is_deterministic_and_the_dedupe_filter_drops_the
     assert len(qs) == 24 and len(set(qs)) == 24
 
 
+def test_dedupe_on_a_question_space_smaller_than_its_memory_takes_repeats_rather_than_stopping(make_cfg):
+    """2-digit reversal has 100 sequences (about 87 in the train split); dedupe remembers 16 batches
+    of 16 = 256 questions. The first five batches (80 questions) are all distinct; the sixth cannot
+    be, so it takes repeats again, and the run trains on to its last step."""
+    cfg, tr, summary = run(make_cfg(recipe={"steps": 8, "batch_size": 16}, samples_per_step=16,
+                                    harness={"curriculum": {"start": 2}, "filters": {"dedupe": True}}))
+    assert summary["status"] == "completed" and summary["step"] == 8, summary
+    by_step = collections.defaultdict(list)
+    for s in read_jsonl(cfg.run_dir / "samples.jsonl"):
+        by_step[s["step"]].append(s["question"])
+    first = [q for st in sorted(by_step)[:5] for q in by_step[st]]
+    assert len(first) == 80 and len(set(first)) == 80
+    assert len(tr.seen) <= 16 * 16
+
+
 def test_data_faults_go_on_after_a_rollback_and_in_a_state_fork(make_cfg):
     """The data source changed, not the run: a rollback to a checkpoint from before the onset still
     draws the changed data, and a backtest forked from the run's state trains on the same data."""

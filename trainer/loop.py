@@ -41,6 +41,9 @@ STEPS: dict[str, Callable] = {"sft": sft_step, "grpo": grpo_step, "distill": dis
 HEARTBEAT_EVERY_S = 0.5   # while running, the heartbeat is rewritten at most this often (state changes always)
 
 
+# the dedupe filter remembers the questions of this many batches: a pool that repeats within them
+# is dropped, while a small task's whole question space is not used up (a run of days keeps no more)
+DEDUPE_BATCHES = 16
 ERROR_CHARS = 500   # of an exception's message kept in the 'error' event that records why the job died
 
 
@@ -98,7 +101,7 @@ class Trainer:
                                      betas=(0.9, 0.95), fused=fused or None)
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + 17 + self.dist.rank)
         self.step, self.cursor, self.segment = 0, 0, 0
-        self.seen: set[str] = set()
+        self.seen: dict[str, None] = {}   # dedupe's memory: the newest questions, oldest first
         self.ref_state: dict[str, torch.Tensor] | None = None
         self.ref_policy: Policy | None = None
         self.paused = False
@@ -220,19 +223,25 @@ class Trainer:
         f = self.harness.filters
         draw = self.perturber.stream(self.task)   # the train split as the data pipeline hands it over
         out: list[Example] = []
-        scanned = 0
+        scanned, dedupe = 0, f.dedupe
         while len(out) < B:
             ex = draw(self.cursor, diff)
             self.cursor += 1
             scanned += 1
             if scanned > 100 * B:
-                raise StopRun("data_filters_reject_everything")
+                if not dedupe:
+                    raise StopRun("data_filters_reject_everything")
+                # a question space smaller than dedupe's memory: this batch takes repeats again
+                # rather than the run stopping
+                scanned, dedupe = 0, False
             if len(self.harness.render(ex.question)) > f.max_prompt_chars:
                 continue
-            if f.dedupe:
+            if dedupe:
                 if ex.question in self.seen:
                     continue
-                self.seen.add(ex.question)
+                self.seen[ex.question] = None
+                while len(self.seen) > DEDUPE_BATCHES * B:
+                    del self.seen[next(iter(self.seen))]
             out.append(ex)
         lacking = self.perturber.out_of_memory(self.step, r.batch_size, self.params[0].device.type)
         if lacking:
@@ -255,7 +264,7 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         return {
             "model": self.policy.model.state_dict(), "opt": self.opt.state_dict(),
-            "step": self.step, "cursor": self.cursor, "segment": self.segment, "seen": sorted(self.seen),
+            "step": self.step, "cursor": self.cursor, "segment": self.segment, "seen": list(self.seen),
             "recipe": self.recipe.model_dump(mode="json"), "harness": self.harness.model_dump(mode="json"),
             "shown": self.shown.model_dump(mode="json"), "ref": self.ref_state,
             "faults": self.perturber.carried(),   # the data faults in force: carried into state forks only
@@ -267,7 +276,7 @@ class Trainer:
         self.policy.model.load_state_dict(st["model"])
         self.opt.load_state_dict(st["opt"])
         self.step, self.cursor, self.segment = st["step"], st["cursor"], st["segment"]
-        self.seen = set(st["seen"])
+        self.seen = dict.fromkeys(st["seen"])
         self.recipe = type(self.recipe).model_validate(st["recipe"])
         self.harness = HarnessSpec.model_validate(st["harness"])
         self.shown = HarnessSpec.model_validate(st.get("shown", st["harness"]))
