@@ -1,13 +1,42 @@
 """Data parallelism without DDP wrappers: each rank computes gradients on its shard of the batch,
 then gradients are all-reduced (mean) before the optimiser step. Rank 0 owns the run's files and
 the control channel and broadcasts commands, so every rank applies them at the same step.
-Works with the gloo process group that Ray Train sets up on CPU; a single process needs none."""
+Works with the gloo process group that Ray Train sets up on CPU; a single process needs none.
+
+The mean of the ranks' gradients equals the single-process gradient on the global batch only if
+each rank's loss is normalised by the global batch's counts (completion tokens, rows), not its
+own: a rank whose shard holds fewer tokens would otherwise weigh each of them more. The losses
+therefore ask `sum` for the global counts and scale by `world` (see `algorithms.core.aggregate`);
+`tests/test_dp_gradients.py` checks the equality for SFT and GRPO on two gloo ranks.
+
+`init_gloo` starts a process group on one host without Ray (tests, a plain multi-process run):
+torch's TCPStore would listen on every interface, so the store's socket is bound here, to the
+host given, and handed over.
+"""
 from __future__ import annotations
 
+import datetime
+import socket
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+
+def init_gloo(rank: int, world: int, port: int, host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:
+    """Join a gloo process group whose store (rank 0) listens on `host`:`port` only. Set
+    `GLOO_SOCKET_IFNAME` (e.g. `lo`) in the environment so gloo's own pair sockets bind there too."""
+    kw: dict[str, Any] = {}
+    if rank == 0:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen(max(16, world))
+        kw["master_listen_fd"] = s.detach()   # the store owns the socket from here on
+    store = dist.TCPStore(host, port, world, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=timeout_s), use_libuv=False, **kw)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
 
 
 class Dist:
@@ -27,18 +56,37 @@ class Dist:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def mean_grads(self, params: list[torch.nn.Parameter]) -> None:
+    def sum(self, values: list[float]) -> list[float]:
+        """Each value summed over the ranks (float64; one all-reduce for the list). Every rank
+        must call it, with the same number of values."""
         if not self.enabled:
-            return
-        grads = [p.grad for p in params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def mean_grads(self, params: list[torch.nn.Parameter], contributes: bool = True) -> int:
+        """Average the gradients over the ranks, in place; returns how many ranks `contributes`
+        (had a loss to learn from this step), counted in the same all-reduce, so every rank can
+        take the same decision (no rank contributed: no optimiser step anywhere, as with one
+        process). A parameter with no gradient yet (a rank that had no loss at the first step)
+        takes part as zeros, so every rank reduces tensors of the same layout."""
+        if not self.enabled:
+            return int(contributes)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.ones(1, dtype=grads[0].dtype) * float(contributes)])
         dist.all_reduce(flat)
+        contributors = int(round(float(flat[-1])))
         flat /= self.world
         off = 0
         for g in grads:
             n = g.numel()
             g.copy_(flat[off : off + n].view_as(g))
             off += n
+        return contributors
 
     def mean_dict(self, d: dict[str, float]) -> dict[str, float]:
         """Average scalar metrics across ranks (keys must match on every rank)."""

@@ -155,7 +155,7 @@ class Trainer:
         """Backward, all-reduce, clip, step. `loss=None` means this rank has nothing to learn
         from this step (no verified success, every group filtered): it still joins the
         all-reduce, so data-parallel ranks never wait on each other; every rank then takes the
-        same optimiser step (from the averaged gradient). A non-finite loss or gradient norm
+        same optimiser step (from the averaged gradient), or none when no rank had a loss. A non-finite loss or gradient norm
         skips the step (on every rank: the norm is global)."""
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=False)
@@ -166,12 +166,12 @@ class Trainer:
         elif not finite:
             for p in self.params:  # the all-reduce carries the NaN to every rank: one global decision
                 p.grad.fill_(float("nan"))
-        self.dist.mean_grads(self.params)
+        contributors = self.dist.mean_grads(self.params, contributes=loss is not None)
         gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.recipe.grad_clip))
         nonfinite = not math.isfinite(gn)
-        idle = loss is None and self.dist.world == 1  # nothing to learn and no peer to keep in step with
+        idle = contributors == 0  # no rank had anything to learn: no step anywhere, as with one process
         out = {**stats, "loss": loss_v, "grad_norm": gn,
-               "skipped": 1.0 if (nonfinite or loss is None) else 0.0, "nonfinite": 1.0 if nonfinite else 0.0}
+               "skipped": 1.0 if (nonfinite or idle) else 0.0, "nonfinite": 1.0 if nonfinite else 0.0}
         if nonfinite:
             self.opt.zero_grad(set_to_none=False)
             if self.log:
@@ -246,8 +246,8 @@ class Trainer:
         lacking = self.perturber.out_of_memory(self.step, r.batch_size, self.params[0].device.type)
         if lacking:
             raise MemoryError(lacking)
-        per = max(1, B // W)
-        return out[self.dist.rank * per : (self.dist.rank + 1) * per]
+        # shards of B·r//W .. B·(r+1)//W: together exactly the batch one process would take
+        return out[self.dist.rank * B // W : (self.dist.rank + 1) * B // W]
 
     # ---- evaluation -------------------------------------------------------------------------
     @torch.no_grad()

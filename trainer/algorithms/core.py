@@ -78,15 +78,22 @@ def rloo_advantage(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards - (rewards.sum(-1, keepdim=True) - rewards) / (G - 1))
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """(B, T) per-token loss and mask → scalar."""
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, world: int = 1,
+              tokens: float | None = None, rows: float | None = None) -> torch.Tensor:
+    """(B, T) per-token loss and mask → scalar.
+
+    Data-parallel (`world` ranks whose gradients are averaged): `tokens` and `rows` are the global
+    batch's masked tokens and rows, and each rank's sum is scaled by `world` / the global count, so
+    the mean over ranks is the aggregate over the global batch (normalising by the rank's own count
+    weighs the tokens of a short shard more, and a "token_sum" would come out `world` times small)."""
     if mode == "token_mean":
-        return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+        n = mask.sum() if tokens is None else torch.tensor(tokens / world)
+        return (per_token * mask).sum() / n.clamp_min(1.0 / world)
     if mode == "token_sum":
-        return (per_token * mask).sum()
+        return (per_token * mask).sum() * world
     if mode == "seq_mean_token_mean":
         per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
-        return per_seq.mean()
+        return per_seq.mean() if rows is None else per_seq.sum() * world / max(rows, 1.0)
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 

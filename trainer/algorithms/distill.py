@@ -25,7 +25,9 @@ def distill_step(trainer, examples) -> dict[str, float]:
             prompts.append(x.prompt_ids)
             targets.append(x.completion_ids)
     stats["distill_kept"] = float(len(prompts))
+    # every rank joins this all-reduce, those with nothing kept too (sft_loss below runs on some only)
+    tokens = trainer.dist.sum([float(sum(len(t) for t in targets))])[0] if trainer.dist.world > 1 else None
     if not prompts:  # nothing verified on this rank: no update from it (still joins the all-reduce)
         return trainer.optimise(None, {**stats, "entropy": 0.0, "t_logprob": 0.0, "tokens": 0.0})
-    loss, lstats = sft_loss(trainer, prompts, targets)
+    loss, lstats = sft_loss(trainer, prompts, targets, tokens)
     return trainer.optimise(loss, {**stats, **lstats})

@@ -47,6 +47,12 @@ def grpo_step(trainer, examples) -> dict[str, float]:
             old_logp, _, _ = batch_logprobs(trainer.policy, batch, trainer.backend)
     t_lp = time.perf_counter() - t1
     loss_fn = get_loss(r.loss)
+    # the global batch's loss tokens and rows (one all-reduce; the mask is the same at every
+    # update): each rank's loss is normalised by them, so the ranks' averaged gradient is the
+    # gradient on the global batch (trainer/distributed.py)
+    W = trainer.dist.world
+    tokens, rows = trainer.dist.sum([float((batch.loss_mask.sum(-1) * seq_keep).sum()), float(len(rolls))])
+    dp = {"world": W, "tokens": tokens, "rows": rows} if W > 1 else {}
     out: dict[str, float] = {}
     for u in range(r.updates_per_batch):
         t2 = time.perf_counter()
@@ -55,16 +61,19 @@ def grpo_step(trainer, examples) -> dict[str, float]:
         tok_adv = seq_adv[:, None].expand_as(logp)
         old = logp.detach() if old_logp is None else old_logp
         per_tok, lstats = loss_fn(logp, old, ref_logp, tok_adv, mask, r.clip_eps, r.kl_coef)
-        loss = aggregate(per_tok, mask, r.loss_agg)
+        loss = aggregate(per_tok, mask, r.loss_agg, **dp)
         n = mask.sum().clamp_min(1.0)
         step_stats = {**stats, "entropy": float((ent.detach() * mask).sum() / n),
                       "t_logprob": t_lp + (time.perf_counter() - t2)}
         step_stats.update({k: float(torch.as_tensor(v).detach()) for k, v in lstats.items()})
         if mask.sum() == 0:
-            # every group all-correct or all-wrong: no advantage signal here; no update from this
-            # rank (optimise still joins the data-parallel all-reduce)
+            # every group here all-correct or all-wrong: no advantage signal on this rank; no update
+            # from it (optimise still joins the data-parallel all-reduce, at every update while
+            # another rank has tokens: a rank leaving the loop early would leave its peers waiting)
             out = trainer.optimise(None, step_stats)
-            break
+            if tokens == 0:
+                break
+            continue
         out = trainer.optimise(loss, step_stats)
         t_lp = 0.0
     return out

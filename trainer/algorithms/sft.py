@@ -10,12 +10,19 @@ from trainer.logprobs import batch_logprobs
 from trainer.policy import build_batch
 
 
-def sft_loss(trainer, prompts: list[list[int]], targets: list[list[int]]) -> tuple[torch.Tensor, dict[str, float]]:
+def sft_loss(trainer, prompts: list[list[int]], targets: list[list[int]],
+             tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean negative log-likelihood of `targets`. Data-parallel, the mean is over the global
+    batch's `tokens` (every rank's target tokens; all-reduced here when not given, so then every
+    rank must call this): the ranks' averaged gradient is then the global batch's."""
     t0 = time.perf_counter()
+    W = trainer.dist.world
+    if W > 1 and tokens is None:
+        tokens = trainer.dist.sum([float(sum(len(t) for t in targets))])[0]
     batch = build_batch(prompts, targets, trainer.policy.tok.pad_id)
     logp, ent, mask = batch_logprobs(trainer.policy, batch, trainer.backend)
     n = mask.sum().clamp_min(1.0)
-    loss = -(logp * mask).sum() / n
+    loss = -(logp * mask).sum() / (n if W == 1 else max(tokens, 1.0) / W)
     stats = {
         "entropy": float((ent.detach() * mask).sum() / n),
         "t_logprob": time.perf_counter() - t0,
