@@ -40,8 +40,9 @@ from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
 from swarm.knowledge import Knowledge, seed_workspace
-from swarm.report import LifecycleReports, final_report, intervention_report
+from swarm.report import LifecycleReports, final_report, intervention_report, skills_in_run, summary_row
 from swarm.retention import enforce_retention, fold_cpu
+from swarm.script_run import ScriptSteering, accepted, log_launch, pr_view, resolved, script_jobs, task_name
 from swarm.store import Store, acquire_lock
 from swarm.workspace import Workspace
 from trainer.control import send_command
@@ -91,7 +92,7 @@ class Memo:
     question_chars: dict[int, float] = field(default_factory=dict)   # the task's, measured at first need
 
 
-class Controller(Deciding):
+class Controller(ScriptSteering, Deciding):
     def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None,
                  backtest_runner: BacktestRunner = run_arms) -> None:
         self.dir = pathlib.Path(workspace).resolve()
@@ -105,7 +106,9 @@ class Controller(Deciding):
         self.private = self.sdir / "private"
         private_dir(self.private)
         self.runs = self.sdir / "runs"
-        self.jobs: Jobs = (ProcessJobs(self.sdir / "logs") if jobs == "process" else
+        self.script = goal.entrypoint    # the user's own script (swarm/script_run.py), else None
+        self.jobs: Jobs = (script_jobs(self.script, self.sdir / "logs", jobs) if self.script else
+                           ProcessJobs(self.sdir / "logs") if jobs == "process" else
                            RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head))
         self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic(), Explorer()]
         self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)
@@ -120,11 +123,15 @@ class Controller(Deciding):
         self.tick, self.memo = Tick(), Memo(looks=self.store.last_look())
         self.state_job: str | None = None       # the live job's handle (commands wait on it)
 
-        self.knowledge = Knowledge(self.ws, goal.memory, task=goal.run_config("train", "runs").task.name, timeline=self.store.log)
+        task = task_name(self.script) if self.script else goal.run_config("train", "runs").task.name
+        self.knowledge = Knowledge(self.ws, goal.memory, task=task, timeline=self.store.log)
         self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
         private_dir(self.windows)
         self.graph, self._conn = build_graph(self, str(self.sdir / "graph.db"))
         self.config = {"configurable": {"thread_id": RUN_ID}, "recursion_limit": RECURSION_LIMIT}
+        if self.script:   # no task, recipe or harness of ours: the run declares its settings
+            self.base_cfg, self.task_range = {"recipe": {}, "harness": {}}, (0, 0)
+            return
         self.base_cfg = goal.run_config("train", str(self.runs)).model_dump(mode="json")
         self.base_cfg["recipe"]["steps"] = goal.budget.steps
         if goal.target.op == ">=" and goal.target.metric == "heldout_acc":   # the trainer's early stop is on accuracy
@@ -138,9 +145,10 @@ class Controller(Deciding):
         d = pathlib.Path(workspace)
         if (d / ".swarm" / "graph.db").exists():
             raise ValueError(f"workspace {str(d)!r} already holds a run; use `swarm resume --workspace {d}`")
-        cfg = goal.run_config("train", "runs")
-        Workspace.init(d, yaml.safe_dump(goal.public(), sort_keys=False), cfg.recipe.model_dump(mode="json"),
-                       cfg.harness.model_dump(mode="json"))
+        goal = resolved(goal, pathlib.Path.cwd()) if goal.entrypoint else goal   # a resume runs it from anywhere
+        cfg = None if goal.entrypoint else goal.run_config("train", "runs")   # a script run's files stay empty
+        Workspace.init(d, yaml.safe_dump(goal.public(), sort_keys=False), cfg.recipe.model_dump(mode="json") if cfg else {},
+                       cfg.harness.model_dump(mode="json") if cfg else {})
 
         seed_workspace(Workspace.open(d), goal.memory)
         priv = d / ".swarm" / "private"
@@ -201,6 +209,8 @@ class Controller(Deciding):
 
     def context(self, ev: Evidence):
         cfg = self.base_cfg
+        if self.script:
+            return self.script_context()
         return OperatorContext(
             goal=self.goal.goal, start_harness=cfg["harness"], target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
             eval_difficulty=cfg["harness"]["curriculum"].get("end") or cfg["harness"]["curriculum"]["start"],
@@ -314,7 +324,9 @@ class Controller(Deciding):
 
     def start_job(self) -> str:
         self.tick.evidence = None
-        handle = self.jobs.start("train", self.write_job_config())
+        if self.script:
+            log_launch(self.store, self.script, self.run_dir)
+        handle = self.jobs.start("train", self.run_dir if self.script else self.write_job_config())
         self.log_replaced_heads()
         self.store.log("job_started", handle=handle)
         return handle
@@ -405,7 +417,7 @@ class Controller(Deciding):
         ctx = self.context(ev)
         findings = run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s))   # once: the operators reuse them
         self.tick.findings = findings
-        if any(d.name in NEEDS_TASK_LENGTHS for d in findings):   # measured once, when a fix first reads them
+        if not self.script and any(d.name in NEEDS_TASK_LENGTHS for d in findings):   # measured once, when a fix first reads them
             self.memo.question_chars = self.memo.question_chars or question_chars(self.base_cfg)
             ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars})
         ctx.with_findings(findings)
@@ -555,7 +567,7 @@ class Controller(Deciding):
 
     def open_pr(self, iv: Intervention) -> None:
         md, pngs = intervention_report(iv, metrics_history(self.run_dir), tail_jsonl(self.run_dir / "samples.jsonl", 200))
-        iv.branch = self.ws.open_pr(iv, md, pngs)
+        iv.branch = self.ws.open_pr(pr_view(iv) if self.script else iv, md, pngs)
         self.store.put(iv)
         self.knowledge.record_report(iv.id, md, kind=iv.kind.value, diagnosis=iv.diagnosis.name, status=iv.status.value)
 
@@ -595,14 +607,14 @@ class Controller(Deciding):
             if s.job and self.job_status(s.job) not in JobStatus.terminal():
                 self.stop_job(s.job)
             if iv.changes:   # in the inbox before the job starts: the new worker reads it before its first step
-                self.send("set_fields", f"{iv.id}-apply", fields=iv.changes)
+                self.send("set_fields", f"{iv.id}-apply", fields=self.trainer_fields(iv.changes))
             job = self.start_job()
             self.state_job = job
             upd = {"job": job, "restarts": s.restarts + 1, "job_status": JobStatus.PENDING, "launched": time.time()}
             step = s.step
             if iv.changes:
-                ack = self.command("set_fields", f"{iv.id}-apply", fields=iv.changes)
-                if ack and ack.get("status") != "applied":
+                ack = self.command("set_fields", f"{iv.id}-apply", fields=self.trainer_fields(iv.changes))
+                if ack and not accepted(ack):
                     self.refused(iv, f"the trainer refused the change it was restarted with: {ack.get('reason')}")
                     return upd
                 iv = self.store.get(iv.id)
@@ -625,13 +637,13 @@ class Controller(Deciding):
                     # the checkpoint predates later fixes: its harness and recipe do not have them
                     changes = self.carry_over(iv.id, target) | changes
             if changes:
-                ack = self.command("set_fields", f"{iv.id}-apply", fields=changes)
+                ack = self.command("set_fields", f"{iv.id}-apply", fields=self.trainer_fields(changes))
                 if not ack and self.job_unwell(self.job_status(s.job)):
                     # no answer from a job that died or hung meanwhile says nothing about the change:
                     # it stays validated and is applied to the job that replaces it
                     self.store.log("apply_deferred", id=iv.id, reason="the job stopped answering", step=s.step)
                     return {}
-                if not ack or ack.get("status") != "applied":
+                if not accepted(ack):   # `restart` too: the relauncher relaunches with the change
                     self.refused(iv, f"the trainer refused the change: {ack and ack.get('reason')}")
                     return {}
                 step = ack["step"]
@@ -768,39 +780,15 @@ class Controller(Deciding):
             "worker_cpu_s_to_target": (s.to_target.get("worker_cpu_s", CpuMeter(s.cpu).total) if reached else None),
             "restarts": s.restarts,
             "report": str(self.dir / "reports" / "final" / "REPORT.md"),
-            "interventions": [{"id": iv.id, "kind": iv.kind.value, "operator": iv.operator, "policy": iv.policy,
-                               "diagnosis": iv.diagnosis.name, "status": iv.status.value,
-                               "effect": iv.backtest.effect if iv.backtest else None,
-                               "p_value": iv.backtest.p_value if iv.backtest else None,
-                               "signal": iv.backtest.signal if iv.backtest else None, "risk": iv.risk.value,
-                               "backtest_cpu_s": iv.outcome.backtest_cpu_s,
-                               "wasted_cpu_s": wasted[iv.id]["cpu_s"] if iv.id in wasted else 0.0,
-                               "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step,
-                               "gain": iv.outcome.gain, "refused": iv.outcome.refused,
-                               "changes": iv.changes, "created": iv.created} for iv in ivs],
+            "interventions": [summary_row(iv, wasted[iv.id]["cpu_s"] if iv.id in wasted else 0.0) for iv in ivs],
             "backtests": sum(1 for iv in ivs if iv.backtest is not None),
             "wasted_cpu_s": waste["total_cpu_s"],
             "trainer_notices": [{"name": r.get("name"), "summary": r.get("summary"), "step": r.get("step")}
                                 for r in self.store.timeline("finding")],
             "rejected_by_backtest": sum(1 for iv in ivs if iv.status == Status.REJECTED and iv.backtest is not None),
-            "skills": self.skill_summary(),
+            "skills": skills_in_run(self.store, self.knowledge),
             "llm": self.llm.summary() if self.llm is not None else {"calls": 0, "tokens": 0, "cost_usd": 0.0, "policy": "built-in"},
         }
-
-
-    def skill_summary(self) -> dict[str, Any]:
-        """What skills did in this run, from the timeline."""
-        out: dict[str, Any] = {"library": [sk.name for sk in self.knowledge.skills if sk.active],
-                               "fired": {}, "used": {}, "added": [], "updated": [], "retired": [], "refused": [], "avoided": 0}
-        for r in self.store.timeline("skill_fired"):    # by kind (indexed), not the whole timeline
-            out["fired"][r["name"]] = out["fired"].get(r["name"], 0) + 1
-        for what in ("added", "updated", "retired", "refused"):
-            out[what] = [{"name": r.get("name"), "reason": r.get("reason")} for r in self.store.timeline(f"skill_{what}")]
-        out["avoided"] = len(self.store.timeline("avoided"))
-        for iv in self.store.list():
-            for name in iv.skills_used:
-                out["used"].setdefault(name, []).append(f"{iv.id} ({iv.status.value})")
-        return out
 
 
 def _alive(pid: int | None) -> bool:

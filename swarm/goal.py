@@ -139,12 +139,16 @@ class Entrypoint(_Setting):
                         "SwarmCallback writes for it (eval_accuracy → heldout_acc, eval_X → heldout_X)")
     python: str | None = Field(None, max_length=4096, description="the interpreter that runs the script; None: "
                                "the one running swarm")
+    cwd: str | None = Field(None, max_length=4096, description="the folder the script runs in (its relative paths, "
+                            "e.g. --output_dir); None: the working directory. `swarm run` records it, with the "
+                            "script's absolute path, in the goal it saves, so `swarm resume` works from anywhere")
 
     def argv(self) -> list[str]:
         """The script's command line: the interpreter, the script, its arguments."""
         import sys
 
-        return [self.python or sys.executable, str(pathlib.Path(self.script).expanduser().resolve()), *self.args]
+        base = pathlib.Path(self.cwd or ".").expanduser()
+        return [self.python or sys.executable, str((base / pathlib.Path(self.script).expanduser()).resolve()), *self.args]
 
 
 class Goal(_Setting):
@@ -218,8 +222,7 @@ class Goal(_Setting):
         that runs a script has none (a ConfigError of one line)."""
         if "entrypoint" in self.run:
             raise ConfigError("invalid goal: run.entrypoint: this goal runs a script, not the project's trainer; "
-                              "the swarm's controller does not launch script goals yet (run the script under "
-                              "`python -m trainer.steer.relaunch`, docs/steering.md)")
+                              "it has no trainer config (swarm/script_run.py, docs/steering.md)")
         data = {**self.planned_run(), "name": name, "out_dir": out_dir}
         data.pop("perturbations", None)
         if with_perturbations:
@@ -330,7 +333,9 @@ def _check_script_goal(goal: Goal) -> None:
                           f"run.entrypoint.metric={ep.metric!r} as {written!r}; the target must read {written!r}")
     if written in HELDOUT_METRICS and not 0.0 <= goal.target.threshold <= 1.0:
         raise ConfigError(f"invalid goal: target.threshold={goal.target.threshold!r}: {written} is a rate, in [0, 1]")
-    script = pathlib.Path(ep.script).expanduser()
+    script = pathlib.Path(ep.cwd or ".").expanduser() / pathlib.Path(ep.script).expanduser()
+    if ep.cwd is not None and not pathlib.Path(ep.cwd).expanduser().is_dir():
+        raise ConfigError(f"invalid goal: run.entrypoint.cwd={ep.cwd!r}: folder not found")
     if not script.is_file():
         raise ConfigError(f"invalid goal: run.entrypoint.script={ep.script!r}: file not found (a path relative to "
                           f"the working directory, {str(pathlib.Path.cwd())!r})")

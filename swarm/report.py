@@ -403,3 +403,30 @@ Each intervention's full report is `reports/<id>/REPORT.md` on its branch `iv/<i
 
 
 __all__ = ["intervention_report", "final_report", "LifecycleReports", "metrics_plot", "quote_untrusted", "cell"]
+
+
+def summary_row(iv: Any, wasted_cpu_s: float) -> dict[str, Any]:
+    """One intervention as the run's summary lists it."""
+    return {"id": iv.id, "kind": iv.kind.value, "operator": iv.operator, "policy": iv.policy,
+            "diagnosis": iv.diagnosis.name, "status": iv.status.value,
+            "effect": iv.backtest.effect if iv.backtest else None,
+            "p_value": iv.backtest.p_value if iv.backtest else None,
+            "signal": iv.backtest.signal if iv.backtest else None, "risk": iv.risk.value,
+            "backtest_cpu_s": iv.outcome.backtest_cpu_s, "wasted_cpu_s": wasted_cpu_s,
+            "backtest_skipped": iv.backtest_skipped, "applied_step": iv.applied_step,
+            "gain": iv.outcome.gain, "refused": iv.outcome.refused, "changes": iv.changes, "created": iv.created}
+
+
+def skills_in_run(store: Any, knowledge: Any) -> dict[str, Any]:
+    """What skills did in a run, from its timeline (`store`) and library (`knowledge`)."""
+    out: dict[str, Any] = {"library": [sk.name for sk in knowledge.skills if sk.active],
+                           "fired": {}, "used": {}, "added": [], "updated": [], "retired": [], "refused": [], "avoided": 0}
+    for r in store.timeline("skill_fired"):    # by kind (indexed), not the whole timeline
+        out["fired"][r["name"]] = out["fired"].get(r["name"], 0) + 1
+    for what in ("added", "updated", "retired", "refused"):
+        out[what] = [{"name": r.get("name"), "reason": r.get("reason")} for r in store.timeline(f"skill_{what}")]
+    out["avoided"] = len(store.timeline("avoided"))
+    for iv in store.list():
+        for name in iv.skills_used:
+            out["used"].setdefault(name, []).append(f"{iv.id} ({iv.status.value})")
+    return out

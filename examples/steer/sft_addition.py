@@ -127,7 +127,9 @@ def build(script: ScriptArguments, args: TrainingArguments, callbacks: list[Any]
                       eval_dataset=held, compute_metrics=exact_match, preprocess_logits_for_metrics=argmax_logits,
                       callbacks=callbacks)
     if script.steer:
-        steer(trainer, script.run_dir)   # the one line a user adds
+        # the one line a user adds; a plain Trainer has no algorithm of its own to report, and the
+        # swarm's SFT detectors (a loss that does not fall) read the label
+        steer(trainer, script.run_dir, algorithm="sft")
     return trainer
 
 

@@ -1,0 +1,318 @@
+"""The controller on a goal that runs the user's own script (`run.entrypoint`, docs/steering.md).
+
+A script steered by `trainer.steer.SwarmCallback` writes the run files the controller reads, but it
+is not this project's trainer: it has no task, recipe or harness of ours, its settings are the ones
+it declares (`RUN_DIR/settings.json`: name, type, range, hot or restart), and its commands are
+`set_fields`, `eval`, `checkpoint` and `stop`. Everything the controller does differently for such
+a run is here, so `swarm.controller` keeps small hooks only:
+
+- names: the built-in operators speak in this project's dotted fields (`recipe.lr`). `OPERATOR_FIELDS`
+  maps the names SwarmCallback declares to those fields, in one place. The operators see the run's
+  declared values under those fields (`script_context`); a proposal is translated back to the
+  declared names before it is recorded (`adapt`), so the store, the reports and the PRs name what
+  the user's script calls the setting. An intervention's change keys are dotted
+  (`agents.domain.Intervention` takes `recipe.*` and `harness.*` only), so a declared setting NAME is
+  recorded as `recipe.NAME` (`recipe.learning_rate`, `recipe.temperature`: the script's whole
+  training config is its recipe) and sent to the script as NAME (`trainer_fields`). A proposal with
+  a field the run does not declare, or a kind the run cannot take (a data change, a distillation),
+  is dropped and logged once, never recorded as a loss;
+- a rollback: SwarmCallback has no rollback command. A rollback that carries a change becomes the
+  same change applied to the live weights (said in its rationale); one without a change is dropped;
+- validity: `trainer.steer.check_change` on the declared settings, before anything else;
+- acknowledgements: `applied` and `restart` are accepted (`accepted`); a `restart` means the
+  callback saved a checkpoint and stopped, and the relauncher relaunches the script with the
+  change (`trainer.steer.relaunch`);
+- backtests: none. Forking a script's arms (a relauncher in a fresh run folder from the checkpoint,
+  the change as flags) is not built: a proposal that needs one waits for a human, its PR saying
+  why (`ScriptSteering.backtest`). One that `swarm.decisions.plan` validates by rule goes through
+  the gate as usual;
+- undoing a change: the values it replaced are set again (the weights trained since are kept);
+- missing evidence: what a foreign run cannot give (per-sample texts when the trainer keeps none,
+  a rollback) is named in the diagnosis (`missing_evidence`), never guessed.
+
+A script goal's PR changes no file of the workspace (its recipe.yaml and harness.yaml stay empty:
+the settings live in the run, in `settings.json` and the relaunch flags); it holds the report and
+intervention.json.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shlex
+from typing import Any, Mapping
+
+from agents.domain import Intervention, InterventionKind, Status
+from trainer.runlog import iter_jsonl
+from trainer.steer.relaunch import restart_changes
+from trainer.steer.settings import as_settings, check_change, coerce, read_declared
+
+# SwarmCallback's declared name → the built-in operators' dotted field, where both mean the same
+# thing in the same unit. Names missing here are still the run's settings (an LLM policy or a
+# human may change them); the built-in operators just have no rule about them.
+OPERATOR_FIELDS: dict[str, str] = {
+    "learning_rate": "recipe.lr",                          # peak lr of the schedule
+    "weight_decay": "recipe.weight_decay",
+    "max_grad_norm": "recipe.grad_clip",
+    "warmup_steps": "recipe.warmup_steps",
+    "max_steps": "recipe.steps",
+    "beta": "recipe.kl_coef",                              # TRL's KL coefficient
+    "num_generations": "recipe.group_size",                # TRL GRPO completions per prompt
+    "epsilon": "recipe.clip_eps",                          # TRL GRPO clip range
+    "temperature": "harness.sampling.temperature",
+    "max_completion_length": "harness.sampling.max_new_tokens",
+}
+DECLARED_NAMES: dict[str, str] = {v: k for k, v in OPERATOR_FIELDS.items()}
+PREFIX = "recipe."   # a declared setting NAME as an intervention's change key: recipe.NAME
+
+
+def trainer_fields(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """An intervention's changes as the script's `set_fields` takes them: recipe.NAME → NAME."""
+    return {k.removeprefix(PREFIX): v for k, v in changes.items()}
+
+
+def as_changes(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Declared settings {NAME: value} as an intervention's changes {recipe.NAME: value}."""
+    return {PREFIX + k: v for k, v in fields.items()}
+
+# the kinds a script run can take: a settings change, a job restart (the relauncher resumes from the
+# newest checkpoint), and a rollback turned into its change
+KINDS = (InterventionKind.RECIPE_EDIT, InterventionKind.HARNESS_EDIT, InterventionKind.RESTART, InterventionKind.ROLLBACK)
+NO_BACKTEST = ("backtests are not available for script runs (forking a script's arms from its checkpoint is not "
+               "built): a human decides")
+
+
+def accepted(ack: Mapping[str, Any] | None) -> bool:
+    """A command's acknowledgement says the change took effect or will with the relaunch: `applied`,
+    or `restart` (the callback saved a checkpoint and stopped; the relauncher relaunches with the
+    change). `rejected`, or no answer, is not."""
+    return bool(ack) and ack.get("status") in ("applied", "restart")
+
+
+def declared(run_dir: pathlib.Path) -> dict[str, Any]:
+    """The run's settings.json, {} before the script wrote it."""
+    return read_declared(run_dir) or {}
+
+
+def operator_view(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(recipe, harness): the declared values in force under the operators' field names."""
+    out: dict[str, dict[str, Any]] = {"recipe": {}, "harness": {}}
+    for name, field in OPERATOR_FIELDS.items():
+        if name in values:
+            section, *path = field.split(".")
+            d = out[section]
+            for p in path[:-1]:
+                d = d.setdefault(p, {})
+            d[path[-1]] = values[name]
+    return out["recipe"], out["harness"]
+
+
+def to_declared(changes: Mapping[str, Any], settings: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """`changes` as recipe.NAME of the run's declared settings, and why not (None when all
+    translate): an operator field is mapped by OPERATOR_FIELDS, recipe.NAME of a declared NAME is kept."""
+    known = as_settings(settings.get("settings", [])) if settings else {}
+    out: dict[str, Any] = {}
+    for k, v in changes.items():
+        name = DECLARED_NAMES.get(k) or k.removeprefix(PREFIX)
+        if name not in known:
+            return {}, (f"{k}: the script run declares no such setting (declared: {', '.join(sorted(known)) or 'none yet'})")
+        out[PREFIX + name] = coerce(known[name], v) if check_change(known, {name: v}) is None else v
+    return out, None
+
+
+def missing_evidence(ev: Any) -> list[str]:
+    """What this foreign run does not give the detectors and operators."""
+    out = []
+    if not getattr(ev, "samples", None):
+        out.append("per-sample completions and verdicts: the script's trainer keeps none (samples.jsonl is empty)")
+    return out
+
+
+def adapt(iv: Intervention, settings: Mapping[str, Any], ev: Any) -> tuple[Intervention | None, str | None]:
+    """The proposal as a script run can take it (changes under the declared names, a rollback as its
+    change, missing evidence named in the diagnosis), or (None, why) when it cannot."""
+    if iv.kind not in KINDS:
+        return None, f"a {iv.kind.value} has no command on a script run"
+    changes, why = to_declared(iv.changes, settings)
+    if why:
+        return None, why
+    update: dict[str, Any] = {"changes": changes}
+    missing = missing_evidence(ev)
+    rationale = iv.rationale
+    if iv.kind == InterventionKind.ROLLBACK:
+        if not changes:
+            return None, "a rollback without a change: SwarmCallback has no rollback command"
+        update.update(kind=InterventionKind.RECIPE_EDIT, backtest_skipped=None)
+        missing.append("a rollback to a checkpoint: SwarmCallback has no rollback command")
+        rationale += (" On this script run the weights are not rolled back (SwarmCallback has no rollback command): "
+                      "the change is applied to the live run.")
+    if changes != dict(iv.changes):
+        rationale += " Settings as the script declares them: " + ", ".join(
+            f"{k} → {n}" for k, n in zip(iv.changes, changes) if k != n) + "."
+    update["rationale"] = rationale
+    if missing:
+        update["diagnosis"] = iv.diagnosis.model_copy(update={"evidence": {**iv.diagnosis.evidence,
+                                                                           "missing_evidence": missing}})
+    return iv.model_copy(update=update), None
+
+
+def start_values(ep: Any, settings: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
+    """The goal's own values of declared settings: the last `--NAME VALUE` in the entrypoint's
+    arguments, else the value in force when no command changed it."""
+    known = as_settings(settings.get("settings", [])) if settings else {}
+    args = list(ep.args)
+    out: dict[str, Any] = {}
+    for key in keys:
+        k = key.removeprefix(PREFIX)
+        flag = f"--{k}"
+        vals = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+        vals += [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+        if vals and k in known:
+            try:
+                raw = json.loads(vals[-1]) if known[k].type != "str" else vals[-1]
+                out[key] = coerce(known[k], raw)
+                continue
+            except (ValueError, TypeError):
+                pass
+        overridden = k in (settings.get("overrides") or {}) or k in restart_changes(settings.get("acks", []))
+        out[key] = None if overridden else (settings.get("values") or {}).get(k)
+    return out
+
+
+def task_name(ep: Any) -> str:
+    """What memory files this run's episodes under: the script, as there is no task of ours."""
+    return f"script:{pathlib.Path(ep.script).stem}"
+
+
+def resolved(goal: Any, cwd: str | pathlib.Path) -> Any:
+    """The goal as the controller saves it: the script's absolute path and the folder it runs in, so
+    `swarm resume` from any directory runs the same script in the same place."""
+    ep = dict(goal.run["entrypoint"])
+    base = pathlib.Path(ep.get("cwd") or cwd).resolve()
+    ep["script"] = str((base / pathlib.Path(ep["script"]).expanduser()).resolve())
+    ep["cwd"] = str(base)
+    return goal.model_copy(update={"run": {**goal.run, "entrypoint": ep}})
+
+
+def command_line(ep: Any) -> str:
+    return shlex.join(ep.argv())
+
+
+class ScriptSteering:
+    """The decision inputs of `swarm.deciding.Deciding` for a script run (a mixin placed before it in
+    `swarm.controller.Controller`): each method falls through to Deciding's on a run of this
+    project's trainer."""
+
+    script: Any
+
+    def settings(self) -> dict[str, Any]:
+        return declared(self.run_dir)
+
+    def trainer_fields(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of a `set_fields` command: the script's declared names on a script run."""
+        return trainer_fields(changes) if self.script else dict(changes)
+
+    def script_context(self) -> Any:
+        """The operators' context on a script run: the run's declared values under their field names
+        (OPERATOR_FIELDS); no task, curriculum or harness of ours, and no version tracking (the
+        drift detectors stay off: `settled_since` None)."""
+        from agents.base import OperatorContext
+
+        recipe, harness = operator_view(self.settings().get("values") or {})
+        return OperatorContext(goal=self.goal.goal, target=self.goal.target, recipe=recipe, harness=harness,
+                               history=self.store.list(), checkpoints=self.checkpoints(), skills=self.tick.recall[0],
+                               episodes=self.tick.recall[1], min_difficulty=0)
+
+    def validity(self, iv: Intervention) -> str | None:
+        if not self.script:
+            return super().validity(iv)
+        if not iv.changes:
+            return None
+        s = self.settings()
+        if not s:
+            return "the script has not declared its settings yet (no settings.json in its run folder)"
+        return check_change(s, trainer_fields(iv.changes))
+
+    def values_in_force(self, keys: list[str]) -> dict[str, Any]:
+        if not self.script:
+            return super().values_in_force(keys)
+        values = self.settings().get("values") or {}
+        return {k: values.get(k.removeprefix(PREFIX)) for k in keys}
+
+    def start_values(self, keys: list[str]) -> dict[str, Any]:
+        if not self.script:
+            return super().start_values(keys)
+        s = {**self.settings(), "acks": list(iter_jsonl(self.run_dir / "command_log.jsonl"))}
+        return start_values(self.script, s, keys)
+
+    def set_values(self) -> dict[str, Any]:
+        if not self.script:
+            return super().set_values()
+        return as_changes({**(self.settings().get("overrides") or {}),
+                           **restart_changes(iter_jsonl(self.run_dir / "command_log.jsonl"))})
+
+    def noop_edit(self, iv: Intervention, job_status: str) -> str | None:
+        if not self.script:
+            return super().noop_edit(iv, job_status)
+        now = self.values_in_force(list(iv.changes))
+        if iv.changes and all(now.get(k) == v for k, v in iv.changes.items()):
+            return "the run already has " + ", ".join(f"{k}={v!r}" for k, v in iv.changes.items())
+        return None
+
+    def prepare(self, iv: Intervention, s: Any) -> Intervention | None:
+        if not self.script:
+            return super().prepare(iv, s)
+        out, why = adapt(iv, self.settings(), self.evidence(s.job_status))
+        if out is None:
+            key = ("not_applicable", iv.signature())
+            if key not in self.memo.findings:   # once per fix and controller process
+                self.memo.findings.add(key)
+                self.store.log("not_applicable", operator=iv.operator, iv_kind=iv.kind.value,
+                               diagnosis=iv.diagnosis.name, reason=why, step=s.step)
+            return None
+        return super().prepare(out, s)
+
+    def backtest(self, iv: Intervention) -> None:
+        if not self.script:
+            return super().backtest(iv)
+        if iv.status != Status.PROPOSED:
+            return None
+        iv.backtest_skipped = NO_BACKTEST
+        self.store.put(iv)
+        self.open_pr(self.store.get(iv.id))
+        self.store.transition(iv.id, Status.AWAITING_APPROVAL, f"{NO_BACKTEST}: swarm approve {iv.id}")
+        return None
+
+    def roll_back(self, iv: Intervention, note: str) -> None:
+        if not self.script:
+            return super().roll_back(iv, note)
+        iv = self.store.get(iv.id)
+        before = {k: v for k, v in (iv.outcome.before or {}).items() if k in iv.changes and v is not None}
+        ack = (self.command("set_fields", f"{iv.id}-undo", fields=trainer_fields(before))
+               if len(before) == len(iv.changes) else None)
+        iv.outcome.undone = accepted(ack)
+        self.store.put(iv)
+        if self.ws.pr_state(iv.id) == "merged":
+            self.ws.rollback(iv.id)
+        done = ("the settings it replaced are set again; the weights trained since are kept" if iv.outcome.undone else
+                f"its settings could not be set back ({(ack or {}).get('reason') or 'no value before it is known'}); left in force")
+        self.store.transition(iv.id, Status.ROLLED_BACK, f"{note}; {done}")
+
+
+def pr_view(iv: Intervention) -> Intervention:
+    """The intervention as the workspace's git files see it: a script run's change edits no file of
+    the workspace (intervention.json, rewritten by the reports, keeps the change)."""
+    return iv.model_copy(update={"changes": {}})
+
+
+def log_launch(store: Any, ep: Any, run_dir: pathlib.Path) -> None:
+    store.log("script_launched", command=command_line(ep), cwd=str(ep.cwd), run_dir=str(run_dir))
+
+
+def script_jobs(ep: Any, log_dir: pathlib.Path, jobs: str) -> Any:
+    """The launcher of a script goal: `swarm.jobs.ScriptJobs` (local processes) only."""
+    from swarm.jobs import ScriptJobs
+
+    if jobs != "process":
+        raise ValueError(f"--jobs={jobs!r}: a goal that runs a script (run.entrypoint) runs it as a local process "
+                         "under the relauncher (Ray jobs for scripts are not built); use --jobs process")
+    return ScriptJobs(ep, log_dir, cwd=ep.cwd)

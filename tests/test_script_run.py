@@ -1,0 +1,179 @@
+"""The controller on a goal that runs the user's own script (swarm/script_run.py).
+
+Pure parts on tables: the one mapping between the names SwarmCallback declares and the built-in
+operators' fields, the adaptation of a proposal to a script run, which acknowledgements count as
+accepted, the goal's own values from the script's arguments. Then the real controller on the real
+example script: a proposal in operator terms is recorded under the declared name and pre-checked by
+`trainer.steer.check_change`; a hot change is applied and read back; a restart-required change is
+acknowledged `restart`, accepted, and relaunched by the relauncher; a change that would need a
+backtest waits for a human with the reason.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import pytest
+
+from agents.domain import Diagnosis, Intervention, InterventionKind, Risk, Status
+from swarm.script_run import (NO_BACKTEST, OPERATOR_FIELDS, accepted, adapt, as_changes, operator_view, start_values,
+                              to_declared, trainer_fields)
+from trainer.runlog import read_jsonl
+from trainer.steer.settings import Setting, read_declared
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--d_model", "32", "--n_layers", "1", "--train_size", "512", "--eval_size", "64"]
+SETTINGS = {"settings": [Setting("learning_rate", "float", "hot", gt=0, le=1).to_json(),
+                         Setting("max_steps", "int", "restart", ge=1).to_json(),
+                         Setting("temperature", "float", "hot", gt=0, le=10).to_json()],
+            "values": {"learning_rate": 0.05, "max_steps": 2000, "temperature": 0.7}, "overrides": {}}
+
+
+@pytest.fixture(autouse=True)
+def _threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def proposal(kind: InterventionKind, changes: dict, **kw) -> Intervention:
+    d = Diagnosis(name=kw.pop("diagnosis", "not_learning"), summary="loss flat", operator="diagnostics", policy="builtin")
+    return Intervention(kind=kind, changes=changes, diagnosis=d, rationale="lower the lr.", operator="diagnostics",
+                        policy="builtin", risk=Risk.MEDIUM, **kw)
+
+
+def test_the_operators_see_the_declared_values_under_their_own_fields():
+    recipe, harness = operator_view({"learning_rate": 0.05, "temperature": 0.7, "max_completion_length": 64,
+                                     "seed": 3, "lr_scheduler_type": "cosine"})
+    assert recipe == {"lr": 0.05}     # seed and the schedule have no operator field: not shown as one
+    assert harness == {"sampling": {"temperature": 0.7, "max_new_tokens": 64}}
+    assert len(set(OPERATOR_FIELDS.values())) == len(OPERATOR_FIELDS)   # one field per name, both ways
+
+
+@pytest.mark.parametrize("changes, out, why", [
+    ({"recipe.lr": 1e-3}, {"recipe.learning_rate": 1e-3}, None),
+    ({"recipe.steps": 600}, {"recipe.max_steps": 600}, None),
+    ({"harness.sampling.temperature": 1}, {"recipe.temperature": 1.0}, None),       # coerced to its declared type
+    ({"recipe.learning_rate": 2e-3}, {"recipe.learning_rate": 2e-3}, None),         # a declared name is kept
+    ({"recipe.lr": 5.0}, {"recipe.learning_rate": 5.0}, None),                      # translated; check_change refuses it
+    ({"harness.curriculum.start": 2}, {}, "harness.curriculum.start: the script run declares no such setting"),
+    ({"recipe.kl_coef": 0.1}, {}, "recipe.kl_coef: the script run declares no such setting"),   # beta not declared
+])
+def test_a_change_is_translated_to_the_declared_names(changes, out, why):
+    got, reason = to_declared(changes, SETTINGS)
+    assert got == out
+    assert (reason is None) if why is None else reason.startswith(why) and "declared: learning_rate" in reason
+    assert trainer_fields(as_changes({"learning_rate": 1e-3})) == {"learning_rate": 1e-3}
+
+
+def test_a_proposal_is_adapted_to_what_a_script_run_can_take():
+    ev = type("Ev", (), {"samples": []})()
+    iv, why = adapt(proposal(InterventionKind.RECIPE_EDIT, {"recipe.lr": 1e-3}), SETTINGS, ev)
+    assert why is None and iv.changes == {"recipe.learning_rate": 1e-3} and iv.kind == InterventionKind.RECIPE_EDIT
+    assert "recipe.lr → recipe.learning_rate" in iv.rationale
+    assert any("per-sample" in m for m in iv.diagnosis.evidence["missing_evidence"])   # named, not guessed
+    rb, why = adapt(proposal(InterventionKind.ROLLBACK, {"recipe.lr": 1e-3}, backtest_skipped="divergence"), SETTINGS, ev)
+    assert why is None and rb.kind == InterventionKind.RECIPE_EDIT and rb.backtest_skipped is None
+    assert "not rolled back" in rb.rationale and any("rollback" in m for m in rb.diagnosis.evidence["missing_evidence"])
+    assert adapt(proposal(InterventionKind.ROLLBACK, {}), SETTINGS, ev)[0] is None
+    none, why = adapt(proposal(InterventionKind.DATA_CHANGE, {"harness.filters.dedupe": True}), SETTINGS, ev)
+    assert none is None and "data_change has no command" in why
+    with_samples = type("Ev", (), {"samples": [{"completion": "x"}]})()
+    iv, _ = adapt(proposal(InterventionKind.RECIPE_EDIT, {"recipe.lr": 1e-3}), SETTINGS, with_samples)
+    assert "missing_evidence" not in iv.diagnosis.evidence
+
+
+@pytest.mark.parametrize("ack, ok", [
+    ({"status": "applied", "step": 3}, True),
+    ({"status": "restart", "step": 3, "result": {"restart": {"max_steps": 9}}}, True),   # the relauncher relaunches
+    ({"status": "rejected", "reason": "learning_rate=5: must be <= 1"}, False),
+    (None, False), ({}, False),
+])
+def test_which_acknowledgements_count_as_accepted(ack, ok):
+    assert accepted(ack) is ok
+
+
+def test_the_goals_own_values_come_from_the_scripts_arguments():
+    ep = type("Ep", (), {"args": ["--learning_rate", "0.5", "--learning_rate", "0.05", "--max_steps=300"]})()
+    assert start_values(ep, SETTINGS, ["recipe.learning_rate", "recipe.max_steps", "recipe.temperature"]) == \
+        {"recipe.learning_rate": 0.05, "recipe.max_steps": 300, "recipe.temperature": 0.7}
+    s = {**SETTINGS, "overrides": {"temperature": 1.0}}
+    assert start_values(ep, s, ["recipe.temperature"]) == {"recipe.temperature": None}   # changed since: unknown
+
+
+def wait(pred, timeout: float = 240.0) -> None:
+    deadline = time.time() + timeout
+    while not pred():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_the_controller_checks_applies_and_relaunches_a_script_runs_changes(tmp_path, monkeypatch):
+    from swarm.controller import Controller
+    from swarm.goal import Goal
+    from swarm.graph import SwarmState
+
+    monkeypatch.chdir(tmp_path)
+    goal = Goal.parse({
+        "goal": "a tiny Qwen2 learns 2-digit addition",
+        "target": {"metric": "heldout_acc", "op": ">=", "threshold": 0.2},
+        "run": {"entrypoint": {"script": str(ROOT / "examples" / "steer" / "sft_addition.py"), "metric": "eval_accuracy",
+                               "args": [*TINY, "--output_dir", "out", "--max_steps", "100000", "--learning_rate", "0.05",
+                                        "--eval_strategy", "no", "--save_steps", "100000"]}},
+        "memory": {"library": str(tmp_path / "lib"), "backend": "memory"}})
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    try:
+        job = ctrl.start_job()
+        ctrl.state_job = job
+
+        def stepping() -> bool:
+            ctrl.tick.evidence = None    # read the run's files afresh
+            return bool((read_declared(ctrl.run_dir) or {}).get("values")) and ctrl.evidence("RUNNING").step > 0
+
+        wait(stepping)
+        s = SwarmState(job=job, job_status="RUNNING", step=1, started=time.time(), launched=time.time())
+
+        # operator terms in, the declared name recorded, checked as the live trainer would
+        iv = ctrl.prepare(proposal(InterventionKind.RECIPE_EDIT, {"recipe.lr": 0.02}), s)
+        assert iv.changes == {"recipe.learning_rate": 0.02} and ctrl.validity(iv) is None
+        bad = ctrl.prepare(proposal(InterventionKind.RECIPE_EDIT, {"recipe.lr": 5.0}), s)
+        assert ctrl.validity(bad) == "learning_rate=5.0: must be <= 1"
+        assert ctrl.prepare(proposal(InterventionKind.DATA_CHANGE, {"harness.curriculum.start": 2}), s) is None
+        assert [r["reason"] for r in ctrl.store.timeline("not_applicable")] == ["a data_change has no command on a script run"]
+
+        # hot: applied and read back
+        ctrl.store.put(iv)
+        ctrl.store.transition(iv.id, Status.VALIDATED, "test: validated")
+        ctrl.open_pr(ctrl.store.get(iv.id))    # as the gate does: a PR that changes no workspace file
+        ctrl.apply(ctrl.store.get(iv.id), s)
+        assert ctrl.ws.pr_state(iv.id) == "merged" and ctrl.ws.current_recipe() == {}
+        assert ctrl.store.get(iv.id).status == Status.APPLIED
+        assert read_declared(ctrl.run_dir)["values"]["learning_rate"] == pytest.approx(0.02)
+
+        # restart-required: acknowledged `restart`, accepted; the relauncher relaunches with the flag
+        rs = ctrl.prepare(proposal(InterventionKind.RECIPE_EDIT, {"recipe.steps": 50000}, diagnosis="plateau"), s)
+        assert rs.changes == {"recipe.max_steps": 50000}
+        ctrl.store.put(rs)
+        ctrl.store.transition(rs.id, Status.VALIDATED, "test: validated")
+        ctrl.open_pr(ctrl.store.get(rs.id))
+        ctrl.apply(ctrl.store.get(rs.id), s)
+        assert ctrl.store.get(rs.id).status == Status.APPLIED, ctrl.store.get(rs.id).history
+        acks = {r["id"]: r for r in read_jsonl(ctrl.run_dir / "command_log.jsonl")}
+        assert acks[f"{rs.id}-apply"]["status"] == "restart"
+        wait(lambda: any(r.get("reason") == "restart" for r in read_jsonl(ctrl.run_dir / "launches.jsonl")))
+        launch = [r for r in read_jsonl(ctrl.run_dir / "launches.jsonl") if r.get("reason") == "restart"][0]
+        assert launch["argv"][-4:-2] == ["--max_steps", "50000"] and launch["argv"][-2] == "--resume_from_checkpoint"
+
+        # a change that would need a backtest waits for a human: script runs have no backtest arms
+        bt = ctrl.prepare(proposal(InterventionKind.RECIPE_EDIT, {"recipe.lr": 0.01}), s)
+        ctrl.store.put(bt)
+        ctrl.backtest(ctrl.store.get(bt.id))
+        got = ctrl.store.get(bt.id)
+        assert got.status == Status.AWAITING_APPROVAL and got.backtest is None and got.backtest_skipped == NO_BACKTEST
+        assert NO_BACKTEST in got.history[-1]["note"] and ctrl.ws.pr_state(bt.id) == "open"
+        report = json.loads(ctrl.ws.repo.git.show(f"{got.branch}:reports/{bt.id}/intervention.json"))
+        assert report["changes"] == {"recipe.learning_rate": 0.01}   # the report keeps the change
+    finally:
+        ctrl.jobs.close()
+        ctrl._conn.close()
+        ctrl.knowledge.close()
