@@ -117,6 +117,24 @@ def test_distill_with_no_success_makes_no_update(make_cfg):
     assert all(torch.equal(p.detach(), before[n]) for n, p in tr.policy.model.named_parameters())
 
 
+def test_a_non_finite_loss_on_the_first_step_is_skipped_not_a_crash(make_cfg):
+    """Before any backward the parameters have no gradient tensors: a non-finite first loss is
+    still one skipped step, and the weights do not move."""
+    tr = Trainer(RunConfig.parse(make_cfg(recipe={"steps": 1})))
+    before = [p.detach().clone() for p in tr.params]
+    out = tr.optimise(torch.tensor(float("nan"), requires_grad=True), {})
+    assert out["skipped"] == 1.0 and out["nonfinite"] == 1.0 and not math.isfinite(out["grad_norm"])
+    assert all(torch.equal(a, p) for a, p in zip(before, tr.params))
+
+
+def test_a_batch_smaller_than_the_workers_is_refused_naming_both(make_cfg):
+    from trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"recipe.batch_size=2 is less than num_workers=3"):
+        RunConfig.parse(make_cfg(num_workers=3, recipe={"batch_size": 2}))
+    RunConfig.parse(make_cfg(num_workers=2, recipe={"batch_size": 2}))
+
+
 def test_hf_model_sft_and_grpo(make_cfg, tiny_hf_dir):
     base = dict(model={"kind": "hf", "path": str(tiny_hf_dir)}, harness={"answer": {"reverse_digits": False}})
     sft = RunConfig.parse(make_cfg(name="hf_sft", recipe={"steps": 3, "batch_size": 4, "eval_interval": 3,

@@ -228,6 +228,15 @@ class RunConfig(_Strict):
     threads: int = Field(0, ge=0, le=THREADS_MAX, description="torch intra-op threads per worker (0 = torch default; "
                          f"at most {THREADS_MAX})")
 
+    @model_validator(mode="after")
+    def _check_shards(self) -> "RunConfig":
+        r = self.recipe
+        for name, b in (("recipe.batch_size", r.batch_size), ("recipe.sft_warmup_batch_size", r.sft_warmup_batch_size)):
+            if b is not None and b < self.num_workers:
+                raise ValueError(f"{name}={b} is less than num_workers={self.num_workers}: a data-parallel worker "
+                                 "would get no examples")
+        return self
+
     @property
     def run_dir(self) -> pathlib.Path:
         return pathlib.Path(self.out_dir) / self.name

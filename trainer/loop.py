@@ -165,6 +165,8 @@ class Trainer:
             loss.backward()
         elif not finite:
             for p in self.params:  # the all-reduce carries the NaN to every rank: one global decision
+                if p.grad is None:     # no backward yet (a first step): zero_grad left no tensor to fill
+                    p.grad = torch.zeros_like(p)
                 p.grad.fill_(float("nan"))
         contributors = self.dist.mean_grads(self.params, contributes=loss is not None)
         gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.recipe.grad_clip))
