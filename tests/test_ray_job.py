@@ -138,3 +138,61 @@ def test_swarm_train_ray_json(make_cfg, tmp_path):
     tag = f"/tmp/swarmlab-ray-{proc.pid}-"
     assert not [p for p in psutil.process_iter(["cmdline"]) if any(tag in a for a in p.info["cmdline"] or [])]
     assert not list(pathlib.Path("/tmp").glob(f"swarmlab-ray-{proc.pid}-*"))
+
+
+def test_job_carries_its_code_is_submitted_once_and_fails_when_pending(make_cfg, tmp_path):
+    """The job's code is the project's packages shipped by Ray (uploaded once: a second run reuses
+    the same content-named packages), its config travels in its working dir; submitting the same
+    spec again (a controller resumed after a crash) finds the job instead of starting another; a
+    job that no node can start is stopped at the pending limit and reported."""
+    import sys
+
+    from trainer.launch import PROJECT_ROOT, JobPendingError, code_runtime_env, submission_id, submit, run_spec
+
+    paths = []
+    for name in ("a", "b", "c"):
+        cfg = RunConfig.parse(make_cfg(name=name, recipe={"steps": 2, "eval_size": 4}, samples_per_step=0))
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(cfg.to_yaml())
+    head = start_head(num_cpus=2)
+    try:
+        client = head.client()
+        first = submit(head, paths[0])
+        assert first.created and first.job_id == submission_id(run_spec(paths[0]))
+        again = submit(head, paths[0])   # the same spec again: the same job, nothing new started
+        assert again == type(first)(first.job_id, False)
+        assert [j.submission_id for j in client.list_jobs()] == [first.job_id]
+        restarted = submit(head, paths[0], restart=1)   # a deliberate restart is a new job
+        assert restarted.created and restarted.job_id != first.job_id
+        other = submit(head, paths[1])
+        for job in (first.job_id, restarted.job_id, other.job_id):
+            assert wait_job(head, job, timeout=300) == "SUCCEEDED", client.get_job_logs(job)[-3000:]
+        assert (tmp_path / "runs" / "a" / "metrics.jsonl").is_file() and (tmp_path / "runs" / "b" / "metrics.jsonl").is_file()
+        envs = [client.get_job_info(j).runtime_env for j in (first.job_id, other.job_id)]
+        mods = [e["py_modules"] for e in envs]
+        assert all(m.startswith("gcs://_ray_pkg_") for m in mods[0]) and len(mods[0]) == 4
+        assert mods[0] == mods[1], "unchanged code was uploaded again"
+        assert envs[0]["working_dir"] != envs[1]["working_dir"]   # each run's own config
+        # no path of this checkout in the entrypoint but the interpreter (SWARMLAB_JOB_PYTHON names another)
+        assert client.get_job_info(first.job_id).entrypoint == f"{sys.executable} -m trainer.entry run.yaml"
+
+        # the job imports the shipped copy, not this checkout (the venv's editable install points here)
+        probe = client.submit_job(
+            entrypoint=f"{sys.executable} -c 'import trainer.loop, harness.spec, sandboxes, kernels; print(\"AT\", trainer.__file__)'",
+            runtime_env={**code_runtime_env(), "env_vars": head.auth_env()})
+        assert wait_job(head, probe, timeout=120) == "SUCCEEDED"
+        at = [ln.split(" ", 1)[1] for ln in client.get_job_logs(probe).splitlines() if ln.startswith("AT ")][0]
+        assert not at.startswith(str(PROJECT_ROOT)) and "runtime_resources" in at, at
+
+        # a driver that needs a resource no node has stays PENDING: a failure at the limit, reported
+        # (Ray keeps listing it PENDING until its own start timeout: a stop reaches a job only once
+        # its supervisor runs; the run never started)
+        stuck = submit(head, paths[2], resources={"no_such_node": 1})
+        t0 = time.time()
+        with pytest.raises(JobPendingError) as info:
+            wait_job(head, stuck.job_id, timeout=60, poll=0.5, pending_limit_s=3)
+        assert info.value.job_id == stuck.job_id and 3 <= time.time() - t0 < 30
+        assert str(client.get_job_status(stuck.job_id).value) in ("PENDING", "STOPPED", "FAILED")
+        assert not (tmp_path / "runs" / "c").exists()
+    finally:
+        stop_head(head)

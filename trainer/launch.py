@@ -17,10 +17,21 @@ processes. For an existing cluster (`address`) the token comes from the caller's
 (`RAY_AUTH_TOKEN_PATH` or `RAY_AUTH_TOKEN`, as for Ray's own clients) when it is set.
 `num_workers > 1` in the run config makes the job's entrypoint run the loop data-parallel on Ray
 Train workers (gloo on CPU).
+
+A job carries what it runs: the project's packages as `py_modules` (Ray names each upload after a
+hash of its contents, so a resubmission with unchanged code uploads nothing) and its run config as
+the `working_dir`; the entrypoint names no path of the submitting machine. Its submission id is
+derived from the run spec and the restart count (`submission_id`), so submitting again after a
+controller crash finds the job instead of starting a second one (`Submission.created` is False).
+`wait_job` fails a job left PENDING beyond `JOB_PENDING_LIMIT_S` (stopped, `JobPendingError`).
+What is not carried yet: the run's files. The trainer writes its run folder at the config's
+`out_dir`, a path on the node that runs it, and the controller reads it there: on a cluster the
+`out_dir` must be storage both reach (docs/cluster.md).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import pathlib
 import secrets
@@ -29,11 +40,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
 from typing import Any
 
+from sandboxes.errors import SwarmlabError
 from sandboxes.private import private_dir, write_private
 from trainer.config import RunConfig
 
@@ -42,6 +55,15 @@ AUTH_DIR_ENV = "SWARMLAB_RAY_AUTH_DIR"  # where private heads' token files go (d
 
 SUBMIT_WAIT_S = 120.0  # how long submit_job waits for a fresh head's job agent
 HEAD_ANSWER_S = 15.0   # how long head_alive waits for a head's Jobs API before calling it dead
+# a job PENDING this long is a failure: its driver found no node (resources the cluster lacks) or its
+# runtime env did not set up. Ray's own limit (RAY_JOB_START_TIMEOUT_SECONDS) is 15 min; a trainer
+# job's env is the project's packages (well under 1 MiB), which set up in seconds
+JOB_PENDING_LIMIT_S = 300.0
+
+PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
+CODE_PACKAGES = ("trainer", "harness", "sandboxes", "kernels")   # what `python -m trainer.entry` imports
+CODE_EXCLUDES = ("__pycache__", "*.pyc", "*.so", "*.egg-info")   # matched against each path, folders without a slash
+JOB_PYTHON_ENV = "SWARMLAB_JOB_PYTHON"   # the interpreter a job runs on its node (default: this one)
 
 
 def _free_port() -> int:
@@ -112,26 +134,30 @@ class RayHead:
         return cls(rec.get("gcs_address"), url, rec.get("temp_dir"), bool(rec["owned"]), rec.get("token_path"))
 
 
-# What a private head does for nobody, turned down: measured on an idle head and with a job running
-# (Ray 2.60, 2 cores; docs/operations.md). Environment defaults of `ray start`, so a caller's own
-# setting wins. Prestarting workers when the first driver connects leaves one idle Python worker
-# per CPU polling forever (~1.3% of a core with a job running); the jobs' drivers are no Ray workers
-# and Ray Train starts its own on demand. The dashboard agent's reporter samples every process with
-# psutil every 5 s for the dashboard's node view and Prometheus, which nothing here reads (~0.3%).
+# What a private head does for nobody, turned down (Ray 2.60; what each costs on an idle head and with
+# a job running: benchmarks/results/ray_head_cpu.md, docs/operations.md). Environment defaults of
+# `ray start`, so a caller's own setting wins. Prestarting workers when the first driver connects
+# leaves one idle Python worker per CPU polling forever; the jobs' drivers are no Ray workers and Ray
+# Train starts its own on demand. The dashboard agent's reporter samples every process with psutil
+# every 5 s for the dashboard's node view and Prometheus, which nothing here reads.
 HEAD_QUIET_ENV = {
     "RAY_prestart_worker_first_driver": "0",
     "REPORTER_UPDATE_INTERVAL_MS": "60000",
 }
 
 
-def _env(head: RayHead | None = None) -> dict[str, str]:
+def _env(head: RayHead | None = None, quiet: bool = True) -> dict[str, str]:
+    """The environment of `ray start` (and of Ray clients of `head`): this process's, with the head's
+    token, usage stats off, loopback only and, if `quiet`, `HEAD_QUIET_ENV`; a variable already
+    set here wins over each default."""
     env = dict(os.environ)
     if head is not None and head.token_path:
         env.pop("RAY_AUTH_TOKEN", None)  # an inline token in the caller's environment would win over the file
         env.update(head.auth_env())
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    for k, v in HEAD_QUIET_ENV.items():
-        env.setdefault(k, v)
+    if quiet:
+        for k, v in HEAD_QUIET_ENV.items():
+            env.setdefault(k, v)
     # `ray start --node-ip-address=127.0.0.1` swaps loopback for the external address (and then
     # binds to it and 0.0.0.0); with "cluster mode" off the node address stays 127.0.0.1 and every
     # server binds to loopback (checked with `ss -ltn`, Ray 2.60).
@@ -139,9 +165,29 @@ def _env(head: RayHead | None = None) -> dict[str, str]:
     return env
 
 
-def start_head(num_cpus: int | None = None, temp_dir: str | None = None, timeout: float = 90.0) -> RayHead:
+def _head_command(port: int, dashboard_port: int, agent_port: int, temp_dir: str,
+                  num_cpus: int | None = None, quiet: bool = True) -> list[str]:
+    """The `ray start --head` command line of a private head (see `start_head`)."""
+    cmd = [_ray_bin(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+           "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
+           f"--dashboard-agent-listen-port={agent_port}",
+           f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+    if quiet:
+        # the log monitor polls every worker log ten times a second to stream it to drivers: job
+        # logs do not need it (the job supervisor writes the driver's output to its own file, which
+        # the Jobs API reads) and the job's ray.init has log_to_driver off
+        cmd.append("--include-log-monitor=false")
+    if num_cpus:
+        cmd.append(f"--num-cpus={num_cpus}")
+    return cmd
+
+
+def start_head(num_cpus: int | None = None, temp_dir: str | None = None, timeout: float = 90.0,
+               quiet: bool = True) -> RayHead:
     """Start a private Ray head bound to 127.0.0.1 (GCS, dashboard and Jobs API on loopback),
-    with token auth on and a new token (see the module docstring)."""
+    with token auth on and a new token (see the module docstring). `quiet` (the default) turns off
+    what nothing here uses: the log monitor and `HEAD_QUIET_ENV`; False keeps Ray's own defaults
+    for them (benchmarks/ray_head_cpu.py compares the two)."""
     # the dashboard agent's HTTP port is a fixed default (52365): a second head on the machine (another
     # controller, a Tune baseline) would find it taken and its job agent never registers ("No
     # available agent to submit job"), so every port a client or job reaches is chosen free
@@ -154,18 +200,9 @@ def start_head(num_cpus: int | None = None, temp_dir: str | None = None, timeout
     temp_dir = str(home / "r")
     url = f"http://127.0.0.1:{dash}"
     head = RayHead(f"127.0.0.1:{port}", url, temp_dir, owned=True, token_path=str(new_token(token_path_for(url))))
-    cmd = [_ray_bin(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-           "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
-           f"--dashboard-agent-listen-port={agent}",
-           f"--temp-dir={temp_dir}", "--disable-usage-stats",
-           # the log monitor polls every worker log ten times a second to stream it to drivers (~0.6%
-           # of a core): job logs do not need it (the job supervisor writes the driver's output to
-           # its own file, which the Jobs API reads) and the job's ray.init has log_to_driver off
-           "--include-log-monitor=false"]
-    if num_cpus:
-        cmd.append(f"--num-cpus={num_cpus}")
+    cmd = _head_command(port, dash, agent, temp_dir, num_cpus=num_cpus, quiet=quiet)
     try:
-        proc = subprocess.run(cmd, env=_env(head), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=_env(head, quiet=quiet), capture_output=True, text=True, timeout=timeout)
     except BaseException:
         stop_head(head)
         raise
@@ -266,14 +303,67 @@ def ensure_head(address: str | None = None, num_cpus: int | None = None) -> RayH
     return start_head(num_cpus=num_cpus)
 
 
-def submit_job(head: RayHead, config_path: str | os.PathLike, job_id: str | None = None) -> str:
-    """Submit the trainer as a Ray job; the entrypoint is this interpreter running trainer.entry."""
+class JobPendingError(SwarmlabError, RuntimeError):
+    """A job that stayed PENDING (no node could start its driver: resources the cluster lacks, a
+    runtime env that does not set up) beyond the stated limit; its stop has been requested."""
+
+    def __init__(self, job_id: str, waited_s: float, limit_s: float, message: str = "") -> None:
+        super().__init__(f"job {job_id} still PENDING after {waited_s:.0f}s (limit {limit_s:.0f}s); stop requested"
+                         + (f": {message}" if message else ""))
+        self.job_id, self.waited_s, self.limit_s = job_id, waited_s, limit_s
+
+
+def code_runtime_env(root: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The project's code as Ray `py_modules`: each package the trainer imports, uploaded by Ray
+    under a URI named after the hash of its files' paths and contents, so an unchanged package is
+    uploaded once per cluster and reused by every later job; compiled files are left out (they
+    change at every import and would make every upload new)."""
+    root = pathlib.Path(root) if root else PROJECT_ROOT
+    return {"py_modules": [str(root / p) for p in CODE_PACKAGES], "excludes": list(CODE_EXCLUDES)}
+
+
+def run_spec(config_path: str | os.PathLike) -> RunConfig:
+    """The run config a job carries: validated, with its paths (`out_dir`, `fork_from`) made
+    absolute against the caller's working directory, as a local run would read them (the job
+    runs in a folder of its own)."""
     cfg_path = pathlib.Path(config_path).resolve()
-    RunConfig.from_yaml(cfg_path)  # validate before anything starts
-    root = pathlib.Path(__file__).resolve().parent.parent
-    # the Jobs API runs the entrypoint through a shell: every path is quoted, so a workspace path with
-    # spaces or shell metacharacters is a path, never a word split or a command
-    entry = f"cd {shlex.quote(str(root))} && {shlex.quote(sys.executable)} -m trainer.entry {shlex.quote(str(cfg_path))}"
+    cfg = RunConfig.from_yaml(cfg_path)   # validate before anything starts
+    upd: dict[str, Any] = {"out_dir": str(pathlib.Path(cfg.out_dir).resolve())}
+    if cfg.fork_from:
+        upd["fork_from"] = str(pathlib.Path(cfg.fork_from).resolve())
+    return cfg.model_copy(update=upd)
+
+
+def submission_id(cfg: RunConfig, restart: int = 0) -> str:
+    """The job id of the run `cfg` at its `restart`-th start: the same spec gives the same id, so a
+    controller that crashed after submitting and submits again finds its job instead of starting
+    a second one; a deliberate restart counts up."""
+    if restart < 0:
+        raise ValueError(f"restart={restart}: must be >= 0")
+    digest = hashlib.sha256(cfg.to_yaml().encode()).hexdigest()[:16]
+    return f"swarmlab-{cfg.name}-{digest}-r{restart}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    job_id: str
+    created: bool   # False: a job with this id existed already (a resubmission): nothing was started
+
+
+def submit(head: RayHead, config_path: str | os.PathLike, job_id: str | None = None, restart: int = 0,
+           entrypoint_num_cpus: float | None = None, resources: dict[str, float] | None = None,
+           python: str | None = None) -> Submission:
+    """Submit the trainer as a Ray job that carries its code and its config: the project's
+    packages as `py_modules` (`code_runtime_env`), the run config (paths made absolute) as the
+    job's `working_dir`, the entrypoint `PYTHON -m trainer.entry run.yaml` run there. `job_id`
+    defaults to `submission_id(config, restart)`; a job that exists under that id is not started
+    again (`created=False`). `entrypoint_num_cpus` / `resources` reserve the driver's place
+    (a custom resource pins it to the nodes that have it). `python`: the interpreter on the node
+    (default: `$SWARMLAB_JOB_PYTHON`, else this one, which a node that shares this machine's
+    layout has)."""
+    cfg = run_spec(config_path)
+    job_id = job_id or submission_id(cfg, restart)
+    python = python or os.environ.get(JOB_PYTHON_ENV) or sys.executable
     env = {**head.auth_env(), "PYTHONUNBUFFERED": "1"}  # the job's own ray.init (Ray Train) needs the token too
     from sandboxes.base import PLAIN_OPT_IN_ENV
 
@@ -283,28 +373,70 @@ def submit_job(head: RayHead, config_path: str | os.PathLike, job_id: str | None
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = _env()["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
     if head.gcs_address:
         env["RAY_ADDRESS"] = head.gcs_address
+    # the Jobs API runs the entrypoint through a shell: every word is quoted; no path of this
+    # machine is in it (the config travels in the working dir, the code in py_modules)
+    entry = f"{shlex.quote(python)} -m trainer.entry run.yaml"
     client = head.client()
-    deadline = time.time() + SUBMIT_WAIT_S
-    while True:
-        try:
-            return client.submit_job(entrypoint=entry, submission_id=job_id, runtime_env={"env_vars": env})
-        except RuntimeError as e:
-            # a fresh head answers list_jobs before its job agent has registered; Ray then says
-            # "No available agent to submit job" (HTTP 500) — transient, seconds on a loaded machine
-            if "No available agent" not in str(e) or time.time() > deadline:
-                raise
-            time.sleep(1.0)
+    with tempfile.TemporaryDirectory(prefix="swarmlab-job-") as wd:
+        (pathlib.Path(wd) / "run.yaml").write_text(cfg.to_yaml())
+        runtime_env = {**code_runtime_env(), "working_dir": wd, "env_vars": env}
+        deadline = time.time() + SUBMIT_WAIT_S
+        while True:
+            try:
+                # the packages are uploaded (if the cluster lacks them) before this returns
+                got = client.submit_job(entrypoint=entry, submission_id=job_id, runtime_env=runtime_env,
+                                        entrypoint_num_cpus=entrypoint_num_cpus, entrypoint_resources=resources,
+                                        metadata={"swarmlab_run": cfg.name, "swarmlab_restart": str(restart)})
+                return Submission(got, True)
+            except RuntimeError as e:
+                if "already exists" in str(e):
+                    # this id was submitted before (by us before a crash, or a retry of a request
+                    # whose answer was lost): that job is the run's, whatever its state
+                    return Submission(job_id, False)
+                # a fresh head answers list_jobs before its job agent has registered; Ray then says
+                # "No available agent to submit job" (HTTP 500) — transient, seconds on a loaded machine
+                if "No available agent" not in str(e) or time.time() > deadline:
+                    raise
+                time.sleep(1.0)
 
 
-def wait_job(head: RayHead, job_id: str, timeout: float = 3600.0, poll: float = 1.0) -> str:
+def submit_job(head: RayHead, config_path: str | os.PathLike, job_id: str | None = None, **kw: Any) -> str:
+    """`submit`, returning the job id only (the job this spec names, new or already there)."""
+    return submit(head, config_path, job_id=job_id, **kw).job_id
+
+
+def pending_overdue(status: str, pending_since: float | None, now: float, limit_s: float) -> bool:
+    """Whether a job has been PENDING for longer than `limit_s` (`pending_since`: when it was first
+    seen PENDING, None if never)."""
+    return status == "PENDING" and pending_since is not None and now - pending_since > limit_s
+
+
+def wait_job(head: RayHead, job_id: str, timeout: float = 3600.0, poll: float = 1.0,
+             pending_limit_s: float = JOB_PENDING_LIMIT_S) -> str:
+    """Wait for a job to end; returns its final status. A job PENDING beyond `pending_limit_s` is
+    a failure: its stop is requested, then `JobPendingError`. (Ray 2.60 carries a stop out through
+    the job's supervisor actor: a job whose driver never gets a node stays listed as PENDING until
+    Ray's own start timeout, `RAY_JOB_START_TIMEOUT_SECONDS` in the head's environment, marks it
+    FAILED; if it gets a node first, the queued stop ends it.)"""
     from ray.job_submission import JobStatus
 
     deadline = time.time() + timeout
     client = head.client()
+    pending_since: float | None = None
     while time.time() < deadline:
         st = client.get_job_status(job_id)
         if st in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             return str(st.value)
+        now = time.time()
+        if st == JobStatus.PENDING and pending_since is None:
+            pending_since = now
+        if pending_overdue(str(st.value), pending_since, now, pending_limit_s):
+            try:
+                message = client.get_job_info(job_id).message or ""
+            except Exception:   # the stop below matters more than the message
+                message = ""
+            client.stop_job(job_id)
+            raise JobPendingError(job_id, now - pending_since, pending_limit_s, message)
         time.sleep(poll)
     raise TimeoutError(f"job {job_id} still running after {timeout:.0f}s")
 
