@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
-from agents.domain import DEPARTURE, JOB_ACTIONS, Diagnosis, Intervention, InterventionKind as K, Risk, Status
+from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, Diagnosis, Intervention, InterventionKind as K, Risk, Status
 from agents.evidence import Evidence
 from agents.recall import avoid_reason
 from trainer.runlog import INIT_CHECKPOINT
@@ -658,7 +658,9 @@ class Lead:
         - none touching a field that a chosen or pending intervention sets to another value;
         - with a rollback chosen, no non-critical edit (its evidence comes from the damaged run);
         - none whose fix lost in past episodes (ctx.episodes) `avoid_after_losses` times and never won;
-        - among equals, a proposal a skill backs goes first.
+        - among equals, one for a named cause before one for the bare symptom of a dead or hung job
+          (JOB_FINDINGS: a restart for `out_of_memory` before a restart for `crashed_job`), then a
+          proposal a skill backs.
         `self.dropped` says why each other proposal was left out."""
         self.dropped = []
         recent = ctx.history[-self.recent :]
@@ -669,7 +671,8 @@ class Lead:
         order = sorted(enumerate(proposals), key=lambda p: (not (p[1].kind in JOB_ACTIONS and p[1].diagnosis.severity == "critical"),
                                                              p[1].diagnosis.name not in DEPARTURE,
                                                              SEVERITY_RANK.get(p[1].diagnosis.severity, 3),
-                                                             KIND_RANK.get(p[1].kind, 9), not p[1].skills_used, p[0]))
+                                                             KIND_RANK.get(p[1].kind, 9), p[1].diagnosis.name in JOB_FINDINGS,
+                                                             not p[1].skills_used, p[0]))
         chosen: list[Intervention] = []
         sigs: set[str] = set()
         fields: dict[str, Any] = {}

@@ -379,6 +379,17 @@ def test_lead_orders_dedupes_and_keeps_one_per_kind():
     assert reasons == ["another harness_edit goes first", "duplicate signature"]
 
 
+def test_a_restart_for_a_named_cause_goes_before_a_skill_backed_restart_for_the_symptom():
+    """A worker that died of out-of-memory: the seed skill backs a plain restart for crashed_job,
+    ClusterOps proposes a restart with half the batch for out_of_memory. The cause's fix goes ahead
+    (a plain restart would die at the same step again)."""
+    plain = iv_(K.RESTART, {}, "crashed_job", severity="critical").model_copy(update={"skills_used": ["restart-crashed-job"]})
+    oom = iv_(K.RESTART, {"recipe.batch_size": 32}, "out_of_memory", severity="critical")
+    lead = Lead()
+    assert lead.arbitrate([plain, oom], ctx()) == [oom]
+    assert [(x.diagnosis.name, why) for x, why in lead.dropped] == [("crashed_job", "another restart goes first")]
+
+
 def test_a_departure_fix_goes_before_a_fix_judged_on_a_config_nobody_chose():
     """A batch size changed behind the controller's back (recipe_drift) and a label-noise finding
     read off the same rows: putting the set recipe back goes first, and the distill that sets the

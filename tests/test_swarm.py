@@ -692,8 +692,9 @@ def test_a_worker_out_of_memory_restarts_with_half_the_batch_and_trains_on(tmp_p
     the job then trains past the step it died at (a plain restart would die there again)."""
     from swarm.controller import Controller
 
+    # the seed skills on: one backs a plain restart for crashed_job, which must not win over the cause's fix
     goal = Goal.parse(tiny_goal(target={"threshold": 0.99}, budget={"wall_s": 60},
-                                memory={"backend": "memory", "seed_skills": False},
+                                memory={"backend": "memory", "seed_skills": True},
                                 perturbations=[{"kind": "oom", "at_step": 30, "max_batch_size": 32}]))
     summary = Controller.create(tmp_path / "ws", goal, jobs="process").run()
     restarts = [r for r in summary["interventions"] if r["kind"] == "restart"]
