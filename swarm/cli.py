@@ -366,6 +366,51 @@ def validate(goal: str = typer.Argument(..., help="goal file (YAML)")) -> None:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+@app.command("plan")
+def plan_cmd(
+    goal: str = typer.Argument(..., help="goal file (YAML)"),
+    pilot: bool = typer.Option(False, "--pilot", help="run the pilot (a few short runs over model size x lr, here, "
+                               "in this process) and show its table, winner and prediction"),
+    pilot_share: float = typer.Option(0.15, "--pilot-share", help="the pilot's CPU as a share of budget.worker_cpu_s, in (0, 1]"),
+    pilot_dir: Optional[str] = typer.Option(None, "--pilot-dir", help="keep the pilot's runs and record here (a pilot "
+                                            "started again there resumes); default: a temporary folder"),
+    json_out: bool = typer.Option(False, "--json", help="the plan (and the pilot) as one JSON object"),
+) -> None:
+    """The plan of a goal: every run field with its source (written, words, task, pilot, default);
+    with --pilot, the pilot's table and its prediction of steps and CPU to the target."""
+    from swarm.pilot import PilotError, piloted_plan
+    from swarm.pilot import pilot as run_pilot
+    from swarm.plan import validated_lines
+
+    g = _load_goal(goal)
+    if not 0 < pilot_share <= 1:
+        fail(f"--pilot-share={pilot_share:g}: must be in (0, 1], a share of budget.worker_cpu_s")
+    plan, result = g.plan(), None
+    if pilot:
+        if g.entrypoint is not None or plan is None:
+            fail("--pilot: this goal runs a script (run.entrypoint); the pilot runs this project's trainer")
+
+        def progress(r, spent: float) -> None:
+            err.print(f"pilot: {r.candidate} rung {r.rung} ({r.steps} steps): held-out {r.heldout:.3f}, loss {r.loss:.3f}, "
+                      f"{r.cpu_s:.1f} CPU-s (spent {spent:.1f} of {pilot_share * g.budget.worker_cpu_s:.1f})",
+                      markup=False, highlight=False, soft_wrap=True)
+
+        from trainer.config import ConfigError
+
+        try:
+            result = run_pilot(g, pilot_share, work_dir=pilot_dir, on_result=progress)
+        except (PilotError, ConfigError, OSError) as e:   # a candidate the trainer refuses, a folder it cannot write
+            fail(str(e))
+        plan = piloted_plan(plan, result)
+    if json_out:
+        print(json.dumps({"plan": plan.to_json() if plan else None, "pilot": result.to_json() if result else None},
+                         default=str))
+        return
+    lines = validated_lines(g, plan) + (result.lines() if result else [])
+    for line in lines:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command()
 def run(
     goal: str = typer.Argument(..., help="goal file (YAML)"),

@@ -14,8 +14,9 @@ replace one). The rest is chosen, in this order of sources:
   alphabet gives `model.charset`; its difficulty range and default the curriculum; a family whose
   answers are free text brings its answer format, template and prompt-length filter;
 - `default`: RunConfig's own default;
-- `memory`, `pilot`: later sources (past runs on similar tasks; a short pilot over model size × lr)
-  that replace `task`/`default` choices through `Plan.choose`, with their evidence.
+- `pilot`: a short successive-halving pilot over model size × lr (swarm/pilot.py, `swarm plan
+  --pilot`) whose winner replaces `default` choices through `Plan.choose`, with its evidence;
+- `memory`: a later source (past runs on similar tasks), through `Plan.choose` as well.
 
 This round the plan is what trains only when the task comes from the words (`Plan.applied`): a goal
 that writes `run.task` is a complete starting config as before, and its plan records its own
@@ -50,7 +51,7 @@ class Source(str, enum.Enum):
     TASK = "task"          # the task family's own facts
     DEFAULT = "default"    # RunConfig's default
     MEMORY = "memory"      # past runs on similar tasks (later)
-    PILOT = "pilot"        # a short pilot within a share of the budget (later)
+    PILOT = "pilot"        # a short pilot within a share of the budget (swarm/pilot.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,9 +245,10 @@ def make_plan(understood: Understood, run: dict[str, Any], goal: str = "") -> Pl
     return Plan(goal, spec, understood.source, tuple(choices), applied, tuple(notes))
 
 
-def validated_lines(goal: Any) -> list[str]:
+def validated_lines(goal: Any, plan: Plan | None = None) -> list[str]:
     """What `swarm validate` prints for a goal that passed (`swarm.goal.Goal`): the task as
-    understood, the target, then the plan's fields by source."""
+    understood, the target, then the plan's fields by source (`plan`: this one instead of the
+    goal's own, e.g. with the pilot's choices)."""
     from trainer.tasks import TASKS
 
     t = goal.target
@@ -259,7 +261,7 @@ def validated_lines(goal: Any) -> list[str]:
     if cls is not None:
         what.append(cls.difficulty_label.format(d=d))
     lines = [f"ok: {cfg.task.name} task ({', '.join(what)}), target {t.metric} {t.op} {t.threshold:g}"]
-    plan = goal.plan()
+    plan = plan if plan is not None else goal.plan()
     if plan is not None:
         lines.append("plan (the task comes from the words: these fields train):" if plan.applied
                      else "plan (run.task is written: the run as written, defaults for the rest):")

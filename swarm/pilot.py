@@ -1,0 +1,493 @@
+"""The pilot: a few short runs over model size × learning rate, within a stated share of the goal's
+CPU budget, whose winner starts the run (issue 32, source `pilot` of swarm/plan.py).
+
+    from swarm.pilot import pilot, piloted_plan
+    result = pilot(goal, share=0.15)             # runs the trainer; a PilotResult (data)
+    plan = piloted_plan(goal.plan(), result)     # the winner's fields, source `pilot`
+    swarm plan GOAL --pilot [--pilot-share 0.15] # the same from the command line
+
+Successive halving (Jamieson & Talwalkar 2016; ASHA without the asynchrony) over this project's own
+trainer. Every candidate trains `base_steps` steps (rung 0) and is scored on the held-out split at
+the rung's end; the better half (`n // 2`, at least one; ranked by held-out accuracy, ties by the
+lower mean training loss over the rung's last steps, then by the candidates' order) goes on from
+its checkpoint to twice the steps (rung 1: 2·base_steps, rung 2: 4·base_steps, …) until one
+candidate remains or the CPU budget is spent. The search is `next_rung(results, schedule) ->
+Promote | Stop`, a pure function of the recorded rung results; `pilot` is the I/O that runs what it
+says and records what came out.
+
+Candidates: model sizes around the plan's (d_model/2 with one layer fewer, the plan's, d_model·1.5
+with one layer more) × learning rates around the plan's (lr/3, lr, lr·3). A field the goal writes
+is never varied (its value is every candidate's) and never chosen by the pilot.
+
+Budget: `share` (default 0.15) of `budget.worker_cpu_s`. A run is started only while the recorded
+CPU is under it and the run's estimated cost (the candidate's own CPU per step so far, or at rung 0
+the mean cost of the rung-0 runs so far) does not take it past it; so the pilot passes its share by
+at most one run's misestimate, and when a run's estimate is unknown (the first run), by that run.
+`base_steps` defaults to the same share of `budget.steps` spread over the whole schedule (every
+rung of every candidate), at least MIN_BASE_STEPS; the CPU share is the cap that stops it early.
+
+CPU: the runs are in this process, one after another, with one torch thread (`threads: 1`), and
+each run's cost is the process CPU time (`time.process_time`) across it: the trainer's build, its
+steps, its checkpoints and its end-of-rung evaluation (the process's first run also carries its
+first-use costs: 1.2 to 1.4 CPU-s measured here). Why not a subprocess per run: a process pays
+about 1.8 CPU-s to start Python and import torch and the trainer (measured here), which on rungs
+of a few seconds would be most of the pilot's budget and would measure the start-up rather than
+the candidates; with one thread the process CPU of a run is that run's (nothing else in the
+process computes meanwhile). The total
+(`cpu_s`) is the process CPU over the whole pilot, gaps included. CPU per step at one thread is
+what the prediction extrapolates: a run with more threads spends more CPU per step (less wall).
+
+Prediction (what the final report compares with): from the winner's held-out accuracy at its rung
+ends, a curve acc = a + b·log2(steps) through its last two points. Steps to the target: the first
+rung end at the target when one is; else 2**((threshold - a) / b) when b > 0 and that is within
+EXTRAPOLATE_MAX times the winner's steps; else none (the curve does not rise, or rises so little that
+the target is more than three doublings away: too short a pilot to say; measured on the minimal
+addition goal, held-out accuracy 0.00 -> 0.01 from 112 to 224 steps extrapolated to 10^31 steps).
+Worker CPU-s to the target: those steps × the winner's measured CPU per step (its runs' CPU over
+its steps, evaluations included). Only for a held-out accuracy target (`heldout_acc >= x` or
+`> x`); stated as a rough extrapolation, not a bound.
+
+Resumable: with `work_dir`, each finished run is appended to WORK_DIR/pilot.jsonl and a pilot
+started again with the same schedule skips what is recorded (the trainers resume from their
+checkpoints); the CPU of a run killed before it finished is not recorded.
+
+Not yet: the controller does not run the pilot before a run (`swarm plan --pilot` shows it); the
+pilot's steps are not counted in the run's `budget.steps`, nor its CPU in the run's meter.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import pathlib
+import re
+import tempfile
+import time
+from typing import Any, Callable, Iterable, Literal
+
+from sandboxes.errors import SwarmlabError
+
+DEFAULT_SHARE = 0.15
+MIN_BASE_STEPS = 10
+ETA = 2                       # each rung keeps the better 1/ETA and trains ETA times the steps
+LOSS_TAIL = 10                # training rows at the end of a rung whose mean loss breaks ties
+EVAL_SIZE = 100               # held-out examples at each rung's end
+EXTRAPOLATE_MAX = 8           # a prediction reaches at most this many times the winner's steps (3 doublings)
+PILOT_FIELDS = ("model.d_model", "model.n_layers", "recipe.lr")
+
+
+class PilotError(SwarmlabError, ValueError):
+    """A pilot that cannot run: bad share, no candidates, a candidate the trainer refuses."""
+
+
+# ---- records ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One point of the search: the dotted run fields it sets (PILOT_FIELDS the goal leaves out)."""
+
+    name: str
+    fields: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "fields": dict(self.fields)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RungResult:
+    """One finished run: `candidate` trained to `steps` (rung `rung`), then scored."""
+
+    candidate: str
+    rung: int
+    steps: int
+    heldout: float          # held-out accuracy at the rung's end
+    loss: float             # mean training loss over the rung's last LOSS_TAIL steps (nan: none)
+    cpu_s: float            # process CPU of this run
+    status: str = "completed"
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["loss"] = self.loss if math.isfinite(self.loss) else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RungResult":
+        loss = d.get("loss")
+        return cls(str(d["candidate"]), int(d["rung"]), int(d["steps"]), float(d["heldout"]),
+                   float(loss) if loss is not None else math.nan, float(d["cpu_s"]), str(d.get("status", "completed")))
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What the search needs besides the results: the candidates (in tie-break order), the steps of
+    rung 0, the CPU budget, and the factor between rungs."""
+
+    candidates: tuple[str, ...]
+    base_steps: int
+    budget_cpu_s: float
+    eta: int = ETA
+
+    def __post_init__(self) -> None:
+        if not self.candidates or len(set(self.candidates)) != len(self.candidates):
+            raise ValueError(f"schedule: candidates={self.candidates!r}: need at least one, each once")
+        if self.base_steps < 1 or self.eta < 2 or not self.budget_cpu_s > 0:
+            raise ValueError(f"schedule: base_steps={self.base_steps}, eta={self.eta}, budget_cpu_s={self.budget_cpu_s}: "
+                             "need base_steps >= 1, eta >= 2, a positive budget")
+
+    def rungs(self) -> int:
+        """How many rungs a complete search has (n -> n//eta -> … -> 1)."""
+        n, r = len(self.candidates), 1
+        while n > 1:
+            n, r = max(1, n // self.eta), r + 1
+        return r
+
+    def steps(self, rung: int) -> int:
+        return self.base_steps * self.eta ** rung
+
+    def step_units(self) -> int:
+        """Steps of a complete search in units of base_steps (each rung trains on from the last)."""
+        n, total, prev = len(self.candidates), 0, 0
+        for rung in range(self.rungs()):
+            total += n * (self.eta ** rung - prev)
+            n, prev = max(1, n // self.eta), self.eta ** rung
+        return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Promote:
+    """Run `candidate` to `steps` (rung `rung`) next."""
+
+    rung: int
+    steps: int
+    candidate: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """The search is over: `winner` (None only when nothing ran) and why."""
+
+    winner: str | None
+    rung: int
+    reason: Literal["one_left", "budget"]
+    why: str
+
+
+def rank(results: Iterable[RungResult], order: tuple[str, ...]) -> list[RungResult]:
+    """Best first: higher held-out accuracy, then lower loss (a non-finite loss is the worst), then
+    the candidates' order."""
+    def key(r: RungResult) -> tuple[float, float, int]:
+        return (-r.heldout, r.loss if math.isfinite(r.loss) else math.inf, order.index(r.candidate))
+    return sorted(results, key=key)
+
+
+def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | Stop:
+    """The next run of the successive-halving search, or its end, from the recorded results alone.
+    Results of candidates not promoted to a rung are ignored (they cannot be there in a pilot)."""
+    results = list(results)
+    spent = math.fsum(r.cpu_s for r in results)
+    alive = list(schedule.candidates)
+    rung = 0
+    while True:
+        done = {r.candidate: r for r in results if r.rung == rung and r.candidate in alive}
+        todo = [c for c in alive if c not in done]
+        if todo:
+            cand, steps = todo[0], schedule.steps(rung)
+            best = alive[0] if rung else (rank(done.values(), schedule.candidates)[0].candidate if done else None)
+            if spent >= schedule.budget_cpu_s:
+                return Stop(best, rung, "budget", f"the budget is spent ({spent:.1f} of {schedule.budget_cpu_s:.1f} "
+                            f"CPU-s) with {len(todo)} of {len(alive)} runs of rung {rung} left")
+            est = _estimate(results, cand, steps, rung)
+            if est is not None and spent + est > schedule.budget_cpu_s and best is not None:
+                return Stop(best, rung, "budget", f"the next run ({cand} to {steps} steps, about {est:.1f} CPU-s) would "
+                            f"pass the budget ({spent:.1f} of {schedule.budget_cpu_s:.1f} CPU-s spent)")
+            why = "rung 0: every candidate" if rung == 0 else f"the better {len(alive)} of rung {rung - 1}"
+            return Promote(rung, steps, cand, why)
+        if len(alive) == 1:
+            return Stop(alive[0], rung, "one_left", f"one candidate remains after rung {rung}")
+        ranked = rank(done.values(), schedule.candidates)
+        alive = [r.candidate for r in ranked[: max(1, len(alive) // schedule.eta)]]
+        rung += 1
+
+
+def _estimate(results: list[RungResult], cand: str, steps: int, rung: int) -> float | None:
+    """CPU-s of running `cand` to `steps`: its own CPU per step so far × the steps it has left; at
+    rung 0 the mean of the rung-0 runs so far; None before any run."""
+    own = [r for r in results if r.candidate == cand]
+    if own:
+        last = max(own, key=lambda r: r.steps)
+        per_step = math.fsum(r.cpu_s for r in own) / max(1, last.steps)
+        return per_step * max(0, steps - last.steps)
+    first = [r.cpu_s for r in results if r.rung == 0]
+    return math.fsum(first) / len(first) if rung == 0 and first else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Expected steps and worker CPU-s to the goal's target, extrapolated from the winner's curve
+    (module docstring: the method). None values: not predicted, `why` says why."""
+
+    steps: int | None
+    worker_cpu_s: float | None
+    cpu_per_step: float | None
+    method: str
+    why: str = ""
+
+    def line(self) -> str:
+        if self.steps is None:
+            return f"prediction: none ({self.why})"
+        return (f"prediction: about {self.steps} steps and {self.worker_cpu_s:.0f} worker-CPU-s to the target "
+                f"({self.method}; {self.cpu_per_step:.3f} CPU-s/step at one thread)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PilotResult:
+    """The pilot as data: the table of candidates × rungs, the winner, what it cost and predicts."""
+
+    candidates: tuple[Candidate, ...]
+    results: tuple[RungResult, ...]
+    winner: Candidate
+    stop: Stop
+    base_steps: int
+    budget_cpu_s: float          # share × budget.worker_cpu_s
+    share: float                 # the share asked for
+    cpu_s: float                 # process CPU over the whole pilot (the runs and the gaps between them)
+    worker_cpu_s: float          # the goal's budget.worker_cpu_s
+    prediction: Prediction
+
+    @property
+    def spent_share(self) -> float:
+        """The pilot's CPU as a share of the goal's worker-CPU budget."""
+        return self.cpu_s / self.worker_cpu_s
+
+    def table(self) -> list[list[str]]:
+        """Rows: candidate, its fields, then per rung `steps: held-out / loss / CPU-s`."""
+        rows = []
+        for c in self.candidates:
+            own = sorted((r for r in self.results if r.candidate == c.name), key=lambda r: r.rung)
+            cells = [f"{r.steps}: {r.heldout:.3f} / {r.loss:.3f} / {r.cpu_s:.1f}s" for r in own]
+            mark = "*" if c.name == self.winner.name else " "
+            rows.append([mark + c.name, *cells])
+        return rows
+
+    def lines(self) -> list[str]:
+        head = (f"pilot: {len(self.candidates)} candidates, rungs of {self.base_steps}·2^k steps; "
+                f"{self.cpu_s:.1f} CPU-s spent of {self.budget_cpu_s:.1f} ({self.spent_share:.1%} of "
+                f"budget.worker_cpu_s={self.worker_cpu_s:g}; share {self.share:g})")
+        out = [head, "  candidate  steps: held-out / loss / CPU-s, per rung"]
+        out += ["  " + "  ".join(row) for row in self.table()]
+        out.append(f"  winner: {self.winner.name} ({self.stop.why})")
+        out.append("  " + self.prediction.line())
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"candidates": [c.to_json() for c in self.candidates], "results": [r.to_json() for r in self.results],
+                "winner": self.winner.to_json(), "stop": dataclasses.asdict(self.stop), "base_steps": self.base_steps,
+                "budget_cpu_s": self.budget_cpu_s, "share": self.share, "cpu_s": self.cpu_s,
+                "worker_cpu_s": self.worker_cpu_s, "spent_share": self.spent_share,
+                "prediction": dataclasses.asdict(self.prediction)}
+
+
+def predict(results: Iterable[RungResult], winner: str, threshold: float, strict: bool = False) -> Prediction:
+    """Steps and CPU-s to held-out accuracy `threshold` (`> threshold` when `strict`) from the
+    winner's rung ends (module docstring)."""
+    method = "held-out accuracy linear in log2(steps) through the winner's last two rung ends"
+    own = sorted((r for r in results if r.candidate == winner), key=lambda r: r.steps)
+    if not own:
+        return Prediction(None, None, None, method, "the winner has no finished run")
+    per_step = math.fsum(r.cpu_s for r in own) / own[-1].steps
+    reached = next((r for r in own if (r.heldout > threshold if strict else r.heldout >= threshold)), None)
+    if reached is not None:
+        return Prediction(reached.steps, reached.steps * per_step, per_step, "reached in the pilot")
+    if len(own) < 2:
+        return Prediction(None, None, per_step, method, "the winner ran one rung: one point is no curve")
+    (s0, a0), (s1, a1) = (own[-2].steps, own[-2].heldout), (own[-1].steps, own[-1].heldout)
+    b = (a1 - a0) / (math.log2(s1) - math.log2(s0))
+    if b <= 0:
+        return Prediction(None, None, per_step, method, f"held-out accuracy did not rise over the winner's last rungs "
+                          f"({a0:.3f} at {s0} steps, {a1:.3f} at {s1}): too short a pilot to extrapolate")
+    doublings = (threshold - a1) / b
+    if doublings > math.log2(EXTRAPOLATE_MAX):
+        return Prediction(None, None, per_step, method, f"the winner's curve ({a0:.3f} at {s0} steps, {a1:.3f} at {s1}) "
+                          f"reaches {threshold:g} only beyond {EXTRAPOLATE_MAX}x its steps: too far to extrapolate")
+    steps = int(math.ceil(2 ** (math.log2(s1) + doublings)))
+    return Prediction(steps, steps * per_step, per_step, method)
+
+
+# ---- the candidates ---------------------------------------------------------------------------
+
+
+def candidates_for(run: dict[str, Any], written: Callable[[str], bool], *,
+                   sizes: Iterable[tuple[int, int]] | None = None,
+                   lrs: Iterable[float] | None = None) -> tuple[Candidate, ...]:
+    """Model sizes × learning rates around `run`'s (the planned run dict), leaving out every field
+    `written` says the goal writes. `sizes` ((d_model, n_layers) pairs) and `lrs` replace the
+    defaults (module docstring)."""
+    d, layers, heads = run["model"]["d_model"], run["model"]["n_layers"], run["model"]["n_heads"]
+    lr = run["recipe"]["lr"]
+    if sizes is None:
+        step = 2 * heads   # d_model divisible by n_heads, with an even head dim (rotary)
+        up = int(math.ceil(d * 1.5 / step) * step)
+        sizes = [(max(step, d // 2 // step * step), max(1, layers - 1)), (d, layers), (up, layers + 1)]
+    if lrs is None:
+        lrs = [lr / 3, lr, lr * 3]
+    out: dict[str, Candidate] = {}
+    for dm, nl in sizes:
+        for x in lrs:
+            fields = {"model.d_model": int(dm), "model.n_layers": int(nl), "recipe.lr": float(f"{x:.3g}")}
+            fields = {k: v for k, v in fields.items() if not written(k)}
+            name = "-".join(_label(k, v) for k, v in fields.items()) or "as-written"
+            out.setdefault(name, Candidate(name, fields))   # a written field collapses its axis
+    return tuple(out.values())
+
+
+def _label(field: str, value: Any) -> str:
+    short = {"model.d_model": "d", "model.n_layers": "L", "recipe.lr": "lr"}[field]
+    return f"{short}{value:.2g}" if isinstance(value, float) else f"{short}{value}"
+
+
+# ---- the I/O ----------------------------------------------------------------------------------
+
+
+def pilot(goal: Any, share: float = DEFAULT_SHARE, *, base_steps: int | None = None,
+          sizes: Iterable[tuple[int, int]] | None = None, lrs: Iterable[float] | None = None,
+          eval_size: int = EVAL_SIZE, work_dir: str | pathlib.Path | None = None,
+          on_result: Callable[[RungResult, float], None] | None = None) -> PilotResult:
+    """Run the pilot for `goal` (a swarm.goal.Goal on this project's trainer) within `share` of its
+    `budget.worker_cpu_s`. `on_result(result, cpu_spent)` is called after every run (live progress).
+    `work_dir`: where the runs and the record go (kept; a pilot started again there resumes); None:
+    a temporary folder, removed at the end."""
+    from trainer.config import ConfigError, RunConfig, get_dotted, put_dotted
+
+    if not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise PilotError(f"pilot share={share!r}: must be in (0, 1], a share of budget.worker_cpu_s")
+    if goal.entrypoint is not None:
+        raise PilotError("pilot: this goal runs a script (run.entrypoint); the pilot runs this project's trainer")
+    if not 1 <= eval_size <= 100_000:
+        raise PilotError(f"pilot eval_size={eval_size!r}: must be in [1, 100000]")
+    base = goal.run_config("pilot", "runs").model_dump(mode="json")
+    if base["model"]["kind"] != "builtin":
+        raise PilotError(f"pilot: model.kind={base['model']['kind']!r}: the pilot sizes the built-in model only")
+    cands = candidates_for(base, lambda f: get_dotted(goal.run, f)[0], sizes=sizes, lrs=lrs)
+    worker = float(goal.budget.worker_cpu_s)
+    budget = share * worker
+    probe = Schedule(tuple(c.name for c in cands), 1, budget)
+    if base_steps is None:
+        base_steps = max(MIN_BASE_STEPS, int(share * goal.budget.steps) // probe.step_units())
+    if not isinstance(base_steps, int) or base_steps < 1:
+        raise PilotError(f"pilot base_steps={base_steps!r}: must be a positive whole number")
+    schedule = dataclasses.replace(probe, base_steps=base_steps)
+    horizon = schedule.steps(schedule.rungs() - 1)
+    by_name = {c.name: c for c in cands}
+
+    def config(c: Candidate, out_dir: str) -> RunConfig:
+        data = copy.deepcopy(base)
+        for k, v in c.fields.items():
+            put_dotted(data, k, v)
+        data.update(name=re.sub(r"[^A-Za-z0-9_.-]", "_", c.name), out_dir=out_dir, threads=1, samples_per_step=0,
+                    perturbations=[], checkpoint={"interval": base_steps, "keep_last": 1})
+        # one lr schedule over the whole pilot's horizon, so a rung goes on where the last stopped
+        data["recipe"].update(steps=horizon, eval_interval=0, eval_size=eval_size, stop_at_heldout=None)
+        try:
+            return RunConfig.parse(data)
+        except ConfigError as e:
+            raise PilotError(f"pilot candidate {c.name}: {e}") from None
+
+    tmp = tempfile.TemporaryDirectory(prefix="swarm-pilot-") if work_dir is None else None
+    root = pathlib.Path(tmp.name if tmp else work_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for c in cands:
+            config(c, str(root))   # every candidate validated before any compute
+        record = root / "pilot.jsonl"
+        key = {"schedule": dataclasses.asdict(schedule), "candidates": [c.to_json() for c in cands],
+               "eval_size": eval_size, "base": base}
+        results = _read_record(record, key)
+        spent0 = math.fsum(r.cpu_s for r in results)
+        c_start = time.process_time()
+        import torch
+
+        threads = torch.get_num_threads()
+        try:
+            while True:
+                step = next_rung(results, schedule)
+                if isinstance(step, Stop):
+                    break
+                res = _run(config(by_name[step.candidate], str(root)), step, schedule)
+                results.append(res)
+                with open(record, "a") as f:
+                    f.write(json.dumps(res.to_json()) + "\n")
+                if on_result is not None:
+                    on_result(res, spent0 + time.process_time() - c_start)
+        finally:
+            torch.set_num_threads(threads)   # the trainer set one thread for the whole process
+        cpu = spent0 + time.process_time() - c_start
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    assert step.winner is not None, "a pilot with a positive budget runs at least once"
+    t = goal.target
+    if t.metric == "heldout_acc" and t.op in (">=", ">"):
+        pred = predict(results, step.winner, t.threshold, strict=t.op == ">")
+    else:
+        pred = Prediction(None, None, None, "", f"the target is {t.metric} {t.op} {t.threshold:g}; the pilot "
+                          "extrapolates held-out accuracy toward a >= target only")
+    return PilotResult(cands, tuple(results), by_name[step.winner], step, base_steps, budget, float(share), cpu,
+                       worker, pred)
+
+
+def _read_record(path: pathlib.Path, key: dict[str, Any]) -> list[RungResult]:
+    """The results recorded by an earlier pilot with the same schedule in this folder (first line:
+    the schedule); a folder with another schedule's record is refused, not mixed."""
+    head = json.dumps(key, sort_keys=True, default=str)
+    if not path.exists():
+        path.write_text(head + "\n")
+        return []
+    lines = path.read_text().splitlines()
+    if not lines or lines[0] != head:
+        raise PilotError(f"pilot work_dir {str(path.parent)!r} holds another pilot's record (other candidates, "
+                         "steps or goal); use another folder")
+    out = []
+    for line in lines[1:]:
+        try:
+            out.append(RungResult.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError):
+            continue   # a torn last line of a killed pilot: that run is run again
+    return out
+
+
+def _run(cfg: Any, step: Promote, schedule: Schedule) -> RungResult:
+    """Train `cfg` to `step.steps` (from its checkpoint at the last rung's end), in this process."""
+    from trainer.loop import Trainer
+    from trainer.runlog import read_jsonl
+
+    c0 = time.process_time()
+    summary = Trainer(cfg).run(until=step.steps)
+    cpu = time.process_time() - c0
+    start = schedule.steps(step.rung - 1) if step.rung else 0
+    rows = [r for r in read_jsonl(cfg.run_dir / "metrics.jsonl")
+            if not r.get("final") and start < int(r.get("step", 0)) <= step.steps and "loss" in r]
+    losses = [float(r["loss"]) for r in rows[-LOSS_TAIL:] if isinstance(r["loss"], (int, float))]
+    loss = math.fsum(losses) / len(losses) if losses and all(math.isfinite(x) for x in losses) else math.nan
+    return RungResult(step.candidate, step.rung, int(summary.get("step", step.steps)),
+                      float(summary.get("heldout_acc", 0.0)), loss, cpu, str(summary.get("status", "")))
+
+
+def piloted_plan(plan: Any, result: PilotResult) -> Any:
+    """`plan` (swarm.plan.Plan) with the winner's fields chosen, source `pilot`. A field the goal
+    writes is never among them (the candidates leave it out); Plan.choose refuses it regardless."""
+    from swarm.plan import Choice, Source
+
+    w = result.winner
+    mine = [r for r in result.results if r.candidate == w.name]
+    last = max(mine, key=lambda r: r.steps)
+    evidence = {"candidates": len(result.candidates), "rungs": 1 + max(r.rung for r in result.results),
+                "winner": w.name, "steps": last.steps, "heldout_acc": last.heldout, "pilot_cpu_s": round(result.cpu_s, 2)}
+    for field, value in w.fields.items():
+        plan = plan.choose(Choice(field, value, Source.PILOT, f"won the pilot ({result.stop.why})", evidence))
+    if not plan.applied:
+        plan = dataclasses.replace(plan, notes=plan.notes + (
+            "run.task is written: the pilot's winner is recorded, the run trains as written",))
+    return plan

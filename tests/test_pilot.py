@@ -1,0 +1,227 @@
+"""The pilot (swarm/pilot.py): the successive-halving search on tables of rung results (promotion,
+ties, the budget, the last survivor), the prediction on tables of curves, and a real tiny pilot on
+the minimal addition goal: its winner becomes the plan's choice with source `pilot`, a field the goal
+writes is untouched, its CPU stays within its share plus one run, and a second start resumes."""
+from __future__ import annotations
+
+import math
+import pathlib
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from swarm.cli import app
+from swarm.goal import Goal
+from swarm.pilot import (Candidate, PilotError, Promote, RungResult, Schedule, Stop, candidates_for, next_rung,
+                         pilot, piloted_plan, predict)
+from swarm.plan import Source
+from trainer.config import RunConfig, get_dotted
+from trainer.runlog import read_jsonl
+
+MINIMAL = pathlib.Path(__file__).resolve().parents[1] / "examples" / "goals" / "minimal" / "addition.yaml"
+runner = CliRunner()
+ABCD = ("a", "b", "c", "d")
+
+
+def R(c: str, rung: int, heldout: float, loss: float = 1.0, cpu: float = 1.0, base: int = 10) -> RungResult:
+    return RungResult(c, rung, base * 2 ** rung, heldout, loss, cpu)
+
+
+def sched(cands=ABCD, budget: float = 100.0, base: int = 10) -> Schedule:
+    return Schedule(tuple(cands), base, budget)
+
+
+# ---- next_rung on tables ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("results, want", [
+    ([], Promote(0, 10, "a", "")),                                                   # nothing yet: rung 0, first
+    ([R("a", 0, .1), R("b", 0, .2)], Promote(0, 10, "c", "")),                       # rung 0 goes on in order
+    ([R("a", 0, .1), R("b", 0, .4), R("c", 0, .3), R("d", 0, .2)], Promote(1, 20, "b", "")),   # best half: b, c
+    ([R("a", 0, .1), R("b", 0, .4), R("c", 0, .3), R("d", 0, .2), R("b", 1, .5)], Promote(1, 20, "c", "")),
+    # held-out ties: the lower loss goes on; a non-finite loss is the worst
+    ([R("a", 0, .2, 1.5), R("b", 0, .2, 0.9), R("c", 0, .2, math.nan), R("d", 0, .1, 0.1)], Promote(1, 20, "b", "")),
+    # a full tie: the candidates' order
+    ([R("a", 0, .2), R("b", 0, .2), R("c", 0, .2), R("d", 0, .2), R("a", 1, .3)], Promote(1, 20, "b", "")),
+    # rung 1 done: c beat b, alone at rung 2 (4 -> 2 -> 1)
+    ([R("a", 0, .1), R("b", 0, .4), R("c", 0, .3), R("d", 0, .2), R("b", 1, .5), R("c", 1, .6)], Promote(2, 40, "c", "")),
+])
+def test_next_rung_promotes_the_better_half(results, want):
+    got = next_rung(results, sched())
+    assert isinstance(got, Promote) and (got.rung, got.steps, got.candidate) == (want.rung, want.steps, want.candidate)
+
+
+def test_the_single_survivor_stops_the_search():
+    rows = [R("a", 0, .1), R("b", 0, .4), R("c", 0, .3), R("d", 0, .2), R("b", 1, .5), R("c", 1, .6), R("c", 2, .7)]
+    got = next_rung(rows, sched())
+    assert got == Stop("c", 2, "one_left", "one candidate remains after rung 2")
+    # one candidate: one rung, then it is the winner; three: the better one (3 // 2) goes on
+    assert next_rung([R("a", 0, 0.0)], sched(("a",))).winner == "a"
+    three = next_rung([R("a", 0, .1), R("b", 0, .3), R("c", 0, .2)], sched(("a", "b", "c")))
+    assert isinstance(three, Promote) and three.candidate == "b"
+    assert next_rung([R("a", 0, .1), R("b", 0, .3), R("c", 0, .2), R("b", 1, .3)], sched(("a", "b", "c"))).winner == "b"
+
+
+@pytest.mark.parametrize("results, budget, winner, rung", [
+    # spent: the best of rung 0 so far
+    ([R("a", 0, .1, cpu=5), R("b", 0, .3, cpu=5)], 10.0, "b", 0),
+    # spent during rung 1: the best of rung 0 (the last complete rung), not the one run further
+    ([R("a", 0, .1, cpu=3), R("b", 0, .4, cpu=3), R("c", 0, .3, cpu=3), R("d", 0, .2, cpu=3), R("c", 1, .9, cpu=3)],
+     15.0, "b", 1),
+    # the next run's estimate would pass it: b's 3 CPU-s per 10 steps, 10 more steps -> 3 > 13 - 12
+    ([R("a", 0, .1, cpu=3), R("b", 0, .4, cpu=3), R("c", 0, .3, cpu=3), R("d", 0, .2, cpu=3)], 13.0, "b", 1),
+    # at rung 0 the estimate is the mean of rung 0's runs so far: 4 > 10 - 8
+    ([R("a", 0, .1, cpu=4), R("b", 0, .3, cpu=4)], 10.0, "b", 0),
+])
+def test_the_budget_stops_the_search(results, budget, winner, rung):
+    got = next_rung(results, sched(budget=budget))
+    assert isinstance(got, Stop) and got.reason == "budget" and (got.winner, got.rung) == (winner, rung), got
+
+
+def test_the_first_run_always_starts_and_an_estimate_that_fits_runs():
+    assert isinstance(next_rung([], sched(budget=0.001)), Promote)
+    got = next_rung([R("a", 0, .1, cpu=4), R("b", 0, .3, cpu=4)], sched(budget=12.0))
+    assert isinstance(got, Promote) and got.candidate == "c"
+
+
+def test_the_schedule_counts_rungs_and_steps():
+    assert [Schedule(tuple(str(i) for i in range(n)), 1, 1.0).rungs() for n in (1, 2, 3, 4, 9)] == [1, 2, 2, 3, 4]
+    # 9 candidates: 9 x 1 + 4 x 1 + 2 x 2 + 1 x 4 base steps
+    assert Schedule(tuple(str(i) for i in range(9)), 1, 1.0).step_units() == 21
+    assert Schedule(ABCD, 7, 1.0).steps(3) == 56
+    with pytest.raises(ValueError, match="each once"):
+        Schedule(("a", "a"), 1, 1.0)
+    with pytest.raises(ValueError, match="positive budget"):
+        Schedule(ABCD, 1, 0.0)
+
+
+# ---- the prediction on tables -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows, steps, why", [
+    ([R("w", 0, .2, cpu=2), R("w", 1, .6, cpu=2)], 37, ""),        # +0.4 per doubling: 20 * 2**(0.35 / 0.4) = 36.7
+    ([R("w", 0, .2, cpu=2), R("w", 1, .96, cpu=2)], 20, ""),       # reached in the pilot: its first rung end there
+    ([R("w", 0, .3, cpu=2), R("w", 1, .3, cpu=2)], None, "did not rise"),
+    ([R("w", 0, .3, cpu=2)], None, "one point"),
+    ([R("w", 0, 0.0, cpu=2), R("w", 1, .01, cpu=2)], None, "too far"),   # measured: 0 -> 0.01 said 10^31 steps
+    ([R("w", 0, .5, cpu=2), R("w", 1, .625, cpu=2)], 122, ""),           # 2.6 doublings more: within the 3 allowed
+])
+def test_the_prediction_extrapolates_the_winners_curve(rows, steps, why):
+    p = predict(rows + [R("x", 0, .9)], "w", 0.95)
+    assert p.steps == steps and why in p.why
+    if steps is not None:
+        assert p.worker_cpu_s == pytest.approx(steps * 4 / 20) and p.cpu_per_step == pytest.approx(0.2)
+
+
+# ---- candidates ---------------------------------------------------------------------------------
+
+
+def test_candidates_vary_only_fields_the_goal_leaves_out():
+    run = RunConfig().model_dump(mode="json")
+    all9 = candidates_for(run, lambda f: False)
+    assert len(all9) == 9 and {c.fields["recipe.lr"] for c in all9} == {0.001, 0.003, 0.009}
+    for c in all9:   # each one a config the trainer accepts
+        RunConfig.parse({**run, "model": {**run["model"], "d_model": c.fields["model.d_model"],
+                                          "n_layers": c.fields["model.n_layers"]}})
+    lr_written = candidates_for(run, lambda f: f == "recipe.lr")
+    assert len(lr_written) == 3 and all("recipe.lr" not in c.fields for c in lr_written)
+    assert candidates_for(run, lambda f: True) == (Candidate("as-written", {}),)
+
+
+# ---- a real tiny pilot --------------------------------------------------------------------------
+
+
+def tiny_goal(worker_cpu_s: float) -> Goal:
+    data = yaml.safe_load(MINIMAL.read_text())
+    data["budget"] = {**data["budget"], "worker_cpu_s": worker_cpu_s}
+    data["run"] = {"model": {"n_layers": 1}}   # written: the pilot never varies or chooses it
+    return Goal.parse(data)
+
+
+def test_a_tiny_pilot_on_the_minimal_addition_goal(tmp_path):
+    goal = tiny_goal(worker_cpu_s=8.0)
+    seen: list[tuple[RungResult, float]] = []
+    res = pilot(goal, share=0.5, base_steps=3, sizes=[(16, 2), (32, 2)], lrs=[3e-3, 1e-2], eval_size=16,
+                work_dir=tmp_path / "p", on_result=lambda r, spent: seen.append((r, spent)))
+    assert [c.name for c in res.candidates] == ["d16-lr0.003", "d16-lr0.01", "d32-lr0.003", "d32-lr0.01"]
+    assert len(seen) == len(res.results) >= 1 and [r for r, _ in seen] == list(res.results)
+    # the CPU stays within the share, but for the one run that may pass it
+    assert res.budget_cpu_s == 4.0
+    assert res.cpu_s <= res.budget_cpu_s + max(r.cpu_s for r in res.results) + 0.5, res.lines()
+    assert res.cpu_s >= math.fsum(r.cpu_s for r in res.results) - 1e-6
+    assert res.spent_share == pytest.approx(res.cpu_s / 8.0)
+    assert res.stop.reason in ("one_left", "budget")
+    # rungs go on from their checkpoints: every step of a candidate is trained once
+    for c in res.candidates:
+        mine = [r for r in res.results if r.candidate == c.name]
+        if len(mine) > 1:
+            rows = [r["step"] for r in read_jsonl(tmp_path / "p" / c.name / "metrics.jsonl") if not r.get("final")]
+            assert rows == list(range(1, max(r.steps for r in mine) + 1)), c.name
+    # the winner's fields are the plan's, source pilot; the written field is the goal's
+    plan = piloted_plan(goal.plan(), res)
+    for field, value in res.winner.fields.items():
+        ch = plan.get(field)
+        assert ch.source is Source.PILOT and ch.value == value and ch.evidence["winner"] == res.winner.name
+    assert set(res.winner.fields) == {"model.d_model", "recipe.lr"}
+    assert plan.get("model.n_layers").source is Source.USER and plan.get("model.n_layers").value == 1
+    run = plan.run(goal.run)
+    assert get_dotted(run, "model.d_model")[1] == res.winner.fields["model.d_model"] and run["model"]["n_layers"] == 1
+    assert goal.run == {"model": {"n_layers": 1}}, "the goal's own run is never rewritten"
+    lines = "\n".join(res.lines())
+    assert res.winner.name in lines and "prediction:" in lines and "held-out / loss / CPU-s" in lines
+    # a second start in the same folder resumes from the record: nothing runs again
+    again: list = []
+    res2 = pilot(goal, share=0.5, base_steps=3, sizes=[(16, 2), (32, 2)], lrs=[3e-3, 1e-2], eval_size=16,
+                 work_dir=tmp_path / "p", on_result=lambda r, s: again.append(r))
+    assert again == [] and res2.results == res.results and res2.winner == res.winner
+    with pytest.raises(PilotError, match="another pilot"):
+        pilot(goal, share=0.5, base_steps=4, sizes=[(16, 2)], lrs=[3e-3], eval_size=16, work_dir=tmp_path / "p")
+
+
+def test_a_tiny_pilot_stops_when_its_share_is_spent(tmp_path):
+    """0.3 CPU-s for a schedule of 8 x 40 steps (more than a second of CPU here): the budget ends it."""
+    goal = tiny_goal(worker_cpu_s=8.0)
+    res = pilot(goal, share=0.0375, base_steps=40, sizes=[(16, 2), (32, 2)], lrs=[3e-3, 1e-2], eval_size=16,
+                work_dir=tmp_path)
+    assert res.stop.reason == "budget", res.lines()
+    assert res.cpu_s <= res.budget_cpu_s + max(r.cpu_s for r in res.results) + 0.5, res.lines()
+    assert res.winner.name in {r.candidate for r in res.results}
+    assert piloted_plan(goal.plan(), res).get("recipe.lr").source is Source.PILOT
+
+
+def test_bad_pilot_input_is_refused_before_any_run(tmp_path):
+    goal = tiny_goal(worker_cpu_s=8.0)
+    for share in (0, -0.1, 1.5):
+        with pytest.raises(PilotError, match="share"):
+            pilot(goal, share=share, work_dir=tmp_path)
+    with pytest.raises(PilotError, match="candidate d10"):   # head dim 10/4: not a model the trainer builds
+        pilot(goal, share=0.5, sizes=[(10, 1)], lrs=[1e-3], work_dir=tmp_path / "x")
+    assert not (tmp_path / "x" / "d10-lr0.001").exists()
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+
+def test_swarm_plan_prints_the_plan_and_refuses_bad_input_in_one_line(tmp_path):
+    res = runner.invoke(app, ["plan", str(MINIMAL)])
+    assert res.exit_code == 0, res.output
+    assert "from the task:" in res.stdout and "pilot:" not in res.stdout
+    bad = runner.invoke(app, ["plan", str(MINIMAL), "--pilot", "--pilot-share", "0"])
+    assert bad.exit_code == 2 and "--pilot-share=0" in bad.output and len(bad.output.strip().splitlines()) == 1
+    missing = runner.invoke(app, ["plan", str(tmp_path / "none.yaml")])
+    assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1
+
+
+def test_swarm_plan_pilot_shows_its_table_progress_and_prediction(tmp_path):
+    data = yaml.safe_load(MINIMAL.read_text())
+    data["budget"] = {"worker_cpu_s": 2.0, "steps": 100}   # the budget stops it after a few 10-step runs
+    g = tmp_path / "goal.yaml"
+    g.write_text(yaml.safe_dump(data))
+    res = runner.invoke(app, ["plan", str(g), "--pilot", "--pilot-share", "1", "--pilot-dir", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    assert "from the pilot: model.d_model=" in res.stdout and "recipe.lr=" in res.stdout
+    assert "winner:" in res.stdout and "prediction:" in res.stdout
+    progress = [ln for ln in res.stderr.splitlines() if ln.startswith("pilot: ")]
+    assert progress and all("rung 0 (10 steps)" in ln for ln in progress[:1])
+    assert len(progress) == len(read_jsonl(tmp_path / "p" / "pilot.jsonl")) - 1   # one line per finished run
