@@ -44,14 +44,14 @@ from typing import Any, Callable
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.agent import AgentHarness
 from trainer.agent_batching import BatchedGenerator
 from trainer.agent_rollout import Trajectory, demonstration, run_episode, summarize
 from trainer.algorithms.agent_grpo import (Call, Row, agent_grpo_loss, episodes_from_records, group_advantages,
                                            merge_calls, row_logprobs, sft_rows_loss, trajectory_calls)
-from trainer.config import ConfigError, ModelConfig, format_validation_error
+from trainer.config import ConfigError, ModelConfig, parse_config
 from trainer.envs import make_env
 from trainer.envs.base import AgentEnv
 from trainer.logprobs import select_backend
@@ -132,12 +132,7 @@ class AgentTrainConfig(_Strict):
 
     @classmethod
     def parse(cls, data: Any) -> "AgentTrainConfig":
-        if not isinstance(data, dict):
-            raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise ConfigError(format_validation_error(e, data)) from None
+        return parse_config(cls, data)
 
 
 class DemoGenerator:

@@ -247,15 +247,20 @@ class RunConfig(_Strict):
 
     @classmethod
     def parse(cls, data: Any) -> "RunConfig":
-        if not isinstance(data, dict):
-            raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise ConfigError(format_validation_error(e, data)) from None
+        return parse_config(cls, data)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def parse_config(cls: Any, data: Any) -> Any:
+    """`cls.model_validate(data)` for a config mapping; anything wrong is one ConfigError naming the field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, data)) from None
 
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml's parser when built with it (~5x faster)
