@@ -17,11 +17,12 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from trainer.control import send_command
 from trainer.runlog import read_heartbeat, read_jsonl
-from trainer.steer.relaunch import Done, Launch, decide, launch_argv, restart_changes
+from trainer.steer.relaunch import Done, Launch, decide, launch_argv, newest_checkpoint, restart_changes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "steer" / "sft_addition.py"
@@ -171,6 +172,13 @@ def test_a_restart_setting_relaunches_from_its_checkpoint_with_the_change_in_for
     assert read_heartbeat(run)["state"] == "completed"
 
 
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def test_a_sigkilled_script_resumes_from_its_newest_checkpoint_with_its_commands_intact(tmp_path):
     p, run = relaunch(tmp_path, "--max_steps", "100000", "--save_steps", "10", "--lr_scheduler_type", "constant",
                       "--warmup_steps", "0", "--learning_rate", "1e-3", "--weight_decay", "0.0")
@@ -181,7 +189,10 @@ def test_a_sigkilled_script_resumes_from_its_newest_checkpoint_with_its_commands
     first_pid = wait_for(lambda: (hb := read_heartbeat(run)) and hb["step"] >= 23 and hb["pid"], p)
     assert first_pid != p.pid
     os.kill(first_pid, signal.SIGKILL)
-    killed_at = read_heartbeat(run)["step"]
+    wait_for(lambda: not alive(first_pid), p)
+    # the newest checkpoint in the index when the script died (the heartbeat, written every 0.5 s,
+    # may lag the steps by more than a save interval)
+    newest_at_kill = newest_checkpoint(run)
     # sent while nothing runs: a replay of an applied id with another value, and a new command
     send_command(run, "set_fields", id="lr", fields={"learning_rate": 9e-3})
     send_command(run, "set_fields", id="wd", fields={"weight_decay": 0.05})
@@ -194,7 +205,7 @@ def test_a_sigkilled_script_resumes_from_its_newest_checkpoint_with_its_commands
         ("launch", "start", None), ("exit", None, -signal.SIGKILL), ("launch", "crash", None), ("exit", None, 0)]
     resumed_from = launches[2]["resume_from"]
     k = int(pathlib.Path(resumed_from).name.removeprefix("checkpoint-"))
-    assert k % 10 == 0 and 20 <= k <= killed_at
+    assert k % 10 == 0 and 20 <= k and resumed_from == newest_at_kill["path"], (k, newest_at_kill)
     assert launches[2]["argv"][-2:] == ["--resume_from_checkpoint", resumed_from]
 
     got = acks_once(run)
