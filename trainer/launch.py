@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import pathlib
 import secrets
@@ -63,6 +64,8 @@ JOB_PENDING_LIMIT_S = 300.0
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 CODE_PACKAGES = ("trainer", "harness", "sandboxes", "kernels")   # what `python -m trainer.entry` imports
 CODE_EXCLUDES = ("__pycache__", "*.pyc", "*.so", "*.egg-info")   # matched against each path, folders without a slash
+# Ray's client logs every runtime-env package it uploads or finds already uploaded at INFO
+QUIET_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging")
 JOB_PYTHON_ENV = "SWARMLAB_JOB_PYTHON"   # the interpreter a job runs on its node (default: this one)
 
 
@@ -377,6 +380,8 @@ def submit(head: RayHead, config_path: str | os.PathLike, job_id: str | None = N
     # machine is in it (the config travels in the working dir, the code in py_modules)
     entry = f"{shlex.quote(python)} -m trainer.entry run.yaml"
     client = head.client()
+    for name in QUIET_LOGGERS:   # a line per package uploaded or reused would land in the user's live view
+        logging.getLogger(name).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="swarmlab-job-") as wd:
         (pathlib.Path(wd) / "run.yaml").write_text(cfg.to_yaml())
         runtime_env = {**code_runtime_env(), "working_dir": wd, "env_vars": env}
