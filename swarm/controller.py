@@ -89,7 +89,7 @@ class Memo:
     reported_at: float = float("-inf")   # when status.json was last written (wall clock)
     ckpts: tuple[int, list[dict[str, Any]]] | None = None
     recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
-    question_chars: dict[int, float] = field(default_factory=dict)   # the task's, measured at first need
+    question_chars: dict[int, float] | None = None   # the task's, measured once at first need
 
 
 class Controller(ScriptSteering, Deciding):
@@ -418,7 +418,8 @@ class Controller(ScriptSteering, Deciding):
         findings = run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s))   # once: the operators reuse them
         self.tick.findings = findings
         if not self.script and any(d.name in NEEDS_TASK_LENGTHS for d in findings):   # measured once, when a fix first reads them
-            self.memo.question_chars = self.memo.question_chars or question_chars(self.base_cfg)
+            if self.memo.question_chars is None:   # once, even when the task yields none
+                self.memo.question_chars = question_chars(self.base_cfg)
             ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars})
         ctx.with_findings(findings)
         self.log_findings(findings)
