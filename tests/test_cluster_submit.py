@@ -1,5 +1,5 @@
 """What a job carries and how it is named, without a Ray head (the Ray side is in
-tests/test_ray_job.py and tests/test_cluster_multinode.py):
+tests/test_ray_job.py):
 
 - the submission id is a pure function of the run spec and the restart count: the same spec names
   the same job (a controller resumed after a crash finds it instead of starting another);
