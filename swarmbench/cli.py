@@ -76,6 +76,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--take", nargs="*", default=[], metavar="CLASS=N",
                     help="run only the first N scenarios of a class in suite order, e.g. failing=20 mild=4 healthy=2 "
                          "(the rest are calibrated until every named class has its N, then left alone)")
+    ap.add_argument("--per-origin", action="store_true",
+                    help="the failing count of --take and --more-on hold for each fault origin (config, drift, data, "
+                         "infra; generator v5): e.g. --take failing=8 --more-on 3 --per-origin")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time (each also waits for its cores: --cores)")
     ap.add_argument("--cores", type=int, default=None,
                     help="cores the bench processes on this machine share (default: all); a run holds the cores its "
@@ -98,7 +101,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         cfg = BenchConfig(suite=str(resolve_suite(a.suite)), methods=a.methods, seeds=parse_seeds(a.seeds),
-                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, more_methods=a.more_methods, take=parse_take(a.take), parallel=a.parallel, calibrated_only=a.calibrated_only, name=a.name,
+                          more_seeds=parse_seeds(a.more_seeds), more_on=a.more_on, more_methods=a.more_methods, take=parse_take(a.take), per_origin=a.per_origin, parallel=a.parallel, calibrated_only=a.calibrated_only, name=a.name,
                           cores=a.cores, machine_ref=a.machine_ref, results=a.results, cache=a.cache, src=a.src or "head", workdir=a.workdir,
                           command="swarm bench " + " ".join(shlex.quote(x) for x in argv), seed_note=a.seed_note)
         if a.report_only and a.src is None:

@@ -60,6 +60,7 @@ class BenchConfig:
     more_on: int = 0
     more_methods: list[str] | None = None     # of `methods`, those run on the extra seeds (None: all)
     take: dict[str, int] = dataclasses.field(default_factory=dict)   # class -> how many scenarios of it to run
+    per_origin: bool = False          # the failing count of `take` and `more_on` hold per fault origin (generator v5)
     parallel: int = 1
     calibrated_only: bool = False     # run only scenarios whose calibration is cached (calibrate none)
     name: str | None = None
@@ -93,6 +94,8 @@ class BenchConfig:
         for k, v in self.take.items():
             if k not in ("failing", "mild", "healthy") or not isinstance(v, int) or v < 0:
                 raise ValueError(f"--take {k}={v!r}: a class (failing, mild, healthy) = a count >= 0")
+        if self.per_origin and "failing" not in self.take and not self.more_on:
+            raise ValueError("--per-origin: needs --take failing=N or --more-on N (the counts it holds per origin)")
         if "pb2" in self.methods:
             import importlib.util
 
@@ -468,10 +471,30 @@ class Bench:
         return out
 
     # ---- which scenarios run (--take) --------------------------------------------------------
+    def _group(self, s: Scenario, cls: str) -> tuple[str, str | None]:
+        """What a `--take` count counts: the class, and with `--per-origin` a failing scenario's origin."""
+        return (cls, s.origin if self.cfg.per_origin and cls == "failing" else None)
+
+    def _origins(self) -> list[str | None]:
+        """The fault origins the failing quota is held for (one group, None, without `--per-origin`)."""
+        if not self.cfg.per_origin:
+            return [None]
+        return sorted({s.origin for s in self.scenarios if s.faults and s.origin}, key=str)
+
+    def _counts(self) -> dict[tuple[str, str | None], int]:
+        n: dict[tuple[str, str | None], int] = {}
+        by_name = {s.name: s for s in self.scenarios}
+        for name, c in list(self.cals.items()):
+            if name not in self.duplicates and name in by_name:
+                g = self._group(by_name[name], c.cls)
+                n[g] = n.get(g, 0) + 1
+        return n
+
     def admitted(self, s: Scenario) -> bool:
-        """With `--take CLASS=N`: the first N calibrated scenarios of each class, in suite order, run;
-        the others are calibrated (that is how their class is known) but not run. A class not named
-        is not limited. A scenario not calibrated yet is admitted while its class could still need it."""
+        """With `--take CLASS=N`: the first N calibrated scenarios of each class (with `--per-origin`,
+        N failing ones of each fault origin), in suite order, run; the others are calibrated (that is
+        how their class is known) but not run. A class not named is not limited. A scenario not
+        calibrated yet is admitted while its class could still need it."""
         if s.name in self.duplicates:
             return False
         if not self.cfg.take:
@@ -482,20 +505,29 @@ class Bench:
         quota = self.cfg.take.get(c.cls)
         if quota is None:
             return True
-        same = [x for x in self.scenarios if x.name in self.cals and self.cals[x.name].cls == c.cls
+        g = self._group(s, c.cls)
+        same = [x for x in self.scenarios if x.name in self.cals and self._group(x, self.cals[x.name].cls) == g
                 and x.name not in self.duplicates]
         return same.index(s) < quota
 
     def quotas_full(self) -> bool:
-        """Every class named by `--take` has its count of calibrated scenarios (classes not named:
-        never full)."""
+        """Every class named by `--take` has its count of calibrated scenarios (with `--per-origin`,
+        failing ones in every origin; classes not named: never full)."""
         if not self.cfg.take or set(self.cfg.take) != {"failing", "mild", "healthy"}:
             return False
-        n = {k: 0 for k in self.cfg.take}
-        for name, c in list(self.cals.items()):
-            if c.cls in n and name not in self.duplicates:
-                n[c.cls] += 1
-        return all(n[k] >= v for k, v in self.cfg.take.items())
+        n = self._counts()
+        need = [(("failing", o), self.cfg.take["failing"]) for o in self._origins()]
+        need += [((k, None), self.cfg.take[k]) for k in ("mild", "healthy")]
+        return all(n.get(g, 0) >= q for g, q in need)
+
+    def _origin_full(self, s: Scenario) -> bool:
+        """With `--per-origin`: a scenario with faults whose origin has its failing count and whose
+        other classes have theirs is not calibrated (whatever its class turns out to be, it is not needed)."""
+        if not (self.cfg.per_origin and s.faults and set(self.cfg.take) == {"failing", "mild", "healthy"}):
+            return False
+        n = self._counts()
+        return (n.get(("failing", s.origin), 0) >= self.cfg.take["failing"]
+                and n.get(("mild", None), 0) >= self.cfg.take["mild"])
 
     def _healthy_full(self, s: Scenario) -> bool:
         """A scenario without faults is healthy before it is calibrated: skip it when enough are."""
@@ -505,7 +537,8 @@ class Bench:
         return sum(c.cls == "healthy" for n, c in list(self.cals.items()) if n not in self.duplicates) >= quota
 
     def scenario_task(self, s: Scenario) -> None:
-        if s.name in self.duplicates or (s.name not in self.cals and (self.quotas_full() or self._healthy_full(s))):
+        if s.name in self.duplicates or (s.name not in self.cals and (self.quotas_full() or self._healthy_full(s)
+                                                                       or self._origin_full(s))):
             return                              # enough of its class: not even calibrated
         if self.cfg.calibrated_only and s.name not in self.cals:
             return                              # e.g. another bench process calibrates it
@@ -528,11 +561,16 @@ class Bench:
         return [m for m in self.cfg.methods if self.cfg.more_methods is None or m in self.cfg.more_methods]
 
     def more_seed_scenarios(self) -> list[Scenario]:
-        """The first `more_on` failing scenarios in suite order, among those calibrated so far."""
+        """The first `more_on` failing scenarios in suite order (with `--per-origin`, of each origin),
+        among those calibrated so far."""
         if not (self.cfg.more_on and self.cfg.more_seeds):
             return []
-        return [s for s in self.scenarios if s.name in self.cals and self.cals[s.name].cls == "failing"
-                and self.admitted(s)][: self.cfg.more_on]
+        failing = [s for s in self.scenarios if s.name in self.cals and self.cals[s.name].cls == "failing"
+                   and self.admitted(s)]
+        out: list[Scenario] = []
+        for o in self._origins():
+            out += [s for s in failing if o is None or s.origin == o][: self.cfg.more_on]
+        return [s for s in failing if s in out]
 
     def run_one(self, s: Scenario, method: str, seed: int) -> None:
         if self.cfg.calibrated_only and s.name not in self.cals:
@@ -561,13 +599,15 @@ class Bench:
         if not open_:
             return n
         if self.cfg.take and set(self.cfg.take) == {"failing", "mild", "healthy"}:
-            have = {k: sum(c.cls == k for name, c in list(self.cals.items()) if name not in self.duplicates)
-                    for k in self.cfg.take}
-            need = min(len(open_), sum(max(0, q - have[k]) for k, q in self.cfg.take.items()))
+            have = self._counts()
+            need = sum(max(0, self.cfg.take["failing"] - have.get(("failing", o), 0)) for o in self._origins())
+            need += sum(max(0, self.cfg.take[k] - have.get((k, None), 0)) for k in ("mild", "healthy"))
+            need = min(len(open_), need)
         else:
             need = len(open_)
         n += need * len(self.cfg.seeds) * len(self.cfg.methods)
-        n += max(0, self.cfg.more_on - len(self.more_seed_scenarios())) * len(self.extra_seeds()) * len(self.extra_methods())
+        more_wanted = self.cfg.more_on * len(self._origins())
+        n += max(0, more_wanted - len(self.more_seed_scenarios())) * len(self.extra_seeds()) * len(self.extra_methods())
         return n
 
     def scenario_rows(self, speeds: machine.Speeds | None = None) -> list[dict[str, Any]]:
@@ -612,7 +652,7 @@ class Bench:
                     "budget_multiple": cal.BUDGET_MULTIPLE, "median_wall_s": statistics.median(walls) if walls else None,
                     "wall_sum_s": sum(walls), "seed_note": self.cfg.seed_note,
                     "unlearnable": [n for n, c in self.cals.items() if c.cls == "unlearnable"],
-                    "take": dict(self.cfg.take), "duplicates": dict(self.duplicates),
+                    "take": dict(self.cfg.take), "per_origin": self.cfg.per_origin, "duplicates": dict(self.duplicates),
                     "not_taken": [s.name for s in self.scenarios if s.name in self.cals and not self.admitted(s)]}
             report.write(self.results, self.name, meta, self.scenario_rows(speeds), rows, self.cfg.methods)
 

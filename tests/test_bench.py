@@ -278,6 +278,40 @@ def test_the_planned_count_takes_only_as_many_uncalibrated_scenarios_as_the_take
     assert bench.planned() == 3 * 2                 # every count met: s5 is left alone, s3 is a third failing
 
 
+def test_per_origin_takes_the_failing_count_and_the_extra_seeds_in_every_fault_origin(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    origins = ["drift", "drift", "drift", "data", "data", "data"]
+    for i, o in enumerate(origins):
+        g = tiny_goal([{"kind": "override", "at_step": 10 + i, "set": {"recipe.lr": 0.5}}])
+        g["scenario"] = {"name": f"s{i}", "seed": i, "origin": o, "faults": [{"name": "lr", "origin": o}]}
+        (suite / f"s{i}.yaml").write_text(yaml.safe_dump(g))
+    cfg = BenchConfig(suite=str(suite), methods=["plain"], seeds=[0], more_seeds=[1], more_on=1, results=str(tmp_path / "results"),
+                      cache=str(tmp_path / "cache"), src="worktree", workdir=str(tmp_path / "work"), command="test",
+                      machine_ref=1.0, slots_dir=str(tmp_path / "slots"), take={"failing": 1, "mild": 0, "healthy": 0},
+                      per_origin=True)
+    bench = Bench(cfg)
+    by = {s.name: s for s in bench.scenarios}
+    assert bench.planned() == 2 + 2                 # one failing scenario per origin, each with one extra seed
+
+    def calibrated(name: str, cls: str) -> cal.Calibration:
+        return cal.Calibration(key=name, scenario=name, target=0.3, healthy_cpu_to_target=1.0, budget=5.0, wall_cap=240.0,
+                               cls=cls, seed=0, healthy={}, plain=None, machine_ref_cpu_s=1.0)
+
+    bench.cals["s0"] = calibrated("s0", "failing")
+    bench.cals["s1"] = calibrated("s1", "failing")
+    assert bench.admitted(by["s0"]) and not bench.admitted(by["s1"])     # drift has its one
+    assert not bench.quotas_full()                                       # data has none yet
+    assert bench._origin_full(by["s2"]) and not bench._origin_full(by["s3"])
+    bench.cals["s4"] = calibrated("s4", "failing")
+    assert bench.quotas_full() and bench.admitted(by["s4"])
+    assert [s.name for s in bench.more_seed_scenarios()] == ["s0", "s4"]
+    assert [(s.name, seed) for s, _m, seed in bench.plan()] == [("s0", 0), ("s0", 1), ("s4", 0), ("s4", 1)]
+    # without --per-origin the count is one failing scenario in all
+    bench.cfg.per_origin = False
+    assert [s.name for s in bench.more_seed_scenarios()] == ["s0"] and not bench.admitted(by["s4"])
+
+
 def test_calibration_is_cached_and_invalidated_by_content(smoke):
     base, cfg, bench = smoke
     s = next(x for x in bench.scenarios if x.name == "b_healthy")
