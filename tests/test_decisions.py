@@ -310,6 +310,20 @@ def test_a_fix_waits_only_while_the_run_is_on_course_for_less_than_verifying_it(
         assert "cannot pay for itself" in why and "160 steps" in why
 
 
+def test_an_outlook_is_stretched_as_the_suites_projections_came_true():
+    """Near the target a straight line is optimistic (the runs needed a median OUTLOOK_SLACK x the
+    projection): a fix is held only when the stretched projection is shorter than verifying it and
+    within the budget."""
+    from swarm.decisions import OUTLOOK_SLACK
+    fix = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    view = outlook([(50, 0.5), (100, 0.76)], 0.9, True)                     # ~27 steps projected
+    assert view.steps_to_target == pytest.approx(26.9, abs=0.1)
+    held = worth_verifying(fix, frozenset({"truncation"}), view, verify_steps=80)
+    assert held is not None and f"~{26.9 * OUTLOOK_SLACK:.0f}" in held                 # 65 < 80: held
+    assert worth_verifying(fix, frozenset({"truncation"}), view, verify_steps=60) is None       # 27 < 60, but 65 is not
+    assert worth_verifying(fix, frozenset({"truncation"}), view, verify_steps=80, steps_left=50) is None   # 65 > 50 left
+
+
 def test_on_course_means_there_within_the_budget():
     """A trend that reaches the target only after the budget runs out holds no fix back."""
     fix = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
