@@ -89,7 +89,8 @@ class OperatorContext(BaseModel):
                      target_op=self.target.op, target_threshold=self.target.threshold,
                      template=self.harness.get("template") if isinstance(self.harness.get("template"), str) else None,
                      harness_version=version, recipe_version=r.version if r is not None else None,
-                     lr_bounds=bounds, warmup_steps=warmup, settled_since=self.settled_since)
+                     lr_bounds=bounds, warmup_steps=warmup, settled_since=self.settled_since,
+                     question_chars=dict(self.question_chars) or None)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """A known field by its dotted name (`recipe.lr`, `harness.sampling.max_new_tokens`)."""

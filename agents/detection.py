@@ -139,6 +139,8 @@ class Known:
     warmup_steps: int = 0                  # the recipe's lr warm-up
     settled_since: float | None = None     # rows written before this time predate the controller's latest change
                                            # (None: the controller tracks none, so nothing is known to be in force)
+    question_chars: dict[int, float] | None = None   # the task's own median question length per difficulty
+                                           # (measured by the controller once the run has samples; None: not known)
 
 
 NOTHING = Known()

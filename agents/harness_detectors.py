@@ -238,7 +238,11 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     stream draws harder problems than the curriculum says (a shifted source, a sampler changed
     upstream). Block against block of `shift_rows` steps with samples: the newest block's median
     question length at least `shift_len_ratio`x the shortest earlier block's of the same config, and
-    its median pass rate at least `shift_pass_drop` below that block's."""
+    its median pass rate at least `shift_pass_drop` below that block's. A shift before anything was
+    learnt has no fall to show and may have no earlier block: where the controller knows the task's
+    own question lengths (`known.question_chars`), the newest block is also held against the task's
+    length at the difficulty asked for — at least `shift_len_ratio`x it, and nearest the length of
+    a higher difficulty."""
     rows = [r for r in current_rows(ev) if not r.get("final") and isinstance(r.get("step"), int)]
     if not rows:
         return None
@@ -256,7 +260,7 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                 and s + 1 in by_step:
             lengths.setdefault(s, []).append(len(q["question"]))
     steps = sorted(lengths)
-    if len(steps) < 2 * n:
+    if len(steps) < n:
         return None
 
     def block(ss: list[int]) -> tuple[float, float | None]:
@@ -265,18 +269,32 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
         return median_of([x for s in ss for x in lengths[s]]), (median_of(pr) if pr else None)
 
     now_len, now_pass = block(steps[-n:])
-    earlier = [block(steps[i : i + n]) for i in range(0, len(steps) - 2 * n + 1, n)]
-    then_len, then_pass = min(earlier, key=lambda b: b[0])
-    if now_pass is None or then_pass is None or now_len < th.shift_len_ratio * then_len \
-            or then_pass - now_pass < th.shift_pass_drop:
+    if len(steps) >= 2 * n:
+        earlier = [block(steps[i : i + n]) for i in range(0, len(steps) - 2 * n + 1, n)]
+        then_len, then_pass = min(earlier, key=lambda b: b[0])
+        if now_pass is not None and then_pass is not None and now_len >= th.shift_len_ratio * then_len \
+                and then_pass - now_pass >= th.shift_pass_drop:
+            return make_diagnosis(ev, "harder_data",
+                                  f"training questions grew from {then_len:.3g} to {now_len:.3g} characters at difficulty "
+                                  f"{k[1]} with the config unchanged, and the train pass rate fell from {then_pass:.2f} to "
+                                  f"{now_pass:.2f}: the data stream draws harder problems than the curriculum asks for",
+                                  "warning",
+                                  {"difficulty": k[1], "question_chars_then": then_len, "question_chars_now": now_len,
+                                   "pass_rate_then": then_pass, "pass_rate_now": now_pass, "steps_per_block": n,
+                                   "threshold_len_ratio": th.shift_len_ratio, "threshold_pass_drop": th.shift_pass_drop})
+    task, asked = known.question_chars or {}, k[1]
+    if not (isinstance(asked, int) and task.get(asked, 0) > 0 and now_len >= th.shift_len_ratio * task[asked]):
+        return None
+    drawn = min(task, key=lambda x: (abs(task[x] - now_len), x))
+    if drawn <= asked:
         return None
     return make_diagnosis(ev, "harder_data",
-                          f"training questions grew from {then_len:.3g} to {now_len:.3g} characters at difficulty {k[1]} "
-                          f"with the config unchanged, and the train pass rate fell from {then_pass:.2f} to {now_pass:.2f}: "
-                          "the data stream draws harder problems than the curriculum asks for", "warning",
-                          {"difficulty": k[1], "question_chars_then": then_len, "question_chars_now": now_len,
-                           "pass_rate_then": then_pass, "pass_rate_now": now_pass, "steps_per_block": n,
-                           "threshold_len_ratio": th.shift_len_ratio, "threshold_pass_drop": th.shift_pass_drop})
+                          f"training questions are {now_len:.3g} characters long (median of the last {n} steps) at "
+                          f"difficulty {asked}, where the task's own are {task[asked]:.3g}: as long as its difficulty "
+                          f"{drawn}. The data stream draws harder problems than the curriculum asks for", "warning",
+                          {"difficulty": asked, "question_chars_now": now_len, "task_question_chars": task[asked],
+                           "nearest_task_difficulty": drawn, "pass_rate_now": now_pass, "steps_per_block": n,
+                           "threshold_len_ratio": th.shift_len_ratio})
 
 
 @detector("repeated_examples")

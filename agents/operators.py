@@ -522,10 +522,6 @@ def restore_template(ev: Evidence, ctx: OperatorContext) -> tuple[str, str | Non
     return "nowhere", None
 
 
-# findings whose fix reads the task's question lengths by difficulty (OperatorContext.question_chars)
-NEEDS_TASK_LENGTHS = frozenset({"harder_data"})
-
-
 class DataCuration(Operator):
     name = "data_curation"
     role = ("Data curation: watches per-step pass rates, the training difficulty against the eval difficulty, "

@@ -49,6 +49,7 @@ from agents.base import Operator, OperatorContext  # noqa: E402  (imports every 
 from agents.detection import DETECTORS, THRESHOLDS, Known, Thresholds, run_detectors  # noqa: E402
 from agents.domain import Diagnosis  # noqa: E402
 from agents.evidence import collect  # noqa: E402
+from swarm.backtest import question_chars  # noqa: E402
 from swarm.goal import Goal  # noqa: E402
 from trainer.config import ConfigError  # noqa: E402
 from trainer.runlog import rotated_parts  # noqa: E402
@@ -110,6 +111,17 @@ def trainer_dirs(run: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p.parent for p in (run / "work").rglob("metrics.jsonl"))
 
 
+_LENGTHS: dict[str, dict[int, float]] = {}
+
+
+def task_lengths(cfg: dict[str, Any]) -> dict[int, float]:
+    """The task's own question lengths per difficulty, as the controller measures them (one per task)."""
+    key = json.dumps([cfg.get("task"), cfg.get("seed")], sort_keys=True, default=str)
+    if key not in _LENGTHS:
+        _LENGTHS[key] = question_chars(cfg)
+    return _LENGTHS[key]
+
+
 def context(spec: dict[str, Any]) -> tuple[OperatorContext, Known, int]:
     """The controller's context for a bench run's goal (swarm/controller.py `context` and `known`):
     the goal's harness and recipe, its target at the bench's threshold, the eval difficulty."""
@@ -119,7 +131,8 @@ def context(spec: dict[str, Any]) -> tuple[OperatorContext, Known, int]:
     cur = cfg["harness"]["curriculum"]
     ctx = OperatorContext(goal=g.goal, target=target, recipe=cfg["recipe"], harness=cfg["harness"],
                           start_harness=cfg["harness"], eval_difficulty=cur.get("end") or cur["start"],
-                          settled_since=0.0)     # a run without agents: nothing changed by a controller
+                          settled_since=0.0,     # a run without agents: nothing changed by a controller
+                          question_chars=task_lengths(cfg))   # measured by the controller once the run has samples
     known = dataclasses.replace(ctx.known(), stale_heartbeat_s=g.swarm.stale_heartbeat_s, since_launch_s=None)
     return ctx, known, int(cfg["recipe"].get("eval_interval") or 0)
 

@@ -30,7 +30,7 @@ from agents.domain import JOB_ACTIONS, JOB_FINDINGS, Intervention, InterventionK
 from agents.evidence import Evidence, collect
 from agents.explorer import Explorer
 from agents.llm import LLMPolicy
-from agents.operators import NEEDS_TASK_LENGTHS, ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
+from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
 from sandboxes.private import private_dir, write_private
 from swarm.backtest import BacktestRunner, question_chars, run_arms, task_range
@@ -415,12 +415,14 @@ class Controller(ScriptSteering, Deciding):
     def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
         ev = self.evidence(s.job_status)
         ctx = self.context(ev)
+        # the task's own question lengths: measured once, when the run has sampled questions to hold
+        # against them (once even when the task yields none)
+        if not self.script and self.memo.question_chars is None and ev.questions:
+            self.memo.question_chars = question_chars(self.base_cfg)
+        if self.memo.question_chars:
+            ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars})
         findings = run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s))   # once: the operators reuse them
         self.tick.findings = findings
-        if not self.script and any(d.name in NEEDS_TASK_LENGTHS for d in findings):   # measured once, when a fix first reads them
-            if self.memo.question_chars is None:   # once, even when the task yields none
-                self.memo.question_chars = question_chars(self.base_cfg)
-            ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars})
         ctx.with_findings(findings)
         self.log_findings(findings)
         self.memo.looks += 1      # the looks each finding was seen on are kept in the store

@@ -443,6 +443,25 @@ def test_harder_data_fires_when_questions_lengthen_and_pass_rate_falls_at_an_unc
     assert "harder_data" not in names(make_ev(sft_rows(100), questions=shifted(200)[1]))
 
 
+def test_harder_data_from_the_start_is_held_against_the_tasks_own_lengths():
+    """A stream that drew harder problems before anything was learnt shows no fall and no earlier
+    block: its questions are held against the task's own length at the difficulty asked for."""
+    lens = {1: 3.0, 2: 5.0, 3: 7.0, 4: 9.0}                  # the task's own: 2-digit sums are 5 characters
+    knows = dataclasses.replace(KNOWN, question_chars=lens)
+    rows, qs = shifted(0, drop=False)                        # 9-character questions from the first step
+    for r in rows:
+        r["pass_rate"] = 0.0                                 # nothing learnt: no fall to see
+    d = DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, knows)
+    assert d is not None and d.evidence["question_chars_now"] == 9 and d.evidence["nearest_task_difficulty"] == 4
+    assert d.evidence["difficulty"] == 2 and d.evidence["task_question_chars"] == 5.0
+    assert DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, KNOWN) is None     # lengths unknown
+    rows, qs = shifted(0, grow=False, drop=False)            # 6 characters: 1.2x the task's 5, but nearest difficulty 2
+    assert DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, knows) is None
+    rows, qs = shifted(200)                                  # the task's own stream (6 characters)
+    assert DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, dataclasses.replace(
+        KNOWN, question_chars={1: 4.0, 2: 6.0, 3: 8.0})) is None
+
+
 def test_template_mismatch_from_prompt_shape():
     rows = sft_rows()
     d = fired(make_ev(rows, samples(rows, prompt="123+456")), "template_mismatch")
