@@ -371,7 +371,8 @@ def plan_cmd(
     goal: str = typer.Argument(..., help="goal file (YAML)"),
     pilot: bool = typer.Option(False, "--pilot", help="run the pilot (a few short runs over model size x lr, here, "
                                "in this process) and show its table, winner and prediction"),
-    pilot_share: float = typer.Option(0.15, "--pilot-share", help="the pilot's CPU as a share of budget.worker_cpu_s, in (0, 1]"),
+    pilot_share: Optional[float] = typer.Option(None, "--pilot-share", help="the pilot's CPU as a share of "
+                                                "budget.worker_cpu_s, in (0, 1] (default: the goal's pilot.share)"),
     pilot_dir: Optional[str] = typer.Option(None, "--pilot-dir", help="keep the pilot's runs and record here (a pilot "
                                             "started again there resumes); default: a temporary folder"),
     json_out: bool = typer.Option(False, "--json", help="the plan (and the pilot) as one JSON object"),
@@ -383,6 +384,7 @@ def plan_cmd(
     from swarm.plan import validated_lines
 
     g = _load_goal(goal)
+    pilot_share = g.pilot.share if pilot_share is None else pilot_share
     if not 0 < pilot_share <= 1:
         fail(f"--pilot-share={pilot_share:g}: must be in (0, 1], a share of budget.worker_cpu_s")
     plan, result = g.plan(), None
@@ -422,9 +424,15 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),
     notify: Optional[str] = typer.Option(None, help=NOTIFY_HELP),
+    no_pilot: bool = typer.Option(False, "--no-pilot", help="no pilot before the run (as the goal's pilot.enabled: "
+                                  "false): the plan's defaults train the model size and lr the goal leaves out"),
 ) -> None:
-    """Drive training jobs toward GOAL with the operator swarm (shown live on a terminal)."""
+    """Drive training jobs toward GOAL with the operator swarm (shown live on a terminal). A goal
+    whose plan fills the model size or lr gets a short pilot first (swarm/pilot.py), within the
+    goal's pilot.share of budget.worker_cpu_s; the plan is the run's first PR."""
     g = _load_goal(goal)
+    if no_pilot:   # recorded in the goal the run saves, so a resumed run does not pilot either
+        g = g.model_copy(update={"pilot": g.pilot.model_copy(update={"enabled": False})})
     if jobs not in ("ray", "process"):
         fail(f"--jobs={jobs!r}: must be 'ray' or 'process'")
     _run_controller(lambda: _create(workspace, g, jobs=jobs, ray_address=address), summary, json_out, goal=g,

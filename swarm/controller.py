@@ -40,6 +40,9 @@ from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
 from swarm.knowledge import Knowledge, seed_workspace
+from swarm.pilot import adopt_recorded, pilot_cpu, plan_run, prediction_vs_outcome, read_record, steps_to_target
+from swarm.plan_memory import recall_plan, remember_plan
+from swarm.plan_pr import open_plan_pr
 from swarm.report import LifecycleReports, final_report, intervention_report, skills_in_run, summary_row
 from swarm.retention import enforce_retention, fold_cpu
 from swarm.script_run import ScriptSteering, accepted, log_launch, pr_view, resolved, script_jobs, task_name
@@ -123,6 +126,8 @@ class Controller(ScriptSteering, Deciding):
         self.tick, self.memo = Tick(), Memo(looks=self.store.last_look())
         self.state_job: str | None = None       # the live job's handle (commands wait on it)
 
+        if not self.script:
+            adopt_recorded(goal, self.sdir)   # a restarted run trains the plan it recorded (the pilot's winner)
         task = task_name(self.script) if self.script else goal.run_config("train", "runs").task.name
         self.knowledge = Knowledge(self.ws, goal.memory, task=task, timeline=self.store.log)
         self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
@@ -132,12 +137,16 @@ class Controller(ScriptSteering, Deciding):
         if self.script:   # no task, recipe or harness of ours: the run declares its settings
             self.base_cfg, self.task_range = {"recipe": {}, "harness": {}}, (0, 0)
             return
-        self.base_cfg = goal.run_config("train", str(self.runs)).model_dump(mode="json")
-        self.base_cfg["recipe"]["steps"] = goal.budget.steps
-        if goal.target.op == ">=" and goal.target.metric == "heldout_acc":   # the trainer's early stop is on accuracy
-            self.base_cfg["recipe"]["stop_at_heldout"] = goal.target.threshold
-
+        self.base_cfg = self.start_config()
         self.task_range = task_range(self.base_cfg)   # the task's difficulties: what a curriculum may ask for
+
+    def start_config(self) -> dict[str, Any]:
+        """The live job's config: the goal's run with its plan, the budget's steps, the target's early stop."""
+        cfg = self.goal.run_config("train", str(self.runs)).model_dump(mode="json")
+        cfg["recipe"]["steps"] = self.goal.budget.steps
+        if self.goal.target.op == ">=" and self.goal.target.metric == "heldout_acc":   # the trainer's early stop is on accuracy
+            cfg["recipe"]["stop_at_heldout"] = self.goal.target.threshold
+        return cfg
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -309,10 +318,16 @@ class Controller(ScriptSteering, Deciding):
         self.store.start_run(RUN_ID, self.goal.goal)   # idempotent: a resumed run keeps its start time
         if s.plan:
             return {}
+        t0 = time.time()
+        rec = None if self.script else plan_run(self.goal, self.sdir, self.store.log,   # memory, else the pilot
+                                                 recall=lambda g: recall_plan(self.knowledge, g))
+        if rec is not None and rec["plan"]["applied"]:   # the plan fills fields: it is the run's first PR
+            self.base_cfg = self.start_config()
+            self.store.log("plan_pr", branch=open_plan_pr(self.ws, rec, self.goal.target), report="reports/plan/REPORT.md")
         plan = self.lead.plan(self.goal.public())
         policy = "built-in policies (no LLM configured)" if self.llm is None else f"LLM policy {self.goal.llm.model} with built-in fallback"
         self.store.log("plan", plan=plan, policy=policy)
-        return {"plan": plan, "started": time.time()}
+        return {"plan": plan, "started": t0, "cpu": {**s.cpu, **pilot_cpu(rec)}}
 
     def write_job_config(self) -> pathlib.Path:
         cfg = dict(self.base_cfg)
@@ -754,11 +769,12 @@ class Controller(ScriptSteering, Deciding):
         self.node_evaluate(s, final=True)    # what was applied is judged on the window it got,
         self.node_mine_skills(s)             # so the run's episodes and skills are not lost
         summary = self.summary(s)
-        md, pngs = final_report(self.goal.public(), self.store.timeline(), self.store.list(),
-                                metrics_history(self.run_dir), summary)
+        rows = metrics_history(self.run_dir)
+        md, pngs = final_report(self.goal.public(), self.store.timeline(), self.store.list(), rows, summary)
         path = self.ws.write_final_report(md, pngs)
         if self.knowledge.opened:   # a run that needed memory: its report joins it (a quiet run does not load it)
             self.knowledge.record_report("final", md, kind="final", reached=bool(summary["reached"]), reason=str(s.done))
+        remember_plan(self.knowledge, read_record(self.sdir), summary, steps_to_target(rows, self.goal.target))
         write_private(self.sdir / "summary.json", json.dumps(summary, indent=1, default=str))
         self.store.log("finished", reason=s.done, report=str(path))
         self.store.end_run(RUN_ID, str(s.done))
@@ -791,6 +807,7 @@ class Controller(ScriptSteering, Deciding):
             "rejected_by_backtest": sum(1 for iv in ivs if iv.status == Status.REJECTED and iv.backtest is not None),
             "skills": skills_in_run(self.store, self.knowledge),
             "llm": self.llm.summary() if self.llm is not None else {"calls": 0, "tokens": 0, "cost_usd": 0.0, "policy": "built-in"},
+            "plan_prediction": prediction_vs_outcome(read_record(self.sdir), rows, self.goal.target, s.to_target.get("worker_cpu_s")),
         }
 
 

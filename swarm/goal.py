@@ -9,6 +9,7 @@
     perturbations: [{shortcut: lr_spike, at_step: 200}]   # evaluation only; handed to the trainer alone
     swarm: {observe_every_s: 2, observe_quiet_s: 4, backtest: {...}}
     memory: {library: ~/swarm-library, seed_skills: true}   # skills + episodes shared across workspaces
+    pilot: {enabled: true, share: 0.15}                   # the pilot before a planned run (swarm/pilot.py)
     sandbox: isolated                                     # unsafe_plain: run untrusted code unisolated where nothing isolates
 
 Validated up front: a malformed goal is one line naming the field, exit code 2.
@@ -127,6 +128,16 @@ class MemorySettings(_Setting):
                                      f"skill program run (at most {PROGRAM_TIMEOUT_MAX_S:g})")
 
 
+class PilotSettings(_Setting):
+    """The pilot before a planned run: a few short runs over model size x lr (swarm/pilot.py)."""
+
+    enabled: bool = Field(True, description="run the pilot before `swarm run` trains a goal whose plan fills the model "
+                          "size or the lr (its task comes from the words and it writes not all of model.d_model, "
+                          "model.n_layers, recipe.lr); false, or `swarm run --no-pilot`: the plan's defaults train")
+    share: float = Field(0.15, gt=0, le=1, description="the pilot's worker CPU as a share of budget.worker_cpu_s; it "
+                         "is counted in the run's worker-CPU meter and budget")
+
+
 class Entrypoint(_Setting):
     """A user's training script that the swarm runs instead of this project's trainer."""
 
@@ -163,6 +174,8 @@ class Goal(_Setting):
     swarm: SwarmSettings = Field(default_factory=SwarmSettings, description="the controller's loop, pacing and backtests")
     memory: MemorySettings = Field(default_factory=MemorySettings, description="skills and past episodes: where they live, "
                                    "how many are retrieved, when the miner writes or retires one")
+    pilot: PilotSettings = Field(default_factory=PilotSettings, description="the pilot that picks the model size "
+                                 "and lr the goal leaves out, before the run (swarm/pilot.py)")
     sandbox: Literal["isolated", "unsafe_plain"] = Field(
         "isolated", description="untrusted code (skill programs, code-task rewards) runs in Docker, bubblewrap or "
         "unshare namespaces, and is refused where none works; unsafe_plain lets it run in a plain subprocess that "
@@ -176,10 +189,13 @@ class Goal(_Setting):
     # (goal, run) they were made from: a goal changed after parsing is understood afresh
     _words: dict[str, Any] = PrivateAttr(default_factory=dict)
 
-    def _memo(self, what: str, make: Any) -> Any:
+    def _key(self, what: str) -> str:
         import json
 
-        key = json.dumps([what, self.goal, self.run], sort_keys=True, default=str)
+        return json.dumps([what, self.goal, self.run], sort_keys=True, default=str)
+
+    def _memo(self, what: str, make: Any) -> Any:
+        key = self._key(what)
         if key not in self._words:
             self._words[key] = make()
         return self._words[key]
@@ -207,6 +223,14 @@ class Goal(_Setting):
 
         u = self.understood
         return None if isinstance(u, Refused) else self._memo("plan", lambda: make_plan(u, self.run, self.goal))
+
+    def adopt(self, plan: Any) -> None:
+        """Make `plan` (this goal's plan with later choices: the pilot's) the one `plan()`,
+        `planned_run()` and `run_config()` use. A plan made for another goal or run is refused."""
+        own = self.plan()
+        if own is None or plan.goal != own.goal or plan.task != own.task or plan.applied != own.applied:
+            raise ValueError("goal.adopt: the plan was made for another goal (its sentence, task or run differ)")
+        self._words[self._key("plan")] = plan
 
     def planned_run(self) -> dict[str, Any]:
         """The run to train: `run` as written, filled by the plan when the task comes from the words."""

@@ -51,8 +51,18 @@ Resumable: with `work_dir`, each finished run is appended to WORK_DIR/pilot.json
 started again with the same schedule skips what is recorded (the trainers resume from their
 checkpoints); the CPU of a run killed before it finished is not recorded.
 
-Not yet: the controller does not run the pilot before a run (`swarm plan --pilot` shows it); the
-pilot's steps are not counted in the run's `budget.steps`, nor its CPU in the run's meter.
+Before a run (`swarm run`, the controller's plan node: `plan_run`): a goal whose plan fills the
+model size or the lr (its task comes from the words, it does not write all of PILOT_FIELDS) gets
+the pilot unless its `pilot.enabled` is false or `--no-pilot` is given, or its memory holds a
+past plan on the same task that reached its target (swarm/plan_memory.py: that plan's fields, no
+pilot). Its folder is the run's `.swarm/pilot/`, so a `swarm run` killed during the pilot resumes
+it (`swarm resume`); each
+finished pilot run is a timeline row `pilot_run` (the live view's progress); the plan with the
+winner's fields is recorded in `.swarm/plan.json` and the goal adopts it (`Goal.adopt`), so the
+live run, its restarts and every later reading of the goal's start config train the winner. The
+pilot's CPU is one entry (`pilot`) of the run's worker-CPU meter, so `budget.worker_cpu_s` pays for
+it; its steps are not counted in `budget.steps`. The live run starts from scratch with the winner's
+fields, not from the winner's checkpoint.
 """
 from __future__ import annotations
 
@@ -491,3 +501,132 @@ def piloted_plan(plan: Any, result: PilotResult) -> Any:
         plan = dataclasses.replace(plan, notes=plan.notes + (
             "run.task is written: the pilot's winner is recorded, the run trains as written",))
     return plan
+
+
+# ---- the pilot before a run (the controller's plan node) ---------------------------------------
+
+PLAN_RECORD = "plan.json"   # in the run's .swarm/: the plan it trains, the pilot's result (or why none)
+PILOT_DIR = "pilot"         # in the run's .swarm/: the pilot's runs and record
+
+
+def plan_sizes(goal: Any) -> str | None:
+    """Why the plan of `goal` chooses no model size or lr (PILOT_FIELDS); None when it does."""
+    from trainer.config import get_dotted
+
+    if goal.entrypoint is not None:
+        return "the goal runs a script (run.entrypoint)"
+    plan = goal.plan()
+    if plan is None or not plan.applied:
+        return "run.task is written: the run trains as written"
+    if all(get_dotted(goal.run, f)[0] for f in PILOT_FIELDS):
+        return f"the goal writes {', '.join(PILOT_FIELDS)}"
+    if goal.run_config("pilot", "runs").model.kind != "builtin":
+        return "the pilot sizes the built-in model only"
+    return None
+
+
+def pilot_skipped(goal: Any) -> str | None:
+    """Why `goal` gets no pilot before its run; None when it gets one."""
+    return plan_sizes(goal) or (None if goal.pilot.enabled else "pilot.enabled is false (or --no-pilot)")
+
+
+def read_record(sdir: str | pathlib.Path) -> dict[str, Any] | None:
+    """The plan record of the run whose state folder is `sdir`, None before it is made."""
+    p = pathlib.Path(sdir) / PLAN_RECORD
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def adopt_recorded(goal: Any, sdir: str | pathlib.Path) -> dict[str, Any] | None:
+    """After a controller restart: the goal adopts the plan its run recorded (the pilot's winner)."""
+    from swarm.plan import Plan
+
+    rec = read_record(sdir)
+    if rec is not None and rec.get("plan") is not None:
+        goal.adopt(Plan.from_json(rec["plan"]))
+    return rec
+
+
+def plan_run(goal: Any, sdir: str | pathlib.Path, log: Callable[..., Any],
+             recall: Callable[[Any], Any] | None = None) -> dict[str, Any] | None:
+    """The plan a run starts from, made once and recorded in `sdir`/PLAN_RECORD: the goal's plan
+    with the model size and lr of a past run on the same task that reached its target when
+    `recall(goal)` finds one (swarm/plan_memory.py; no pilot then), else with the pilot's winner when
+    `pilot_skipped` says nothing against it. The pilot runs in `sdir`/PILOT_DIR (a record there is
+    resumed); `log(kind, **data)` gets a `plan_from_memory` row, or a `pilot_started` row, a
+    `pilot_run` row per finished run and a `pilot_done` row. The goal adopts the plan. None for a
+    goal with no plan (a script)."""
+    from trainer.runlog import atomic_write_text
+
+    rec = adopt_recorded(goal, sdir)
+    if rec is not None:
+        return rec
+    plan = goal.plan() if goal.entrypoint is None else None
+    if plan is None:
+        return None
+    why_not = pilot_skipped(goal)
+    hit = recall(goal) if recall is not None and plan_sizes(goal) is None else None
+    if hit is not None:
+        from trainer.config import ConfigError, RunConfig
+
+        try:   # a past size the trainer refuses with this goal's own fields (e.g. its n_heads): not used
+            RunConfig.parse({**hit.choose(plan, goal).run(goal.run), "name": "check", "out_dir": "/tmp"})
+        except ConfigError as e:
+            log("plan_memory_refused", workspace=hit.workspace, fields=hit.fields, reason=str(e))
+            hit = None
+    if hit is not None:
+        plan = hit.choose(plan, goal)
+        why_not = f"memory: a past run on the same task reached its target with {json.dumps(hit.fields)} ({hit.workspace})"
+        log("plan_from_memory", workspace=hit.workspace, goal=hit.goal, fields=hit.fields, distance=round(hit.distance, 4),
+            worker_cpu_s_to_target=hit.worker_cpu_s_to_target)
+    result = None
+    if why_not is None:
+        share = goal.pilot.share
+        budget = share * goal.budget.worker_cpu_s
+        log("pilot_started", share=share, budget_cpu_s=round(budget, 2))
+
+        def progress(r: RungResult, spent: float) -> None:
+            log("pilot_run", candidate=r.candidate, rung=r.rung, steps=r.steps, heldout=round(r.heldout, 4),
+                loss=round(r.loss, 4) if math.isfinite(r.loss) else None, cpu_s=round(r.cpu_s, 2),
+                spent_cpu_s=round(spent, 2), budget_cpu_s=round(budget, 2))
+
+        result = pilot(goal, share, work_dir=pathlib.Path(sdir) / PILOT_DIR, on_result=progress)
+        plan = piloted_plan(plan, result)
+        log("pilot_done", winner=result.winner.name, fields=result.winner.fields, cpu_s=round(result.cpu_s, 2),
+            runs=len(result.results), prediction=result.prediction.line())
+    rec = {"plan": plan.to_json(), "pilot": result.to_json() if result else None, "pilot_skipped": why_not}
+    atomic_write_text(pathlib.Path(sdir) / PLAN_RECORD, json.dumps(rec, indent=1, default=str))
+    goal.adopt(plan)
+    return rec
+
+
+def pilot_cpu(rec: dict[str, Any] | None) -> dict[str, float]:
+    """The run's worker-CPU meter entry of its pilot ({} without one)."""
+    p = (rec or {}).get("pilot")
+    return {"pilot": float(p["cpu_s"])} if p else {}
+
+
+def steps_to_target(rows: list[dict[str, Any]], target: Any) -> int | None:
+    """The step of the first metrics row at the target (an evaluation; else the final row), None if none."""
+    for final in (False, True):
+        step = next((r.get("step") for r in rows if bool(r.get("final")) == final and target.met(r.get(target.metric))), None)
+        if step is not None:
+            return int(step)
+    return None
+
+
+def prediction_vs_outcome(rec: dict[str, Any] | None, rows: list[dict[str, Any]], target: Any,
+                          cpu_to_target: float | None) -> dict[str, Any] | None:
+    """The pilot's prediction beside what the run did: steps to the target (the first metrics row
+    that meets it) and worker CPU-s to the target (`cpu_to_target`: the run's meter when the
+    controller first saw the target met) less the pilot's own, as the prediction is for the run
+    after it. None for a run without a pilot."""
+    p = (rec or {}).get("pilot")
+    if not p:
+        return None
+    pred = p.get("prediction") or {}
+    step = steps_to_target(rows, target)
+    run_cpu = None if cpu_to_target is None else round(max(0.0, cpu_to_target - float(p["cpu_s"])), 2)
+    return {"pilot_cpu_s": round(float(p["cpu_s"]), 2), "winner": p["winner"]["name"],
+            "predicted_steps": pred.get("steps"), "predicted_worker_cpu_s": pred.get("worker_cpu_s"),
+            "prediction_why": pred.get("why") or pred.get("method") or "",
+            "reached": step is not None, "steps_to_target": step, "worker_cpu_s_to_target": run_cpu}

@@ -16,12 +16,14 @@ replace one). The rest is chosen, in this order of sources:
 - `default`: RunConfig's own default;
 - `pilot`: a short successive-halving pilot over model size × lr (swarm/pilot.py, `swarm plan
   --pilot`) whose winner replaces `default` choices through `Plan.choose`, with its evidence;
-- `memory`: a later source (past runs on similar tasks), through `Plan.choose` as well.
+- `memory`: the model size and lr of a past planned run on the same task family that reached its
+  target (swarm/plan_memory.py), through `Plan.choose` as well; a run that has them runs no pilot.
 
 This round the plan is what trains only when the task comes from the words (`Plan.applied`): a goal
 that writes `run.task` is a complete starting config as before, and its plan records its own
-fields (`user`) and RunConfig's defaults, nothing else. The controller does not yet commit the plan
-as the run's first PR; `to_json` is the record it will commit.
+fields (`user`) and RunConfig's defaults, nothing else. A planned run starts with the pilot when
+the plan fills the model size or lr (swarm/pilot.py `plan_run`), records the plan in its
+`.swarm/plan.json` and opens it as its first PR, merged (swarm/plan_pr.py).
 
 Deviations: lengths are characters. For the built-in character tokenizer that is tokens; for a
 Hugging Face model the plan leaves max_seq_len and charset to the model and a character count

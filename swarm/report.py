@@ -322,6 +322,29 @@ def _skills_section(sk: Any) -> str:
     return "\n\n".join(lines)
 
 
+def _plan_section(p: Any) -> str:
+    """The pilot's prediction beside what the run did (swarm.pilot.prediction_vs_outcome)."""
+    if not isinstance(p, dict):
+        return ""
+    said_steps = _num_str(p.get("predicted_steps")) if p.get("predicted_steps") is not None else "none"
+    cpu = p.get("predicted_worker_cpu_s")
+    said_cpu = f"{float(cpu):.0f}" if isinstance(cpu, (int, float)) else "none"
+    got_steps = _num_str(p.get("steps_to_target")) if p.get("reached") else "not reached"
+    got_cpu = p.get("worker_cpu_s_to_target")
+    got_cpu = f"{float(got_cpu):.0f}" if isinstance(got_cpu, (int, float)) else "not reached"
+    rows = [["steps to the target", said_steps, got_steps], ["worker-CPU-s to the target (the run after the pilot)",
+                                                             said_cpu, got_cpu]]
+    why = f" Prediction: {cell(p.get('prediction_why'), 300)}." if p.get("prediction_why") else ""
+    return (f"""
+## Plan: prediction and outcome
+
+The pilot ({_num_str(p.get('pilot_cpu_s'))} worker-CPU-s, counted above) chose {_code(p.get('winner'))}; the plan is
+`reports/plan/REPORT.md` (its PR `iv/plan-recipe_edit`).{why}
+
+{_table(["", "predicted by the pilot", "this run"], rows)}
+""")
+
+
 def final_report(goal: dict[str, Any], timeline: list[dict[str, Any]], interventions: list[Intervention],
                  metrics_rows: list[dict[str, Any]], outcome: dict[str, Any],
                  max_events: int = 200) -> tuple[str, dict[str, bytes]]:
@@ -342,7 +365,7 @@ def final_report(goal: dict[str, Any], timeline: list[dict[str, Any]], intervent
     verdict = "**reached**" if reached else "**not reached**"
     target_line = f"{tgt[0]} {tgt[1]} {tgt[2]:g}" if tgt else "no target stated"
     out_rows = [[k, _num_str(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str)]
-                for k, v in outcome.items() if k not in ("interventions", "skills")]
+                for k, v in outcome.items() if k not in ("interventions", "skills", "plan_prediction")]
 
     iv_rows = []
     for iv in interventions:
@@ -375,7 +398,7 @@ Target {_code(target_line)}: {verdict}. Final {cell(tgt[0] if tgt else 'metric')
 ![training curves](curves.svg)
 
 Dotted lines: applied interventions; dashed: the target.
-
+{_plan_section(outcome.get("plan_prediction"))}
 ## Interventions
 
 {len(interventions)} proposed; {', '.join(f'{n} {s}' for s, n in sorted(by_status.items())) or 'none'}.
