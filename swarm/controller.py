@@ -38,7 +38,7 @@ from swarm.deciding import Deciding, in_force
 from swarm.decisions import PERSIST_WITHIN
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
-from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs
+from swarm.jobs import CpuMeter, Jobs, ProcessJobs, RayJobs, run_key
 from swarm.knowledge import Knowledge, seed_workspace
 from swarm.pilot import adopt_recorded, pilot_cpu, plan_run, prediction_vs_outcome, read_record, steps_to_target
 from swarm.plan_memory import recall_plan, remember_plan
@@ -112,7 +112,9 @@ class Controller(ScriptSteering, Deciding):
         self.script = goal.entrypoint    # the user's own script (swarm/script_run.py), else None
         self.jobs: Jobs = (script_jobs(self.script, self.sdir / "logs", jobs) if self.script else
                            ProcessJobs(self.sdir / "logs") if jobs == "process" else
-                           RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head))
+                           RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head,
+                                   job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,
+                                   run_key=run_key(self.private)))
         self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic(), Explorer()]
         self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)
         self.llm = None
@@ -337,11 +339,12 @@ class Controller(ScriptSteering, Deciding):
         write_private(path, yaml.safe_dump(cfg, sort_keys=False))  # the perturbations: 0600
         return path
 
-    def start_job(self) -> str:
+    def start_job(self, restart: int = 0) -> str:
+        """Start the live job; `restart`: the live jobs started before it (a Ray job's id counts them)."""
         self.tick.evidence = None
         if self.script:
             log_launch(self.store, self.script, self.run_dir)
-        handle = self.jobs.start("train", self.run_dir if self.script else self.write_job_config())
+        handle = self.jobs.start("train", self.run_dir if self.script else self.write_job_config(), restart=restart)
         self.log_replaced_heads()
         self.store.log("job_started", handle=handle)
         return handle
@@ -372,7 +375,7 @@ class Controller(ScriptSteering, Deciding):
             pass
         if s.restarts >= self.goal.swarm.max_restarts:
             return {"job_status": JobStatus.FAILED}
-        job = self.start_job()
+        job = self.start_job(s.restarts + 1)
         self.state_job = job
         self.store.log("job_relaunched", handle=job, reason="ray head replaced", restarts=s.restarts + 1, step=s.step)
         return {"job": job, "restarts": s.restarts + 1, "job_status": JobStatus.PENDING, "launched": time.time()}
@@ -381,7 +384,7 @@ class Controller(ScriptSteering, Deciding):
         if s.job and self.job_status(s.job) in JobStatus.alive():
             self.state_job = s.job
             return {}
-        job = self.start_job()
+        job = self.start_job(s.restarts)
         self.state_job = job
         return {"job": job, "job_status": JobStatus.PENDING, "launched": time.time()}
 
@@ -626,7 +629,7 @@ class Controller(ScriptSteering, Deciding):
                 self.stop_job(s.job)
             if iv.changes:   # in the inbox before the job starts: the new worker reads it before its first step
                 self.send("set_fields", f"{iv.id}-apply", fields=self.trainer_fields(iv.changes))
-            job = self.start_job()
+            job = self.start_job(s.restarts + 1)
             self.state_job = job
             upd = {"job": job, "restarts": s.restarts + 1, "job_status": JobStatus.PENDING, "launched": time.time()}
             step = s.step

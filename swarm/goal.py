@@ -89,8 +89,21 @@ class SwarmSettings(_Setting):
                                      "heartbeat, at least, before a RUNNING job counts as hung (the detector also "
                                      f"allows many median step times; at most {STALE_HEARTBEAT_MAX_S:g})")
     max_restarts: int = Field(5, ge=0, description="job restarts allowed; a job that fails after this many ends the run")
+    job_cpus: float | None = Field(None, gt=0, description="CPUs each Ray job (the live job, its restarts, backtest "
+                                   "arms) reserves for its trainer (Ray's entrypoint_num_cpus); None = no reservation, "
+                                   "and Ray runs every job's trainer on the head node")
+    job_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each job reserves "
+                                            "(Ray's entrypoint_resources), e.g. {trainer_node: 1} to place jobs on the "
+                                            "nodes that declare it")
     backtest: BacktestSettings = Field(default_factory=BacktestSettings, description="how a proposal is tested against "
                                        "doing nothing before it is applied")
+
+    @model_validator(mode="after")
+    def _resources_positive(self) -> "SwarmSettings":
+        bad = {k: v for k, v in self.job_resources.items() if not v > 0 or not k}
+        if bad:
+            raise ValueError(f"job_resources {bad}: each resource needs a name and an amount > 0")
+        return self
 
     @model_validator(mode="after")
     def _quiet_not_faster(self) -> "SwarmSettings":

@@ -34,7 +34,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 class Jobs(abc.ABC):
     @abc.abstractmethod
-    def start(self, name: str, config_path: str | os.PathLike) -> str: ...
+    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
+        """Start job `name` on `config_path`; `restart`: how many times the run's live job was
+        started before (a launcher that names jobs by their spec names a restart apart)."""
 
     @abc.abstractmethod
     def status(self, handle: str) -> str: ...
@@ -54,7 +56,7 @@ class ProcessJobs(Jobs):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, config_path: str | os.PathLike) -> str:
+    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
         return self._spawn(name, [sys.executable, "-m", "trainer.entry", str(config_path)], ROOT)
 
     def _spawn(self, name: str, argv: list[str], cwd: str | os.PathLike) -> str:
@@ -102,7 +104,7 @@ class ScriptJobs(ProcessJobs):
         self.cwd = pathlib.Path(cwd or os.getcwd()).resolve()
         self.max_crashes = max_crashes
 
-    def start(self, name: str, config_path: str | os.PathLike) -> str:
+    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
         run_dir = pathlib.Path(config_path).resolve()   # for a script job: its run folder
         run_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "trainer.steer.relaunch", "--run-dir", str(run_dir),
@@ -122,11 +124,19 @@ class RayJobs(Jobs):
     FAILED here) and the caller decides what to launch again. `on_head` is called with every head
     this launcher starts or connects to anew, before any job is submitted to it (the controller
     records it, so whichever process ends the run stops the head the run started). `close` stops
-    the current head if it is a private one."""
+    the current head if it is a private one.
+
+    A job's id is derived from its spec, its restart count and `run_key` (a key the swarm run keeps
+    for its life: `trainer.launch.submission_id`), so a controller resumed after a crash that
+    submits the same job again finds it instead of starting a second one. `job_cpus` and
+    `job_resources` reserve each job's place on the cluster (Ray's `entrypoint_num_cpus` and
+    `entrypoint_resources`): without them Ray runs every job's trainer on the head node."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, saved: Any = None,
-                 on_head: Callable[[Any], None] | None = None) -> None:
+                 on_head: Callable[[Any], None] | None = None, job_cpus: float | None = None,
+                 job_resources: dict[str, float] | None = None, run_key: str = "") -> None:
         self.address, self.num_cpus = address, num_cpus
+        self.job_cpus, self.job_resources, self.run_key = job_cpus, dict(job_resources or {}) or None, run_key
         if saved is not None and not saved.owned:   # the user's cluster: reached by address, never replaced
             self.address, saved = self.address or saved.dashboard_url, None
         self.saved, self.on_head = saved, on_head
@@ -178,13 +188,12 @@ class RayJobs(Jobs):
         out, self.replaced = self.replaced, []
         return out
 
-    def start(self, name: str, config_path: str | os.PathLike) -> str:
+    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
         from trainer.launch import submit_job
 
         self._head()
-        import uuid
-
-        handle = submit_job(self.head, config_path, job_id=f"{name}-{uuid.uuid4().hex[:6]}")
+        handle = submit_job(self.head, config_path, restart=restart, entrypoint_num_cpus=self.job_cpus,
+                            resources=self.job_resources, salt=self.run_key)
         self.handles.add(handle)
         return handle
 
@@ -221,6 +230,24 @@ class RayJobs(Jobs):
             stop_head(head)   # a private head only (owned); a cluster given by address is left running
         self.head = self.saved = None
         self._jobs_client = None
+
+
+def run_key(private: str | os.PathLike) -> str:
+    """The key a swarm run keeps for its life (`private/run_key`, drawn on first use, 0600): its
+    Ray jobs' ids include it, so a workspace made again at the same path names its jobs anew."""
+    import secrets
+
+    from sandboxes.private import private_dir, write_private
+
+    path = pathlib.Path(private) / "run_key"
+    private_dir(path.parent)
+    if path.is_file():
+        key = path.read_text().strip()
+        if key:
+            return key
+    key = secrets.token_hex(8)
+    write_private(path, key)
+    return key
 
 
 class CpuMeter:

@@ -60,8 +60,9 @@ class Arms(ScriptedArms):
         super().__init__(*a, **kw)
         self.started = []
 
-    def start(self, name, config_path):
+    def start(self, name, config_path, restart=0):
         self.started.append(name)
+        self.restarts = getattr(self, "restarts", []) + [restart]
         return super().start(name, config_path)
 
 
@@ -213,6 +214,11 @@ def test_restarts_wait_for_the_launch_grace_and_the_backoff_and_stop_at_the_cap(
     ctrl.store.transition(restart.id, Status.VALIDATED, "crash confirmed")
     assert ctrl.apply(ctrl.store.get(restart.id), SwarmState(restarts=2, job=None)) == {}
     assert ctrl.store.get(restart.id).status == Status.REJECTED and not ctrl.store.timeline("job_started")
+    # a launch passes the run's restart count on (a Ray job's id counts them: a resumed controller
+    # that launches the same job again finds it)
+    ctrl.jobs = arms = Arms(lambda cfg, step: 1.0)
+    assert ctrl.node_launch(SwarmState(restarts=1, job=None))["job"] == "train"
+    assert arms.started == ["train"] and arms.restarts == [1]
     close(ctrl)
 
 

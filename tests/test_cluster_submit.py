@@ -37,6 +37,29 @@ def test_submission_id_names_the_spec_and_the_restart(tmp_path, monkeypatch):
     assert submission_id(other) != submission_id(a)
     with pytest.raises(ValueError, match="restart=-1"):
         submission_id(a, -1)
+    # a run's key tells apart two runs of one spec (a workspace made again at the same path)
+    assert submission_id(a, 0, "k1") == submission_id(same, 0, "k1") != submission_id(a, 0, "k2") != submission_id(a)
+
+
+def test_ray_jobs_name_each_job_by_its_spec_restart_and_run_key_and_reserve_its_place(tmp_path, monkeypatch):
+    """RayJobs.start submits with the goal's reservation and an id the spec, the restart count and
+    the run's key derive (no Ray here: the submission is recorded)."""
+    import swarm.jobs as jobs_mod
+    import trainer.launch as launch
+
+    sent = []
+    monkeypatch.setattr(launch, "submit_job", lambda head, path, **kw: sent.append(kw) or "job-x")
+    key = jobs_mod.run_key(tmp_path / "private")
+    assert key == jobs_mod.run_key(tmp_path / "private")                   # kept for the run's life
+    assert (tmp_path / "private" / "run_key").stat().st_mode & 0o077 == 0    # private
+    rj = jobs_mod.RayJobs("http://127.0.0.1:1", job_cpus=1.0, job_resources={"trainer_node": 1.0}, run_key=key)
+    monkeypatch.setattr(rj, "_head", lambda: setattr(rj, "head", object()) or rj.head)
+    assert rj.start("train", tmp_path / "a.yaml", restart=2) == "job-x" and "job-x" in rj.handles
+    assert sent == [{"restart": 2, "entrypoint_num_cpus": 1.0, "resources": {"trainer_node": 1.0}, "salt": key}]
+    bare = jobs_mod.RayJobs("http://127.0.0.1:1")
+    monkeypatch.setattr(bare, "_head", lambda: setattr(bare, "head", object()) or bare.head)
+    bare.start("bt-1-candidate-s0", tmp_path / "b.yaml")
+    assert sent[-1] == {"restart": 0, "entrypoint_num_cpus": None, "resources": None, "salt": ""}
 
 
 def test_the_carried_config_has_absolute_paths(tmp_path, monkeypatch):

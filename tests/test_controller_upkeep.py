@@ -119,7 +119,7 @@ class ScriptedArms:
     def __init__(self, loss, heldout=lambda cfg: 0.0, pass_rate=lambda cfg: 0.0):
         self.loss, self.heldout, self.pass_rate = loss, heldout, pass_rate
 
-    def start(self, name, config_path):
+    def start(self, name, config_path, restart=0):
         import json
         import pathlib
 

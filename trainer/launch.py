@@ -337,13 +337,15 @@ def run_spec(config_path: str | os.PathLike) -> RunConfig:
     return cfg.model_copy(update=upd)
 
 
-def submission_id(cfg: RunConfig, restart: int = 0) -> str:
+def submission_id(cfg: RunConfig, restart: int = 0, salt: str = "") -> str:
     """The job id of the run `cfg` at its `restart`-th start: the same spec gives the same id, so a
     controller that crashed after submitting and submits again finds its job instead of starting
-    a second one; a deliberate restart counts up."""
+    a second one; a deliberate restart counts up. `salt` (e.g. a key the swarm run drew once and
+    keeps) tells apart two runs of the same spec on one cluster, such as a workspace made again
+    at the same path."""
     if restart < 0:
         raise ValueError(f"restart={restart}: must be >= 0")
-    digest = hashlib.sha256(cfg.to_yaml().encode()).hexdigest()[:16]
+    digest = hashlib.sha256(salt.encode() + b"\0" + cfg.to_yaml().encode()).hexdigest()[:16]
     return f"swarmlab-{cfg.name}-{digest}-r{restart}"
 
 
@@ -355,17 +357,17 @@ class Submission:
 
 def submit(head: RayHead, config_path: str | os.PathLike, job_id: str | None = None, restart: int = 0,
            entrypoint_num_cpus: float | None = None, resources: dict[str, float] | None = None,
-           python: str | None = None) -> Submission:
+           python: str | None = None, salt: str = "") -> Submission:
     """Submit the trainer as a Ray job that carries its code and its config: the project's
     packages as `py_modules` (`code_runtime_env`), the run config (paths made absolute) as the
     job's `working_dir`, the entrypoint `PYTHON -m trainer.entry run.yaml` run there. `job_id`
-    defaults to `submission_id(config, restart)`; a job that exists under that id is not started
+    defaults to `submission_id(config, restart, salt)`; a job that exists under that id is not started
     again (`created=False`). `entrypoint_num_cpus` / `resources` reserve the driver's place
     (a custom resource pins it to the nodes that have it). `python`: the interpreter on the node
     (default: `$SWARMLAB_JOB_PYTHON`, else this one, which a node that shares this machine's
     layout has)."""
     cfg = run_spec(config_path)
-    job_id = job_id or submission_id(cfg, restart)
+    job_id = job_id or submission_id(cfg, restart, salt)
     python = python or os.environ.get(JOB_PYTHON_ENV) or sys.executable
     env = {**head.auth_env(), "PYTHONUNBUFFERED": "1"}  # the job's own ray.init (Ray Train) needs the token too
     from sandboxes.base import PLAIN_OPT_IN_ENV
