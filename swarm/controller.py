@@ -110,7 +110,8 @@ class Controller(ScriptSteering, Deciding):
         private_dir(self.private)
         self.runs = self.sdir / "runs"
         self.script = goal.entrypoint    # the user's own script (swarm/script_run.py), else None
-        self.jobs: Jobs = (script_jobs(self.script, self.sdir / "logs", jobs) if self.script else
+        self.jobs: Jobs = (script_jobs(self.script, self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head)
+                           if self.script else
                            ProcessJobs(self.sdir / "logs") if jobs == "process" else
                            RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head,
                                    job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,

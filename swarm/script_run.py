@@ -22,10 +22,10 @@ a run is here, so `swarm.controller` keeps small hooks only:
 - acknowledgements: `applied` and `restart` are accepted (`accepted`); a `restart` means the
   callback saved a checkpoint and stopped, and the relauncher relaunches the script with the
   change (`trainer.steer.relaunch`);
-- backtests: none. Forking a script's arms (a relauncher in a fresh run folder from the checkpoint,
-  the change as flags) is not built: a proposal that needs one waits for a human, its PR saying
-  why (`ScriptSteering.backtest`). One that `swarm.decisions.plan` validates by rule goes through
-  the gate as usual;
+- backtests: the live script is checkpointed and paused as this project's trainer is
+  (`swarm.deciding.Deciding.backtest`); the arms are forks of the script from that checkpoint
+  (`swarm.script_backtest`: the relauncher in a fresh run folder per arm, the change as flags or
+  hot overrides), scored and compared by the same `swarm.decisions` functions;
 - undoing a change: the values it replaced are set again (the weights trained since are kept);
 - missing evidence: what a foreign run cannot give (per-sample texts when the trainer keeps none,
   a rollback) is named in the diagnosis (`missing_evidence`), never guessed.
@@ -39,10 +39,14 @@ from __future__ import annotations
 import json
 import pathlib
 import shlex
+import shutil
 from typing import Any, Mapping
 
 from agents.domain import Intervention, InterventionKind, Status
-from trainer.runlog import iter_jsonl
+from swarm.backtest import result
+from swarm.decisions import Look, Pair, Rule, retry_horizon, run_looks, schedule, try_share
+from swarm.script_backtest import run_script_arms, script_rule
+from trainer.runlog import iter_jsonl, read_jsonl
 from trainer.steer.relaunch import restart_changes
 from trainer.steer.settings import as_settings, check_change, coerce, read_declared
 
@@ -77,8 +81,6 @@ def as_changes(fields: Mapping[str, Any]) -> dict[str, Any]:
 # the kinds a script run can take: a settings change, a job restart (the relauncher resumes from the
 # newest checkpoint), and a rollback turned into its change
 KINDS = (InterventionKind.RECIPE_EDIT, InterventionKind.HARNESS_EDIT, InterventionKind.RESTART, InterventionKind.ROLLBACK)
-NO_BACKTEST = ("backtests are not available for script runs (forking a script's arms from its checkpoint is not "
-               "built): a human decides")
 
 
 def accepted(ack: Mapping[str, Any] | None) -> bool:
@@ -203,6 +205,7 @@ class ScriptSteering:
     project's trainer."""
 
     script: Any
+    script_arms = staticmethod(run_script_arms)   # runs a script backtest's arms (tests may script them)
 
     def settings(self) -> dict[str, Any]:
         return declared(self.run_dir)
@@ -271,16 +274,69 @@ class ScriptSteering:
             return None
         return super().prepare(out, s)
 
-    def backtest(self, iv: Intervention) -> None:
-        if not self.script:
-            return super().backtest(iv)
-        if iv.status != Status.PROPOSED:
-            return None
-        iv.backtest_skipped = NO_BACKTEST
-        self.store.put(iv)
-        self.open_pr(self.store.get(iv.id))
-        self.store.transition(iv.id, Status.AWAITING_APPROVAL, f"{NO_BACKTEST}: swarm approve {iv.id}")
+    def algorithm(self) -> str | None:
+        """The label the script's metrics rows carry (`algorithm: sft`), None when it gives none."""
+        for r in reversed(read_jsonl(self.run_dir / "metrics.jsonl")):
+            if isinstance(r.get("algorithm"), str):
+                return r["algorithm"]
         return None
+
+    def _backtest_arms(self, iv: Intervention, ack: dict[str, Any]) -> None:
+        """`Deciding._backtest_arms` for a script run: the same looks, rule settings and recorded
+        result, with the arms forked from the checkpoint the script saved on the backtest's
+        `checkpoint` command (`swarm.script_backtest.run_script_arms`). The noise model takes the
+        script's held-out size where its eval rows give it."""
+        if not self.script:
+            return super()._backtest_arms(iv, ack)
+        bt = self.goal.swarm.backtest
+        iid = iv.id
+        ckpt = str((ack.get("result") or {}).get("checkpoint") or "")
+        looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
+        before = self.tries_without_gain(iv)
+        base = retry_horizon(bt.horizon_steps, before)
+        algorithm = self.algorithm()
+        cpu = 0.0
+        sizes: list[int] = []
+        notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {base} steps"] if base > bt.horizon_steps else []
+
+        def measure(look: Look, seeds: list[int]) -> list[Pair]:
+            nonlocal cpu
+            ps, c, n = self.script_arms(iv, argv=self.script.argv(), cwd=self.script.cwd, live_run_dir=self.run_dir,
+                                        checkpoint=ckpt, step=int(ack["step"]), metric=self.goal.target.metric,
+                                        horizon=base * look.horizon_factor, seeds=seeds, workdir=self.sdir / "backtests",
+                                        log_dir=self.sdir / "logs",
+                                        label=f"-x{look.horizon_factor}" if look.horizon_factor > 1 else "")
+            cpu += c
+            sizes.extend([n] if n else [])
+            return ps
+
+        def rule_at(n: int) -> Rule:
+            return script_rule(iv, algorithm, alpha=bt.alpha, share=try_share(before), higher_is_better=self.goal.target.op == ">=",
+                               metric=self.goal.target.metric, eval_size=min(sizes) if sizes else bt.eval_size,
+                               looks=len(looks), look=n)
+
+        try:
+            d, pairs, look, extended = run_looks(looks, measure, rule_at)
+        except (OSError, ValueError) as e:   # no arm could start (e.g. the checkpoint is gone): a refusal, recorded
+            self.store.transition(iid, Status.REJECTED, f"the backtest's arms could not start: {e}")
+            return
+        finally:   # the arms' copy of the live checkpoint: every look of this backtest is done with it
+            shutil.rmtree(self.sdir / "backtests" / f"fork-{iid}", ignore_errors=True)
+        for i, (lk, dec) in enumerate(extended):
+            nxt = looks[i + 1]
+            more = (f"a critical finding: looked again over {base * nxt.horizon_factor} steps"
+                    if nxt.horizon_factor != lk.horizon_factor else f"added seed(s) {', '.join(map(str, nxt.seeds[len(lk.seeds):]))}")
+            notes.append(f"look {i + 1} over {base * lk.horizon_factor} steps, seed(s) {', '.join(map(str, lk.seeds))}: {dec.reason}; {more}")
+        notes.append(f"arms forked from the script's {pathlib.Path(ckpt).name} at step {ack['step']}; held-out size "
+                     + (f"{min(sizes)} (the script's)" if sizes else f"{bt.eval_size} (the goal's: the script reports none)"))
+        horizon = base * look.horizon_factor
+        res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu, note="; ".join(notes))
+        iv = self.store.get(iid)
+        iv.backtest = res
+        iv.outcome.backtest_cpu_s = round(cpu, 3)
+        self.store.put(iv)
+        self.store.transition(iid, Status.VALIDATED if res.passed else Status.REJECTED,
+                              f"{res.signal}: effect {res.effect:+.3f}, P(no gain)={res.p_value:.3f}")
 
     def roll_back(self, iv: Intervention, note: str) -> None:
         if not self.script:
@@ -308,11 +364,17 @@ def log_launch(store: Any, ep: Any, run_dir: pathlib.Path) -> None:
     store.log("script_launched", command=command_line(ep), cwd=str(ep.cwd), run_dir=str(run_dir))
 
 
-def script_jobs(ep: Any, log_dir: pathlib.Path, jobs: str) -> Any:
-    """The launcher of a script goal: `swarm.jobs.ScriptJobs` (local processes) only."""
+def script_jobs(ep: Any, log_dir: pathlib.Path, jobs: str, address: str | None = None,
+                saved_head: Any = None, on_head: Any = None) -> Any:
+    """The launcher of a script goal: `swarm.jobs.ScriptJobs` (the relauncher as a local process) for
+    `process`, `swarm.script_jobs.ScriptRayJobs` (the relauncher as a Ray job) for `ray`. For Ray:
+    `address` (None: a private head), `saved_head` (a callable giving the head the run recorded, read
+    only without an address) and `on_head`, as `swarm.jobs.RayJobs` takes them."""
     from swarm.jobs import ScriptJobs
+    from swarm.script_jobs import ScriptRayJobs
 
-    if jobs != "process":
-        raise ValueError(f"--jobs={jobs!r}: a goal that runs a script (run.entrypoint) runs it as a local process "
-                         "under the relauncher (Ray jobs for scripts are not built); use --jobs process")
-    return ScriptJobs(ep, log_dir, cwd=ep.cwd)
+    if jobs == "process":
+        return ScriptJobs(ep, log_dir, cwd=ep.cwd)
+    if jobs == "ray":
+        return ScriptRayJobs(ep, address, saved=None if address or saved_head is None else saved_head(), on_head=on_head)
+    raise ValueError(f"--jobs={jobs!r}: must be process or ray")

@@ -6,18 +6,18 @@ accepted, the goal's own values from the script's arguments. Then the real contr
 example script: a proposal in operator terms is recorded under the declared name and pre-checked by
 `trainer.steer.check_change`; a hot change is applied and read back; a restart-required change is
 acknowledged `restart`, accepted, and relaunched by the relauncher; a change that would need a
-backtest waits for a human with the reason.
+backtest is backtested: the live script is paused while arms forked from its checkpoint run, and
+the result is recorded.
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 
 import pytest
 
 from agents.domain import Diagnosis, Intervention, InterventionKind, Risk, Status
-from swarm.script_run import (NO_BACKTEST, OPERATOR_FIELDS, accepted, adapt, as_changes, operator_view, start_values,
+from swarm.script_run import (OPERATOR_FIELDS, accepted, adapt, as_changes, operator_view, start_values,
                               to_declared, trainer_fields)
 from trainer.runlog import read_jsonl
 from trainer.steer.settings import Setting, read_declared
@@ -120,7 +120,8 @@ def test_the_controller_checks_applies_and_relaunches_a_script_runs_changes(tmp_
         "run": {"entrypoint": {"script": str(ROOT / "examples" / "steer" / "sft_addition.py"), "metric": "eval_accuracy",
                                "args": [*TINY, "--output_dir", "out", "--max_steps", "100000", "--learning_rate", "0.05",
                                         "--eval_strategy", "no", "--save_steps", "100000"]}},
-        "memory": {"library": str(tmp_path / "lib"), "backend": "memory"}})
+        "memory": {"library": str(tmp_path / "lib"), "backend": "memory"},
+        "swarm": {"backtest": {"horizon_steps": 8, "seeds": [0]}}})
     ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
     try:
         job = ctrl.start_job()
@@ -164,15 +165,34 @@ def test_the_controller_checks_applies_and_relaunches_a_script_runs_changes(tmp_
         launch = [r for r in read_jsonl(ctrl.run_dir / "launches.jsonl") if r.get("reason") == "restart"][0]
         assert launch["argv"][-4:-2] == ["--max_steps", "50000"] and launch["argv"][-2] == "--resume_from_checkpoint"
 
-        # a change that would need a backtest waits for a human: script runs have no backtest arms
+        # a change that needs a backtest: the relaunched script is checkpointed and paused, a candidate
+        # and a control arm fork from that checkpoint, and the decision is recorded
+        def live_step() -> int:
+            ctrl.tick.evidence = None
+            return ctrl.evidence("RUNNING").step
+
+        wait(lambda: (read_declared(ctrl.run_dir) or {}).get("values", {}).get("max_steps") == 50000
+             and live_step() > int(acks[f"{rs.id}-apply"]["step"]))
         bt = ctrl.prepare(proposal(InterventionKind.RECIPE_EDIT, {"recipe.lr": 0.01}), s)
         ctrl.store.put(bt)
         ctrl.backtest(ctrl.store.get(bt.id))
         got = ctrl.store.get(bt.id)
-        assert got.status == Status.AWAITING_APPROVAL and got.backtest is None and got.backtest_skipped == NO_BACKTEST
-        assert NO_BACKTEST in got.history[-1]["note"] and ctrl.ws.pr_state(bt.id) == "open"
-        report = json.loads(ctrl.ws.repo.git.show(f"{got.branch}:reports/{bt.id}/intervention.json"))
-        assert report["changes"] == {"recipe.learning_rate": 0.01}   # the report keeps the change
+        assert got.status in (Status.VALIDATED, Status.REJECTED), got.history
+        assert got.backtest is not None and got.backtest.horizon_steps == 8 and got.backtest.seeds == [0]
+        assert got.backtest_skipped is None and got.outcome.backtest_cpu_s > 0
+        assert "held-out size 64 (the script's)" in got.backtest.note
+        acks = {r["id"]: r for r in read_jsonl(ctrl.run_dir / "command_log.jsonl")}
+        fork = acks[f"{bt.id}-bt"]
+        assert fork["status"] == "applied" and pathlib.Path(fork["result"]["checkpoint"]).is_dir()
+        paused, resumed = acks[f"{bt.id}-bt-pause"], acks[f"{bt.id}-bt-resume"]
+        assert paused["status"] == resumed["status"] == "applied" and paused["step"] == resumed["step"]
+        # the live run trained nothing while the arms ran
+        assert not [r for r in read_jsonl(ctrl.run_dir / "metrics.jsonl") if paused["time"] < r["time"] < resumed["time"]]
+        assert not (ctrl.sdir / "backtests" / f"fork-{bt.id}").exists()   # the arms' copy of the checkpoint: removed
+        for arm in ("candidate", "control"):
+            rows = read_jsonl(ctrl.sdir / "backtests" / f"bt-{bt.id}-{arm}-s0" / "metrics.jsonl")
+            assert rows[0]["step"] == fork["step"] + 1 and rows[-1]["step"] == fork["step"] + 8 and "heldout_acc" in rows[-1]
+        wait(lambda: live_step() > resumed["step"])   # and goes on after them
     finally:
         ctrl.jobs.close()
         ctrl._conn.close()

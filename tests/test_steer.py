@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import time
 from collections import defaultdict, deque
 from typing import Any
 
@@ -219,7 +220,7 @@ def test_bad_commands_are_refused_with_the_reason_check_change_gives(tmp_path):
     bad = {"neg": {"learning_rate": -1.0}, "unknown": {"lora_rank": 8}, "type": {"learning_rate": "high"},
            "bool": {"max_grad_norm": True}, "whole": {"learning_rate": 2e-3, "weight_decay": 7.0}}
     plan = {3: [{"cmd": "set_fields", "id": k, "fields": v} for k, v in bad.items()]
-            + [{"cmd": "pause", "id": "pause"}, {"cmd": "set_fields", "id": "nofields"},
+            + [{"cmd": "rollback", "id": "rollback", "name": "x"}, {"cmd": "set_fields", "id": "nofields"},
                {"raw": True, "line": "{not json"}]}
     _, probe = train(tmp_path, run, max_steps=8, plan=plan)
     got = acks(run)
@@ -230,7 +231,7 @@ def test_bad_commands_are_refused_with_the_reason_check_change_gives(tmp_path):
     assert "learning_rate=-1.0: must be > 0" == got["neg"]["reason"]
     assert got["unknown"]["reason"].startswith("unknown setting 'lora_rank'")
     assert got["whole"]["reason"] == "weight_decay=7.0: must be <= 1"
-    assert got["pause"]["status"] == "rejected" and "not supported" in got["pause"]["reason"]
+    assert got["rollback"]["status"] == "rejected" and "not supported" in got["rollback"]["reason"]
     assert got["nofields"]["status"] == "rejected" and got["line8"]["status"] == "rejected"
     m = multipliers("linear", 8, 0)
     assert [probe.lr[i][0] for i in range(8)] == pytest.approx([1e-3 * x for x in m])   # nothing applied
@@ -315,6 +316,45 @@ def test_a_change_that_does_not_read_back_is_acked_failed_and_undone(tmp_path):
 
 
 # ---- actions -------------------------------------------------------------------------------------
+
+def test_a_paused_run_trains_nothing_until_resumed_and_handles_commands_meanwhile(tmp_path):
+    """`pause` holds the run at the step end, its heartbeat `paused` and fresh; a hot change sent
+    while it waits is applied there; `resume` lets it go on, with the change in force."""
+    import threading
+
+    run = tmp_path / "run"
+    seen: dict[str, Any] = {}
+
+    def operator() -> None:   # the swarm's side, while the Trainer waits in on_step_end
+        deadline = time.time() + 120
+        try:
+            while (read_heartbeat(run) or {}).get("state") != "paused" and time.time() < deadline:
+                time.sleep(0.05)
+            first = read_heartbeat(run)
+            time.sleep(1.2)
+            seen["beats"] = (first, read_heartbeat(run))
+            seen["rows"] = [r["step"] for r in read_jsonl(run / "metrics.jsonl")]
+            send_command(run, "set_fields", id="lr", fields={"learning_rate": 5e-4})
+            while "lr" not in acks(run) and time.time() < deadline:
+                time.sleep(0.05)
+        finally:
+            send_command(run, "resume", id="go")   # never leave the Trainer waiting
+
+    t = threading.Thread(target=operator, daemon=True)
+    t.start()
+    _, probe = train(tmp_path, run, max_steps=8, lr_scheduler_type="constant", plan={3: [{"cmd": "pause", "id": "hold"}]})
+    t.join(5)
+    got = acks(run)
+    assert [got[i]["status"] for i in ("hold", "lr", "go")] == ["applied"] * 3
+    assert [got[i]["step"] for i in ("hold", "lr", "go")] == [3, 3, 3]
+    first, later = seen["beats"]
+    assert first["state"] == later["state"] == "paused" and first["step"] == later["step"] == 3
+    assert later["time"] > first["time"]                    # rewritten while it waits: not a hung job
+    assert max(seen["rows"]) <= 3                           # nothing trained during the pause
+    assert [probe.lr[i][0] for i in range(8)] == pytest.approx([1e-3] * 3 + [5e-4] * 5)
+    assert read_heartbeat(run)["state"] == "completed"
+    assert [e["event"] for e in read_jsonl(run / "events.jsonl") if e["event"] in ("paused", "resumed")] == ["paused", "resumed"]
+
 
 def test_eval_and_checkpoint_now_are_acked_when_done(tmp_path):
     run = tmp_path / "run"

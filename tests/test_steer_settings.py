@@ -131,7 +131,7 @@ def test_the_inbox_reads_new_lines_once_and_skips_acked_ids(tmp_path):
     box = SteerInbox(tmp_path)
     got = box.poll()
     assert [(c["id"], c.get("invalid")) for c in got] == [
-        ("a", None), ("b", "command 'rollback' is not supported here (supported: set_fields, eval, checkpoint, stop)"),
+        ("a", None), ("b", "command 'rollback' is not supported here (supported: set_fields, eval, checkpoint, stop, pause, resume)"),
         ("line3", "a command must be a JSON object")]
     assert box.poll() == []
     with open(tmp_path / "commands.jsonl", "a") as f:

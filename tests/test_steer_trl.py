@@ -2,7 +2,8 @@
 (tiny random Qwen2, character tokenizer, CPU). The generation settings are hot: a command changes
 the length of the completions TRL generates from the next step on.
 
-TRL is in the `bench` extra, not in the default install: without it these tests are skipped.
+TRL (with `datasets`) is in the `test` extra that scripts/bootstrap.sh installs; in an environment
+without it these tests are skipped.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("trl", reason="TRL is not installed (it is in the `bench` extra, not the default install)")
+pytest.importorskip("trl", reason="TRL is not installed (the `test` extra has it: scripts/bootstrap.sh)")
 pytest.importorskip("datasets", reason="datasets (a TRL dependency) is not installed")
 
 from trainer.control import send_command  # noqa: E402

@@ -1,5 +1,6 @@
-"""A user's own TRL `GRPOTrainer` script, steered by the swarm through one line. TRL is optional:
-it is in the `bench` extra (`pip install -e .[bench]`), not in the default install.
+"""A user's own TRL `GRPOTrainer` script, steered by the swarm through one line. TRL is not a
+dependency of the swarm itself: it comes with the `test` and `bench` extras (`pip install -e .[test]`,
+which scripts/bootstrap.sh runs).
 
 The policy is a tiny Qwen2 built from a config (random weights, nothing downloaded). The tokenizer
 is character-level and built here with the `tokenizers` library. The task is to answer "a+b=" with

@@ -6,6 +6,8 @@ steers (`docs/steering.md`).
 
 `relaunch` runs the script as a child process and launches it again after a restart-required
 change or a crash (`python -m trainer.steer.relaunch --run-dir RUN -- python train.py …`).
+`fork` runs it again from one of its checkpoints in a folder of its own, for a fixed number of
+steps (the swarm's backtest arms).
 
 `settings` (declared settings and the pure `check_change`) imports neither torch nor
 transformers; `callback` needs transformers.

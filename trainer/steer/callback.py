@@ -26,6 +26,13 @@ torch.distributed is initialised, every rank applies them, rank 0 acknowledges t
   eval        evaluate now (acked when the evaluation has run, with its held-out metrics).
   checkpoint  save now (acked when saved, with the folder).
   stop        stop after this step.
+  pause       hold the run at this step end (heartbeat `paused`, rewritten while it waits) and
+              handle the commands that arrive, until `resume` or `stop`: a backtest's arms get the
+              cores and the live run trains nothing the arms do not measure.
+  resume      go on after a pause.
+A fork (a backtest arm: `trainer.steer.fork`) runs with `stop_at_step` (or `$SWARMLAB_STOP_AT_STEP`):
+at that step the callback has the Trainer evaluate once and stop, so the arm ends with the held-out
+metric while the run's own schedule (its `max_steps`, hence its lr curve) is unchanged.
 Hot changes acked `applied` persist in `settings.json` ("overrides") and are applied again when
 the run resumes in the same RUN_DIR, whatever the checkpoint holds; a command id acked once is
 never processed again.
@@ -44,6 +51,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trainer.distributed import Dist
 from trainer.runlog import RunLog, atomic_write_text, iter_jsonl
 from trainer.steer.apply import ApplyError, Live, apply_change, decay_group_indices, read
+from trainer.steer.fork import STOP_AT_ENV
 from trainer.steer.inbox import SteerInbox
 from trainer.steer.metrics import SUMMARY_KEYS, is_summary, run_metrics
 from trainer.steer.settings import (ACTIONS, SETTINGS_FILE, Setting, check_change, coerce, declared_settings,
@@ -78,13 +86,23 @@ class SwarmCallback(TrainerCallback):
     generation settings, completions, the eval dataset. `metric_names` maps the user's own log
     names to the run format's (e.g. {"eval_exact_match": "heldout_acc"}). `extra_settings` declares
     settings of the user's script that a relaunch applies. `poll_every` reads the inbox every N
-    optimizer steps."""
+    optimizer steps. `stop_at_step` (default `$SWARMLAB_STOP_AT_STEP`): evaluate and stop at that
+    step (a backtest arm)."""
 
     def __init__(self, run_dir: str | os.PathLike | None = None, *, trainer: Any = None,
                  metric_names: Mapping[str, str] | None = None, extra_settings: Iterable[Setting] = (),
-                 samples_per_log: int = 4, algorithm: str | None = None, poll_every: int = 1) -> None:
+                 samples_per_log: int = 4, algorithm: str | None = None, poll_every: int = 1,
+                 stop_at_step: int | None = None) -> None:
         if poll_every < 1:
             raise ValueError(f"poll_every={poll_every} must be >= 1")
+        if stop_at_step is None and os.environ.get(STOP_AT_ENV):
+            raw = os.environ[STOP_AT_ENV]
+            try:
+                stop_at_step = int(raw)
+            except ValueError:
+                raise ValueError(f"${STOP_AT_ENV}={raw!r} must be an integer step") from None
+        if stop_at_step is not None and stop_at_step < 1:
+            raise ValueError(f"stop_at_step={stop_at_step} must be >= 1")
         if samples_per_log < 0:
             raise ValueError(f"samples_per_log={samples_per_log} must be >= 0")
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
@@ -94,6 +112,8 @@ class SwarmCallback(TrainerCallback):
         self.samples_per_log = samples_per_log
         self.algorithm = algorithm
         self.poll_every = poll_every
+        self.stop_at = stop_at_step
+        self.paused = False
         self.log: RunLog | None = None
         self.inbox: SteerInbox | None = None
         self.version = ""
@@ -126,9 +146,9 @@ class SwarmCallback(TrainerCallback):
         if not self.main:
             return
         now = time.monotonic()
-        if force or self._beat_at is None or now - self._beat_at >= HEARTBEAT_EVERY_S:
+        if force or state != self._beat_state or self._beat_at is None or now - self._beat_at >= HEARTBEAT_EVERY_S:
             self.log.heartbeat(step, state)
-            self._beat_at = now
+            self._beat_at, self._beat_state = now, state
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
@@ -141,8 +161,10 @@ class SwarmCallback(TrainerCallback):
         self.status = "completed"
         self.pending: dict[str, list[str]] = {"eval": [], "checkpoint": []}
         self.restart: dict[str, Any] | None = None
+        self.paused = False
         self.summary: dict[str, Any] = {}
         self._beat_at: float | None = None
+        self._beat_state: str | None = None
         self._step_began: float | None = None
         self._step_times: list[float] = []
         self._samples_seen: list[str] = []
@@ -214,19 +236,38 @@ class SwarmCallback(TrainerCallback):
             self._step_began = None
         step = state.global_step
         self._beat(step, "running")
+        if self.stop_at is not None and (step >= self.stop_at or step >= state.max_steps):
+            # a fork's end: one evaluation (when the run has an eval set), then stop
+            if self.trainer is None or getattr(self.trainer, "eval_dataset", None) is not None:
+                control.should_evaluate = True
+            control.should_training_stop = True
         if step % self.poll_every:
             return control
+        halt = self._commands(step, control)
+        if self.paused:
+            while self.paused and not halt:
+                self._beat(step, "paused")
+                time.sleep(0.2)
+                halt = self._commands(step, control)
+            if not halt:
+                self._beat(step, "running")
+        return control
+
+    def _commands(self, step: int, control) -> bool:
+        """Read (rank 0), broadcast and handle the new commands. Returns whether one halted the
+        run (a stop or a restart request): the commands after it wait for the next process."""
         cmds = self.inbox.poll() if self.main and self.inbox else []
         cmds = self.dist.broadcast(cmds)
-        changed = False
+        changed = halt = False
         for c in cmds:
             halt, did = self._handle(c, step, control)
             changed |= did
             if halt:
-                break   # later commands wait for the next process (after a stop or a restart)
+                self.paused = False
+                break
         if changed:
             self._write_settings(step)
-        return control
+        return halt
 
     def _ack(self, c: Mapping[str, Any], step: int, status: str, message: Any) -> None:
         if self.main and self.inbox:
@@ -276,6 +317,12 @@ class SwarmCallback(TrainerCallback):
             control.should_save = True
             self.pending["checkpoint"].append(c["id"])
             return False, False
+        if cmd in ("pause", "resume"):
+            self.paused = cmd == "pause"
+            self._ack(c, step, "applied", {"paused": self.paused})
+            if self.main:
+                self.log.event("paused" if self.paused else "resumed", step, id=c["id"])
+            return False, False
         if cmd == "stop":
             control.should_training_stop = True
             self.status = "stopped_by_command"
@@ -298,6 +345,13 @@ class SwarmCallback(TrainerCallback):
         if self._step_times and not any(k.startswith("heldout") for k in row):
             row["step_time"] = sum(self._step_times) / len(self._step_times)
             self._step_times = []
+        if any(k.startswith("heldout") for k in row):
+            ds = getattr(self.trainer, "eval_dataset", None)
+            if ds is not None and not isinstance(ds, dict):
+                try:   # how many held-out examples the rates are shares of (a backtest's noise model reads it)
+                    row["eval_examples"] = len(ds)
+                except TypeError:
+                    pass
         self.log.metrics.write(row)
         self._log_samples(step)
         return control

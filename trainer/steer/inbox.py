@@ -20,7 +20,7 @@ from typing import Any
 
 from trainer.runlog import read_jsonl
 
-COMMANDS = ("set_fields", "eval", "checkpoint", "stop")
+COMMANDS = ("set_fields", "eval", "checkpoint", "stop", "pause", "resume")
 
 
 class SteerInbox:

@@ -231,6 +231,8 @@ ACTIONS: tuple[dict[str, str], ...] = (
     {"cmd": "eval", "help": "evaluate at the next step end"},
     {"cmd": "checkpoint", "help": "save a checkpoint at the next step end"},
     {"cmd": "stop", "help": "stop after the next step end"},
+    {"cmd": "pause", "help": "hold the run at the next step end (heartbeat `paused`) until `resume` or `stop`"},
+    {"cmd": "resume", "help": "go on after a pause"},
 )
 
 
