@@ -392,18 +392,28 @@ class Deciding:
         return noop_edit(iv.changes, self.ws.current_recipe(), self.ws.current_harness(), live)
 
     # ---- evaluate -------------------------------------------------------------------------------
+    def held_out_size(self) -> int:
+        """Examples in one held-out eval of the live run: the recipe's `eval_size`, or for a script
+        run what its eval rows say (`eval_examples`, written by SwarmCallback); 200 when neither says."""
+        n = self.base_cfg["recipe"].get("eval_size")
+        if not n and self.script:
+            ev = self.tick.evidence
+            sizes = [r.get("eval_examples") for r in (ev.evals if ev is not None else [])]
+            n = next((x for x in reversed(sizes) if isinstance(x, int) and not isinstance(x, bool) and x > 0), None)
+        return int(n or 200)
+
     def control_for(self, iv: Intervention) -> Control:
         """The backtest's control arms (mean, binomial standard error), else the value measured just
         before applying (with its own measurement noise)."""
         rate = self.goal.target.metric in ("heldout_acc", "heldout_malformed", "heldout_truncated")
         bt = iv.backtest
         if bt is not None and bt.control:
-            n = self.goal.swarm.backtest.eval_size
+            n = self.held_out_size() if self.script else self.goal.swarm.backtest.eval_size   # a script's arms eval its set
             m = sum(bt.control) / len(bt.control)
             se = math.sqrt(sum(rate_var(c, n) for c in bt.control)) / len(bt.control) if rate else None
             return Control(m, se, f"the backtest's control arms after {bt.horizon_steps} steps")
         base = iv.outcome.baseline
-        n = int(self.base_cfg["recipe"].get("eval_size") or 200)
+        n = self.held_out_size()
         se = math.sqrt(rate_var(base, n)) if rate and isinstance(base, (int, float)) else None
         return Control(base if isinstance(base, (int, float)) else None, se, "the value before applying")
 
@@ -450,7 +460,7 @@ class Deciding:
                 continue     # nothing measured after it: stays evaluating, no episode
             control = self.control_for(iv)
             w = Window(iv.kind, after[-1] if after else None, steps, window if not final else min(window, max(steps, 1)),
-                       eval_size=int(self.base_cfg["recipe"].get("eval_size") or 200),
+                       eval_size=self.held_out_size(),
                        target_is_rate=control.se is not None, higher_is_better=self.goal.target.op == ">=",
                        look=looks + 1, last_look=final)
             verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)

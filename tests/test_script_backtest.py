@@ -154,3 +154,21 @@ def test_a_lower_lr_arm_and_a_control_fork_from_the_scripts_checkpoint(tmp_path)
     res = result(d, pairs, metric="heldout_acc", horizon=10, seeds=[0], cpu_s=cpu)
     assert isinstance(res, BacktestResult) and res.candidate == [p.candidate.target] and res.control == [p.control.target]
     assert res.passed is isinstance(d, Validated) and res.cpu_s == cpu
+
+
+def test_a_script_runs_judgement_reads_its_held_out_size_from_its_eval_rows():
+    """The noise of a script run's held-out accuracy is that of the script's own eval set (the
+    `eval_examples` its eval rows carry), not the built-in recipe's default of 200."""
+    from types import SimpleNamespace
+
+    from agents.evidence import Evidence
+    from swarm.deciding import Deciding
+
+    evals = [{"step": 10, "eval_examples": 32, "heldout_acc": 0.1}, {"step": 20, "eval_examples": 48, "heldout_acc": 0.2}]
+    obj = SimpleNamespace(base_cfg={"recipe": {}, "harness": {}}, script=object(),
+                          tick=SimpleNamespace(evidence=Evidence(run_dir="x", evals=evals)))
+    assert Deciding.held_out_size(obj) == 48
+    obj.tick.evidence = None                                    # nothing read yet this tick
+    assert Deciding.held_out_size(obj) == 200
+    own = SimpleNamespace(base_cfg={"recipe": {"eval_size": 64}}, script=None, tick=obj.tick)
+    assert Deciding.held_out_size(own) == 64                    # the built-in trainer's recipe says
