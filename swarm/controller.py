@@ -110,12 +110,13 @@ class Controller(ScriptSteering, Deciding):
         private_dir(self.private)
         self.runs = self.sdir / "runs"
         self.script = goal.entrypoint    # the user's own script (swarm/script_run.py), else None
-        self.jobs: Jobs = (script_jobs(self.script, self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head)
-                           if self.script else
+        reserve = dict(job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,
+                       run_key=run_key(self.private)) if jobs == "ray" else {}
+        self.jobs: Jobs = (script_jobs(self.script, self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head,
+                                       **reserve) if self.script else
                            ProcessJobs(self.sdir / "logs") if jobs == "process" else
                            RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head,
-                                   job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,
-                                   run_key=run_key(self.private)))
+                                   **reserve))
         self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic(), Explorer()]
         self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)
         self.llm = None

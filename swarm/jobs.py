@@ -34,9 +34,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 class Jobs(abc.ABC):
     @abc.abstractmethod
-    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
-        """Start job `name` on `config_path`; `restart`: how many times the run's live job was
-        started before (a launcher that names jobs by their spec names a restart apart)."""
+    def start(self, name: str, config_path: str | os.PathLike, restart: int | None = None) -> str:
+        """Start job `name` on `config_path`. `restart`: for the run's live job, how many times it
+        was started before (a launcher that names jobs by their spec names a restart apart, and a
+        resumed controller that starts the same one again finds it); None for any other job (a
+        backtest arm, whose rerun after a controller restart must start afresh)."""
 
     @abc.abstractmethod
     def status(self, handle: str) -> str: ...
@@ -56,7 +58,7 @@ class ProcessJobs(Jobs):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
+    def start(self, name: str, config_path: str | os.PathLike, restart: int | None = None) -> str:
         return self._spawn(name, [sys.executable, "-m", "trainer.entry", str(config_path)], ROOT)
 
     def _spawn(self, name: str, argv: list[str], cwd: str | os.PathLike) -> str:
@@ -104,7 +106,7 @@ class ScriptJobs(ProcessJobs):
         self.cwd = pathlib.Path(cwd or os.getcwd()).resolve()
         self.max_crashes = max_crashes
 
-    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
+    def start(self, name: str, config_path: str | os.PathLike, restart: int | None = None) -> str:
         run_dir = pathlib.Path(config_path).resolve()   # for a script job: its run folder
         run_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "trainer.steer.relaunch", "--run-dir", str(run_dir),
@@ -126,9 +128,10 @@ class RayJobs(Jobs):
     records it, so whichever process ends the run stops the head the run started). `close` stops
     the current head if it is a private one.
 
-    A job's id is derived from its spec, its restart count and `run_key` (a key the swarm run keeps
-    for its life: `trainer.launch.submission_id`), so a controller resumed after a crash that
-    submits the same job again finds it instead of starting a second one. `job_cpus` and
+    The live job's id is derived from its spec, its restart count and `run_key` (a key the swarm
+    run keeps for its life: `trainer.launch.submission_id`), so a controller resumed after a crash
+    that submits the same live job again finds it instead of starting a second one; any other job
+    (`restart=None`: a backtest arm) gets a new id each time. `job_cpus` and
     `job_resources` reserve each job's place on the cluster (Ray's `entrypoint_num_cpus` and
     `entrypoint_resources`): without them Ray runs every job's trainer on the head node."""
 
@@ -188,12 +191,15 @@ class RayJobs(Jobs):
         out, self.replaced = self.replaced, []
         return out
 
-    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
+    def start(self, name: str, config_path: str | os.PathLike, restart: int | None = None) -> str:
+        import uuid
+
         from trainer.launch import submit_job
 
         self._head()
-        handle = submit_job(self.head, config_path, restart=restart, entrypoint_num_cpus=self.job_cpus,
-                            resources=self.job_resources, salt=self.run_key)
+        salt = self.run_key if restart is not None else f"{self.run_key}-{uuid.uuid4().hex[:8]}"
+        handle = submit_job(self.head, config_path, restart=restart or 0, entrypoint_num_cpus=self.job_cpus,
+                            resources=self.job_resources, salt=salt)
         self.handles.add(handle)
         return handle
 

@@ -34,11 +34,13 @@ class ScriptRayJobs(RayJobs):
     module docstring. `max_crashes`: the relauncher's."""
 
     def __init__(self, entrypoint: Any, address: str | None = None, num_cpus: int | None = None, saved: Any = None,
-                 on_head: Callable[[Any], None] | None = None, max_crashes: int = 3) -> None:
+                 on_head: Callable[[Any], None] | None = None, max_crashes: int = 3, job_cpus: float | None = None,
+                 job_resources: dict[str, float] | None = None, run_key: str = "") -> None:
         if not entrypoint.cwd or not pathlib.Path(entrypoint.cwd).is_absolute():
             raise ValueError(f"entrypoint.cwd={entrypoint.cwd!r}: a Ray job needs the script's folder as an absolute "
                              "path (swarm run records it)")
-        super().__init__(address, num_cpus=num_cpus, saved=saved, on_head=on_head)
+        super().__init__(address, num_cpus=num_cpus, saved=saved, on_head=on_head, job_cpus=job_cpus,
+                         job_resources=job_resources, run_key=run_key)
         self.entrypoint = entrypoint
         self.max_crashes = max_crashes
 
@@ -51,7 +53,8 @@ class ScriptRayJobs(RayJobs):
                 str(self.max_crashes), "--", *self.entrypoint.argv()]
         return f"cd {shlex.quote(str(self.entrypoint.cwd))} && exec {shlex.join(argv)}"
 
-    def start(self, name: str, config_path: str | os.PathLike, restart: int = 0) -> str:
+    def start(self, name: str, config_path: str | os.PathLike, restart: int | None = None) -> str:
+        import hashlib
         import logging
 
         from sandboxes.base import PLAIN_OPT_IN_ENV
@@ -66,15 +69,24 @@ class ScriptRayJobs(RayJobs):
         for logger in QUIET_LOGGERS:
             logging.getLogger(logger).setLevel(logging.WARNING)
         client = self._client()
-        job_id = f"{name}-{uuid.uuid4().hex[:6]}"
+        # the live job's id names the run (its key and folder) and its restart: a controller resumed
+        # after a crash that starts it again finds it (as swarm.jobs.RayJobs names its jobs)
+        if restart is None:
+            job_id = f"{name}-{uuid.uuid4().hex[:6]}"
+        else:
+            digest = hashlib.sha256(f"{self.run_key}\0{run_dir}".encode()).hexdigest()[:16]
+            job_id = f"swarmlab-{name}-{digest}-r{restart}"
         deadline = time.time() + SUBMIT_WAIT_S
         while True:
             try:
                 client.submit_job(entrypoint=self.command(run_dir), submission_id=job_id,
                                   runtime_env={**code_runtime_env(), "env_vars": env},
+                                  entrypoint_num_cpus=self.job_cpus, entrypoint_resources=self.job_resources,
                                   metadata={"swarmlab_script": pathlib.Path(self.entrypoint.script).name})
                 break
             except RuntimeError as e:
+                if "already exists" in str(e) and restart is not None:
+                    break       # submitted before (by this run before a crash): that job is the run's
                 # a fresh head answers before its job agent has registered (transient)
                 if "No available agent" not in str(e) or time.time() > deadline:
                     raise

@@ -365,16 +365,18 @@ def log_launch(store: Any, ep: Any, run_dir: pathlib.Path) -> None:
 
 
 def script_jobs(ep: Any, log_dir: pathlib.Path, jobs: str, address: str | None = None,
-                saved_head: Any = None, on_head: Any = None) -> Any:
+                saved_head: Any = None, on_head: Any = None, **reserve: Any) -> Any:
     """The launcher of a script goal: `swarm.jobs.ScriptJobs` (the relauncher as a local process) for
     `process`, `swarm.script_jobs.ScriptRayJobs` (the relauncher as a Ray job) for `ray`. For Ray:
     `address` (None: a private head), `saved_head` (a callable giving the head the run recorded, read
-    only without an address) and `on_head`, as `swarm.jobs.RayJobs` takes them."""
+    only without an address), `on_head` and `reserve` (job_cpus, job_resources, run_key), as
+    `swarm.jobs.RayJobs` takes them."""
     from swarm.jobs import ScriptJobs
     from swarm.script_jobs import ScriptRayJobs
 
     if jobs == "process":
         return ScriptJobs(ep, log_dir, cwd=ep.cwd)
     if jobs == "ray":
-        return ScriptRayJobs(ep, address, saved=None if address or saved_head is None else saved_head(), on_head=on_head)
+        return ScriptRayJobs(ep, address, saved=None if address or saved_head is None else saved_head(), on_head=on_head,
+                             **reserve)
     raise ValueError(f"--jobs={jobs!r}: must be process or ray")

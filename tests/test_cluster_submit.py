@@ -42,8 +42,9 @@ def test_submission_id_names_the_spec_and_the_restart(tmp_path, monkeypatch):
 
 
 def test_ray_jobs_name_each_job_by_its_spec_restart_and_run_key_and_reserve_its_place(tmp_path, monkeypatch):
-    """RayJobs.start submits with the goal's reservation and an id the spec, the restart count and
-    the run's key derive (no Ray here: the submission is recorded)."""
+    """RayJobs.start submits with the goal's reservation; the live job's id is derived from the
+    spec, the restart count and the run's key, any other job's (an arm) is new each time, since an
+    arm rerun after a controller restart must start afresh (no Ray here: the submission is recorded)."""
     import swarm.jobs as jobs_mod
     import trainer.launch as launch
 
@@ -58,8 +59,11 @@ def test_ray_jobs_name_each_job_by_its_spec_restart_and_run_key_and_reserve_its_
     assert sent == [{"restart": 2, "entrypoint_num_cpus": 1.0, "resources": {"trainer_node": 1.0}, "salt": key}]
     bare = jobs_mod.RayJobs("http://127.0.0.1:1")
     monkeypatch.setattr(bare, "_head", lambda: setattr(bare, "head", object()) or bare.head)
+    bare.start("bt-1-candidate-s0", tmp_path / "b.yaml")            # not the live job: a new id each time
     bare.start("bt-1-candidate-s0", tmp_path / "b.yaml")
-    assert sent[-1] == {"restart": 0, "entrypoint_num_cpus": None, "resources": None, "salt": ""}
+    first, second = sent[-2:]
+    assert first["entrypoint_num_cpus"] is None and first["resources"] is None and first["restart"] == 0
+    assert first["salt"] and second["salt"] and first["salt"] != second["salt"]
 
 
 def test_the_carried_config_has_absolute_paths(tmp_path, monkeypatch):
