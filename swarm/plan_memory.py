@@ -89,6 +89,8 @@ def remember_plan(knowledge: Any, rec: dict[str, Any] | None, summary: dict[str,
     choices = {c["field"]: c for c in rec["plan"]["choices"]}
     fields = {f: choices[f]["value"] for f in PILOT_FIELDS if f in choices}
     cpu = summary.get("worker_cpu_s_to_target")
+    if isinstance(cpu, (int, float)):   # the run's own, as the final report gives it: the pilot's is not the plan's cost
+        cpu = max(0.0, float(cpu) - float(((rec.get("pilot") or {}).get("cpu_s")) or 0.0))
     knowledge.record_report(KIND, rec["plan"]["goal"], kind=KIND, reached=bool(summary.get("reached")),
                             fields=json.dumps(fields, sort_keys=True),
                             sources=json.dumps({f: choices[f]["source"] for f in fields}, sort_keys=True),

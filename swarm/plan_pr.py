@@ -105,14 +105,15 @@ def _value(v: Any) -> str:
 
 
 def plan_changes(ws: Any, rec: dict[str, Any]) -> dict[str, Any]:
-    """The recipe/harness fields the plan chose after the workspace was made (the pilot's) whose
-    value main does not hold."""
+    """The recipe/harness fields of the plan whose value main does not hold: those chosen after the
+    workspace was made (by the pilot, or from memory), whatever their source, so that main holds
+    what the live job trains (the controller's departure detectors compare the two)."""
     from trainer.config import get_dotted
 
     main = {"recipe": ws.current_recipe(), "harness": ws.current_harness()}
     out = {}
     for c in rec["plan"]["choices"]:
-        if c["source"] == "pilot" and c["field"].startswith(("recipe.", "harness.")):
+        if c["field"].startswith(("recipe.", "harness.")):
             found, value = get_dotted(main, c["field"])
             if not found or value != c["value"]:
                 out[c["field"]] = c["value"]

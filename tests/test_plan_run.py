@@ -311,13 +311,24 @@ def test_a_planned_run_starts_from_a_past_plan_on_the_same_task(tmp_path):
     assert not b.store.timeline("pilot_run") and b.store.timeline("plan_from_memory")[0]["workspace"].startswith("a-")
     for field, value in won.items():
         ch = b_goal.plan().get(field)
-        assert ch.source is Source.MEMORY and ch.value == value and ch.evidence["worker_cpu_s_to_target"] == 50.0
+        # remembered: the run's own CPU to its target, as its final report gives it (the pilot's is not the plan's cost)
+        assert ch.source is Source.MEMORY and ch.value == value
+        assert ch.evidence["worker_cpu_s_to_target"] == pytest.approx(max(0.0, 50.0 - rec_a["pilot"]["cpu_s"]))
     assert b_goal.plan().get("model.n_layers").source is Source.USER   # written: never from memory
     assert b.base_cfg["model"]["d_model"] == won["model.d_model"] and b.base_cfg["recipe"]["lr"] == won["recipe.lr"]
     assert "| memory |" in git(tmp_path / "b", "show", "main:reports/plan/REPORT.md")
+    assert b.ws.current_recipe()["lr"] == won["recipe.lr"]     # main holds what the live job trains
     # B's own plan is remembered too; a run that did not reach its target is never recalled
     assert remember_plan(b.knowledge, rec_b, {"reached": False, "worker_cpu_s_to_target": None}, None)
     b.knowledge.close()
+
+    # with the pilot off, memory does not stand in for it either: the plan's defaults train
+    off = Controller.create(tmp_path / "off", Goal.parse(goal_data(goal="a policy that adds 3-digit numbers with >= 90% "
+                                                                  "held-out exact match", memory=lib,
+                                                                  pilot={"enabled": False})), jobs="process")
+    off.node_plan(SwarmState())
+    assert not off.store.timeline("plan_from_memory") and not off.store.timeline("pilot_run")
+    off.knowledge.close()
 
     c = Controller.create(tmp_path / "c", Goal.parse(goal_data(goal="a policy that sorts lists of 3 digits", memory=lib)),
                           jobs="process")
