@@ -350,11 +350,20 @@ class Deciding:
                             metric=self.goal.target.metric, eval_size=bt.eval_size, looks=len(looks), look=n)
 
         d, pairs, look, extended = run_looks(looks, measure, rule_at)
+        self.record_backtest(iid, d, pairs, looks, look, extended, base, notes, cpu)
+
+    def record_backtest(self, iid: str, d: Any, pairs: list[Pair], looks: list[Look], look: Look,
+                        extended: list[tuple[Look, Any]], base: int, notes: list[str], cpu: float,
+                        after: tuple[str, ...] = ()) -> None:
+        """Store a finished backtest's result on its intervention (each look that was extended, and
+        why, in its note, then `after`) and validate or reject it by the result."""
+        notes = list(notes)
         for i, (lk, dec) in enumerate(extended):
             nxt = looks[i + 1]
             more = (f"a critical finding: looked again over {base * nxt.horizon_factor} steps"
                     if nxt.horizon_factor != lk.horizon_factor else f"added seed(s) {', '.join(map(str, nxt.seeds[len(lk.seeds):]))}")
             notes.append(f"look {i + 1} over {base * lk.horizon_factor} steps, seed(s) {', '.join(map(str, lk.seeds))}: {dec.reason}; {more}")
+        notes += list(after)
         horizon = base * look.horizon_factor
         res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu, note="; ".join(notes))
         iv = self.store.get(iid)

@@ -43,7 +43,6 @@ import shutil
 from typing import Any, Mapping
 
 from agents.domain import Intervention, InterventionKind, Status
-from swarm.backtest import result
 from swarm.decisions import Look, Pair, Rule, retry_horizon, run_looks, schedule, try_share
 from swarm.script_backtest import run_script_arms, script_rule
 from trainer.runlog import iter_jsonl, read_jsonl
@@ -322,21 +321,9 @@ class ScriptSteering:
             return
         finally:   # the arms' copy of the live checkpoint: every look of this backtest is done with it
             shutil.rmtree(self.sdir / "backtests" / f"fork-{iid}", ignore_errors=True)
-        for i, (lk, dec) in enumerate(extended):
-            nxt = looks[i + 1]
-            more = (f"a critical finding: looked again over {base * nxt.horizon_factor} steps"
-                    if nxt.horizon_factor != lk.horizon_factor else f"added seed(s) {', '.join(map(str, nxt.seeds[len(lk.seeds):]))}")
-            notes.append(f"look {i + 1} over {base * lk.horizon_factor} steps, seed(s) {', '.join(map(str, lk.seeds))}: {dec.reason}; {more}")
-        notes.append(f"arms forked from the script's {pathlib.Path(ckpt).name} at step {ack['step']}; held-out size "
-                     + (f"{min(sizes)} (the script's)" if sizes else f"{bt.eval_size} (the goal's: the script reports none)"))
-        horizon = base * look.horizon_factor
-        res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu, note="; ".join(notes))
-        iv = self.store.get(iid)
-        iv.backtest = res
-        iv.outcome.backtest_cpu_s = round(cpu, 3)
-        self.store.put(iv)
-        self.store.transition(iid, Status.VALIDATED if res.passed else Status.REJECTED,
-                              f"{res.signal}: effect {res.effect:+.3f}, P(no gain)={res.p_value:.3f}")
+        where = (f"arms forked from the script's {pathlib.Path(ckpt).name} at step {ack['step']}; held-out size "
+                 + (f"{min(sizes)} (the script's)" if sizes else f"{bt.eval_size} (the goal's: the script reports none)"))
+        self.record_backtest(iid, d, pairs, looks, look, extended, base, notes, cpu, after=(where,))
 
     def roll_back(self, iv: Intervention, note: str) -> None:
         if not self.script:
