@@ -812,7 +812,8 @@ class Controller(ScriptSteering, Deciding):
             "rejected_by_backtest": sum(1 for iv in ivs if iv.status == Status.REJECTED and iv.backtest is not None),
             "skills": skills_in_run(self.store, self.knowledge),
             "llm": self.llm.summary() if self.llm is not None else {"calls": 0, "tokens": 0, "cost_usd": 0.0, "policy": "built-in"},
-            "plan_prediction": prediction_vs_outcome(read_record(self.sdir), rows, self.goal.target, s.to_target.get("worker_cpu_s")),
+            "plan_prediction": prediction_vs_outcome(read_record(self.sdir), rows, self.goal.target, s.to_target.get("worker_cpu_s"),
+                                                     self.live_cpu() / s.step if s.step else None),
         }
 
 

@@ -616,11 +616,13 @@ def steps_to_target(rows: list[dict[str, Any]], target: Any) -> int | None:
 
 
 def prediction_vs_outcome(rec: dict[str, Any] | None, rows: list[dict[str, Any]], target: Any,
-                          cpu_to_target: float | None) -> dict[str, Any] | None:
+                          cpu_to_target: float | None, live_cpu_per_step: float | None = None) -> dict[str, Any] | None:
     """The pilot's prediction beside what the run did: steps to the target (the first metrics row
     that meets it) and worker CPU-s to the target (`cpu_to_target`: the run's meter when the
     controller first saw the target met) less the pilot's own, as the prediction is for the run
-    after it. None for a run without a pilot."""
+    after it. The pilot's runs cost far less per step than the live job (one thread, no samples
+    written), so its predicted steps are also priced at the live job's own CPU per step
+    (`live_cpu_per_step`, measured over the run). None for a run without a pilot."""
     p = (rec or {}).get("pilot")
     if not p:
         return None
@@ -629,5 +631,9 @@ def prediction_vs_outcome(rec: dict[str, Any] | None, rows: list[dict[str, Any]]
     run_cpu = None if cpu_to_target is None else round(max(0.0, cpu_to_target - float(p["cpu_s"])), 2)
     return {"pilot_cpu_s": round(float(p["cpu_s"]), 2), "winner": p["winner"]["name"],
             "predicted_steps": pred.get("steps"), "predicted_worker_cpu_s": pred.get("worker_cpu_s"),
+            "live_cpu_per_step": round(live_cpu_per_step, 4) if live_cpu_per_step else None,
+            "predicted_worker_cpu_s_at_live_cost": (round(float(pred["steps"]) * live_cpu_per_step, 2)
+                                                    if live_cpu_per_step and isinstance(pred.get("steps"), (int, float))
+                                                    else None),
             "prediction_why": pred.get("why") or pred.get("method") or "",
             "reached": step is not None, "steps_to_target": step, "worker_cpu_s_to_target": run_cpu}

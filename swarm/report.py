@@ -334,6 +334,10 @@ def _plan_section(p: Any) -> str:
     got_cpu = f"{float(got_cpu):.0f}" if isinstance(got_cpu, (int, float)) else "not reached"
     rows = [["steps to the target", said_steps, got_steps], ["worker-CPU-s to the target (the run after the pilot)",
                                                              said_cpu, got_cpu]]
+    live = p.get("predicted_worker_cpu_s_at_live_cost")
+    if isinstance(live, (int, float)):
+        rows.append([f"the predicted steps at the live job's {float(p['live_cpu_per_step']):.3g} worker-CPU-s per step",
+                     f"{float(live):.0f}", got_cpu])
     why = f" Prediction: {cell(p.get('prediction_why'), 300)}." if p.get("prediction_why") else ""
     return (f"""
 ## Plan: prediction and outcome

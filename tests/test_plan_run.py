@@ -197,6 +197,12 @@ def test_the_final_report_states_prediction_and_outcome():
     md, _ = final_report({"goal": SENTENCE, "target": TARGET}, [], [], [], outcome)
     section = md.split("## Plan: prediction and outcome", 1)[1].split("## Interventions", 1)[0]
     assert "| steps to the target | 140 | 150 |" in section and "| 20 | 30 |" in section and "d64-lr0.003" in section
+    # priced at the live job's own CPU per step: 140 steps x 0.2 = 28 against the run's 30
+    priced = {**outcome, "plan_prediction": prediction_vs_outcome(record(140, 20.0), [{"step": 150, "heldout_acc": 0.92}],
+                                                                   Target(**TARGET), 35.0, live_cpu_per_step=0.2)}
+    assert priced["plan_prediction"]["predicted_worker_cpu_s_at_live_cost"] == 28.0
+    md, _ = final_report({"goal": SENTENCE, "target": TARGET}, [], [], [], priced)
+    assert "| the predicted steps at the live job's 0.2 worker-CPU-s per step | 28 | 30 |" in md
     missed = {"reached": False, "plan_prediction": prediction_vs_outcome(record(None, None, "one point is no curve"), [],
                                                               Target(**TARGET), None)}
     md, _ = final_report({"goal": SENTENCE, "target": TARGET}, [], [], [], missed)
