@@ -26,6 +26,7 @@ import ast
 import dataclasses
 import json
 import re
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -173,10 +174,16 @@ class ToolCallSyntax(_Strict):
         return self
 
     # ---- writing ---------------------------------------------------------------------
-    def render(self, name: str, arguments: dict[str, Any]) -> str:
-        """The call a well-formed policy writes (demonstrations, the endpoint's replayed calls)."""
+    def render(self, name: str, arguments: dict[str, Any], positional: bool = False) -> str:
+        """The call a well-formed policy writes (demonstrations, the endpoint's replayed calls).
+        `positional` (call syntax only): values without names, in the order given, as some agent
+        data writes them; only a lenient parser reads them."""
         if self.kind == "json":
+            if positional:
+                raise ValueError("positional arguments exist only in the call syntax, not in json")
             body = json.dumps({"name": name, "arguments": arguments})
+        elif positional:
+            body = name + "(" + ", ".join(json.dumps(v) for v in arguments.values()) + ")"
         else:
             body = name + "(" + ", ".join(f"{k}={json.dumps(v)}" for k, v in arguments.items()) + ")"
         return self.open + body + self.close
@@ -249,7 +256,9 @@ class ToolCallSyntax(_Strict):
         if self.lenient and not body.endswith(")"):
             body += ")"
         try:
-            node = ast.parse(body, mode="eval").body
+            with warnings.catch_warnings():   # model output is data: no SyntaxWarning on stderr for it
+                warnings.simplefilter("ignore", SyntaxWarning)
+                node = ast.parse(body, mode="eval").body
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return f"the call does not parse; write {form} with quoted strings"
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):

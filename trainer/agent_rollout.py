@@ -20,6 +20,10 @@ and completion ids and whether its prompt extends the previous prompt + completi
 does not once the context policy dropped or trimmed something: such calls cannot be merged into
 one training row).
 
+Each `Step` also keeps the tool's output before the harness cut it (`raw_observation`, when it was
+cut) and the `Trajectory` the verifier's reference answer (`expected`): what a HarnessCritic
+(`harness/critic.py`) needs to tell a cut that removed the answer from one that did not.
+
 Ends (`EndReason`): answered, no_answer (a final turn without a parsable answer), max_turns,
 max_tool_calls (a call past the limit is not run), context_full (the context policy could not fit
 the next prompt). A tool error, an unknown tool, a malformed call are observations; nothing the
@@ -85,6 +89,7 @@ class Step:
     observation: str | None = None
     error: str | None = None
     extends_previous: bool = True   # prompt == previous prompt + completion + the tokens between
+    raw_observation: str | None = None   # the tool's output before the harness cut it (None: not cut)
 
 
 @dataclasses.dataclass
@@ -105,6 +110,7 @@ class Trajectory:
     tool_errors: int
     observations_cut: int
     context_edits: int              # policy calls whose prompt the context policy changed
+    expected: str | None = None     # the verifier's reference answer (what a critic compares answers with)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -265,6 +271,7 @@ def run_episode(policy: Generator, env: AgentEnv, example: Example, harness: Age
             step.action, step.tool, step.arguments = "tool_call", call.name, call.arguments
         shown, cut = harness.observation.apply(res.observation)
         step.observation, step.error = shown, res.error
+        step.raw_observation = res.observation if cut else None
         messages.append(_message(tok, harness, "tool", shown, turn, error=res.error, cut=cut))
 
     result = env.verify(example, answer, truncated=truncated)
@@ -276,7 +283,7 @@ def run_episode(policy: Generator, env: AgentEnv, example: Example, harness: Age
         env=env.name, uid=example.uid, harness_version=harness.version, messages=messages, steps=steps,
         ids=ids, mask=mask, end=end, answer=answer, result=result, reward=result.reward, turn_rewards=turn_rewards,
         tool_calls=calls, tool_errors=sum(m.error is not None for m in messages),
-        observations_cut=sum(m.cut for m in messages), context_edits=edits)
+        observations_cut=sum(m.cut for m in messages), context_edits=edits, expected=example.answer)
 
 
 def _answer_at(harness: AgentHarness, text: str) -> int:

@@ -3,6 +3,8 @@ then multi-turn GRPO over whole trajectories (`trainer.algorithms.agent_grpo`).
 
     .venv/bin/python -m trainer.agent_train --env lookup --out runs --name lookup-1
     .venv/bin/python -m trainer.agent_train --env calc --max-seq-len 384 --sft-steps 600
+    .venv/bin/python -m trainer.agent_train --env lookup --critic --fault tool_syntax.kind=json \
+        --max-seq-len 384 --max-new-tokens 64 --grpo-steps 10
 
 Why a warm-up: an untrained policy never writes a well-formed tool call, so every trajectory of a
 group earns 0 and GRPO has no signal. A few hundred SFT steps on the environment's expert
@@ -20,6 +22,20 @@ One stage at a time, top to bottom:
                                                   over the policy's tokens (tool output masked)
     eval:     greedy held-out success (`heldout_acc`) before, after the warm-up, every
               `eval_every` GRPO steps and at the end
+
+With `--critic` (`critic.enabled`) the harness co-evolves with the weights (docs/agent-training.md):
+
+    critic:   for round in 1..critic.rounds:  the HarnessCritic (harness/critic.py) reads greedy
+                                               train trajectories and proposes typed edits; each
+                                               candidate and the current harness run the same
+                                               held-out validation episodes with the same weights;
+                                               the best edit with a significant paired gain is kept
+    GRPO:     critic.grpo_steps more steps under the improved harness
+    distill:  SFT on the improved harness's verified successes, written for the starting harness
+              and verified there; held-out success under both harnesses before and after
+
+`harness_fault` (`--fault PATH=VALUE`) edits the starting harness but not the warm-up
+demonstrations' harness: a fault for the critic to find.
 
 The run writes the trainer's run format (`trainer.runlog.RunLog`) under OUT/NAME: metrics.jsonl
 (`algorithm` "eval", "sft" every `log_every` steps or "grpo" every step; held-out fields on eval
@@ -40,13 +56,14 @@ import math
 import pathlib
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.agent import AgentHarness
+from harness.agent import AgentHarness, apply_edit, check_edit
+from harness.critic import Kept, critique, edit_record, judge_edit, paired_test
 from trainer.agent_batching import BatchedGenerator
 from trainer.agent_rollout import Trajectory, demonstration, run_episode, summarize
 from trainer.algorithms.agent_grpo import (Call, Row, agent_grpo_loss, episodes_from_records, group_advantages,
@@ -91,6 +108,28 @@ class GRPOStage(_Strict):
     updates_per_batch: int = Field(1, ge=1, le=16, description="optimiser steps per batch of trajectories")
 
 
+class CriticStage(_Strict):
+    """The HarnessCritic between GRPO and distillation (`--critic`): see the module docstring."""
+
+    enabled: bool = Field(False, description="run the critic, GRPO under the improved harness and distillation")
+    rounds: int = Field(2, ge=1, le=16, description="critic rounds; each keeps at most one edit, and a round that "
+                        "keeps none ends them")
+    read: int = Field(64, ge=1, le=100_000, description="train episodes rolled out (greedy) for the critic to read "
+                      "each round")
+    candidates: int = Field(3, ge=1, le=16, description="the critic's first edits measured per round")
+    val_size: int = Field(64, ge=8, le=100_000, description="held-out episodes each candidate is measured on "
+                          "(the ones after the eval episodes: disjoint from them)")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="one-sided level of the paired test for a round's "
+                         "candidates together (each is tested at alpha / candidates)")
+    grpo_steps: int = Field(10, ge=0, description="GRPO steps under the improved harness once an edit is kept")
+    distill_steps: int = Field(300, ge=0, description="SFT steps of distillation (0 = none); it stops after "
+                               "3 steps that gave no row (nothing the starting harness can verify)")
+    distill_batch: int = Field(16, ge=1, le=4096, description="fresh train episodes sampled under the improved "
+                               "harness per distillation step; their verified successes are the step's rows")
+    distill_lr: float = Field(3e-3, gt=0.0, le=10.0, description="AdamW learning rate of distillation")
+    distill_warmup_steps: int = Field(10, ge=0, description="steps of linear learning-rate warm-up of distillation")
+
+
 class AgentTrainConfig(_Strict):
     name: str = Field("agent", pattern=r"^[A-Za-z0-9_.-]+$", description="the run's folder under out_dir")
     out_dir: str = Field("runs", description="the run writes to OUT_DIR/NAME")
@@ -110,6 +149,14 @@ class AgentTrainConfig(_Strict):
                                   "turns over 32 train episodes + 1")
     sft: SFTStage = Field(default_factory=SFTStage, description="the warm-up on demonstrations")
     grpo: GRPOStage = Field(default_factory=GRPOStage, description="multi-turn GRPO")
+    demo_calls: Literal["named", "positional"] = Field(
+        "named", description="how the warm-up demonstrations write tool calls: named (get(key=\"abc\")) or "
+                             "positional (get(\"abc\")), as agent data from another harness may; positional calls "
+                             "need a lenient parser, so the starting harness's parser is lenient then")
+    harness_fault: dict[str, Any] = Field(default_factory=dict, description="typed harness edits (dotted path: "
+                                          "value, as `harness.agent.apply_edit`) applied to the run's starting "
+                                          "harness but not to the warm-up demonstrations' (a fault for the critic)")
+    critic: CriticStage = Field(default_factory=CriticStage, description="the HarnessCritic and distillation")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
     grad_clip: float = Field(1.0, gt=0.0, description="clip the global gradient norm to this")
     eval_size: int = Field(64, ge=1, le=100_000, description="held-out episodes per eval (greedy)")
@@ -162,10 +209,12 @@ class AgentTrainer:
                                                    "max_new_tokens": cfg.max_new_tokens or 1}}
             if cfg.system_prompt is not None:
                 fields["system_prompt"] = cfg.system_prompt
+            if cfg.demo_calls == "positional":
+                fields["tool_syntax"] = {"lenient": True}
             self.harness: AgentHarness = self.env.default_harness(**fields)
             if cfg.max_new_tokens is None or cfg.max_turns is None:   # what the expert needs, and a little more
                 exs = [self.env.episode(Split.TRAIN, i, cfg.difficulty) for i in range(32)]
-                turns = [demonstration(self.env, ex, self.harness) for ex in exs]
+                turns = [self.demo_turns(ex, self.harness) for ex in exs]
                 if cfg.max_new_tokens is None:
                     longest = max(len(self.policy.tok.encode(x)) for t in turns for x in t)
                     fields["sampling"]["max_new_tokens"] = longest + 8
@@ -174,6 +223,14 @@ class AgentTrainer:
                 self.harness = self.env.default_harness(**fields)
         except (ValueError, TypeError) as e:
             raise ConfigError(str(e)) from None
+        self.demo_harness = self.harness          # the warm-up demonstrations' harness: without the fault
+        for path, value in cfg.harness_fault.items():
+            why = check_edit(self.harness, path, value)
+            if why is not None:
+                raise ConfigError(f"harness_fault: {why}")
+            self.harness = apply_edit(self.harness, path, value)
+        self.start_harness = self.harness         # the run's starting harness, fault included
+        self.edits: list[dict[str, Any]] = []     # the critic's verdicts, kept and rejected
         device = next(self.policy.model.parameters()).device
         self.backend, _ = select_backend("torch" if cfg.model.kernels == "auto" and device.type == "cpu"
                                          else cfg.model.kernels, device)
@@ -196,13 +253,13 @@ class AgentTrainer:
             why = f"the {self.cfg.env!r} expert fails under this harness (episode {t.uid}: {t.end.value})"
             if t.end.value == "context_full":
                 raise ConfigError(f"{why}: its transcript does not fit the policy's {self.policy._max_len()} tokens "
-                                  f"with max_new_tokens={self.harness.sampling.max_new_tokens}; raise "
+                                  f"with max_new_tokens={self.demo_harness.sampling.max_new_tokens}; raise "
                                   "model.max_seq_len or shorten system_prompt")
             if t.end.value == "max_turns":
-                raise ConfigError(f"{why}: raise max_turns={self.harness.max_turns}")
+                raise ConfigError(f"{why}: raise max_turns={self.demo_harness.max_turns}")
             longest = max((len(s.completion_ids) for s in t.steps), default=0)
             raise ConfigError(f"{why}, {t.tool_errors} tool errors: its turns are cut at max_new_tokens="
-                              f"{self.harness.sampling.max_new_tokens} (they take up to {longest} tokens); raise it")
+                              f"{self.demo_harness.sampling.max_new_tokens} (they take up to {longest} tokens); raise it")
 
     # ---- data ---------------------------------------------------------------------------
     def next_train(self, n: int) -> list[Example]:
@@ -211,9 +268,18 @@ class AgentTrainer:
         return out
 
     def demonstrations(self, examples: list[Example]) -> list[Trajectory]:
-        """Expert trajectories with the policy's tokenizer, run through the environment."""
-        return [run_episode(DemoGenerator(self.policy.tok, demonstration(self.env, ex, self.harness),
-                                          self.policy._max_len()), self.env, ex, self.harness) for ex in examples]
+        """Expert trajectories with the policy's tokenizer, run through the environment under the
+        demonstrations' harness (the starting harness without `harness_fault`)."""
+        h = self.demo_harness
+        return [run_episode(DemoGenerator(self.policy.tok, self.demo_turns(ex, h), self.policy._max_len()),
+                            self.env, ex, h) for ex in examples]
+
+    def demo_turns(self, example: Example, harness: AgentHarness) -> list[str]:
+        """The expert's turns for `example`, its calls written as `demo_calls` says."""
+        if self.cfg.demo_calls == "named":
+            return demonstration(self.env, example, harness)
+        calls, answer = self.env.demo(example)
+        return [harness.tool_syntax.render(n, a, positional=True) for n, a in calls] + [harness.answer.render(answer)]
 
     # ---- optimisation -------------------------------------------------------------------
     def optimise(self, loss: torch.Tensor, lr: float) -> dict[str, float]:
@@ -242,6 +308,11 @@ class AgentTrainer:
         trajs = [t for t in demos if t.reward == 1.0 and not t.tool_errors]
         if not trajs:
             return {"loss": 0.0, "grad_norm": 0.0, "skipped": 1.0, "demo_kept": 0.0}
+        out = self.sft_on(trajs, self._lr(self.cfg.sft.lr, self.cfg.sft.warmup_steps, i))
+        return {**out, "demo_kept": len(trajs) / len(demos)}
+
+    def sft_on(self, trajs: list[Trajectory], lr: float) -> dict[str, float]:
+        """One SFT step on the policy tokens of `trajs` (their exact ids, merged per trajectory)."""
         rows: list[Row] = []
         drift = 0
         for k, t in enumerate(trajs):
@@ -249,8 +320,7 @@ class AgentTrainer:
             rows += r
             drift += d
         loss, stats = sft_rows_loss(self.policy, rows, self.backend)
-        out = self.optimise(loss, self._lr(self.cfg.sft.lr, self.cfg.sft.warmup_steps, i))
-        return {**stats, **out, "drift": float(drift), "demo_kept": len(trajs) / len(demos)}
+        return {**stats, **self.optimise(loss, lr), "drift": float(drift)}
 
     def grpo_step(self, i: int) -> dict[str, float]:
         """Sample a group of trajectories for each of the next train episodes, then `update`."""
@@ -308,9 +378,11 @@ class AgentTrainer:
             return {**stats, "loss": 0.0, "grad_norm": 0.0, "skipped": 1.0}
         return {**stats, **self.update(groups, i)}
 
-    def rollout(self, examples: list[Example], greedy: bool = False) -> list[Trajectory]:
-        """Episodes of `examples`, the policy's calls batched across them (`trainer.agent_batching`)."""
-        return BatchedGenerator(self.policy, generator=self.rng).run(self.env, examples, self.harness, greedy=greedy)
+    def rollout(self, examples: list[Example], greedy: bool = False, policy: Policy | None = None) -> list[Trajectory]:
+        """Episodes of `examples` under the current harness, the calls of the policy (or of
+        `policy`, e.g. distillation's teacher) batched across them (`trainer.agent_batching`)."""
+        return BatchedGenerator(policy or self.policy, generator=self.rng).run(self.env, examples, self.harness,
+                                                                              greedy=greedy)
 
     def _samples(self, trajs: list[Trajectory]) -> None:
         if not self.log:
@@ -322,12 +394,21 @@ class AgentTrainer:
                                     "reward": t.reward, "end": t.end.value, "turns": len(t.steps)})
 
     # ---- evaluation ---------------------------------------------------------------------
+    def rollout_under(self, harness: AgentHarness, examples: list[Example], greedy: bool = False) -> list[Trajectory]:
+        """`rollout` under another harness (the current one is restored after)."""
+        current, self.harness = self.harness, harness
+        try:
+            return self.rollout(examples, greedy=greedy)
+        finally:
+            self.harness = current
+
     @torch.no_grad()
-    def evaluate(self, n: int | None = None) -> dict[str, float]:
-        """Greedy held-out success and the rollout summary, as `heldout_*` fields."""
+    def evaluate(self, n: int | None = None, harness: AgentHarness | None = None) -> dict[str, float]:
+        """Greedy held-out success and the rollout summary, as `heldout_*` fields (under `harness`,
+        by default the current one)."""
         n = n or self.cfg.eval_size
         exs = [self.env.episode(Split.HELDOUT, i, self.cfg.difficulty) for i in range(n)]
-        trajs = self.rollout(exs, greedy=True)
+        trajs = self.rollout_under(harness or self.harness, exs, greedy=True)
         s = summarize(trajs)
         acc = sum(t.result.verdict.value == "correct" for t in trajs) / len(trajs)
         return {"heldout_acc": acc, "heldout_tool_calls": s["tool_calls_mean"], "heldout_turns": s["turns_mean"],
@@ -341,7 +422,8 @@ class AgentTrainer:
             self.log.metrics.write(row)
             self.log.heartbeat(self.step, "running")
         if self.printer:
-            keys = ("loss", "success", "reward_mean", "turns_mean", "tool_calls_mean", "drift", "heldout_acc")
+            keys = ("loss", "success", "reward_mean", "turns_mean", "tool_calls_mean", "drift", "heldout_acc", "kept",
+                    "val_before", "val_after", "distill_rows")
             shown = " ".join(f"{k}={row[k]:.3g}" for k in keys if k in row)
             self.printer(f"[{row['algorithm']} {self.step:4d}] {shown} ({row['step_time']:.2f}s)")
 
@@ -379,34 +461,171 @@ class AgentTrainer:
         self.heldout_warm = self.last_heldout()
         return self.heldout_warm
 
-    def reinforce(self) -> float:
-        """The GRPO stage; returns held-out success after it."""
+    def reinforce(self, steps: int | None = None) -> float:
+        """The GRPO stage (`grpo.steps`, or `steps`); returns held-out success after it."""
         cfg = self.cfg
+        steps = cfg.grpo.steps if steps is None else steps
         if cfg.grpo.kl_coef > 0:   # the KL reference is the policy the warm-up produced
             self.ref_policy = Policy(self.policy.cfg, self.policy.tok, copy.deepcopy(self.policy.model))
             self.ref_policy.model.requires_grad_(False)
         for g in self.opt.param_groups:
             g["lr"] = cfg.grpo.lr
-        for i in range(cfg.grpo.steps):
+        for i in range(steps):
             t0 = time.perf_counter()
             stats = self.grpo_step(i)
             self.step += 1
             row = {**self.row_base("grpo"), **stats, "lr": self._lr(cfg.grpo.lr, cfg.grpo.warmup_steps, i)}
-            if (cfg.eval_every and (i + 1) % cfg.eval_every == 0) or i == cfg.grpo.steps - 1:
+            if (cfg.eval_every and (i + 1) % cfg.eval_every == 0) or i == steps - 1:
                 row.update(self.evaluate())
             row["step_time"] = time.perf_counter() - t0
             self.write_row(row)
         return self.last_heldout()
 
+    # ---- the critic, and distillation ------------------------------------------------------
+    def outcomes(self, harness: AgentHarness, examples: list[Example]) -> list[bool]:
+        """Greedy per-episode success under `harness` with the current weights."""
+        return [t.result.verdict.value == "correct" for t in self.rollout_under(harness, examples, greedy=True)]
+
+    def critic_round(self) -> dict[str, Any] | None:
+        """Roll out train episodes (greedy), let the critic read them, measure its first candidate
+        edits against the current harness on the same validation episodes with the same weights,
+        and keep the best significant one. Returns the kept edit's record, or None."""
+        c = self.cfg.critic
+        t0 = time.perf_counter()
+        trajs = self.rollout(self.next_train(c.read), greedy=True)
+        crit = critique(trajs, self.harness, self.env.tool_specs())
+        if self.log:
+            self.log.event("critique", self.step, read=crit.read, failed=crit.failed, policy=crit.policy,
+                           findings=[f.text() for f in crit.findings], edits=[e.text() for e in crit.edits],
+                           refused=[f"{e.text()}: {why}" for e, why in crit.refused], notes=crit.notes)
+        if self.printer:
+            self.printer(f"[critic {self.step:4d}] {crit.failed}/{crit.read} failed; " +
+                         ("; ".join(f.text() for f in crit.findings) or "no harness failure mode"))
+        cands = crit.edits[: c.candidates]
+        if not cands:
+            return None
+        val = [self.env.episode(Split.HELDOUT, self.cfg.eval_size + i, self.cfg.difficulty) for i in range(c.val_size)]
+        base = self.outcomes(self.harness, val)
+        verdicts = []
+        for e in cands:
+            after = self.outcomes(apply_edit(self.harness, e.path, e.value), val)
+            v = judge_edit(e, paired_test(base, after), c.alpha / len(cands))
+            verdicts.append(v)
+            rec = {**edit_record(v), "harness_version": self.harness.version}
+            self.edits.append(rec)
+            if self.log:
+                self.log.event("harness_edit", self.step, **rec)
+            if self.printer:
+                self.printer(f"[critic {self.step:4d}] {'kept' if rec['kept'] else 'rejected'} {e.text()}: {v.reason}")
+        kept = [v for v in verdicts if isinstance(v, Kept)]
+        if not kept:
+            self.write_row({**self.row_base("critic"), "kept": 0.0, "candidates": float(len(cands)),
+                            "step_time": time.perf_counter() - t0})
+            return None
+        best = max(kept, key=lambda v: (v.paired.gains - v.paired.losses, -v.paired.p_value))
+        self.harness = apply_edit(self.harness, best.edit.path, best.edit.value)
+        self.write_row({**self.row_base("critic"), "kept": 1.0, "candidates": float(len(cands)),
+                        "val_before": best.paired.before / best.paired.n, "val_after": best.paired.after / best.paired.n,
+                        "p_value": best.paired.p_value, "step_time": time.perf_counter() - t0})
+        return edit_record(best)
+
+    def as_demonstration(self, t: Trajectory, harness: AgentHarness) -> list[str] | None:
+        """A verified success's turns written in `harness`'s syntax: each tool call the trajectory
+        made that ran without error (name and arguments as parsed), then its answer. None when
+        it has no parsed answer."""
+        if t.answer is None:
+            return None
+        turns = [harness.tool_syntax.render(s.tool, s.arguments or {}) for s in t.steps
+                 if s.action == "tool_call" and s.error is None and s.tool is not None]
+        return turns + [harness.answer.render(t.answer)]
+
+    def distill(self) -> dict[str, float]:
+        """SFT of the weights on the improved harness's verified successes, written for the
+        starting harness and replayed through the environment under it. Each step samples
+        `distill_batch` fresh train episodes under the improved harness with the weights frozen at
+        the start of distillation (the teacher; fresh episodes, as the warm-up's
+        demonstrations are: a few hundred rows repeated for many steps are memorised, key by key,
+        and the policy stops reading its observations); a replay is kept when it is verified under
+        the starting harness too, with no tool error and no observation cut (a cut observation
+        would teach an answer the policy was not shown)."""
+        c = self.cfg.critic
+        h = self.start_harness
+        # the teacher: the weights as they act under the improved harness, frozen, so the rows keep
+        # coming while the student's own behaviour shifts
+        teacher = Policy(self.policy.cfg, self.policy.tok, copy.deepcopy(self.policy.model))
+        teacher.model.requires_grad_(False)
+        totals = {"distill_episodes": 0.0, "distill_successes": 0.0, "distill_rows": 0.0}
+        for i in range(c.distill_steps):
+            t0 = time.perf_counter()
+            examples = self.next_train(c.distill_batch)
+            with torch.no_grad():
+                trajs = self.rollout(examples, policy=teacher)
+            wins = [(ex, t) for ex, t in zip(examples, trajs) if t.result.verdict.value == "correct"]
+            replays: list[Trajectory] = []
+            for ex, t in wins:
+                turns = self.as_demonstration(t, h)
+                if turns is None:
+                    continue
+                r = run_episode(DemoGenerator(self.policy.tok, turns, self.policy._max_len()), self.env, ex, h)
+                if r.reward == 1.0 and not r.tool_errors and not r.observations_cut:
+                    replays.append(r)
+            totals["distill_episodes"] += len(examples)
+            totals["distill_successes"] += len(wins)
+            totals["distill_rows"] += len(replays)
+            if i == 2 and not totals["distill_rows"]:   # the starting harness verifies none of them: stop
+                if self.printer:
+                    self.printer(f"[distill {self.step:4d}] no success of the improved harness replays under the "
+                                 "starting harness: nothing to distil")
+                break
+            lr = self._lr(c.distill_lr, c.distill_warmup_steps, i)
+            out = self.sft_on(replays, lr) if replays else {"loss": 0.0, "grad_norm": 0.0, "skipped": 1.0}
+            self.step += 1
+            if (i + 1) % self.cfg.log_every == 0 or i == c.distill_steps - 1:
+                self.write_row({**self.row_base("distill"), **out, "rows": float(len(replays)), **totals,
+                                "step_time": time.perf_counter() - t0})
+        if self.log:
+            self.log.event("distill", self.step, **totals)
+        return totals
+
+    def coevolve(self) -> dict[str, Any]:
+        """Warm-up and GRPO under the starting harness; critic rounds; GRPO under the improved
+        harness; distillation; held-out success under both harnesses at each point."""
+        c = self.cfg.critic
+        self.start()
+        self.warm_up()
+        before = self.reinforce()
+        for _ in range(c.rounds):
+            if self.critic_round() is None:
+                break
+        out: dict[str, Any] = {"heldout_acc_before_critic": before, "edits_kept": [e for e in self.edits if e["kept"]],
+                               "edits_rejected": [e for e in self.edits if not e["kept"]],
+                               "start_harness": self.start_harness.version, "harness": self.harness.version}
+        if self.harness.version == self.start_harness.version:
+            return out
+        ev = self.evaluate()
+        self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev})
+        out["heldout_acc_after_edit"] = ev["heldout_acc"]
+        out["heldout_acc_after_grpo"] = self.reinforce(c.grpo_steps) if c.grpo_steps else ev["heldout_acc"]
+        if c.distill_steps:
+            out["start_harness_acc_before_distill"] = self.evaluate(harness=self.start_harness)["heldout_acc"]
+            out.update(self.distill())
+            out["start_harness_acc_after_distill"] = self.evaluate(harness=self.start_harness)["heldout_acc"]
+            ev = self.evaluate()
+            out["heldout_acc_after_distill"] = ev["heldout_acc"]
+            self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev,
+                            "start_harness_acc": out["start_harness_acc_after_distill"]})
+        return out
+
     def last_heldout(self) -> float:
         return next((r["heldout_acc"] for r in reversed(self.history) if "heldout_acc" in r), 0.0)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Close the run; the summary (with `extra`, the co-evolution's numbers) is the `end` event."""
         assert self.log is not None, "start() opens the log"
         final = self.last_heldout()
         summary = {"status": "completed", "steps": self.step, "run_dir": str(self.cfg.run_dir),
                    "heldout_acc_start": self.heldout_start, "heldout_acc_warm": getattr(self, "heldout_warm", final),
-                   "heldout_acc": final, "wall_s": time.time() - self.t_start}
+                   "heldout_acc": final, "wall_s": time.time() - self.t_start, **(extra or {})}
         self.log.metrics.write({**self.row_base("eval"), "final": True, "heldout_acc": final})
         self.log.event("end", self.step, **{k: v for k, v in summary.items() if k != "steps"})
         self.log.heartbeat(self.step, "completed")
@@ -414,7 +633,10 @@ class AgentTrainer:
         return summary
 
     def run(self) -> dict[str, Any]:
-        """Untrained eval, warm-up, GRPO; returns held-out success at each point and the wall time."""
+        """Untrained eval, warm-up, GRPO (and with `critic.enabled` the critic, GRPO under the
+        improved harness and distillation); returns held-out success at each point and the wall time."""
+        if self.cfg.critic.enabled:
+            return self.finish(self.coevolve())
         self.start()
         self.warm_up()
         self.reinforce()
@@ -430,9 +652,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpo-steps", type=int)
     ap.add_argument("--seed", type=int)
     ap.add_argument("--max-seq-len", type=int, help="the built-in model's longest prompt + completion")
+    ap.add_argument("--max-new-tokens", type=int, help="tokens per policy turn")
+    ap.add_argument("--demo-calls", choices=["named", "positional"], help="how the warm-up demonstrations write calls")
     ap.add_argument("--out", dest="out_dir")
     ap.add_argument("--name")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--critic", action="store_true", help="after GRPO: the HarnessCritic, GRPO under the improved "
+                    "harness, distillation (critic.* in the config)")
+    ap.add_argument("--fault", action="append", default=[], metavar="PATH=VALUE",
+                    help="a harness fault in the starting harness, e.g. tool_syntax.kind=json (VALUE is YAML; repeatable)")
     a = ap.parse_args(argv)
     try:
         data: dict[str, Any] = {}
@@ -440,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.config import load_yaml
 
             data = load_yaml(a.config, "config file") or {}
-        for k in ("env", "difficulty", "seed", "out_dir", "name", "threads"):
+        for k in ("env", "difficulty", "seed", "out_dir", "name", "threads", "max_new_tokens", "demo_calls"):
             if getattr(a, k) is not None:
                 data[k] = getattr(a, k)
         if a.sft_steps is not None:
@@ -450,13 +678,37 @@ def main(argv: list[str] | None = None) -> int:
         if a.max_seq_len is not None:
             data["model"] = {**AgentTrainConfig.model_fields["model"].default_factory().model_dump(),
                              **data.get("model", {}), "max_seq_len": a.max_seq_len}
+        if a.critic:
+            data.setdefault("critic", {})["enabled"] = True
+        for f in a.fault:
+            path, eq, value = f.partition("=")
+            if not eq or not path:
+                raise ConfigError(f"--fault {f!r}: write PATH=VALUE, e.g. max_turns=2")
+            data.setdefault("harness_fault", {})[path.strip()] = yaml.safe_load(value)
         cfg = AgentTrainConfig.parse(data)
         summary = AgentTrainer(cfg).run()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ConfigError, yaml.YAMLError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    print(f"held-out success: {summary['heldout_acc_start']:.3f} untrained, {summary['heldout_acc_warm']:.3f} after "
-          f"the warm-up, {summary['heldout_acc']:.3f} after GRPO ({summary['wall_s']:.0f} s); {summary['run_dir']}")
+    if not cfg.critic.enabled:
+        print(f"held-out success: {summary['heldout_acc_start']:.3f} untrained, {summary['heldout_acc_warm']:.3f} "
+              f"after the warm-up, {summary['heldout_acc']:.3f} after GRPO ({summary['wall_s']:.0f} s); "
+              f"{summary['run_dir']}")
+        return 0
+    print(f"held-out success under the starting harness: {summary['heldout_acc_start']:.3f} untrained, "
+          f"{summary['heldout_acc_warm']:.3f} after the warm-up, {summary['heldout_acc_before_critic']:.3f} after GRPO")
+    for e in summary["edits_kept"] + summary["edits_rejected"]:
+        print(f"  {'kept' if e['kept'] else 'rejected'} {e['path']}={e['value']!r}: {e['verdict']}")
+    if "heldout_acc_after_edit" not in summary:
+        print(f"no harness edit kept ({summary['wall_s']:.0f} s); {summary['run_dir']}")
+        return 0
+    line = (f"under the improved harness: {summary['heldout_acc_after_edit']:.3f} after the edit, "
+            f"{summary['heldout_acc_after_grpo']:.3f} after GRPO")
+    if "start_harness_acc_after_distill" in summary:
+        line += (f", {summary['heldout_acc_after_distill']:.3f} after distillation; under the starting harness: "
+                 f"{summary['start_harness_acc_before_distill']:.3f} before distillation, "
+                 f"{summary['start_harness_acc_after_distill']:.3f} after ({int(summary['distill_rows'])} rows)")
+    print(f"{line} ({summary['wall_s']:.0f} s); {summary['run_dir']}")
     return 0
 
 

@@ -1,0 +1,161 @@
+"""The critic inside the agent trainer (trainer/agent_train.py `--critic`): a harness fault in the
+starting harness, a critic round that measures its candidate edits on the same held-out episodes
+with the same policy and keeps only a significant gain, and distillation rows written for the
+starting harness. The policy under test is a hand-written grounded agent (it answers only what it
+read in an observation), so the harness alone decides success; distillation's SFT steps run on the
+real tiny built-in model."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from trainer.agent_rollout import run_episode
+from trainer.agent_train import AgentTrainConfig, AgentTrainer, main
+from trainer.config import ConfigError, ModelConfig
+from trainer.runlog import read_jsonl
+
+
+class GroundedAgent:
+    """Writes `get(key=...)` in call syntax for the question's key until an observation holds a
+    number, then answers that number; after an error observation it answers 0."""
+
+    def __init__(self, tok, max_len: int, loop: bool = False) -> None:
+        self.tok, self.max_len, self.loop = tok, max_len, loop   # loop: never answers
+
+    def generate(self, prompt_ids, max_new_tokens, temperature, stop):
+        text = self.tok.decode(prompt_ids)
+        question = text[text.rindex("Q: "):]
+        seen = re.findall(r"\nT: (.*)\n", question)
+        if not seen or self.loop:
+            key = re.search(r"'([a-z]+)'", question).group(1)
+            out = f'<tool>get(key="{key}")</tool>'
+        else:
+            out = f"<answer>{seen[-1] if seen[-1].isdigit() else 0}</answer>"
+        return self.tok.encode(out)[:max_new_tokens]
+
+
+class GroundedTrainer(AgentTrainer):
+    loop = False
+
+    def rollout(self, examples, greedy=False, policy=None):
+        agent = GroundedAgent(self.policy.tok, self.policy._max_len(), loop=self.loop)
+        return [run_episode(agent, self.env, ex, self.harness, greedy=greedy) for ex in examples]
+
+
+def config(tmp_path, **over) -> AgentTrainConfig:
+    data = {"env": "lookup", "out_dir": str(tmp_path), "name": "crit", "eval_size": 8,
+            "model": ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=512,
+                                 learned_positions=True).model_dump(), "max_new_tokens": 64,
+            "sft": {"steps": 0}, "grpo": {"steps": 0}, "harness_fault": {"tool_syntax.kind": "json"},
+            "critic": {"enabled": True, "read": 12, "val_size": 16, "candidates": 3, "rounds": 2, "grpo_steps": 0,
+                       "distill_steps": 2, "distill_batch": 4}}
+    for k, v in over.items():
+        data[k] = {**data[k], **v} if k in ("critic", "sft", "grpo") else v
+    return AgentTrainConfig.parse(data)
+
+
+def test_a_parser_fault_is_found_measured_kept_and_distilled_into_rows_for_the_starting_harness(tmp_path):
+    t = GroundedTrainer(config(tmp_path), printer=None)
+    assert t.harness.tool_syntax.kind == "json" and t.demo_harness.tool_syntax.kind == "call"
+    before = [p.detach().clone() for p in t.params]
+    out = t.run()
+    kept = out["edits_kept"]
+    assert [(e["path"], e["value"]) for e in kept] == [("tool_syntax.kind", "call")]
+    assert kept[0]["before"] == 0 and kept[0]["after"] == 16 and kept[0]["p_value"] == pytest.approx(2 ** -16)
+    assert kept[0]["alpha"] == 0.05 and out["edits_rejected"] == []    # one candidate: the whole alpha
+    assert out["heldout_acc_before_critic"] == 0.0 and out["heldout_acc_after_edit"] == 1.0
+    assert out["harness"] != out["start_harness"] and t.start_harness.tool_syntax.kind == "json"
+    # the second round reads only successes: nothing to propose, the rounds end
+    assert len(t.edits) == 1
+    # distillation: every verified success written for the starting (json) harness and verified there
+    assert out["distill_episodes"] == 8 and out["distill_successes"] == 8 and out["distill_rows"] == 8
+    # the grounded agent writes call syntax whatever its weights: under the starting harness it still fails
+    assert out["start_harness_acc_before_distill"] == 0.0 and out["start_harness_acc_after_distill"] == 0.0
+    assert all(not torch.equal(a, b) for a, b in zip(before, t.params)), "distillation's SFT steps move every weight"
+    events = read_jsonl(tmp_path / "crit" / "events.jsonl")
+    crit = next(e for e in events if e["event"] == "critique")
+    assert crit["failed"] == 12 and crit["findings"][0].startswith("malformed_call: 12/12")
+    edits = [e for e in events if e["event"] == "harness_edit"]
+    assert [e["kept"] for e in edits] == [True] and edits[0]["harness_version"] == out["start_harness"]
+    end = next(e for e in events if e["event"] == "end")
+    assert end["edits_kept"][0]["path"] == "tool_syntax.kind" and end["distill_rows"] == 8
+    rows = read_jsonl(tmp_path / "crit" / "metrics.jsonl")
+    assert [r["algorithm"] for r in rows].count("distill") == 1 and any(r["algorithm"] == "critic" for r in rows)
+
+
+def test_distillation_rows_are_in_the_starting_harness_syntax(tmp_path):
+    t = GroundedTrainer(config(tmp_path), printer=None)
+    t.harness = t.demo_harness                      # the improved harness: call syntax
+    ex = t.env.episode("train", 0, 1)
+    traj = t.rollout([ex])[0]
+    assert traj.reward == 1.0
+    turns = t.as_demonstration(traj, t.start_harness)
+    key = ex.meta["asked"][0]
+    assert turns == ['<tool>{"name": "get", "arguments": {"key": "' + key + '"}}</tool>', f"<answer>{ex.answer}</answer>"]
+    assert json.loads(turns[0][6:-7])["arguments"] == {"key": key}
+
+
+def test_an_edit_that_does_not_help_is_rejected_with_its_numbers_and_the_harness_stays(tmp_path):
+    class Looping(GroundedTrainer):
+        loop = True                          # calls the tool until the turn limit, never answers
+
+    t = Looping(config(tmp_path, harness_fault={}), printer=None)
+    out = t.run()
+    assert out["edits_kept"] == [] and out["harness"] == out["start_harness"] and "heldout_acc_after_edit" not in out
+    [rej] = out["edits_rejected"]
+    assert (rej["path"], rej["value"]) == ("max_turns", t.harness.max_turns + max(1, t.harness.max_turns // 2))
+    assert (rej["before"], rej["after"], rej["gains"], rej["losses"]) == (0, 0, 0, 0) and "no gain" in rej["verdict"]
+
+
+def test_without_a_fault_the_critic_finds_nothing_to_change(tmp_path):
+    t = GroundedTrainer(config(tmp_path, harness_fault={}), printer=None)
+    t.start()
+    assert t.critic_round() is None and t.edits == []
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("max_turns=0", "harness_fault: max_turns=0"),
+    ("nonsense", "write PATH=VALUE"),
+    ("tools.nope.description=x", "there is no tool 'nope'"),
+])
+def test_a_bad_fault_is_one_clear_line(tmp_path, capsys, fault, message):
+    rc = main(["--env", "lookup", "--critic", "--fault", fault, "--out", str(tmp_path), "--sft-steps", "0",
+               "--grpo-steps", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bad_fault_in_the_config_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="harness_fault: observation.cut='side'"):
+        GroundedTrainer(config(tmp_path, harness_fault={"observation.cut": "side"}), printer=None)
+
+
+def test_positional_demonstrations_need_a_lenient_parser_and_a_strict_one_is_found_by_the_critic(tmp_path):
+    cfg = AgentTrainConfig.parse({"env": "lookup", "out_dir": str(tmp_path), "demo_calls": "positional",
+                                  "harness_fault": {"tool_syntax.lenient": False}, "sft": {"steps": 0}})
+    t = AgentTrainer(cfg, printer=None)
+    assert t.demo_harness.tool_syntax.lenient and not t.harness.tool_syntax.lenient
+    assert t.harness.system_text() == t.demo_harness.system_text()     # the fault leaves the prompt alone
+    ex = t.env.episode("train", 0, 1)
+    [demo] = t.demonstrations([ex])
+    assert demo.reward == 1.0 and demo.steps[0].text == f'<tool>get("{ex.meta["asked"][0]}")</tool>'
+    strict = run_episode(DemoGeneratorFor(t, ex), t.env, ex, t.harness)
+    assert strict.steps[0].action == "malformed_call" and strict.reward == 0.0
+    from harness.critic import critique
+    crit = critique([strict], t.harness, t.env.tool_specs())
+    assert crit.edits[0].text() == "tool_syntax.lenient=True" and crit.findings[0].detail["parse_lenient"] == 1
+
+
+def DemoGeneratorFor(t, ex):
+    from trainer.agent_train import DemoGenerator
+    return DemoGenerator(t.policy.tok, t.demo_turns(ex, t.demo_harness), t.policy._max_len())
+
+
+def test_positional_rendering_is_call_syntax_only():
+    from harness.tools import ToolCallSyntax
+    assert ToolCallSyntax().render("get", {"key": "a", "n": 2}, positional=True) == '<tool>get("a", 2)</tool>'
+    with pytest.raises(ValueError, match="only in the call syntax"):
+        ToolCallSyntax(kind="json").render("get", {"key": "a"}, positional=True)
