@@ -146,7 +146,8 @@ class PilotSettings(_Setting):
 
     enabled: bool = Field(True, description="run the pilot before `swarm run` trains a goal whose plan fills the model "
                           "size or the lr (its task comes from the words and it writes not all of model.d_model, "
-                          "model.n_layers, recipe.lr); false, or `swarm run --no-pilot`: the plan's defaults train")
+                          "model.n_layers, recipe.lr); false, or `swarm run --no-pilot`: the closest remembered plan of a past "
+                          "run on the task family, else the plan's defaults, train")
     share: float = Field(0.15, gt=0, le=1, description="the pilot's worker CPU as a share of budget.worker_cpu_s; it "
                          "is counted in the run's worker-CPU meter and budget")
 

@@ -564,8 +564,8 @@ def plan_run(goal: Any, sdir: str | pathlib.Path, log: Callable[..., Any],
     if plan is None:
         return None
     why_not = pilot_skipped(goal)
-    # memory stands in for the pilot: off with it (--no-pilot: the plan's defaults train)
-    hit = recall(goal) if recall is not None and why_not is None else None
+    # memory costs no CPU: it is read with the pilot on or off (a goal's memory settings turn it off)
+    hit = recall(goal) if recall is not None and plan_sizes(goal) is None else None
     if hit is not None:
         from trainer.config import ConfigError, RunConfig
 

@@ -328,14 +328,6 @@ def test_a_planned_run_starts_from_a_past_plan_on_the_same_task(tmp_path):
     assert remember_plan(b.knowledge, rec_b, {"reached": False, "worker_cpu_s_to_target": None}, None)
     b.knowledge.close()
 
-    # with the pilot off, memory does not stand in for it either: the plan's defaults train
-    off = Controller.create(tmp_path / "off", Goal.parse(goal_data(goal="a policy that adds 3-digit numbers with >= 90% "
-                                                                  "held-out exact match", memory=lib,
-                                                                  pilot={"enabled": False})), jobs="process")
-    off.node_plan(SwarmState())
-    assert not off.store.timeline("plan_from_memory") and not off.store.timeline("pilot_run")
-    off.knowledge.close()
-
     c = Controller.create(tmp_path / "c", Goal.parse(goal_data(goal="a policy that sorts lists of 3 digits", memory=lib)),
                           jobs="process")
     c.node_plan(SwarmState())
