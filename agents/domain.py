@@ -213,6 +213,13 @@ class BacktestResult(_Strict):
     signal: str = Field("target", description="the signal that decided (swarm.decisions.decide)")
     cpu_s: float | None = Field(None, description="worker CPU seconds of the backtest's arms")
 
+    def measured_nothing(self) -> bool:
+        """Every arm, candidate and control, measured the same value (e.g. all at a held-out
+        accuracy of 0 over a horizon too short to leave the floor): the backtest could tell no
+        change from none, so its zero effect is no evidence against the fix."""
+        values = [*self.candidate, *self.control]
+        return bool(self.candidate) and bool(self.control) and len(set(values)) == 1
+
 
 class Outcome(_Strict):
     """What happened to an intervention, filled in as it moves through its lifecycle (None: not

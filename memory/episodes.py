@@ -65,6 +65,8 @@ class Episode(BaseModel, extra="forbid"):
     window: dict[str, Any] = Field({}, description="the evidence view at proposal time (any JSON; NaN allowed)")
     skills_used: list[str] = []
     worker_cpu_s: float | None = Field(None, description="CPU spent on this intervention's backtest, if known")
+    measured_nothing: bool = Field(False, description="rejected after a backtest whose arms all measured the same "
+                                   "value: no evidence either way (not a loss)")
     step: int = 0
     time: float = Field(default_factory=time.time)
 
@@ -73,9 +75,12 @@ class Episode(BaseModel, extra="forbid"):
 
     def lost(self) -> bool:
         """Rolled back, or rejected without a positive effect. A rejected backtest with a positive
-        effect (not significant, say) is inconclusive: neither won nor lost."""
+        effect (not significant, say), or one whose arms all measured the same value, is
+        inconclusive: neither won nor lost."""
         if self.outcome == "rolled_back":
             return True
+        if self.outcome == "rejected" and self.measured_nothing:
+            return False
         if self.outcome == "rejected":
             return self.effect is None or not self.effect > 0  # NaN counts as no effect
         return False

@@ -275,6 +275,8 @@ class Knowledge:
             metric=iv.backtest.metric if iv.backtest is not None else "heldout_acc",
             window={**(window or {}), "risk": iv.risk.value}, skills_used=list(iv.skills_used),
             worker_cpu_s=iv.outcome.backtest_cpu_s, step=iv.applied_step or iv.diagnosis.step,
+            measured_nothing=outcome == "rejected" and iv.backtest is not None and not iv.outcome.refused
+            and not iv.outcome.exhausted and iv.backtest.measured_nothing(),
             time=iv.history[-1]["time"] if iv.history else iv.created)   # deterministic: re-recording is a no-op
         new = self.memory.record_episode(ep)
         self.version += new

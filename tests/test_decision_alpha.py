@@ -8,8 +8,8 @@ plus training noise (sd `spread` per arm, so the per-seed difference between the
 `spread` x sqrt 2), then `eval_size` held-out examples are scored binomially; a format-failure rate
 and an SFT loss (with the standard error the trainer reports) are drawn the same way. With no
 effect, the candidate and the control come from the same distribution. A fix whose backtest ends
-inconclusive with a positive effect is tried again (`agents.operators.inconclusive`), up to
-RETRY_DOUBLINGS more times, as the controller does.
+inconclusive with a positive effect, or with every arm at the same value, is tried again
+(`agents.operators.inconclusive`), up to RETRY_DOUBLINGS more times, as the controller does.
 
 Odds: 1500 simulated fixes per case give a standard error of about 0.01 on a rate near 0.2; the
 bounds below leave three of them (a false failure about once in 700 runs of each case).
@@ -45,13 +45,16 @@ def simulate(rate: float, spread: float, *, effect: float = 0.0, retries: bool =
     validated = 0
     for _ in range(n):
         for k in range(RETRY_DOUBLINGS + 1 if retries else 1):
-            d, _, _, _ = run_looks(looks, measure, lambda i: Rule(alpha=ALPHA, eval_size=N_EVAL, losses_compare=secondary,
-                                                                    looks=len(looks), look=i,
-                                                                    share=try_share(k) if spend else 1.0))
+            d, pairs, _, _ = run_looks(looks, measure, lambda i: Rule(alpha=ALPHA, eval_size=N_EVAL, losses_compare=secondary,
+                                                                        looks=len(looks), look=i,
+                                                                        share=try_share(k) if spend else 1.0))
             if isinstance(d, Validated):
                 validated += 1
                 break
-            inconclusive = isinstance(d, Rejected) and d.signals and d.signals[0].effect > 0
+            # as agents.operators.inconclusive: a positive effect too small to tell, or arms that all
+            # measured the same target value (BacktestResult.measured_nothing)
+            same = len({p.candidate.target for p in pairs} | {p.control.target for p in pairs}) == 1
+            inconclusive = isinstance(d, Rejected) and ((d.signals and d.signals[0].effect > 0) or same)
             if not inconclusive:
                 break
     return validated / n

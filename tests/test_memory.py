@@ -363,6 +363,8 @@ def test_episode_validation_and_views():
 def test_won_lost(outcome, effect, won, lost):
     ep = make_ep(outcome=outcome, effect=effect)
     assert (ep.won(), ep.lost()) == (won, lost)
+    if outcome == "rejected":   # a backtest whose arms all measured the same value: no evidence either way
+        assert not make_ep(outcome=outcome, effect=effect).model_copy(update={"measured_nothing": True}).lost()
 
 
 def test_record_is_idempotent_and_latest_wins(tmp_path):

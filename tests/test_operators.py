@@ -435,9 +435,9 @@ def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_howeve
     for a human blocks an identical proposal even when many interventions followed it."""
     from agents.domain import BacktestResult
 
-    def rejected(effect, **outcome):
+    def rejected(effect, arms=([0.1], [0.08]), **outcome):
         h = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.REJECTED)
-        bt = BacktestResult(metric="heldout_acc", candidate=[0.1], control=[0.08], effect=effect, p_value=0.3,
+        bt = BacktestResult(metric="heldout_acc", candidate=arms[0], control=arms[1], effect=effect, p_value=0.3,
                             test="t", horizon_steps=40, seeds=[0], passed=False)
         return h.model_copy(update={"backtest": bt, "outcome": Outcome(**outcome)})
 
@@ -445,6 +445,9 @@ def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_howeve
     lead = Lead()
     assert lead.arbitrate([lr], ctx(history=[rejected(+0.02)])) == [lr]
     assert lead.arbitrate([lr], ctx(history=[rejected(-0.05)])) == []                       # harm: a loss
+    # every arm at the floor: the backtest measured nothing, which is no loss either
+    assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.0], [0.0, 0.0]))])) == [lr]
+    assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.05], [0.0, 0.05]))])) == []
     assert lead.arbitrate([lr], ctx(history=[rejected(+0.02, exhausted="x")])) == []        # out of retries
     waiting = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.AWAITING_APPROVAL)
     hist = [waiting] + [iv_(K.RESTART, {}, "crashed_job", status=Status.KEPT) for _ in range(25)]
