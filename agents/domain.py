@@ -214,11 +214,12 @@ class BacktestResult(_Strict):
     cpu_s: float | None = Field(None, description="worker CPU seconds of the backtest's arms")
 
     def measured_nothing(self) -> bool:
-        """Every arm, candidate and control, measured the same value (e.g. all at a held-out
-        accuracy of 0 over a horizon too short to leave the floor): the backtest could tell no
-        change from none, so its zero effect is no evidence against the fix."""
-        values = [*self.candidate, *self.control]
-        return bool(self.candidate) and bool(self.control) and len(set(values)) == 1
+        """Every arm, candidate and control, measured the same bound of a rate (all at a held-out
+        accuracy of 0 over a horizon too short to leave the floor, or all at 1): a metric pinned
+        at a bound cannot show a difference, so the zero effect is no evidence against the fix.
+        Equal arms inside the range did measure something: that the change made no difference."""
+        values = {*self.candidate, *self.control}
+        return bool(self.candidate) and bool(self.control) and len(values) == 1 and values <= {0.0, 1.0}
 
 
 class Outcome(_Strict):

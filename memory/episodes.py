@@ -65,8 +65,8 @@ class Episode(BaseModel, extra="forbid"):
     window: dict[str, Any] = Field({}, description="the evidence view at proposal time (any JSON; NaN allowed)")
     skills_used: list[str] = []
     worker_cpu_s: float | None = Field(None, description="CPU spent on this intervention's backtest, if known")
-    measured_nothing: bool = Field(False, description="rejected after a backtest whose arms all measured the same "
-                                   "value: no evidence either way (not a loss)")
+    measured_nothing: bool = Field(False, description="rejected after a backtest whose arms all measured the same bound of a "
+                                   "rate (all 0 or all 1): no evidence either way (not a loss)")
     step: int = 0
     time: float = Field(default_factory=time.time)
 
@@ -75,7 +75,7 @@ class Episode(BaseModel, extra="forbid"):
 
     def lost(self) -> bool:
         """Rolled back, or rejected without a positive effect. A rejected backtest with a positive
-        effect (not significant, say), or one whose arms all measured the same value, is
+        effect (not significant, say), or one whose arms all measured the same bound of a rate, is
         inconclusive: neither won nor lost."""
         if self.outcome == "rolled_back":
             return True

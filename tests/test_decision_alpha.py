@@ -8,7 +8,7 @@ plus training noise (sd `spread` per arm, so the per-seed difference between the
 `spread` x sqrt 2), then `eval_size` held-out examples are scored binomially; a format-failure rate
 and an SFT loss (with the standard error the trainer reports) are drawn the same way. With no
 effect, the candidate and the control come from the same distribution. A fix whose backtest ends
-inconclusive with a positive effect, or with every arm at the same value, is tried again
+inconclusive with a positive effect, or with every arm at the same bound of the rate, is tried again
 (`agents.operators.inconclusive`), up to RETRY_DOUBLINGS more times, as the controller does.
 
 Odds: 1500 simulated fixes per case give a standard error of about 0.01 on a rate near 0.2; the
@@ -52,8 +52,9 @@ def simulate(rate: float, spread: float, *, effect: float = 0.0, retries: bool =
                 validated += 1
                 break
             # as agents.operators.inconclusive: a positive effect too small to tell, or arms that all
-            # measured the same target value (BacktestResult.measured_nothing)
-            same = len({p.candidate.target for p in pairs} | {p.control.target for p in pairs}) == 1
+            # measured the same bound of the rate (BacktestResult.measured_nothing)
+            values = {p.candidate.target for p in pairs} | {p.control.target for p in pairs}
+            same = len(values) == 1 and values <= {0.0, 1.0}
             inconclusive = isinstance(d, Rejected) and ((d.signals and d.signals[0].effect > 0) or same)
             if not inconclusive:
                 break

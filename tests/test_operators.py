@@ -448,6 +448,7 @@ def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_howeve
     # every arm at the floor: the backtest measured nothing, which is no loss either
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.0], [0.0, 0.0]))])) == [lr]
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.05], [0.0, 0.05]))])) == []
+    assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.3, 0.3], [0.3, 0.3]))])) == []   # no difference, measured
     assert lead.arbitrate([lr], ctx(history=[rejected(+0.02, exhausted="x")])) == []        # out of retries
     waiting = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.AWAITING_APPROVAL)
     hist = [waiting] + [iv_(K.RESTART, {}, "crashed_job", status=Status.KEPT) for _ in range(25)]
