@@ -14,9 +14,11 @@ import copy
 import os
 import pathlib
 import string
+import subprocess
 import tempfile
 from typing import Any
 
+import psutil
 import pytest
 import torch
 
@@ -150,3 +152,29 @@ def clean_git_home(tmp_path, monkeypatch):
     monkeypatch.delenv("SWARMLAB_LIBRARY", raising=False)
     for k in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_DIR", "GIT_WORK_TREE"):
         monkeypatch.delenv(k, raising=False)
+
+
+def trainer_procs(ws: pathlib.Path) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if "trainer.entry" in cmd and str(ws) in cmd:
+            out.append(p)
+    return out
+
+
+@pytest.fixture
+def reap(tmp_path):
+    """Controllers the test started, killed at the end, and every trainer process (they run in
+    their own sessions, so they outlive a SIGKILLed controller) started under tmp_path."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for p in trainer_procs(tmp_path):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import yaml
 
@@ -53,23 +52,6 @@ def git(ws: pathlib.Path, *args: str) -> str:
 def cli(cwd: pathlib.Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "swarm.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
-
-
-@pytest.fixture
-def reap(tmp_path):
-    """Controllers a test started and the trainers under tmp_path: killed at the end if still running."""
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    for p in psutil.process_iter(["cmdline"]):
-        if "trainer.entry" in " ".join(p.info.get("cmdline") or []) and str(tmp_path) in " ".join(p.info["cmdline"]):
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
 
 
 # ---- when a run gets a pilot ------------------------------------------------------------------

@@ -137,32 +137,6 @@ def git(ws: pathlib.Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=ws, capture_output=True, text=True, check=True).stdout
 
 
-def trainer_procs(ws: pathlib.Path) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info.get("cmdline") or [])
-        if "trainer.entry" in cmd and str(ws) in cmd:
-            out.append(p)
-    return out
-
-
-@pytest.fixture
-def reap(tmp_path):
-    """Controllers the test started, killed at the end, and every trainer process (they run in
-    their own sessions, so they outlive a SIGKILLed controller) started under tmp_path."""
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    for p in trainer_procs(tmp_path):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-
-
 def check_metrics_continuous(run_dir: pathlib.Path) -> list[dict[str, Any]]:
     """Training rows: within a segment the steps run on without a gap or a repeat (a new segment
     starts at a checkpoint's step + 1 after a restart or rollback)."""
