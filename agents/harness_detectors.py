@@ -38,18 +38,37 @@ def _renders(tmpl: str, prompt: str, question: Any) -> bool:
 
 @detector("template_mismatch")
 def template_mismatch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
-    """The prompt template is broken. Two signatures: (a) recent samples' prompts are not the
+    """The prompt template is broken. Three signatures: (a) recent samples' prompts do not contain
+    the question they were rendered from; (b) they are not the
     template the controller knows applied to the sample's question (e.g. the '=' after the
     question is gone, or part of the question is cut off; samples without a question are checked
-    for the template's fixed text before and after the question); (b) the malformed rate jumped
+    for the template's fixed text before and after the question); (c) the malformed rate jumped
     right after a harness_version change in the metrics. Prompts and questions are only compared;
     their text never leaves this function."""
     rows = ev.metrics
     ch = _last_version_change(rows)
+    seg = max((int(s.get("segment", 0)) for s in ev.samples), default=0)
+    since = int(rows[ch].get("step", 0)) - 1 if ch is not None else -1
+    # (a) prompts that do not carry their question whole: whatever the template, the policy cannot
+    # answer what it was not shown (a format spec or a prompt limit that cuts the question, a field
+    # left out); read from samples that carry the question they were rendered from
+    asked = [s for s in ev.samples if isinstance(s.get("prompt"), str) and isinstance(s.get("question"), str)
+             and s["question"] and int(s.get("segment", 0)) == seg and int(s.get("step", 0)) >= since]
+    if len(asked) >= th.template_min_samples:
+        lost = [s for s in asked if s["question"] not in s["prompt"]]
+        frac = len(lost) / len(asked)
+        if frac >= th.template_mismatch:
+            return make_diagnosis(ev, "template_mismatch",
+                                  f"{frac:.0%} of recent prompts do not contain their question whole",
+                                  "critical",
+                                  {"mode": "question_lost", "mismatch_fraction": frac, "samples_checked": len(asked),
+                                   "mean_prompt_len": mean_of([len(s["prompt"]) for s in lost]),
+                                   "mean_question_len": mean_of([len(s["question"]) for s in lost]),
+                                   "first_bad_step": min(int(s.get("step", 0)) for s in lost),
+                                   "harness_changed_at_step": int(rows[ch].get("step", 0)) if ch is not None else None,
+                                   "threshold": th.template_mismatch})
     tmpl = known_template(ev, known)
     if tmpl and "{question}" in tmpl:
-        seg = max((int(s.get("segment", 0)) for s in ev.samples), default=0)
-        since = int(rows[ch].get("step", 0)) - 1 if ch is not None else -1
         recent = [s for s in ev.samples if isinstance(s.get("prompt"), str)
                   and int(s.get("segment", 0)) == seg and int(s.get("step", 0)) >= since]
         if len(recent) >= th.template_min_samples:

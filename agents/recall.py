@@ -16,8 +16,8 @@ A skill program is untrusted code: it only ever runs in the sandbox (skills.veri
 and its proposal is data, validated like any other change before anything uses it.
 
 Past episodes (memory/) reach `ctx.episodes` as plain summaries; the lead drops a proposal whose
-fix lost (rejected by its backtest with no gain, or rolled back) at least `avoid_after_losses`
-times and never won. Restarts and critical rollbacks are never dropped for that.
+fix (the same fields set to the same values for the same diagnosis) lost (rejected by its backtest
+with no gain, or rolled back) at least `avoid_after_losses` times and never won. Restarts and critical rollbacks are never dropped for that.
 """
 from __future__ import annotations
 
@@ -211,9 +211,22 @@ def episode_summaries(episodes: Iterable[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def memory_verdict(signature: str, episodes: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
-    """(wins, losses, episode ids) of one fix in the remembered episodes."""
-    same = [e for e in episodes if e.get("signature") == signature]
+def _same_values(a: Any, b: Any) -> bool:
+    """Two changes set the same fields to the same values (numbers to 6 significant digits)."""
+    if not isinstance(a, dict) or not isinstance(b, dict) or a.keys() != b.keys():
+        return False
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    return all(float(f"{a[k]:.6g}") == float(f"{b[k]:.6g}") if num(a[k]) and num(b[k]) else a[k] == b[k] for k in a)
+
+
+def memory_verdict(signature: str, episodes: list[dict[str, Any]],
+                   changes: dict[str, Any] | None = None) -> tuple[int, int, list[str]]:
+    """(wins, losses, episode ids) of one fix in the remembered episodes: the same diagnosis, kind
+    and fields (`signature`) and, when `changes` is given, the same values. A value that lost says
+    nothing of another value of the same field (a learning rate 10x lower that lost is no verdict
+    on one 3x higher)."""
+    same = [e for e in episodes if e.get("signature") == signature
+            and (changes is None or _same_values(e.get("changes"), changes))]
     return (sum(1 for e in same if e.get("won")), sum(1 for e in same if e.get("lost")),
             [str(e.get("id")) for e in same])
 
@@ -222,7 +235,7 @@ def avoid_reason(iv: Intervention, ctx: OperatorContext, after_losses: int) -> s
     """Why memory advises against `iv`, or None."""
     if after_losses <= 0 or iv.kind in NEVER_AVOID or (iv.kind == InterventionKind.ROLLBACK and iv.diagnosis.severity == "critical"):
         return None
-    wins, losses, ids = memory_verdict(iv.signature(), ctx.episodes)
+    wins, losses, ids = memory_verdict(iv.signature(), ctx.episodes, iv.changes)
     if losses >= after_losses and wins == 0:
         return f"memory: this fix lost {losses} time(s) and never won (episodes {', '.join(ids[:5])})"
     return None

@@ -473,10 +473,24 @@ def test_template_mismatch_when_the_template_cuts_the_question():
     rows = sft_rows()
     smp = [dict(s, question="123+456", prompt="123=") for s in samples(rows)]  # separator kept, question cut
     d = fired(make_ev(rows, smp), "template_mismatch")
-    assert d.evidence["checked_against_question"] == d.evidence["samples_checked"] == 16
+    assert d.evidence["mode"] == "question_lost" and d.evidence["samples_checked"] == 16
+    assert d.evidence["harness_changed_at_step"] is None       # cut from the start: no change to point at
     assert "123" not in str(d.model_dump())
     ok = [dict(s, question="123+456", prompt="123+456=") for s in samples(rows)]
     assert DETECTORS["template_mismatch"](make_ev(rows, ok), THRESHOLDS, KNOWN) is None
+
+
+def test_question_lost_whatever_template_the_controller_knows():
+    """A template that cuts the question written in the goal itself: the controller's template is
+    the cutting one, so prompts match it; the samples still show prompts without their question."""
+    rows = sft_rows()
+    smp = [dict(s, question="123+456", prompt="123=") for s in samples(rows)]
+    known = Known(eval_difficulty=3, template="{question:.3}=")
+    d = fired(make_ev(rows, smp), "template_mismatch", known=known)
+    assert d.evidence["mode"] == "question_lost" and d.evidence["mismatch_fraction"] == 1.0
+    few = [dict(s, question="123+456", prompt="123=") if i < 4 else dict(s, question="123+456", prompt="123+456=")
+           for i, s in enumerate(samples(rows))]                 # 4 of 16 cut: below the share that fires
+    assert DETECTORS["template_mismatch"](make_ev(rows, few), THRESHOLDS, known) is None
 
 
 def test_template_mismatch_from_malformed_after_harness_change():
@@ -597,15 +611,16 @@ def test_label_noise_when_the_loss_rises_on_the_same_data_and_config_while_answe
 # ---- real trainer runs --------------------------------------------------------------------------
 
 
-def real_run(tmp_path, perturbations: list[dict], steps: int = 30):
-    """The built-in model (1 layer, width 32) on 3-digit addition, SFT, 30 steps, one thread."""
+def real_run(tmp_path, perturbations: list[dict], steps: int = 30, harness: dict | None = None):
+    """The built-in model (1 layer, width 32) on 3-digit addition, SFT, 30 steps, one thread
+    (`harness`: the run's own starting harness, HARNESS by default)."""
     from trainer.config import RunConfig
     from trainer.loop import Trainer
 
     cfg = RunConfig.parse({
         "name": "run", "out_dir": str(tmp_path / "runs"), "seed": 0, "threads": 1, "samples_per_step": 4,
         "task": {"name": "addition"}, "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32},
-        "harness": HARNESS,
+        "harness": harness or HARNESS,
         "recipe": {"algorithm": "sft", "lr": 1e-2, "schedule": "constant", "warmup_steps": 0, "steps": steps,
                    "batch_size": 32, "eval_interval": 10, "eval_size": 64},
         "checkpoint": {"interval": 5, "keep_last": 10}, "perturbations": perturbations})
@@ -615,7 +630,7 @@ def real_run(tmp_path, perturbations: list[dict], steps: int = 30):
         Trainer(cfg).run()
     finally:
         torch.set_num_threads(threads)
-    return collect(cfg.run_dir, job_status="SUCCEEDED", harness=HARNESS)
+    return collect(cfg.run_dir, job_status="SUCCEEDED", harness=harness or HARNESS)
 
 
 @pytest.mark.parametrize("shortcut, expected", [

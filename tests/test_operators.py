@@ -528,6 +528,19 @@ def test_real_run_gets_the_right_fix(tmp_path, perturbation, operator, kind, cha
     assert rollback_target(iv) == target
 
 
+def test_a_starting_template_that_cuts_the_question_gets_the_question_whole(tmp_path):
+    """The goal's own template shows only the first 3 characters of each question: there is no
+    earlier template to go back to and no harness change; the samples show the cut, and the fix is
+    the template in force with its question rendered whole."""
+    cut = {**HARNESS, "template": "{question:.3}="}
+    ev = real_run(tmp_path, [], harness=cut)
+    c = ctx(recipe={"algorithm": "sft", "lr": 1e-2}, harness=cut, start_harness=cut)
+    chosen = Lead().arbitrate([iv for op in default_operators() for iv in op.propose(ev, c)], c)
+    assert chosen and chosen[0].diagnosis.name == "template_mismatch"
+    assert chosen[0].diagnosis.evidence["mode"] == "question_lost"
+    assert (chosen[0].kind, chosen[0].changes) == (K.HARNESS_EDIT, {"harness.template": "{question}="})
+
+
 def test_real_grpo_run_at_low_temperature_gets_its_temperature_back(tmp_path):
     """GRPO from a warm SFT checkpoint (digit reversal learnt at length 5, trained at 6): sampling at
     temperature 0.05 makes every failing group identical; the same run at temperature 1 is quiet."""

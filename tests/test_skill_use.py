@@ -149,6 +149,12 @@ def test_lead_does_not_repeat_a_fix_memory_says_lost():
     assert avoid_reason(restart, OperatorContext(episodes=episode_summaries(
         [episode(9, "crashed_job", "restart", {}, "rolled_back", None)])), 1) is None   # restarts are never avoided
     assert Lead(avoid_after_losses=0).arbitrate([distill], ctx) == [distill]          # 0: memory never vetoes
+    # a value that lost is no verdict on another value of the same field
+    lower = episode(4, "not_learning", "rollback", {"recipe.lr": 0.001}, "rejected", -0.01)
+    mem = OperatorContext(episodes=episode_summaries([lower]))
+    same = _iv("not_learning", K.ROLLBACK, {"recipe.lr": 0.0010000001}, operator="diagnostics")
+    other = _iv("not_learning", K.ROLLBACK, {"recipe.lr": 0.003}, operator="diagnostics")
+    assert avoid_reason(same, mem, 1) is not None and avoid_reason(other, mem, 1) is None
 
 
 def git(ws: pathlib.Path, *args: str) -> str:
