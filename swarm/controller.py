@@ -13,6 +13,7 @@ job keeps running; `swarm approve ID` (any terminal) queues the approval, applie
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -646,32 +647,33 @@ class Controller(ScriptSteering, Deciding):
         else:
             pre = self.command("checkpoint", f"{iv.id}-pre", name=f"pre-{iv.id}")
             changes = iv.changes
-            if iv.kind == InterventionKind.ROLLBACK:
-                target = self.rollback_target(iv)
-                far = self.too_far_back(iv, target, pre)
-                if far:
-                    iv = self.store.get(iv.id)
-                    iv.outcome.rollback_skipped = far
-                    self.store.put(iv)
-                    self.store.log("rollback_skipped", id=iv.id, reason=far)
-                    target = None
+            target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
+            far = self.too_far_back(iv, target, pre) if target else None
+            if far:
+                iv = self.store.get(iv.id)
+                iv.outcome.rollback_skipped = far
+                self.store.put(iv)
+                self.store.log("rollback_skipped", id=iv.id, reason=far)
+                target = None
+            # a rollback and its changes land at one safe point (Deciding.one_safe_point)
+            with self.one_safe_point(iv.id) if target else contextlib.nullcontext():
                 if target:
                     self.command("rollback", f"{iv.id}-rb", name=target)
                     # the checkpoint predates later fixes: its harness and recipe do not have them
                     changes = self.carry_over(iv.id, target) | changes
-            if changes:
-                ack = self.command("set_fields", f"{iv.id}-apply", fields=self.trainer_fields(changes))
-                if not ack and self.job_unwell(self.job_status(s.job)):
-                    # no answer from a job that died or hung meanwhile says nothing about the change:
-                    # it stays validated and is applied to the job that replaces it
-                    self.store.log("apply_deferred", id=iv.id, reason="the job stopped answering", step=s.step)
-                    return {}
-                if not accepted(ack):   # `restart` too: the relauncher relaunches with the change
-                    self.refused(iv, f"the trainer refused the change: {ack and ack.get('reason')}")
-                    return {}
-                step = ack["step"]
-            else:
-                step = pre["step"] if pre else s.step
+                if changes:
+                    ack = self.command("set_fields", f"{iv.id}-apply", fields=self.trainer_fields(changes))
+                    if not ack and self.job_unwell(self.job_status(s.job)):
+                        # no answer from a job that died or hung meanwhile says nothing about the change:
+                        # it stays validated and is applied to the job that replaces it
+                        self.store.log("apply_deferred", id=iv.id, reason="the job stopped answering", step=s.step)
+                        return {}
+                    if not accepted(ack):   # `restart` too: the relauncher relaunches with the change
+                        self.refused(iv, f"the trainer refused the change: {ack and ack.get('reason')}")
+                        return {}
+                    step = ack["step"]
+                else:
+                    step = pre["step"] if pre else s.step
             iv = self.store.get(iv.id)
             iv.checkpoint_before = f"pre-{iv.id}" if pre else None
             if iv.changes and iv.outcome.before is None:   # what the change replaced, as the run publishes it (agents/miner.py)

@@ -7,10 +7,11 @@ in swarm/decisions.py, this module only does the I/O.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -499,16 +500,32 @@ class Deciding:
                 self.store.transition(iv.id, Status.ROLLED_BACK, f"{verdict.reason}; counted as a loss, left in force")
         return {}
 
+    @contextlib.contextmanager
+    def one_safe_point(self, key: str) -> Iterator[None]:
+        """The live job paused for the block: the commands sent inside it (a rollback, then the
+        changes it comes with) land at one safe point, with no training step between them. The
+        trainer reads its inbox between steps, so a rollback acknowledged alone is followed by steps
+        of the checkpoint's own config (its learning rate, its template) until the change arrives;
+        from an untrained checkpoint a few such steps at the learning rate being fixed can wreck the
+        fresh weights. Command ids are fixed by `key`: a controller that crashes in the block and
+        re-runs it sends nothing twice and resumes the job."""
+        self.command("pause", f"{key}-hold")
+        try:
+            yield
+        finally:
+            self.command("resume", f"{key}-hold-resume", timeout=10.0)
+
     def roll_back(self, iv: Intervention, note: str) -> None:
         # the checkpoint taken before applying holds the recipe and harness of that moment too
         iv = self.store.get(iv.id)
         iv.outcome.undone = True
         self.store.put(iv)
         if iv.checkpoint_before:
-            self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
-            carried = self.carry_over(iv.id, iv.checkpoint_before)
-            if carried:  # fixes applied after this one stay in force
-                self.command("set_fields", f"{iv.id}-undo-carry", fields=carried)
+            with self.one_safe_point(f"{iv.id}-undo"):
+                self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
+                carried = self.carry_over(iv.id, iv.checkpoint_before)
+                if carried:  # fixes applied after this one stay in force
+                    self.command("set_fields", f"{iv.id}-undo-carry", fields=carried)
         if self.ws.pr_state(iv.id) == "merged":   # reverted before a crash: not again
             self.ws.rollback(iv.id)
         self.store.transition(iv.id, Status.ROLLED_BACK, note)

@@ -285,6 +285,12 @@ def test_a_departure_rollback_goes_only_as_far_back_as_its_stake_when_applied(tm
         assert got.status == Status.APPLIED and ("set_fields", f"{iv.id}-apply", {"fields": iv.changes}) in rec.sent
         assert (("rollback", f"{iv.id}-rb", {"name": "step_0000050"}) in rec.sent) is rolls, rec.sent
         assert (got.outcome.rollback_skipped is not None) is not rolls
+        order = [cmd for cmd, _, _ in rec.sent]
+        if rolls:   # the rollback and its change at one safe point: the job paused around both
+            assert order[order.index("rollback") - 1 : order.index("set_fields") + 2] == [
+                "pause", "rollback", "set_fields", "resume"], order
+        else:
+            assert "pause" not in order and "resume" not in order
         if not rolls:
             assert "150 steps back" in got.outcome.rollback_skipped and ctrl.store.timeline("rollback_skipped")
         close(ctrl)

@@ -226,9 +226,11 @@ def test_rolling_back_to_an_older_checkpoint_sets_the_later_fixes_in_force_again
     sent = []
     ctrl.command = lambda cmd, cid, **args: sent.append((cmd, cid, args)) or {"status": "applied", "step": 120}
     ctrl.roll_back(ctrl.store.get(undone.id), "worse than control")
-    assert sent == [("rollback", f"{undone.id}-undo", {"name": "ckpt-100"}),
+    assert sent == [("pause", f"{undone.id}-undo-hold", {}),       # both at one safe point
+                    ("rollback", f"{undone.id}-undo", {"name": "ckpt-100"}),
                     ("set_fields", f"{undone.id}-undo-carry",
-                     {"fields": {"harness.sampling.temperature": 0.9, "harness.sampling.max_new_tokens": 8}})]
+                     {"fields": {"harness.sampling.temperature": 0.9, "harness.sampling.max_new_tokens": 8}}),
+                    ("resume", f"{undone.id}-undo-hold-resume", {"timeout": 10.0})]
     after = ctrl.store.get(undone.id)
     assert after.status == Status.ROLLED_BACK and after.outcome.carried_over == [temp.id, toks.id]
     assert ctrl.ws.pr_state(undone.id) == "reverted"
