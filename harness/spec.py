@@ -4,6 +4,11 @@ The prompt template, how the answer is written and extracted, sampling parameter
 configuration, the curriculum and data filters. A harness is versioned by the SHA-256 of its
 canonical JSON (`HarnessSpec.version`), so two runs with the same version saw the same harness.
 Only interventions change it (`harness_edit`, `data_change`); the trainer switches versions at a safe point.
+
+This module declares the harness; what it does lives beside it: rendering and answer parsing in
+`harness/render.py`, verifier choice and reward shaping in `harness/reward.py`, the filters in
+`harness/filters.py`, the difficulty schedule and batch draw in `harness/curriculum.py`, change
+validation and no-op checks in `harness/changes.py`.
 """
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ import string
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from harness.curriculum import difficulty_at
+from harness.render import extract_answer, render_answer, render_prompt
 
 
 class _Strict(BaseModel):
@@ -44,21 +52,12 @@ class AnswerFormat(_Strict):
         return v
 
     def extract(self, completion: str) -> str | None:
-        text = completion
-        if self.stop and self.stop in text:
-            text = text[: text.index(self.stop) + len(self.stop)]  # the stop may close the pattern
-        matches = re.findall(self.regex, text, re.S)
-        if not matches:
-            return None
-        ans = matches[-1].strip()
-        if not ans:
-            return None
-        return ans[::-1] if self.reverse_digits else ans
+        """The answer in `completion` (`harness.render.extract_answer`)."""
+        return extract_answer(self, completion)
 
     def render(self, answer: str) -> str:
         """The completion a perfect policy writes for `answer` (SFT targets)."""
-        body = answer[::-1] if self.reverse_digits else answer
-        return self.prefix + body + (self.stop or "")
+        return render_answer(self, answer)
 
 
 class Sampling(_Strict):
@@ -102,11 +101,8 @@ class Curriculum(_Strict):
         return self
 
     def difficulty_at(self, step: int) -> int:
-        end = self.end if self.end is not None else self.start
-        if self.ramp_steps <= 0 or end == self.start:
-            return self.start
-        frac = min(1.0, step / self.ramp_steps)
-        return int(round(self.start + frac * (end - self.start)))
+        """The schedule's difficulty at `step` (`harness.curriculum.difficulty_at`)."""
+        return difficulty_at(self, step)
 
 
 class DataFilters(_Strict):
@@ -158,7 +154,8 @@ class HarnessSpec(_Strict):
         return v
 
     def render(self, question: str) -> str:
-        return self.template.format(question=question)
+        """The prompt for `question` (`harness.render.render_prompt`)."""
+        return render_prompt(self.template, question)
 
     @property
     def version(self) -> str:

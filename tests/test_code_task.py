@@ -188,7 +188,7 @@ def test_usable_through_the_harness_like_any_task(task):
 
 
 def test_rollout_scoring_gives_the_share_of_tests_as_grpo_reward(task):
-    from trainer.rollout import score
+    from harness.reward import score
 
     harness = HarnessSpec(template="{question}\n", answer=FENCED, reward={"kind": "partial"})
     e = task.example(Split.TRAIN, 1, 4)

@@ -21,7 +21,7 @@ from trainer.config import ConfigError, Perturbation, RunConfig
 from trainer.control import send_command
 from trainer.loop import Trainer
 from trainer.perturb import DATA_FORMATS, SHORTCUTS, Perturber, draw_example, expand, noisy_label
-from trainer.rollout import score
+from harness.reward import score
 from trainer.runlog import read_heartbeat, read_jsonl
 from trainer.tasks import make_task
 from trainer.tasks.base import Verdict

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import pathlib
 import random
 import time
@@ -20,6 +19,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from harness import render
+from harness.changes import apply_changes
+from harness.curriculum import FiltersRejectEverything, difficulty, draw_batch
 from harness.spec import HarnessSpec
 from trainer.algorithms.core import ADVANTAGES, LOSSES
 from trainer.algorithms.distill import distill_step
@@ -40,10 +42,6 @@ STEPS: dict[str, Callable] = {"sft": sft_step, "grpo": grpo_step, "distill": dis
 
 HEARTBEAT_EVERY_S = 0.5   # while running, the heartbeat is rewritten at most this often (state changes always)
 
-
-# the dedupe filter remembers the questions of this many batches: a pool that repeats within them
-# is dropped, while a small task's whole question space is not used up (a run of days keeps no more)
-DEDUPE_BATCHES = 16
 ERROR_CHARS = 500   # of an exception's message kept in the 'error' event that records why the job died
 
 
@@ -130,7 +128,7 @@ class Trainer:
             d = min(max(d, self.task.min_difficulty), self.task.max_difficulty)
             for i in range(32):
                 ex = self.task.example(Split.TRAIN, i, d)
-                text = self.harness.render(ex.question) + self.harness.answer.render(ex.solution or ex.answer)
+                text = self.harness.render(ex.question) + render.sft_target(self.harness, ex.solution or ex.answer)
                 missing |= {c for c in text if c not in stoi}
         if missing:
             raise ConfigError(f"model.charset lacks characters the task and harness write: {''.join(sorted(missing))!r}")
@@ -215,36 +213,19 @@ class Trainer:
 
     # ---- data -------------------------------------------------------------------------------
     def next_examples(self) -> list[Example]:
-        """This rank's shard of the next batch from the train split. Every rank builds the same
-        filtered batch from the shared cursor, so the cursor stays identical across ranks."""
+        """This rank's shard of the next batch from the train split, drawn by the harness's curriculum
+        through its filters (`harness.curriculum.draw_batch`). Every rank builds the same filtered
+        batch from the shared cursor, so the cursor stays identical across ranks."""
         r, W = self.recipe, self.dist.world
         warming_up = r.algorithm != "sft" and self.step < r.sft_warmup_steps
         B = r.sft_warmup_batch_size if warming_up and r.sft_warmup_batch_size else r.batch_size
-        diff = self.harness.curriculum.difficulty_at(self.step)
-        diff = min(max(diff, self.task.min_difficulty), self.task.max_difficulty)
-        f = self.harness.filters
-        draw = self.perturber.stream(self.task)   # the train split as the data pipeline hands it over
-        out: list[Example] = []
-        scanned, dedupe = 0, f.dedupe
-        while len(out) < B:
-            ex = draw(self.cursor, diff)
-            self.cursor += 1
-            scanned += 1
-            if scanned > 100 * B:
-                if not dedupe:
-                    raise StopRun("data_filters_reject_everything")
-                # a question space smaller than dedupe's memory: this batch takes repeats again
-                # rather than the run stopping
-                scanned, dedupe = 0, False
-            if len(self.harness.render(ex.question)) > f.max_prompt_chars:
-                continue
-            if dedupe:
-                if ex.question in self.seen:
-                    continue
-                self.seen[ex.question] = None
-                while len(self.seen) > DEDUPE_BATCHES * B:
-                    del self.seen[next(iter(self.seen))]
-            out.append(ex)
+        diff = difficulty(self.harness, self.step, self.task.min_difficulty, self.task.max_difficulty)
+        stream = self.perturber.stream(self.task)   # the train split as the data pipeline hands it over
+        try:
+            out, self.cursor = draw_batch(self.harness, lambda i: stream(i, diff), self.cursor, B, self.seen)
+        except FiltersRejectEverything as e:
+            self.cursor = e.cursor
+            raise StopRun("data_filters_reject_everything") from None
         lacking = self.perturber.out_of_memory(self.step, r.batch_size, self.params[0].device.type)
         if lacking:
             raise MemoryError(lacking)
@@ -309,24 +290,34 @@ class Trainer:
         return yaml.safe_dump(self.shown.model_dump(mode="json"), sort_keys=False)
 
     def apply_overrides(self, fields: dict[str, Any], silent: bool = False) -> None:
-        """Set dotted `recipe.*` / `harness.*` fields on the live run, validated as a whole."""
+        """Set dotted `recipe.*` / `harness.*` fields on the live run, in order, each validated on the
+        whole (harness fields by `harness.changes.apply_changes`, as the swarm checks them)."""
         cfg = self.cfg.model_copy(update={"recipe": self.recipe, "harness": self.harness})
+        harness = self.harness
         for k, v in fields.items():
-            if not (k.startswith("recipe.") or k.startswith("harness.")):
+            if k.startswith("harness."):
+                harness = self._set_harness_field(harness, k, v)
+            elif k.startswith("recipe."):
+                cfg = set_dotted(cfg, k, v)
+            else:
                 raise ConfigError(f"can only change recipe.* or harness.* fields, not {k!r}")
-            cfg = set_dotted(cfg, k, v)
         if cfg.recipe.algorithm != self.recipe.algorithm and cfg.recipe.algorithm == "grpo" and self.ref_state is None:
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())
         shown = self.shown
         if not silent:  # a command's change is shown; a silent perturbation's is not
-            c = self.cfg.model_copy(update={"recipe": cfg.recipe, "harness": self.shown})
             for k, v in fields.items():
-                c = set_dotted(c, k, v) if k.startswith("harness.") else c
-            shown = c.harness
+                shown = self._set_harness_field(shown, k, v) if k.startswith("harness.") else shown
         changed = shown != self.shown
-        self.recipe, self.harness, self.shown = cfg.recipe, cfg.harness, shown
+        self.recipe, self.harness, self.shown = cfg.recipe, harness, shown
         if changed:
             self.store_harness()
+
+    @staticmethod
+    def _set_harness_field(spec: HarnessSpec, key: str, value: Any) -> HarnessSpec:
+        try:
+            return apply_changes(spec, {key: value})
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     # ---- control ----------------------------------------------------------------------------
     def handle_commands(self) -> None:

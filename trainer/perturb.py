@@ -25,22 +25,21 @@ import signal
 import time
 from typing import Any, Callable
 
+from harness.faults import HARNESS_FAULTS
 from trainer.config import Perturbation
 from trainer.tasks.base import Example, Split
 
-# shortcut → (kind, defaults)
+# shortcut → (kind, defaults); the harness faults are the harness's (harness/faults.py), applied as overrides
 SHORTCUTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lr_spike": ("override", {"set": {"recipe.lr": 0.5}}),
     "worker_kill": ("kill", {}),
     "hang": ("stall", {"seconds": 60.0}),
-    # a format spec left on the placeholder: the prompt keeps only the question's first 3
-    # characters (for 2-digit addition "12+34=" becomes "12+=": the second operand is gone)
-    "broken_template": ("override", {"set": {"harness.template": "{question:.3}="}}),
+    "broken_template": ("override", {"set": HARNESS_FAULTS["broken_template"]}),
     "label_noise": ("label_noise", {"fraction": 0.4}),
-    "too_hard": ("override", {"set": {"harness.curriculum.start": 8, "harness.curriculum.end": 8}}),
-    "low_temperature": ("override", {"set": {"harness.sampling.temperature": 0.05}}),
-    "truncation": ("override", {"set": {"harness.sampling.max_new_tokens": 2}}),
-    "reward_hack": ("override", {"set": {"harness.reward.verifier": "digits_any_order"}}),
+    "too_hard": ("override", {"set": HARNESS_FAULTS["too_hard"]}),
+    "low_temperature": ("override", {"set": HARNESS_FAULTS["low_temperature"]}),
+    "truncation": ("override", {"set": HARNESS_FAULTS["truncation"]}),
+    "reward_hack": ("override", {"set": HARNESS_FAULTS["reward_hack"]}),
     "corrupt_checkpoint": ("corrupt_checkpoint", {}),
 }
 

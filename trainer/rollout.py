@@ -1,19 +1,24 @@
 """Rollouts: turn examples into prompts, sample completions, score them with the verifier.
 
-Shared by every algorithm and by held-out evaluation. The verifier used for training rewards is
-the harness's (`reward.verifier`); held-out evaluation always uses the task's own verifier, so an
-exploitable training reward shows up as a gap between the two.
+Shared by every algorithm and by held-out evaluation. The harness does the writing and the judging
+(`harness.render`: prompts and stop tokens; `harness.reward`: the verifier choice and the reward);
+this module runs the policy between the two and summarises the batch. The verifier used for training
+rewards is the harness's (`reward.verifier`); held-out evaluation always uses the task's own
+verifier, so an exploitable training reward shows up as a gap between the two.
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import torch
 
+from harness import render
+from harness.reward import score, shape_reward, verify_all
 from harness.spec import HarnessSpec
 from trainer.policy import Policy
 from trainer.tasks.base import Example, Task, Verdict, VerifyResult
+
+__all__ = ["Rollout", "prompt_ids", "rollout", "score", "stop_ids", "summarize", "target_ids"]   # score: benchmarks/grpo_vs_trl.py
 
 
 @dataclasses.dataclass
@@ -29,66 +34,16 @@ class Rollout:
 
 
 def prompt_ids(policy: Policy, harness: HarnessSpec, ex: Example) -> tuple[str, list[int]]:
-    text = harness.render(ex.question)
-    return text, [policy.tok.bos_id] + policy.tok.encode(text)
+    """(prompt text, token ids) of `ex` under the harness, in the policy's tokens."""
+    return render.prompt(policy.tok, harness, ex.question)
 
 
 def stop_ids(policy: Policy, harness: HarnessSpec) -> set[int]:
-    stop = harness.answer.stop
-    if not stop:
-        return set()
-    ids = policy.tok.encode(stop)
-    return {ids[0]} if len(ids) == 1 else set()
+    return render.stop_ids(policy.tok, harness)
 
 
 def target_ids(policy: Policy, harness: HarnessSpec, completion_text: str) -> list[int]:
-    ids = policy.tok.encode(completion_text)
-    if not harness.answer.stop:
-        ids.append(policy.tok.eos_id)
-    return ids
-
-
-def digits_any_order(parsed: str | None, ex: Example) -> VerifyResult | None:
-    """The deliberately flawed verifier of the reward_hack perturbation: any answer holding the
-    right multiset of digits is 'correct'."""
-    if parsed is None:
-        return None
-    if sorted(re.sub(r"\D", "", parsed)) == sorted(re.sub(r"\D", "", ex.answer)) and parsed:
-        return VerifyResult(1.0, Verdict.CORRECT, parsed, "digits match (any order)")
-    return None
-
-
-def verify_all(task: Task, harness: HarnessSpec, examples: list[Example], completions: list[str],
-               truncated: list[bool]) -> list[VerifyResult]:
-    """The task's verdicts for a batch; tasks with `verify_many` (sandboxed code) score it concurrently."""
-    extract = harness.answer.extract
-    if hasattr(task, "verify_many"):
-        return task.verify_many(completions, examples, extract, truncated)
-    return [task.verify(c, ex, extract, truncated=t) for c, ex, t in zip(completions, examples, truncated)]
-
-
-def shape_reward(task: Task, harness: HarnessSpec, ex: Example, res: VerifyResult, completion: str,
-                 for_training: bool) -> tuple[VerifyResult, float]:
-    """The training reward from a verdict under the harness's reward config. Held-out evaluation
-    (`for_training=False`) always takes the task's own verdict and reward."""
-    if not for_training:
-        return res, res.reward
-    if harness.reward.verifier == "digits_any_order" and res.verdict != Verdict.CORRECT:
-        res = digits_any_order(harness.answer.extract(completion), ex) or res
-    if harness.reward.kind == "partial" and res.parsed is not None and res.verdict == Verdict.WRONG:
-        reward = float(task.partial_credit(res.parsed, ex))
-    else:
-        reward = res.reward
-    if res.verdict == Verdict.WRONG:
-        reward = max(reward, harness.reward.format_bonus)
-    return res, min(1.0, max(0.0, reward))
-
-
-def score(task: Task, harness: HarnessSpec, ex: Example, completion: str, truncated: bool,
-          for_training: bool) -> tuple[VerifyResult, float]:
-    """Verdict and reward of one completion."""
-    res = verify_all(task, harness, [ex], [completion], [truncated])[0]
-    return shape_reward(task, harness, ex, res, completion, for_training)
+    return render.target_ids(policy.tok, harness, completion_text)
 
 
 def rollout(policy: Policy, task: Task, harness: HarnessSpec, examples: list[Example], group: int,

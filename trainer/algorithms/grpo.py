@@ -3,9 +3,9 @@ advantages, and take `updates_per_batch` optimiser steps on the clipped surrogat
 frozen reference when `kl_coef > 0`).
 
 Deviation from the paper: with `updates_per_batch == 1` the "old" log-probs are the detached
-current ones (ratio ≡ 1, same gradient), which saves one forward pass; the pass-rate filter drops
-groups whose pass rate is outside the curriculum's [min, max] from the loss (DAPO's dynamic
-sampling without the resampling).
+current ones (ratio ≡ 1, same gradient), which saves one forward pass; the harness's pass-rate
+filter (`harness.filters.in_pass_band`) drops groups whose pass rate is outside the curriculum's
+[min, max] from the loss (DAPO's dynamic sampling without the resampling).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from harness.filters import in_pass_band
 from trainer.algorithms.core import aggregate, get_advantage, get_loss
 from trainer.logprobs import batch_logprobs
 from trainer.policy import build_batch
@@ -30,7 +31,7 @@ def grpo_step(trainer, examples) -> dict[str, float]:
     adv = get_advantage(r.advantage)(rewards)  # (P, G)
     passed = torch.tensor([x.result.verdict.value == "correct" for x in rolls], dtype=torch.float32).view(len(examples), G)
     rate = passed.mean(-1, keepdim=True)
-    keep = ((rate >= h.curriculum.pass_rate_min) & (rate <= h.curriculum.pass_rate_max)).float()  # (P, 1)
+    keep = in_pass_band(h.curriculum, rate).float()  # (P, 1)
     seq_adv = (adv * keep).reshape(-1)  # (P·G,)
     batch = build_batch([x.prompt_ids for x in rolls], [x.completion_ids for x in rolls], trainer.policy.tok.pad_id)
     seq_keep = keep.expand(-1, G).reshape(-1)

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from harness.render import sft_target
 from trainer.logprobs import batch_logprobs
 from trainer.policy import build_batch
 
@@ -43,6 +44,6 @@ def sft_step(trainer, examples) -> dict[str, float]:
             from trainer.perturb import noisy_label
 
             label = noisy_label(label, ex.uid, fraction, how)
-        targets.append(trainer.target_ids(h.answer.render(label)))
+        targets.append(trainer.target_ids(sft_target(h, label)))
     loss, stats = sft_loss(trainer, prompts, targets)
     return trainer.optimise(loss, stats)
