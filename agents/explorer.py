@@ -13,13 +13,16 @@ proposed. A run that never learnt (held-out at or below the not-learning level, 
 checkpoint kept) is explored from that checkpoint: the damage is in the weights, so each
 candidate rolls back to the start. Candidates tried before in this run (same fields and values)
 are skipped, so the search moves on instead of repeating itself; a fix kept moves the search's
-centre, and the candidates are computed again from the new values.
+centre, and the candidates are computed again from the new values, bracketed by the value the fix
+moved away from (`moves`): a run stuck again after a move in one direction gets the move back
+first, short of where it came from.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from agents.base import Operator, OperatorContext
+from agents.base import IN_EFFECT, Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
@@ -37,9 +40,13 @@ TEMPERATURE_STEP = 0.3
 KIND = {"recipe.": K.RECIPE_EDIT, "harness.curriculum.": K.DATA_CHANGE, "harness.": K.HARNESS_EDIT}
 
 
-def moves(t: Tunable, cur: float) -> list[float]:
+def moves(t: Tunable, cur: float, came_from: float | None = None) -> list[float]:
     """The two candidate values of one tunable field around its value in force (up first for the
-    sampling temperature, down first otherwise), within the field's range, without the value itself."""
+    sampling temperature, down first otherwise), within the field's range, without the value itself.
+    `came_from`: the value a kept change of this run moved the field from, which left the run stuck
+    again. That value was worse than none, so it bounds the search: the move back towards it comes
+    first and stops short of it (halfway, on the field's scale, where the usual step would reach or
+    pass it) — a line search that brackets, instead of going on in the direction that did not cure it."""
     if t.field == "recipe.lr":
         out = [cur / LR_DOWN, cur * LR_UP]
     elif t.field == "harness.sampling.temperature":
@@ -48,13 +55,29 @@ def moves(t: Tunable, cur: float) -> list[float]:
         out = [cur - 1, cur + 1]
     else:
         out = [cur / SIZE_FACTOR, cur * SIZE_FACTOR]
+    if came_from is not None and came_from != cur:
+        back = [v for v in out if (v > cur) == (came_from > cur)]
+        away = [v for v in out if v not in back]
+        geometric = t.field == "recipe.lr" or not (t.field == "harness.sampling.temperature"
+                                                   or t.field.startswith("harness.curriculum."))
+        mid = (math.sqrt(cur * came_from) if geometric and cur > 0 and came_from > 0 else (cur + came_from) / 2)
+        out = [v if abs(v - cur) < abs(came_from - cur) else mid for v in back] + away
     vals = []
     for v in out:
         v = min(max(v, t.lo), t.hi)
         v = int(round(v)) if t.integer else float(f"{v:.6g}")
-        if v != cur and v not in vals:
+        if v != cur and v != came_from and v not in vals:
             vals.append(v)
     return vals
+
+
+def came_from(ctx: OperatorContext, field: str) -> float | None:
+    """The value the newest change of this run still in effect moved `field` from, if it moved it."""
+    for iv in reversed(ctx.history):
+        if iv.status in IN_EFFECT and field in iv.changes:
+            v = (iv.outcome.before or {}).get(field)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return None
 
 
 def candidates(ctx: OperatorContext, algorithm: str) -> list[dict[str, Any]]:
@@ -67,7 +90,7 @@ def candidates(ctx: OperatorContext, algorithm: str) -> list[dict[str, Any]]:
         if isinstance(cur, bool) or not isinstance(cur, (int, float)):
             continue
         lowest = ctx.min_difficulty if t.field.startswith("harness.curriculum.") else t.lo
-        out += [{t.field: v} for v in moves(t, cur) if v >= lowest]
+        out += [{t.field: v} for v in moves(t, cur, came_from(ctx, t.field)) if v >= lowest]
     return out
 
 

@@ -166,7 +166,11 @@ class Diagnostics(Operator):
             out.append(departure_fix(self, found["recipe_drift"], "recipe", K.RECIPE_EDIT, ev, ctx,
                                      "whatever the unrequested change slowed or broke (batch size, weight decay, "
                                      "schedule) recovering"))
-        elif "not_learning" in found:
+        elif "not_learning" in found and not any(
+                iv.status in IN_EFFECT and iv.diagnosis.name == "not_learning" and "recipe.lr" in iv.changes
+                for iv in ctx.history):
+            # a learning rate lowered for this finding that left the run not learning is no cure to
+            # repeat lower: the search (agents/explorer.py) goes on from there, bracketed by the old lr
             d = found["not_learning"]
             # the larger of the schedule's peak and the lr logged now: during a warm-up the logged lr
             # is a small share of the peak the run will train at

@@ -97,3 +97,29 @@ def test_the_lead_lets_the_next_candidate_through_after_a_loss():
 @pytest.mark.parametrize("name", ["not_learning", "plateau"])
 def test_the_explorer_reads_only_the_stuck_findings(name):
     assert name in Explorer.detectors and name not in CAUSES
+
+
+def test_a_move_that_left_the_run_stuck_bounds_the_next_ones():
+    lr = next(t for t in TUNABLE if t.field == "recipe.lr")
+    assert moves(lr, 0.001) == [0.0001, 0.003]                 # no history: down first
+    assert moves(lr, 0.001, came_from=0.3) == [0.003, 0.0001]  # came down from 0.3: back up first, short of it
+    assert moves(lr, 0.03, came_from=0.06)[0] == pytest.approx((0.03 * 0.06) ** 0.5, rel=1e-5)   # x3 passes it
+    assert moves(lr, 0.03, came_from=0.06)[1] == 0.003
+
+
+def test_stuck_again_after_a_lower_lr_was_kept_the_search_goes_back_up_from_the_start():
+    """A learning rate of 0.3 lowered to 0.001 from the untrained checkpoint for not_learning, kept,
+    and the run still does not learn: Diagnostics does not lower it again; the explorer's first
+    candidate is 0.003 (up, below the 0.3 it came from), again from the untrained checkpoint."""
+    from agents.operators import Diagnostics
+
+    rows = stuck_rows()
+    for r in rows:
+        r["lr"] = 0.001
+    kept = iv_(K.ROLLBACK, {"recipe.lr": 0.001}, "not_learning", status=Status.KEPT, rollback_to="init")
+    kept.outcome.before = {"recipe.lr": 0.3}
+    cps = [{"name": "init", "step": 0}, {"name": "step_0000050", "step": 50}]
+    c = ctx(recipe={**STUCK_CTX["recipe"], "lr": 0.001}, history=[kept], checkpoints=cps)
+    assert not [iv for iv in Diagnostics().builtin(make_ev(rows), c) if iv.diagnosis.name == "not_learning"]
+    (iv,) = Explorer().builtin(make_ev(rows), c)
+    assert (iv.kind, iv.changes, rollback_target(iv)) == (K.ROLLBACK, {"recipe.lr": 0.003}, "init")
