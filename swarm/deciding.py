@@ -18,7 +18,7 @@ import yaml
 from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
-from agents.operators import config_fields, eval_series, inconclusive, rollback_stake
+from agents.operators import config_fields, eval_series, inconclusive, progress_since, rollback_stake
 from swarm.backtest import check_change, nearest_valid, noop_edit, result, rule_for
 from swarm.decisions import (BacktestSpec, Control, Facts, Kept, Look, Pair, Pending, Refuse, Rule, Sighting, Skip, Window,
                              assign_risk, corroborated_by, judge, outlook, persistence, plan, rate_var,
@@ -95,6 +95,13 @@ class Deciding:
                              int(pre.get("step", 0)), self.verify_steps(), THRESHOLDS.departure_harm,
                              self.goal.target.op == ">=")
         return None if why is None else f"checkpoint {target} lies {why}: the fields are set again without going back"
+
+    def nothing_staked(self, ckpt_step: int) -> bool:
+        """The steps since the checkpoint at `ckpt_step` moved the target by no more than
+        `departure_harm` (agents.operators.progress_since; False when no eval follows it)."""
+        gained = progress_since(eval_series(self.evidence(JobStatus.RUNNING), self.goal.target.metric), ckpt_step,
+                                self.goal.target.op == ">=")
+        return gained is not None and gained <= THRESHOLDS.departure_harm
 
     def rollback_target(self, iv: Intervention) -> str | None:
         """The checkpoint the proposal names (agents.base.rollback_target) when the run has it, else
@@ -328,16 +335,26 @@ class Deciding:
         iid = iv.id
         target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
         cand = next((c for c in self.checkpoints() if c["name"] == target), None)
+        # the control carries on from the live state, unless the steps since the rollback's
+        # checkpoint gained nothing measurable (a run a wrong setting kept at 0): then carrying on
+        # is worth nothing and both arms start from the checkpoint, so the backtest compares the
+        # configs from the same weights and data (an arm from an untrained start against one
+        # hundreds of steps on scores its head start, not the change)
+        common = cand is not None and self.nothing_staked(int(cand["step"]))
+        fork = (str(self.run_dir / "checkpoints" / f"{target}.pt"), int(cand["step"])) if common else None
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
         before = self.tries_without_gain(iv)
         base = retry_horizon(bt.horizon_steps, before)
         cpu = 0.0
         notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {base} steps"] if base > bt.horizon_steps else []
+        if common:
+            notes.append(f"both arms from checkpoint {target} (step {cand['step']}): the steps since gained nothing measurable")
 
         def measure(look: Look, seeds: list[int]) -> list[Pair]:
             nonlocal cpu
             ps, c = self.backtest_runner(
-                iv, base_config=self.base_cfg, ckpt=str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"), step=ack["step"],
+                iv, base_config=self.base_cfg, ckpt=fork[0] if fork else str(self.run_dir / "checkpoints" / f"bt-{iid}.pt"),
+                step=fork[1] if fork else ack["step"],
                 candidate_ckpt=str(self.run_dir / "checkpoints" / f"{target}.pt") if cand else None,
                 candidate_step=cand["step"] if cand else None, metric=self.goal.target.metric,
                 horizon=base * look.horizon_factor, seeds=seeds, eval_size=bt.eval_size, jobs=self.jobs,

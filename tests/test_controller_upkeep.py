@@ -567,3 +567,41 @@ def test_an_edit_that_makes_what_already_runs_is_a_no_op_in_every_section_it_tou
     assert "recipe version" in noop_edit(restore, recipe, harness, back)      # it already trains at 32
     assert noop_edit({**restore, "harness.template": "{question}="}, recipe, harness, back) is None
     assert noop_edit(restore, recipe, harness, {**back, "recipe_version": None}) is None
+
+
+@pytest.mark.parametrize("heldout, common", [([0.0, 0.0, 0.0], True), ([0.0, 0.3, 0.5], False)])
+def test_a_rollback_that_stakes_nothing_is_backtested_from_one_start(tmp_path, monkeypatch, heldout, common):
+    """A rollback to the untrained checkpoint of a run whose steps since gained nothing (held-out
+    flat at 0): both arms fork that checkpoint, so they compare the configs from the same weights.
+    A run that gained since is compared with carrying on from where it is."""
+    import json
+    import pathlib
+
+    from swarm.controller import Controller
+    from swarm.decisions import ArmScore, Pair
+    from swarm.graph import SwarmState
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    forks = []
+
+    def fake_arms(iv, *, ckpt, step, candidate_ckpt=None, candidate_step=None, **kw):
+        forks.append((pathlib.Path(ckpt).name, step, pathlib.Path(candidate_ckpt).name, candidate_step))
+        return [Pair(s, ArmScore(0.5), ArmScore(0.0)) for s in kw["seeds"]], 1.0
+
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process", backtest_runner=fake_arms)
+    monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120, "time": 0.0})
+    (ctrl.run_dir / "checkpoints").mkdir(parents=True)
+    (ctrl.run_dir / "checkpoints" / "init.json").write_text(json.dumps({"name": "init", "step": 0}))
+    rows = [{"step": s, "segment": 0, "time": float(s), "heldout_acc": v} for s, v in zip((40, 80, 120), heldout)]
+    (ctrl.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = Diagnosis(name="not_learning", summary="flat", operator="x", policy="builtin", evidence={"rollback_to": "init"})
+    iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.003}, diagnosis=d, rationale="r",
+                      operator="x", policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.node_backtest(SwarmState(job_status="RUNNING", tick=1, step=120))
+    assert forks and all(f[2:] == ("init.pt", 0) for f in forks)          # the candidate always starts there
+    assert all(f[:2] == (("init.pt", 0) if common else (f"bt-{iv.id}.pt", 120)) for f in forks), forks
+    assert ("both arms from checkpoint init" in ctrl.store.get(iv.id).backtest.note) is common
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
