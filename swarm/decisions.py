@@ -54,7 +54,7 @@ from typing import Any, Callable, NamedTuple, Union
 
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Outcome, Risk
-from harness.spec import RewardConfig
+from harness.changes import OBJECTIVE_FIELDS, TASK_SCORING, changes_data
 
 # ---- plan ---------------------------------------------------------------------------------------
 
@@ -332,11 +332,11 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
 
 RAISE_HIGH = 3.0        # a numeric field raised more than this factor is a large move
 LOWER_HIGH = 1000.0     # or lowered more than this factor
-# fields whose value says what counts as correct, or how the run is trained
-_OBJECTIVE = ("harness.reward.", "recipe.algorithm")
+# fields whose value says what counts as correct (the harness says which of its own do), or how
+# the run is trained
+_OBJECTIVE = (*OBJECTIVE_FIELDS, "recipe.algorithm")
 # the reward under which training scores an answer as the target metric does: the task's own
-# verifier, exact credit, no shaping (the reward's defaults)
-TASK_SCORING = {f"harness.reward.{n}": f.default for n, f in RewardConfig.model_fields.items()}
+# verifier, exact credit, no shaping (the reward's defaults; harness/changes.py)
 # signals of `decide` that measure held-out behaviour (the others are training statistics)
 TARGET_SIGNAL, FORMAT_SIGNAL = "target", "held-out format failures"
 HELD_OUT_SIGNALS = (TARGET_SIGNAL, FORMAT_SIGNAL)
@@ -368,7 +368,7 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
             return RiskCall(Risk.HIGH, f"{k} → {v!r} changes what counts as correct or how the run trains", "objective")
         cur = current.get(k)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            if not k.startswith(("harness.curriculum.", "harness.filters.")):
+            if not changes_data(k):
                 risk = max(risk, Risk.MEDIUM, key=_RANK.get)
             continue
         if not isinstance(cur, (int, float)) or isinstance(cur, bool) or not math.isfinite(float(cur)):
