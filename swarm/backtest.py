@@ -29,6 +29,7 @@ import yaml
 from agents.domain import BacktestResult, Intervention, JobStatus
 from swarm.decisions import ArmScore, Decision, Pair, Rule, Validated
 from swarm.jobs import Jobs
+from trainer.run_storage import release, sync_run
 from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
 
 
@@ -224,6 +225,8 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
     while time.time() < deadline:
         states = {k: (jobs.status(h) if isinstance(h, str) else (JobStatus.RUNNING if h and _running(h) else JobStatus.SUCCEEDED))
                   for k, (h, _) in handles.items()}
+        for _, d in handles.values():
+            sync_run(d)   # an arm on run storage: its replica here (its heartbeat, rows) brought up to date
         if all(s in JobStatus.terminal() for s in states.values()):
             break
         time.sleep(0.5)
@@ -236,6 +239,8 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
     cpu = sum(float((read_heartbeat(d) or {}).get("cpu_s") or 0.0) for _, d in handles.values())
     pairs = [Pair(seed, arm_score(handles[("candidate", seed)][1], metric), arm_score(handles[("control", seed)][1], metric))
              for seed in seeds]
+    for _, d in handles.values():
+        release(d)
     return pairs, cpu
 
 

@@ -51,6 +51,7 @@ from swarm.store import Store, acquire_lock
 from swarm.workspace import Workspace
 from trainer.control import send_command
 from trainer.launch import RayHead
+from trainer.run_storage import sync_run
 from trainer.runlog import atomic_write_text, iter_jsonl, metrics_history, read_heartbeat, tail_jsonl
 
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
@@ -117,7 +118,7 @@ class Controller(ScriptSteering, Deciding):
                                        **reserve) if self.script else
                            ProcessJobs(self.sdir / "logs") if jobs == "process" else
                            RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head,
-                                   **reserve))
+                                   storage=goal.swarm.storage, **reserve))
         self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic(), Explorer()]
         self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)
         self.llm = None
@@ -266,6 +267,7 @@ class Controller(ScriptSteering, Deciding):
         self.send(cmd, cid, **args)
         deadline = time.time() + timeout
         while time.time() < deadline:
+            sync_run(self.run_dir)   # a stored run: push the command, pull the acks (else nothing)
             for row in iter_jsonl(log):
                 if row.get("id") == cid:
                     return row
@@ -400,6 +402,7 @@ class Controller(ScriptSteering, Deciding):
         relaunch = self.after_head_replaced(s)
         status = relaunch.get("job_status", status)
         self.meter = CpuMeter(s.cpu)
+        sync_run(self.run_dir)   # a run on storage: its replica here is brought up to date (else nothing)
         self.meter.observe(self.run_dir)
         for arm in (self.sdir / "backtests").glob("bt-*"):
             if arm.is_dir():

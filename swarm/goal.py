@@ -95,6 +95,10 @@ class SwarmSettings(_Setting):
     job_resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each job reserves "
                                             "(Ray's entrypoint_resources), e.g. {trainer_node: 1} to place jobs on the "
                                             "nodes that declare it")
+    storage: str | None = Field(None, description="run storage for Ray jobs (docs/cluster.md): a pyarrow.fs URI "
+                                "(file://, s3://, gs://, hdfs://) or a folder every node reaches; each job then works in its "
+                                "node's scratch folder and mirrors its run there, and the controller reads only the storage. "
+                                "None = the run folders are local (one machine)")
     backtest: BacktestSettings = Field(default_factory=BacktestSettings, description="how a proposal is tested against "
                                        "doing nothing before it is applied")
 
@@ -358,6 +362,9 @@ def _check_script_goal(goal: Goal) -> None:
         ep = Entrypoint.model_validate(goal.run["entrypoint"])
     except ValidationError as e:
         raise ConfigError(format_validation_error(e).replace("invalid config: ", "invalid goal: run.entrypoint.")) from None
+    if goal.swarm.storage:
+        raise ConfigError(f"invalid goal: swarm.storage={goal.swarm.storage!r}: a goal that runs a script keeps its run "
+                          "folder where the script runs; run storage serves the project's trainer only")
     if goal.perturbations:
         raise ConfigError("invalid goal: perturbations: a goal that runs a script injects its faults in its own "
                           "arguments (run.entrypoint.args)")

@@ -133,12 +133,20 @@ class RayJobs(Jobs):
     that submits the same live job again finds it instead of starting a second one; any other job
     (`restart=None`: a backtest arm) gets a new id each time. `job_cpus` and
     `job_resources` reserve each job's place on the cluster (Ray's `entrypoint_num_cpus` and
-    `entrypoint_resources`): without them Ray runs every job's trainer on the head node."""
+    `entrypoint_resources`): without them Ray runs every job's trainer on the head node.
+
+    `storage` (the goal's `swarm.storage`): each job's run is kept at `<storage>/<run_key>/<name>`
+    (`trainer.run_storage`): the job works on its node's scratch and mirrors there, and the job's
+    local run folder (the config's `out_dir/name`) becomes the controller's replica of it, kept
+    current by `trainer.run_storage.sync_run`. A backtest arm's stored folder is cleared when it
+    starts (a rerun starts afresh); the live job's is kept (a restart resumes from it). A fork
+    from a replica's checkpoint is fetched from the storage; from any other file, the file is
+    put on the storage first."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, saved: Any = None,
                  on_head: Callable[[Any], None] | None = None, job_cpus: float | None = None,
-                 job_resources: dict[str, float] | None = None, run_key: str = "") -> None:
-        self.address, self.num_cpus = address, num_cpus
+                 job_resources: dict[str, float] | None = None, run_key: str = "", storage: str | None = None) -> None:
+        self.address, self.num_cpus, self.storage = address, num_cpus, storage
         self.job_cpus, self.job_resources, self.run_key = job_cpus, dict(job_resources or {}) or None, run_key
         if saved is not None and not saved.owned:   # the user's cluster: reached by address, never replaced
             self.address, saved = self.address or saved.dashboard_url, None
@@ -198,10 +206,26 @@ class RayJobs(Jobs):
 
         self._head()
         salt = self.run_key if restart is not None else f"{self.run_key}-{uuid.uuid4().hex[:8]}"
+        where = self._storage(config_path, fresh=restart is None) if self.storage else {}
         handle = submit_job(self.head, config_path, restart=restart or 0, entrypoint_num_cpus=self.job_cpus,
-                            resources=self.job_resources, salt=salt)
+                            resources=self.job_resources, salt=salt, **where)
         self.handles.add(handle)
         return handle
+
+    def _storage(self, config_path: str | os.PathLike, fresh: bool) -> dict[str, str | None]:
+        """Bind the job's local run folder to its place on the storage; where its fork comes from."""
+        from trainer.launch import run_spec
+        from trainer.run_storage import bind, put_checkpoint_file, run_uri, storage_ref
+        from trainer.storage import join_uri
+
+        cfg = run_spec(config_path)
+        uri = run_uri(self.storage, self.run_key, cfg.name)
+        bind(cfg.run_dir, uri, fresh=fresh)
+        fork = None
+        if cfg.fork_from:
+            ref = storage_ref(cfg.fork_from)
+            fork = ref[0] if ref else put_checkpoint_file(cfg.fork_from, join_uri(uri, "fork-source"))
+        return {"storage_uri": uri, "fork_storage": fork}
 
     def status(self, handle: str) -> str:
         if handle in self.lost:

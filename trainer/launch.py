@@ -24,9 +24,10 @@ the `working_dir`; the entrypoint names no path of the submitting machine. Its s
 derived from the run spec and the restart count (`submission_id`), so submitting again after a
 controller crash finds the job instead of starting a second one (`Submission.created` is False).
 `wait_job` fails a job left PENDING beyond `JOB_PENDING_LIMIT_S` (stopped, `JobPendingError`).
-What is not carried yet: the run's files. The trainer writes its run folder at the config's
-`out_dir`, a path on the node that runs it, and the controller reads it there: on a cluster the
-`out_dir` must be storage both reach (docs/cluster.md).
+The run's files travel through run storage when the submitter names one (`storage_uri`,
+`trainer.run_storage`): the job works in its node's scratch folder and mirrors to the storage,
+which is all the controller reads. Without it the trainer writes its run folder at the config's
+`out_dir`, a path on the node that runs it: the default, right for one machine.
 """
 from __future__ import annotations
 
@@ -357,7 +358,8 @@ class Submission:
 
 def submit(head: RayHead, config_path: str | os.PathLike, job_id: str | None = None, restart: int = 0,
            entrypoint_num_cpus: float | None = None, resources: dict[str, float] | None = None,
-           python: str | None = None, salt: str = "") -> Submission:
+           python: str | None = None, salt: str = "", storage_uri: str | None = None,
+           fork_storage: str | None = None) -> Submission:
     """Submit the trainer as a Ray job that carries its code and its config: the project's
     packages as `py_modules` (`code_runtime_env`), the run config (paths made absolute) as the
     job's `working_dir`, the entrypoint `PYTHON -m trainer.entry run.yaml` run there. `job_id`
@@ -365,7 +367,9 @@ def submit(head: RayHead, config_path: str | os.PathLike, job_id: str | None = N
     again (`created=False`). `entrypoint_num_cpus` / `resources` reserve the driver's place
     (a custom resource pins it to the nodes that have it). `python`: the interpreter on the node
     (default: `$SWARMLAB_JOB_PYTHON`, else this one, which a node that shares this machine's
-    layout has)."""
+    layout has). `storage_uri`: the run's folder on run storage (`trainer.run_storage`): the job
+    then works in its node's scratch folder, mirrors to it and resumes from it; `fork_storage`: the
+    stored run whose checkpoint `fork_from` names (the job fetches it from there)."""
     cfg = run_spec(config_path)
     job_id = job_id or submission_id(cfg, restart, salt)
     python = python or os.environ.get(JOB_PYTHON_ENV) or sys.executable
@@ -380,7 +384,15 @@ def submit(head: RayHead, config_path: str | os.PathLike, job_id: str | None = N
         env["RAY_ADDRESS"] = head.gcs_address
     # the Jobs API runs the entrypoint through a shell: every word is quoted; no path of this
     # machine is in it (the config travels in the working dir, the code in py_modules)
-    entry = f"{shlex.quote(python)} -m trainer.entry run.yaml"
+    module = "trainer.entry"
+    if storage_uri:   # the run's folder is on storage, not at out_dir (trainer/run_storage.py)
+        from trainer.run_storage import FORK_ENV, STORAGE_ENV
+
+        env[STORAGE_ENV] = storage_uri
+        if fork_storage:
+            env[FORK_ENV] = fork_storage
+        module = "trainer.run_storage"
+    entry = f"{shlex.quote(python)} -m {module} run.yaml"
     client = head.client()
     for name in QUIET_LOGGERS:   # a line per package uploaded or reused would land in the user's live view
         logging.getLogger(name).setLevel(logging.WARNING)

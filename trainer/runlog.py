@@ -159,6 +159,16 @@ class JsonlWriter:
         if self.rotation is not None and self._size >= self.rotation.max_bytes:
             self.rotate()
 
+    def write_lines(self, data: bytes) -> None:
+        """Append whole JSONL lines as they are (rows copied from another copy of the stream: no
+        `on_row`), then roll if past `max_bytes`."""
+        assert not data or data.endswith(b"\n"), "write_lines takes complete lines"
+        self._f.write(data.decode("utf-8"))
+        self._f.flush()
+        self._size += len(data)
+        if self.rotation is not None and self._size >= self.rotation.max_bytes:
+            self.rotate()
+
     def rotate(self) -> None:
         """Roll the live file to the next part; gzip the older plain parts; drop parts past `keep`."""
         assert self.rotation is not None

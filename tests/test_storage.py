@@ -1,0 +1,303 @@
+"""Run storage (trainer/storage.py, trainer/run_storage.py) without Ray: the backends, retries on
+injected failures, and a real trainer whose job side (its node's scratch folder) and controller
+side (a replica) meet only on a `file://` storage that stands for a remote one.
+
+    .venv/bin/python -m pytest tests/test_storage.py -q
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+import yaml
+
+from sandboxes.errors import SwarmlabError
+from trainer import run_storage
+from trainer.control import send_command
+from trainer.run_storage import JobMirror, bind, bound_uri, storage_ref, sync_run
+from trainer.runlog import read_heartbeat, read_jsonl
+from trainer.storage import (ArrowStorage, FolderStorage, RetryPolicy, Retrying, Storage, StorageError, join_uri,
+                             open_storage)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class Flaky(Storage):
+    """A storage whose requests fail with a transient error on the call numbers in `fail` (1-based),
+    counting every call (a scripted fake in the house style)."""
+
+    def __init__(self, inner: Storage, fail: set[int] | None = None, every: int = 0) -> None:
+        self.inner, self.fail, self.every, self.calls = inner, set(fail or ()), every, 0
+        self.uri = inner.uri
+
+    def _tick(self) -> None:
+        self.calls += 1
+        if self.calls in self.fail or (self.every and self.calls % self.every == 0):
+            raise ConnectionResetError(f"injected failure on call {self.calls}")
+
+    def put(self, key, data):
+        self._tick()
+        self.inner.put(key, data)
+
+    def get(self, key):
+        self._tick()
+        return self.inner.get(key)
+
+    def list(self, prefix=""):
+        self._tick()
+        return self.inner.list(prefix)
+
+    def delete(self, key):
+        self._tick()
+        self.inner.delete(key)
+
+    def delete_tree(self, prefix=""):
+        self._tick()
+        self.inner.delete_tree(prefix)
+
+
+@pytest.mark.parametrize("kind", ["folder", "arrow"])
+def test_backends_put_get_list_delete(tmp_path, kind):
+    root = tmp_path / "store"
+    s = FolderStorage(root) if kind == "folder" else ArrowStorage(f"file://{root}")
+    s.put("a/b/x.json", b"1")
+    s.put("a/b/y.json", b"22")
+    s.put("a/b/x.json", b"333")                  # overwritten whole
+    assert s.get("a/b/x.json") == b"333"
+    assert s.list("a/b") == ["x.json", "y.json"] and s.list("a") == [] and s.list("nothing") == []
+    assert not [p for p in (root / "a" / "b").iterdir() if p.name.startswith(".")]   # no temp file left
+    with pytest.raises(FileNotFoundError):
+        s.get("a/b/missing")
+    c = s.child("a")
+    assert c.get("b/y.json") == b"22" and c.list("b") == ["x.json", "y.json"]
+    s.delete("a/b/x.json")
+    s.delete("a/b/x.json")                        # absent: nothing happens
+    assert s.list("a/b") == ["y.json"]
+    c.delete_tree("b")
+    assert s.list("a/b") == []
+    with pytest.raises(ValueError, match=r"'\.\.'"):
+        s.put("../escape", b"x")
+    assert isinstance(open_storage(f"file://{root}"), Retrying) and isinstance(open_storage(str(root)).inner, FolderStorage)
+    assert join_uri("s3://b/p?endpoint_override=127.0.0.1:9000", "k", "train") == "s3://b/p/k/train?endpoint_override=127.0.0.1:9000"
+
+
+def test_a_transient_failure_is_retried_within_the_budget_never_fatal_at_once(tmp_path):
+    slept: list[float] = []
+    flaky = Flaky(FolderStorage(tmp_path), fail={1, 2, 3})
+    s = Retrying(flaky, RetryPolicy(attempts=4, first_wait_s=0.1, max_wait_s=0.3), sleep=slept.append)
+    s.put("k", b"v")                              # fails 3 times, lands on the 4th
+    assert (tmp_path / "k").read_bytes() == b"v" and s.retries == 3 and slept == [0.1, 0.2, 0.3]
+    flaky.fail = {5, 6, 7, 8}
+    with pytest.raises(StorageError, match="failed 4 times.*injected failure on call 8") as e:
+        s.get("k")
+    assert isinstance(e.value, SwarmlabError)
+    calls = flaky.calls
+    with pytest.raises(FileNotFoundError):        # not transient: not retried
+        s.get("absent")
+    assert flaky.calls == calls + 1
+    with pytest.raises(ValueError, match="attempts=0"):
+        RetryPolicy(attempts=0)
+
+
+def _cfg(make_cfg, tmp_path):
+    cfg = make_cfg(out_dir=str(tmp_path / "ctrl" / "runs"), name="train", samples_per_step=1,
+                   recipe={"steps": 100_000, "batch_size": 2, "schedule": "constant", "warmup_steps": 0, "eval_size": 4},
+                   checkpoint={"interval": 5, "keep_last": 2})
+    path = tmp_path / "ctrl" / "train.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _job(path, monkeypatch, uri, scratch):
+    """The job's entrypoint in a thread of this process (its folder: `scratch`)."""
+    monkeypatch.setenv(run_storage.STORAGE_ENV, uri)
+    monkeypatch.setenv(run_storage.SCRATCH_ENV, str(scratch))
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("rc", run_storage.main([str(path)])), daemon=True)
+    t.start()
+    return t, out
+
+
+def _until(pred, timeout, what, every=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if every:
+            every()
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _ack(replica, cid):
+    return next((r for r in read_jsonl(replica / "command_log.jsonl") if r.get("id") == cid), None)
+
+
+def test_job_and_controller_meet_only_on_storage_and_a_restart_resumes_from_it(tmp_path, monkeypatch, make_cfg):
+    uri = f"file://{tmp_path / 'store' / 'key' / 'train'}"
+    scratch = tmp_path / "node-b"
+    replica = tmp_path / "ctrl" / "runs" / "train"          # the controller's folder: out_dir/name
+    bind(replica, uri)
+    assert bound_uri(replica) == uri
+    t, out = _job(_cfg(make_cfg, tmp_path), monkeypatch, uri, scratch)
+    sync = lambda: sync_run(replica)                        # noqa: E731
+    _until(lambda: len(read_jsonl(replica / "metrics.jsonl")) >= 12, 120, "rows on the replica", sync)
+    local = run_storage.scratch_dir(uri) / "train"
+    assert (local / "metrics.jsonl").is_file()               # the job writes on its node's scratch …
+    assert not (tmp_path / "ctrl" / "runs" / "train" / "checkpoints" / "step_0000005.pt").exists()
+    # a command goes through the storage's inbox; its ack comes back the same way, and the
+    # checkpoint it names is on the storage by then (its manifest on the replica, never the weights)
+    cid = send_command(replica, "checkpoint", name="bt-1")
+    _until(lambda: _ack(replica, cid), 60, "the checkpoint's ack", sync)
+    assert _ack(replica, cid)["status"] == "applied"
+    assert (replica / "checkpoints" / "bt-1.json").is_file() and not (replica / "checkpoints" / "bt-1.pt").exists()
+    store = open_storage(uri)
+    assert "bt-1.pt" in store.list("checkpoints") and storage_ref(replica / "checkpoints" / "bt-1.pt") == (uri, "bt-1")
+    # retention deleting a manifest here deletes the checkpoint on the storage
+    (replica / "checkpoints" / "bt-1.json").unlink()
+    sync()
+    assert "bt-1.pt" not in store.list("checkpoints") and "bt-1.json" not in store.list("checkpoints")
+    stop = send_command(replica, "stop")
+    _until(lambda: "rc" in out, 60, "the job to stop", sync)
+    sync()
+    assert out["rc"] == 0 and _ack(replica, stop)["status"] == "applied"
+    assert not run_storage.scratch_dir(uri).exists()          # the scratch folder goes with the job
+    hb = read_heartbeat(replica)
+    rows = [r for r in read_jsonl(replica / "metrics.jsonl") if not r.get("final")]
+    assert hb["state"] == "stopped_by_command" and rows[-1]["step"] == hb["step"]
+    assert [r["step"] for r in rows] == list(range(1, hb["step"] + 1))   # every row once, in order
+    assert (replica / "metrics_summary.json").is_file() and (replica / "config.yaml").is_file()
+    stopped_at = hb["step"]
+
+    # a restart (another node's scratch) resumes from the newest checkpoint on the storage and
+    # does not apply the acknowledged stop again
+    t2, out2 = _job(_cfg(make_cfg, tmp_path), monkeypatch, uri, tmp_path / "node-c")
+    _until(lambda: any(e["event"] == "resume" for e in read_jsonl(replica / "events.jsonl")), 120, "the resume", sync)
+    resume = [e for e in read_jsonl(replica / "events.jsonl") if e["event"] == "resume"][-1]
+    assert resume["step"] == stopped_at
+    _until(lambda: read_heartbeat(replica)["step"] > stopped_at + 2, 60, "steps after the resume", sync)
+    send_command(replica, "stop")
+    _until(lambda: "rc" in out2, 60, "the second job to stop", sync)
+    assert out2["rc"] == 0
+
+
+def test_the_mirror_survives_failing_storage_without_losing_or_repeating_rows(tmp_path):
+    run_dir = tmp_path / "scratch" / "run"
+    backing = FolderStorage(tmp_path / "store")
+    flaky = Flaky(backing, every=3)                           # every third request fails
+    mirror = JobMirror(run_dir, Retrying(flaky, RetryPolicy(attempts=3, first_wait_s=0.0, max_wait_s=0.0)))
+    mirror.restore()
+    written = 0
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        for i in range(20):
+            for _ in range(5):
+                written += 1
+                f.write(json.dumps({"step": written}) + "\n")
+            f.write('{"step": ')                              # a torn line: not pushed until whole
+            f.flush()
+            mirror.sync()
+            f.seek(0, 2)
+            f.truncate(f.tell() - len('{"step": '))
+    assert flaky.calls > 60
+    # a pass where storage stays down past the budget fails, and the next one catches up
+    flaky.every, flaky.fail = 0, set(range(flaky.calls + 1, flaky.calls + 4))
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": written + 1}) + "\n")
+    with pytest.raises(StorageError):
+        mirror.sync()
+    mirror.sync()
+    replica = tmp_path / "ctrl"
+    rep = run_storage.Replica(replica, backing)
+    rep.sync()
+    rep.close()
+    assert [r["step"] for r in read_jsonl(replica / "metrics.jsonl")] == list(range(1, written + 2))
+
+
+def test_a_local_run_is_left_alone(tmp_path):
+    d = tmp_path / "runs" / "train"
+    d.mkdir(parents=True)
+    assert sync_run(d) is None and bound_uri(d) is None and storage_ref(d / "checkpoints" / "x.pt") is None
+    assert sorted(p.name for p in d.iterdir()) == []
+
+
+def test_ray_jobs_with_storage_bind_each_run_and_say_where_its_fork_is(tmp_path, monkeypatch, make_cfg):
+    """RayJobs.start with the goal's storage (no Ray: the submission is recorded): the job's local
+    run folder becomes the replica of STORAGE/<run key>/<name>; an arm's stored folder is cleared,
+    the live run's kept; a fork from a replica's checkpoint is fetched from that run's storage, a
+    fork from any other file is put on the storage first."""
+    import swarm.jobs as jobs_mod
+    import trainer.launch as launch
+
+    sent = []
+    monkeypatch.setattr(launch, "submit_job", lambda head, path, **kw: sent.append(kw) or "job-x")
+    root = f"file://{tmp_path / 'store'}"
+    rj = jobs_mod.RayJobs("http://127.0.0.1:1", run_key="k1", storage=root)
+    monkeypatch.setattr(rj, "_head", lambda: setattr(rj, "head", object()) or rj.head)
+    ctrl = tmp_path / "ws" / ".swarm"
+
+    def write(name, out, **over):
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(yaml.safe_dump(make_cfg(name=name, out_dir=str(ctrl / out), **over)))
+        return p
+
+    live_uri = f"{root}/k1/train"
+    open_storage(live_uri).put("checkpoints/bt-1.json", b"{}")   # what an earlier segment left: kept
+    rj.start("train", write("train", "runs"), restart=1)
+    assert sent[-1]["storage_uri"] == live_uri and sent[-1]["fork_storage"] is None
+    assert bound_uri(ctrl / "runs" / "train") == live_uri and open_storage(live_uri).list("checkpoints") == ["bt-1.json"]
+    arm_uri = f"{root}/k1/bt-1-candidate-s0"
+    open_storage(arm_uri).put("streams/metrics.jsonl/000000000000", b"{}\n")   # a stale arm's rows: cleared
+    rj.start("bt-1-candidate-s0", write("bt-1-candidate-s0", "backtests",
+                                         fork_from=str(ctrl / "runs" / "train" / "checkpoints" / "bt-1.pt")))
+    assert sent[-1]["storage_uri"] == arm_uri and sent[-1]["fork_storage"] == live_uri
+    assert open_storage(arm_uri).list("streams/metrics.jsonl") == []
+    own = tmp_path / "mine" / "warm.pt"
+    own.parent.mkdir()
+    own.write_bytes(b"weights")
+    own.with_suffix(".json").write_text('{"name": "warm"}')
+    rj.start("other", write("other", "runs", fork_from=str(own)), restart=0)
+    src = sent[-1]["fork_storage"]
+    assert src == f"{root}/k1/other/fork-source" and open_storage(src).get("checkpoints/warm.pt") == b"weights"
+    # no storage in the goal: nothing bound, nothing more submitted than before
+    plain = jobs_mod.RayJobs("http://127.0.0.1:1", run_key="k1")
+    monkeypatch.setattr(plain, "_head", lambda: setattr(plain, "head", object()) or plain.head)
+    plain.start("train", write("plain", "plain-runs"), restart=0)
+    assert set(sent[-1]) == {"restart", "entrypoint_num_cpus", "resources", "salt"}
+    assert bound_uri(ctrl / "plain-runs" / "plain") is None
+
+
+def test_rows_cross_a_rolled_stream_on_both_sides(tmp_path, monkeypatch):
+    """The trainer rolls its streams past Rotation.max_bytes between two mirror passes; the mirror
+    finishes the rolled part before the new one, and the replica rolls its own copy."""
+    from trainer.runlog import JsonlWriter, Rotation, rotated_parts
+
+    run_dir = tmp_path / "scratch" / "run"
+    store = FolderStorage(tmp_path / "store")
+    mirror = JobMirror(run_dir, store)
+    mirror.restore()
+    w = JsonlWriter(run_dir / "samples.jsonl", Rotation(max_bytes=1024, keep=50))
+    n = 0
+    for _ in range(30):
+        for _ in range(7):
+            n += 1
+            w.write({"i": n, "completion": "x" * 40})
+        mirror.sync()
+    w.close()
+    assert len(rotated_parts(run_dir / "samples.jsonl")) > 5
+    replica = tmp_path / "ctrl"
+    monkeypatch.setenv("SWARMLAB_LOG_ROTATE_BYTES", "2048")
+    rep = run_storage.Replica(replica, store)
+    rep.sync()
+    rep.close()
+    assert [r["i"] for r in read_jsonl(replica / "samples.jsonl")] == list(range(1, n + 1))
+    assert rotated_parts(replica / "samples.jsonl")

@@ -1,0 +1,526 @@
+"""A run's folder on storage that is not the controller's disk: the job mirrors to it, the
+controller keeps a replica of it, and neither opens the other's local path.
+
+    python -m trainer.run_storage run.yaml       # the job's entrypoint when SWARMLAB_RUN_STORAGE is set
+    bind(local_run_dir, uri)                     # controller side: this folder is a replica of that run
+    sync_run(local_run_dir)                      # push commands, pull streams / heartbeat / manifests
+
+Why a mirror and a replica, not a new reader API: the trainer and every reader of a run folder
+(evidence, reports, the UI, retention, `swarm status`) already speak the run-folder format of
+`trainer.runlog`; keeping each side's folder local and making storage the only meeting point leaves
+the trainer's hot loop and every reader as they are, and a run without storage pays nothing (one
+`stat` of a marker file per sync call). The cost is latency: what the trainer writes reaches the
+controller after a mirror pass and a replica pass (`MIRROR_EVERY_S` plus the controller's tick).
+
+Layout of a run on storage (only whole-object put/get/list/delete, so an object store serves):
+
+    streams/<stream>/<seq:012d>     append-only rows (metrics, samples, events, command_log) as
+                                    numbered chunks of complete JSONL lines, in order
+    heartbeat.json, config.yaml, harnesses/<version>.yaml
+    inbox/<seq:09d>-<id>.json       commands, one object each (the controller's local line number:
+                                    re-pushing after a crash writes the same key)
+    checkpoints/<name>.pt, <name>.json   the manifest last: a checkpoint without one is incomplete
+    private/perturb.json            the injected faults' state (evaluation only; never pulled)
+
+The job (`main`): its run folder is on the node's scratch (`$SWARMLAB_SCRATCH_DIR`, default the
+temp dir); it first restores from storage what a resumed trainer reads (checkpoints, the command
+log and inbox, stored harnesses), then `JobMirror` pushes each `MIRROR_EVERY_S` — the streams'
+newly completed lines, the heartbeat, new checkpoints (and deletions of pruned ones) — and pulls new
+commands into the local inbox. A checkpoint is pushed before the stream rows read in the same pass,
+so an acknowledgement the controller sees names a checkpoint already on storage. A fork
+(`$SWARMLAB_FORK_STORAGE`: the source run on storage) fetches its checkpoint first. The scratch
+folder is removed when the job ends.
+
+The controller (`Replica`): its run folder (`.swarm/runs/train`, an arm's under `backtests/`) holds
+the rows pulled from storage (written by `RunLog`, so rotation and the long-run summary work as for
+a local run), the heartbeat, config, harnesses and checkpoint manifests (never the weights); a
+command appended to its `commands.jsonl` is pushed to the inbox; a manifest deleted locally
+(retention) is deleted on storage with its weights. Its progress is `.replica.json`.
+
+Every storage request is retried within `trainer.storage.RetryPolicy`; a pass that still fails is
+counted and tried again at the next pass (never fatal), except the job's last push, which must land.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from trainer.runlog import JsonlWriter, Rotation, RunLog, atomic_write_text, rotated_parts
+from trainer.storage import Storage, StorageError, join_uri, open_storage
+
+STORAGE_ENV = "SWARMLAB_RUN_STORAGE"        # the job's run folder on storage (a URI or a path)
+FORK_ENV = "SWARMLAB_FORK_STORAGE"          # the run on storage whose checkpoint a fork starts from
+SCRATCH_ENV = "SWARMLAB_SCRATCH_DIR"        # the node's local scratch folder
+MARKER = ".storage.json"                    # in a controller-side run folder: the run it replicates
+STATE = ".replica.json"
+MIRROR_EVERY_S = 0.5
+FORK_WAIT_S = 60.0    # how long a fork waits for its checkpoint to appear on storage (a mirror pass behind)
+
+STREAMS = ("metrics.jsonl", "samples.jsonl", "events.jsonl", "command_log.jsonl")
+FILES = ("heartbeat.json", "config.yaml")
+
+
+def _chunk(seq: int) -> str:
+    return f"{seq:012d}"
+
+
+def _seqs(store: Storage, stream: str) -> list[int]:
+    return [int(n) for n in store.list(f"streams/{stream}") if n.isdigit()]
+
+
+# ---- the job's side -------------------------------------------------------------------------------
+class _Tail:
+    """New complete lines of a local stream that its writer may roll (`trainer.runlog`): the rest of
+    the file last read (the newest rolled part once rolled), then the live file."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path, self.ino, self.off = path, 0, 0
+
+    def skip_to_end(self) -> None:
+        try:
+            st = self.path.stat()
+            self.ino, self.off = st.st_ino, st.st_size
+        except FileNotFoundError:
+            pass
+
+    def _read(self, q: pathlib.Path, off: int) -> bytes:
+        with open(q, "rb") as f:
+            f.seek(off)
+            data = f.read()
+        return data[: data.rfind(b"\n") + 1]
+
+    def read(self) -> tuple[bytes, tuple[int, int]]:
+        """The new complete lines and the position after them (`commit` it once they are stored)."""
+        try:
+            ino = self.path.stat().st_ino
+        except FileNotFoundError:
+            return b"", (self.ino, self.off)
+        out, off = b"", self.off
+        if self.ino and ino != self.ino:   # rolled since: finish the part we were reading
+            old = next((q for q in reversed(rotated_parts(self.path))
+                        if q.suffix != ".gz" and q.stat().st_ino == self.ino), None)
+            if old is not None:
+                out += self._read(old, off)
+            off = 0
+        new = self._read(self.path, off)
+        return out + new, (ino, off + len(new))
+
+    def commit(self, pos: tuple[int, int]) -> None:
+        self.ino, self.off = pos
+
+
+class JobMirror:
+    """The job's side (see the module docstring). `sync` is one pass; `start` runs passes every
+    `interval` seconds on a thread until `close`, which makes the last one."""
+
+    def __init__(self, run_dir: pathlib.Path, store: Storage, private: pathlib.Path | None = None,
+                 interval: float = MIRROR_EVERY_S) -> None:
+        self.dir, self.store, self.private, self.interval = run_dir, store, private, interval
+        self.tails = {s: _Tail(run_dir / s) for s in STREAMS}
+        self.next_seq = {s: 0 for s in STREAMS}
+        self.pushed_files: dict[str, float] = {}         # local name -> mtime pushed
+        self.pushed_ckpts: dict[str, str] = {}           # checkpoint name -> sha256 pushed
+        self.seen_cmds: set[str] = set()
+        self.failed_passes = 0
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def restore(self) -> dict[str, int]:
+        """Start the local run folder afresh from storage: checkpoints, the command log and inbox,
+        stored harnesses, the faults' private state. Returns what was fetched."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        (self.dir / "checkpoints").mkdir(parents=True)
+        names = self.store.list("checkpoints")
+        n = 0
+        for m in (x for x in names if x.endswith(".json")):
+            stem = m[: -len(".json")]
+            if f"{stem}.pt" not in names:
+                continue
+            manifest = self.store.get(f"checkpoints/{m}")
+            (self.dir / "checkpoints" / f"{stem}.pt").write_bytes(self.store.get(f"checkpoints/{stem}.pt"))
+            (self.dir / "checkpoints" / m).write_bytes(manifest)
+            self.pushed_ckpts[stem] = json.loads(manifest).get("sha256", "")
+            n += 1
+        for s in STREAMS:
+            seqs = _seqs(self.store, s)
+            self.next_seq[s] = max(seqs) + 1 if seqs else 0
+        with open(self.dir / "command_log.jsonl", "wb") as f:
+            for q in sorted(_seqs(self.store, "command_log.jsonl")):
+                f.write(self.store.get(f"streams/command_log.jsonl/{_chunk(q)}"))
+        self.tails["command_log.jsonl"].skip_to_end()
+        for h in self.store.list("harnesses"):
+            (self.dir / "harnesses").mkdir(exist_ok=True)
+            (self.dir / "harnesses" / h).write_bytes(self.store.get(f"harnesses/{h}"))
+            self.pushed_files[f"harnesses/{h}"] = (self.dir / "harnesses" / h).stat().st_mtime
+        if self.private is not None:
+            try:
+                data = self.store.get("private/perturb.json")
+                self.private.parent.mkdir(parents=True, exist_ok=True)
+                self.private.write_bytes(data)
+            except FileNotFoundError:
+                pass
+        self.pull_commands()
+        return {"checkpoints": n}
+
+    def pull_commands(self) -> int:
+        """Append commands new on storage to the local inbox, each line whole in one write."""
+        new = [k for k in self.store.list("inbox") if k not in self.seen_cmds]
+        if not new:
+            return 0
+        with open(self.dir / "commands.jsonl", "ab") as f:
+            for k in new:
+                row = self.store.get(f"inbox/{k}").rstrip(b"\n")
+                f.write(row + b"\n")
+                f.flush()
+                self.seen_cmds.add(k)
+        return len(new)
+
+    def _push_checkpoints(self) -> None:
+        ck = self.dir / "checkpoints"
+        local: dict[str, dict[str, Any]] = {}
+        for m in ck.glob("*.json"):
+            try:
+                local[m.stem] = json.loads(m.read_text())
+            except (OSError, json.JSONDecodeError):   # being written: next pass
+                continue
+        for name, man in local.items():
+            if self.pushed_ckpts.get(name) == man.get("sha256"):
+                continue
+            try:
+                data = (ck / f"{name}.pt").read_bytes()
+            except FileNotFoundError:   # pruned since it was listed
+                continue
+            if hashlib.sha256(data).hexdigest() != man.get("sha256"):
+                continue   # rewritten since it was listed: next pass
+            self.store.put(f"checkpoints/{name}.pt", data)
+            self.store.put(f"checkpoints/{name}.json", json.dumps(man).encode())
+            self.pushed_ckpts[name] = man["sha256"]
+        for name in [n for n in self.pushed_ckpts if n not in local]:   # the trainer pruned it
+            self.store.delete(f"checkpoints/{name}.json")
+            self.store.delete(f"checkpoints/{name}.pt")
+            del self.pushed_ckpts[name]
+
+    def _push_file(self, rel: str, local: pathlib.Path) -> None:
+        try:
+            mtime = local.stat().st_mtime
+            if self.pushed_files.get(rel) == mtime:
+                return
+            data = local.read_bytes()
+        except FileNotFoundError:
+            return
+        self.store.put(rel, data)
+        self.pushed_files[rel] = mtime
+
+    def sync(self) -> None:
+        with self._lock:
+            # rows first read, then checkpoints pushed, then the rows: an ack read here was written
+            # after its checkpoint, so the checkpoint goes up before it does
+            new = {s: t.read() for s, t in self.tails.items()}
+            self._push_checkpoints()
+            for s, (data, pos) in new.items():
+                if data:   # a put that fails leaves the position: the same lines go in the next pass
+                    self.store.put(f"streams/{s}/{_chunk(self.next_seq[s])}", data)
+                    self.next_seq[s] += 1
+                self.tails[s].commit(pos)
+            for f in FILES:
+                self._push_file(f, self.dir / f)
+            for h in sorted((self.dir / "harnesses").glob("*.yaml")):
+                self._push_file(f"harnesses/{h.name}", h)
+            if self.private is not None:
+                self._push_file("private/perturb.json", self.private)
+            self.pull_commands()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sync()
+            except (StorageError, OSError) as e:   # retried inside; a pass that still failed is tried again next time
+                self.failed_passes += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+                print(f"run storage: pass failed ({self.failed_passes}): {self.last_error}", file=sys.stderr, flush=True)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="run-storage-mirror", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sync()   # the last pass must land: the run's end is on storage or the job fails
+
+
+def scratch_dir(run_uri: str) -> pathlib.Path:
+    """The job's local folder on this node for the run stored at `run_uri`."""
+    root = pathlib.Path(os.environ.get(SCRATCH_ENV) or pathlib.Path(tempfile.gettempdir()) / "swarmlab-scratch")
+    return root / hashlib.sha256(run_uri.encode()).hexdigest()[:16]
+
+
+def fetch_checkpoint(source_uri: str, name: str, dest: pathlib.Path, wait_s: float = FORK_WAIT_S) -> pathlib.Path:
+    """Copy checkpoint `name` (.pt and its manifest) of the run at `source_uri` into `dest`,
+    waiting up to `wait_s` for it to appear (a mirror pass behind the acknowledgement)."""
+    src = open_storage(source_uri)
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            manifest = src.get(f"checkpoints/{name}.json")
+            data = src.get(f"checkpoints/{name}.pt")
+            break
+        except FileNotFoundError:
+            if time.time() > deadline:
+                raise FileNotFoundError(f"checkpoint {name!r} not on storage at {source_uri} after {wait_s:.0f}s") from None
+            time.sleep(0.5)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / f"{name}.pt").write_bytes(data)
+    (dest / f"{name}.json").write_bytes(manifest)
+    return dest / f"{name}.pt"
+
+
+def put_checkpoint_file(path: str | os.PathLike, uri: str) -> str:
+    """Put a checkpoint file of this machine (`NAME.pt` and its manifest `NAME.json` beside it) on
+    the storage at `uri` as a run's checkpoint; returns `uri`, the run a fork fetches it from."""
+    p = pathlib.Path(path)
+    store = open_storage(uri)
+    store.put(f"checkpoints/{p.stem}.pt", p.read_bytes())
+    store.put(f"checkpoints/{p.stem}.json", p.with_suffix(".json").read_bytes())
+    return uri
+
+
+def main(argv: list[str]) -> int:
+    """The job's entrypoint with run storage: restore, mirror, run `trainer.entry`, push the end."""
+    from trainer.config import ConfigError, RunConfig
+    from trainer.entry import main as entry_main
+
+    if len(argv) != 1:
+        print("usage: python -m trainer.run_storage CONFIG.yaml", file=sys.stderr)
+        return 2
+    uri = os.environ.get(STORAGE_ENV)
+    if not uri:
+        print(f"error: {STORAGE_ENV} is not set (the run's folder on storage)", file=sys.stderr)
+        return 2
+    try:
+        cfg = RunConfig.from_yaml(argv[0])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if cfg.num_workers > 1:
+        print("error: num_workers > 1 with run storage is not supported (each Ray Train rank would need the "
+              "run's checkpoints on its own node)", file=sys.stderr)
+        return 2
+    scratch = scratch_dir(uri)
+    upd: dict[str, Any] = {"out_dir": str(scratch)}
+    fork_src = os.environ.get(FORK_ENV)
+    if fork_src and cfg.fork_from:
+        name = pathlib.PurePath(cfg.fork_from).stem
+        upd["fork_from"] = str(fetch_checkpoint(fork_src, name, scratch / ".fork"))
+    cfg = cfg.model_copy(update=upd)
+    mirror = JobMirror(cfg.run_dir, open_storage(uri), private=scratch / ".perturb" / f"{cfg.name}.json")
+    got = mirror.restore()
+    # the log names where the run is (a URI's query, which may carry options, is left out)
+    print(json.dumps({"run_storage": uri.partition("?")[0], "scratch": str(cfg.run_dir), **got}), flush=True)
+    local_cfg = scratch / "run.yaml"
+    local_cfg.write_text(cfg.to_yaml())
+    mirror.start()
+    try:
+        rc = entry_main([str(local_cfg)])
+    finally:
+        mirror.close()
+    shutil.rmtree(scratch, ignore_errors=True)
+    return rc
+
+
+# ---- the controller's side ---------------------------------------------------------------------------
+def bind(local_dir: str | os.PathLike, uri: str, fresh: bool = False) -> None:
+    """Make `local_dir` the controller's replica of the run stored at `uri`; `fresh`: clear what
+    storage holds there first (a backtest arm started anew)."""
+    d = pathlib.Path(local_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        open_storage(uri).delete_tree()
+    marker = d / MARKER
+    if not marker.is_file() or json.loads(marker.read_text()).get("uri") != uri:
+        atomic_write_text(marker, json.dumps({"uri": uri}))
+    release(d)
+
+
+def release(local_dir: str | os.PathLike) -> None:
+    """Close the replica of `local_dir` held by this process (its stream writers); the next
+    `sync_run` opens it again."""
+    rep = _REPLICAS.pop(str(pathlib.Path(local_dir).resolve()), None)
+    if rep is not None:
+        rep.close()
+
+
+def bound_uri(local_dir: str | os.PathLike) -> str | None:
+    """The storage URI a controller-side run folder replicates, or None for a local run."""
+    try:
+        return json.loads((pathlib.Path(local_dir) / MARKER).read_text())["uri"]
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, KeyError):
+        return None
+
+
+def storage_ref(path: str | os.PathLike) -> tuple[str, str] | None:
+    """For a checkpoint file in a replica (`RUN/checkpoints/NAME.pt`): (the run's URI, NAME)."""
+    p = pathlib.Path(path)
+    uri = bound_uri(p.parent.parent) if p.parent.name == "checkpoints" else None
+    return (uri, p.stem) if uri else None
+
+
+class Replica:
+    """The controller's copy of a stored run (see the module docstring)."""
+
+    def __init__(self, local_dir: pathlib.Path, store: Storage) -> None:
+        self.dir, self.store = local_dir, store
+        try:
+            st = json.loads((local_dir / STATE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            st = {}
+        self.next_seq: dict[str, int] = {s: int(st.get("next_seq", {}).get(s, 0)) for s in STREAMS}
+        self.pushed_lines = int(st.get("pushed_lines", 0))
+        self.manifests: set[str] = set(st.get("manifests", []))
+        self.files: dict[str, str] = dict(st.get("files", {}))     # name -> sha256 of what was pulled
+        self.failed_passes = int(st.get("failed_passes", 0))
+        self.last_error: str | None = st.get("last_error")
+        self.log: RunLog | None = None
+        self.acks: JsonlWriter | None = None
+        self._saved = ""
+
+    def _save(self) -> None:
+        text = json.dumps({"next_seq": self.next_seq, "pushed_lines": self.pushed_lines, "manifests": sorted(self.manifests),
+                           "files": self.files, "failed_passes": self.failed_passes, "last_error": self.last_error})
+        if text != self._saved:
+            atomic_write_text(self.dir / STATE, text, durable=False)
+            self._saved = text
+
+    def _writers(self) -> None:
+        if self.log is None:
+            rotation = Rotation.from_env()
+            self.log = RunLog(self.dir, rotation)
+            self.acks = JsonlWriter(self.dir / "command_log.jsonl", rotation)
+
+    def push_commands(self) -> None:
+        path = self.dir / "commands.jsonl"
+        if not path.exists():
+            return
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")[:-1]      # a line still being written has no newline yet
+        for i in range(self.pushed_lines, len(lines)):
+            try:
+                cid = str(json.loads(lines[i]).get("id") or f"line{i + 1}")
+            except (json.JSONDecodeError, AttributeError):
+                cid = f"line{i + 1}"
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cid)[:64]
+            self.store.put(f"inbox/{i:09d}-{safe}.json", lines[i] + b"\n")
+            self.pushed_lines = i + 1
+
+    def pull_streams(self) -> None:
+        self._writers()
+        assert self.log is not None and self.acks is not None, "writers are made above"
+        writers = {"metrics.jsonl": self.log.metrics, "samples.jsonl": self.log.samples,
+                   "events.jsonl": self.log.events, "command_log.jsonl": self.acks}
+        for s in STREAMS:
+            for q in [x for x in sorted(_seqs(self.store, s)) if x >= self.next_seq[s]]:
+                data = self.store.get(f"streams/{s}/{_chunk(q)}")
+                if s != "metrics.jsonl":   # copied as they are; metrics rows also feed the run's summary
+                    writers[s].write_lines(data[: data.rfind(b"\n") + 1])
+                else:
+                    for line in filter(bytes.strip, data.split(b"\n")):
+                        try:
+                            row = json.loads(line)
+                        except json.JSONDecodeError:
+                            continue
+                        writers[s].write(row)
+                self.next_seq[s] = q + 1
+
+    def _pull_file(self, rel: str) -> None:
+        try:
+            data = self.store.get(rel)
+        except FileNotFoundError:
+            return
+        digest = hashlib.sha256(data).hexdigest()
+        if self.files.get(rel) != digest:
+            (self.dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.dir / rel, data.decode("utf-8"), durable=False)
+            self.files[rel] = digest
+
+    def pull_checkpoints(self) -> None:
+        ck = self.dir / "checkpoints"
+        # a manifest pulled before and gone here now was deleted by the controller (retention)
+        for name in [n for n in self.manifests if not (ck / n).exists()]:
+            self.store.delete(f"checkpoints/{name}")
+            self.store.delete(f"checkpoints/{name[: -len('.json')]}.pt")
+            self.manifests.discard(name)
+        names = self.store.list("checkpoints")
+        stored = {n for n in names if n.endswith(".json") and f"{n[: -len('.json')]}.pt" in names}
+        for n in sorted(stored - self.manifests):
+            ck.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(ck / n, self.store.get(f"checkpoints/{n}").decode("utf-8"), durable=False)
+            self.manifests.add(n)
+        for n in sorted(self.manifests - stored):   # pruned by the trainer
+            (ck / n).unlink(missing_ok=True)
+            self.manifests.discard(n)
+
+    def sync(self) -> None:
+        try:
+            self.push_commands()        # keys named by line: pushing one again after a crash rewrites it
+            self.pull_checkpoints()     # before the rows: an ack pulled now names a checkpoint listed
+            self.pull_streams()
+            for f in FILES:
+                self._pull_file(f)
+            for h in self.store.list("harnesses"):
+                self._pull_file(f"harnesses/{h}")
+        finally:   # the progress is saved once per pass: a crash inside one pulls its chunks again (rows twice)
+            self._save()
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        if self.acks is not None:
+            self.acks.close()
+        self.log = self.acks = None
+
+
+_REPLICAS: dict[str, Replica] = {}
+
+
+def sync_run(local_dir: str | os.PathLike) -> bool | None:
+    """One replica pass for a controller-side run folder bound to storage (`bind`): True when it
+    went through, False when storage failed past its retries (counted in `.replica.json`; the next
+    call tries again), None for a local run (nothing to do: one `stat`)."""
+    uri = bound_uri(local_dir)
+    if uri is None:
+        return None
+    key = str(pathlib.Path(local_dir).resolve())
+    rep = _REPLICAS.get(key)
+    if rep is None:
+        rep = _REPLICAS[key] = Replica(pathlib.Path(key), open_storage(uri))
+    try:
+        rep.sync()
+        return True
+    except (StorageError, OSError) as e:
+        rep.failed_passes += 1
+        rep.last_error = f"{type(e).__name__}: {e}"
+        try:
+            rep._save()
+        except OSError:
+            pass
+        return False
+
+
+def run_uri(root: str, run_key: str, name: str) -> str:
+    """Where a swarm run keeps run `name` on the storage at `root`."""
+    return join_uri(root, run_key or "run", name)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
