@@ -131,7 +131,7 @@ class MemorySettings(_Setting):
     seed_skills: bool = Field(True, description="start the workspace's skills/ with the seed library shipped with swarmlab")
     retrieve_skills: int = Field(5, ge=0, le=50, description="skills retrieved into the operators' context per diagnosis")
     retrieve_episodes: int = Field(8, ge=0, le=100, description="past episodes retrieved into the operators' context")
-    avoid_after_losses: int = Field(1, ge=0, description="a fix (diagnosis, kind, fields) that lost this many times "
+    avoid_after_losses: int = Field(1, ge=0, description="a fix (diagnosis, kind, fields and values) that lost this many times "
                                                          "in memory and never won is not proposed again; 0 = never avoid")
     trust_after_wins: int = Field(1, ge=0, description="a fix backed by a skill with this many wins (the episodes it "
                                                        "was mined from + its applications) and no loss skips the "
