@@ -214,3 +214,50 @@ def test_a_client_that_disconnects_mid_call_loses_nothing(tmp_path, harness):
     log = read_log(tmp_path / "l.jsonl")
     assert [(r["episode"], r["attempt"], r["text"]) for r in log] == [("e", "1", "<answer>1</answer>"),
                                                                       ("e", "2", "<answer>2</answer>")]
+
+
+def test_concurrent_requests_are_generated_in_one_batch(tmp_path):
+    """Requests sent at once meet in one `Policy.generate` call; each gets its own row, its
+    log-probs equal the model's own (one-row reference) and its prompt the ids rendered for it."""
+    import asyncio
+
+    import torch
+
+    from trainer.agent_rollout import PolicyGenerator
+    from trainer.config import ModelConfig
+    from trainer.policy import Policy
+
+    policy = Policy.build(ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=512), seed=0)
+    gen = PolicyGenerator(policy, generator=torch.Generator().manual_seed(0))
+    harness = make_env("lookup").default_harness(sampling={"max_new_tokens": 12})
+    questions = [f"What is {k}?" + "?" * (3 * i) for i, k in enumerate(["abc", "k1", "zz", "long-key", "q"])]
+    # a window long enough that a loaded machine still gathers the five requests
+    with EndpointServer(gen, harness, tmp_path / "log.jsonl", batch_window_s=0.2, batch_wait_s=1.0) as srv:
+        async def all_at_once():
+            async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=srv.token, max_retries=0,
+                                          timeout=60) as client:
+                return await asyncio.gather(*(client.chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": q}], tools=TOOLS, user=f"e{i}")
+                    for i, q in enumerate(questions)))
+
+        rs = asyncio.run(all_at_once())
+        assert srv.stats["batches"] == 1 and srv.stats["rows"] == 5, srv.stats
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=srv.token, max_retries=0, timeout=60)
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}], user="alone")
+        assert srv.stats["batches"] == 2 and srv.stats["rows"] == 6      # a lone request is a batch of one
+    recs = {r["episode"]: r for r in read_log(tmp_path / "log.jsonl")}
+    for i, (q, r) in enumerate(zip(questions, rs)):
+        rec = recs[f"e{i}"]
+        assert rec["messages"][-1]["content"] == q and r.usage.completion_tokens == len(rec["completion_ids"])
+        assert r.usage.prompt_tokens == len(rec["prompt_ids"]) and len(rec["logprobs"]) == len(rec["completion_ids"])
+        if rec["completion_ids"]:
+            ref = gen.logprobs(rec["prompt_ids"], rec["completion_ids"])
+            assert torch.allclose(torch.tensor(rec["logprobs"]), torch.tensor(ref), atol=1e-4)
+    assert len({len(recs[f"e{i}"]["prompt_ids"]) for i in range(5)}) == 5   # rows of different lengths, padded
+
+
+def test_batch_settings_are_checked(tmp_path, harness):
+    with pytest.raises(ValueError, match="max_batch=0"):
+        EndpointServer(ScriptedPolicy([]), harness, tmp_path / "l.jsonl", max_batch=0)
+    with pytest.raises(ValueError, match="batch_window_s=0.5"):
+        EndpointServer(ScriptedPolicy([]), harness, tmp_path / "l.jsonl", batch_window_s=0.5, batch_wait_s=0.1)

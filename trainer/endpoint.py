@@ -23,9 +23,20 @@ as (`reused_assistant` counts them; `retokenized_assistant` counts the ones it h
         client.chat.completions.create(model="policy", messages=[...], tools=[...], user="episode-1")
 
 The policy is any `trainer.agent_rollout.Generator` (`PolicyGenerator` for the trainer's own).
+
+Concurrent requests are generated together: each request renders its prompt, then queues it for
+one batcher thread, which takes every queued prompt (waiting up to `batch_window_s` after the
+last arrival, at most `max_batch` rows and `batch_wait_s` in all, so that requests sent at once
+meet) and generates them in one `Policy.generate` call (for a `PolicyGenerator`; any other
+`Generator` is called row by row), their log-probs in one forward. An agent that waits for each
+answer before its next call gets batches of one: the same calls, and the same random stream, as
+without batching. `stats` counts batches, rows and the seconds spent generating and scoring.
 """
 from __future__ import annotations
 
+import asyncio
+import collections
+import dataclasses
 import hmac
 import json
 import pathlib
@@ -33,13 +44,13 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import Request   # at module level: the routes' annotations are resolved from this module
 
 from harness.agent import AgentHarness
 from harness.tools import Malformed, ToolCall, ToolSpec, describe_tools
-from trainer.agent_rollout import Generator, cut_at_stop
+from trainer.agent_rollout import Generator, PolicyGenerator, cut_at_stop
 
 MAX_BODY_MESSAGES = 512
 EPISODE_HEADER = "x-episode-id"
@@ -53,18 +64,85 @@ class _Episode:
         self.produced: dict[str, list[int]] = {}    # canonical assistant text -> completion ids
 
 
+@dataclasses.dataclass
+class _Job:
+    """One request, rendered, waiting for its completion."""
+
+    body: dict[str, Any]
+    episode: str
+    attempt: str | None
+    ep: _Episode
+    tools: list[ToolSpec] | None
+    prompt: list[int]
+    reused: int
+    retok: int
+    max_new: int
+    temperature: float
+    stop: tuple[str, ...]
+    deliver: Callable[[bool, Any], None] = lambda ok, value: None   # (True, response) or (False, exception)
+
+
+def generate_rows(policy: Generator, prompts: list[list[int]], max_new: int, temperature: float,
+                  stop: list[str]) -> list[list[int]]:
+    """Completions of `prompts`, stop strings cut: one `Policy.generate` call for a `PolicyGenerator`
+    (as `PolicyGenerator.generate` makes it for one row), else row by row."""
+    if isinstance(policy, PolicyGenerator):
+        singles = {ids[0] for ids in (policy.tok.encode(s) for s in stop) if len(ids) == 1}
+        comps, _ = policy.policy.generate(prompts, max_new, temperature=temperature, top_p=policy.top_p,
+                                          stop_ids=singles, generator=policy.rng)
+    else:
+        comps = [list(policy.generate(p, max_new, temperature, stop)) for p in prompts]
+    return [cut_at_stop(policy.tok, c[:max_new], stop)[0] for c in comps]
+
+
+def score_rows(policy: Generator, prompts: list[list[int]], completions: list[list[int]]
+               ) -> list[list[float]] | None:
+    """Per-token log-probs of each completion (one forward for a `PolicyGenerator`); None when the
+    policy has no `logprobs`."""
+    if not hasattr(policy, "logprobs"):
+        return None
+    if not isinstance(policy, PolicyGenerator) or len(prompts) == 1:
+        return [policy.logprobs(p, c) for p, c in zip(prompts, completions)]  # type: ignore[attr-defined]
+    import torch
+
+    from trainer.logprobs import batch_logprobs
+    from trainer.policy import build_batch
+
+    rows = [i for i, c in enumerate(completions) if c]
+    out: list[list[float]] = [[] for _ in completions]
+    if rows:
+        with torch.no_grad():
+            batch = build_batch([prompts[i] for i in rows], [completions[i] for i in rows], policy.tok.pad_id)
+            logp, _, _ = batch_logprobs(policy.policy, batch, backend="torch", shared=False)   # (B, C)
+        for k, i in enumerate(rows):
+            out[i] = [float(x) for x in logp[k, : len(completions[i])]]
+    return out
+
+
 class EndpointServer:
     def __init__(self, policy: Generator, harness: AgentHarness, log_path: str | pathlib.Path,
-                 token: str | None = None, weight_version: str = "", model_name: str = "policy") -> None:
+                 token: str | None = None, weight_version: str = "", model_name: str = "policy",
+                 max_batch: int = 64, batch_window_s: float = 0.002, batch_wait_s: float = 0.02) -> None:
         if token is not None and (not isinstance(token, str) or len(token) < 16):
             raise ValueError("endpoint token must be a string of at least 16 characters")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch={max_batch!r} must be a positive integer")
+        if not 0 <= batch_window_s <= batch_wait_s <= 1.0:
+            raise ValueError(f"batch_window_s={batch_window_s!r} and batch_wait_s={batch_wait_s!r} must satisfy "
+                             "0 <= batch_window_s <= batch_wait_s <= 1")
         self.policy, self.harness = policy, harness
         self.log_path = pathlib.Path(log_path)
         self.token = token or secrets.token_urlsafe(24)
         self.weight_version, self.model_name = weight_version, model_name
+        self.max_batch, self.batch_window_s, self.batch_wait_s = max_batch, batch_window_s, batch_wait_s
         self.episodes: dict[str, _Episode] = {}
-        self._gen_lock = threading.Lock()
+        self.stats = {"batches": 0, "rows": 0, "generate_s": 0.0, "logprobs_s": 0.0}
+        self._state_lock = threading.Lock()      # episodes: rendering and recording a call
         self._log_lock = threading.Lock()
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._queue_cv = threading.Condition()
+        self._batcher: threading.Thread | None = None
+        self._stopping = False
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
@@ -88,6 +166,9 @@ class EndpointServer:
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
                                         name="policy-endpoint")
         self._thread.start()
+        self._stopping = False
+        self._batcher = threading.Thread(target=self._batch_loop, daemon=True, name="policy-endpoint-batcher")
+        self._batcher.start()
         deadline = time.time() + 30
         while not self._server.started:
             if not self._thread.is_alive() or time.time() > deadline:
@@ -100,7 +181,12 @@ class EndpointServer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._server = self._thread = None
+        with self._queue_cv:
+            self._stopping = True
+            self._queue_cv.notify_all()
+        if self._batcher is not None:
+            self._batcher.join(timeout=10)
+        self._server = self._thread = self._batcher = None
 
     def __enter__(self) -> "EndpointServer":
         return self.start()
@@ -109,13 +195,71 @@ class EndpointServer:
         self.stop()
 
     # ---- records ----------------------------------------------------------------------
-    def _append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+    def _append(self, *records: dict[str, Any]) -> None:
+        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
         with self._log_lock:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a", encoding="utf-8") as f:
-                f.write(line)
+                f.write(text)
                 f.flush()
+
+    # ---- batched generation -----------------------------------------------------------
+    def _submit(self, job: _Job) -> None:
+        with self._queue_cv:
+            if self._stopping or self._batcher is None:
+                raise RuntimeError("the policy endpoint is stopped")
+            self._queue.append(job)
+            self._queue_cv.notify_all()
+
+    def _take_batch(self) -> list[_Job] | None:
+        """Queued jobs once arrivals pause for `batch_window_s` (or `max_batch` / `batch_wait_s`
+        is reached); None when stopping."""
+        with self._queue_cv:
+            while not self._queue and not self._stopping:
+                self._queue_cv.wait()
+            if self._stopping:
+                return None
+            start = last = time.monotonic()
+            seen = len(self._queue)
+            while len(self._queue) < self.max_batch:
+                now = time.monotonic()
+                wait = min(last + self.batch_window_s, start + self.batch_wait_s) - now
+                if wait <= 0:
+                    break
+                self._queue_cv.wait(wait)
+                if len(self._queue) > seen:
+                    seen, last = len(self._queue), time.monotonic()
+            return [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+
+    def _batch_loop(self) -> None:
+        while (jobs := self._take_batch()) is not None:
+            kinds: dict[tuple[int, float, tuple[str, ...]], list[_Job]] = {}
+            for j in jobs:
+                kinds.setdefault((j.max_new, j.temperature, j.stop), []).append(j)
+            for (max_new, temperature, stop), group in kinds.items():
+                try:
+                    prompts = [j.prompt for j in group]
+                    t0 = time.perf_counter()
+                    outs = generate_rows(self.policy, prompts, max_new, temperature, list(stop))
+                    t1 = time.perf_counter()
+                    lps = score_rows(self.policy, prompts, outs)
+                    self.stats["generate_s"] += t1 - t0
+                    self.stats["logprobs_s"] += time.perf_counter() - t1
+                    self.stats["batches"] += 1
+                    self.stats["rows"] += len(group)
+                    with self._state_lock:
+                        done = [self._finish(j, outs[k], lps[k] if lps is not None else None)
+                                for k, j in enumerate(group)]
+                    self._append(*(record for _, record in done))   # one write per batch
+                except Exception as e:   # the policy failed: every request of the batch gets it
+                    for j in group:
+                        j.deliver(False, e)
+                    continue
+                for j, (response, _) in zip(group, done):
+                    j.deliver(True, response)
+        with self._queue_cv:   # stopped: nothing queued is left waiting
+            while self._queue:
+                self._queue.popleft().deliver(False, RuntimeError("the policy endpoint stopped"))
 
     # ---- rendering --------------------------------------------------------------------
     def _canonical(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
@@ -211,12 +355,15 @@ class EndpointServer:
                 return error(400, "the body must be a JSON object")
             episode = request.headers.get(EPISODE_HEADER) or body.get("user") or "default"
             attempt = request.headers.get(ATTEMPT_HEADER)
-            import anyio
-
             try:
-                return JSONResponse(await anyio.to_thread.run_sync(self._complete, body, str(episode), attempt))
+                job = self._prepare(body, str(episode), attempt)
             except ValueError as e:
                 return error(400, str(e))
+            # rendered here, in the event loop; generated with the other queued requests by the batcher
+            loop, done = asyncio.get_running_loop(), asyncio.get_running_loop().create_future()
+            job.deliver = lambda ok, value: loop.call_soon_threadsafe(_resolve, done, ok, value)
+            self._submit(job)
+            return JSONResponse(await done)
 
         @app.post("/v1/episodes/{episode}/reward")
         async def reward(episode: str, request: Request) -> JSONResponse:
@@ -233,8 +380,9 @@ class EndpointServer:
 
         return app
 
-    def _complete(self, body: dict[str, Any], episode: str, attempt: str | None = None) -> dict[str, Any]:
-        h, tok = self.harness, self.policy.tok
+    def _prepare(self, body: dict[str, Any], episode: str, attempt: str | None = None) -> _Job:
+        """A request checked and rendered (ValueError: a bad request)."""
+        h = self.harness
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or len(messages) > MAX_BODY_MESSAGES:
             raise ValueError(f"messages must be a non-empty list of at most {MAX_BODY_MESSAGES} messages")
@@ -258,40 +406,47 @@ class EndpointServer:
             if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
                 raise ValueError(f"max_tokens={asked!r} must be a positive integer")
             max_new = min(max_new, asked)
-        with self._gen_lock:
+        with self._state_lock:
             ep = self.episodes.setdefault(episode, _Episode())
             prompt, reused, retok = self.render(messages, tools, ep)
-            limit = getattr(self.policy, "max_len", None)
-            if limit is not None and len(prompt) + 1 > limit:
-                raise ValueError(f"the prompt is {len(prompt)} tokens; the policy takes at most {limit}")
-            if limit is not None:
-                max_new = min(max_new, limit - len(prompt))
-            out = list(self.policy.generate(prompt, max_new, h.sampling.temperature, list(h.stop)))[:max_new]
-            out, stopped = cut_at_stop(tok, out, h.stop)
-            logprobs = self.policy.logprobs(prompt, out) if hasattr(self.policy, "logprobs") else None
-            extends = ep.last is None or prompt[: len(ep.last)] == ep.last
-            ep.last = prompt + out
-            ep.calls += 1
-            call_index = ep.calls
-            text = tok.decode(out)
-            stopped = stopped or (bool(out) and out[-1] == tok.eos_id) or len(out) < max_new
-            at = h.tool_syntax.find(text)
-            parsed = h.tool_syntax.parse(text, tools if tools is not None else h.tools) if at >= 0 else None
-            answer_at = text.find(h.answer.prefix) if h.answer.prefix else -1
-            tool_calls = None
-            content: str | None = text
-            if isinstance(parsed, ToolCall) and not (0 <= answer_at < at):
-                content = text[:at]
-                call_id = f"call_{secrets.token_hex(6)}"
-                tool_calls = [{"id": call_id, "type": "function",
-                               "function": {"name": parsed.name, "arguments": json.dumps(parsed.arguments)}}]
-                ep.produced[self._canonical(content, [(parsed.name, parsed.arguments)])] = out
-                finish = "tool_calls"
-            else:
-                ep.produced[text] = out
-                finish = "stop" if stopped else "length"
+        limit = getattr(self.policy, "max_len", None)
+        if limit is not None and len(prompt) + 1 > limit:
+            raise ValueError(f"the prompt is {len(prompt)} tokens; the policy takes at most {limit}")
+        if limit is not None:
+            max_new = min(max_new, limit - len(prompt))
+        return _Job(body, episode, attempt, ep, tools, prompt, reused, retok, max_new, h.sampling.temperature,
+                    tuple(h.stop))
+
+    def _finish(self, job: _Job, out: list[int], logprobs: list[float] | None
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The response and the log record of `job`'s completion `out`; updates its episode (the
+        caller holds the state lock)."""
+        h, tok = self.harness, self.policy.tok
+        body, ep, tools, prompt, max_new = job.body, job.ep, job.tools, job.prompt, job.max_new
+        stopped = cut_at_stop(tok, out, h.stop)[1]
+        extends = ep.last is None or prompt[: len(ep.last)] == ep.last
+        ep.last = prompt + out
+        ep.calls += 1
+        text = tok.decode(out)
+        stopped = stopped or (bool(out) and out[-1] == tok.eos_id) or len(out) < max_new
+        at = h.tool_syntax.find(text)
+        parsed = h.tool_syntax.parse(text, tools if tools is not None else h.tools) if at >= 0 else None
+        answer_at = text.find(h.answer.prefix) if h.answer.prefix else -1
+        tool_calls = None
+        content: str | None = text
+        if isinstance(parsed, ToolCall) and not (0 <= answer_at < at):
+            content = text[:at]
+            call_id = f"call_{secrets.token_hex(6)}"
+            tool_calls = [{"id": call_id, "type": "function",
+                           "function": {"name": parsed.name, "arguments": json.dumps(parsed.arguments)}}]
+            ep.produced[self._canonical(content, [(parsed.name, parsed.arguments)])] = out
+            finish = "tool_calls"
+        else:
+            ep.produced[text] = out
+            finish = "stop" if stopped else "length"
+        messages = body["messages"]
         record = {
-            "type": "call", "episode": episode, "attempt": attempt, "call": call_index, "time": time.time(),
+            "type": "call", "episode": job.episode, "attempt": job.attempt, "call": ep.calls, "time": time.time(),
             "harness_version": h.version, "weight_version": self.weight_version,
             "messages": messages, "tools": body.get("tools"),
             "requested": {k: body.get(k) for k in ("model", "temperature", "top_p", "max_tokens",
@@ -299,9 +454,8 @@ class EndpointServer:
             "prompt_ids": prompt, "completion_ids": out, "logprobs": logprobs, "text": text,
             "finish_reason": finish, "tool_calls": tool_calls,
             "malformed_call": parsed.reason if isinstance(parsed, Malformed) else None,
-            "extends_previous": extends, "reused_assistant": reused, "retokenized_assistant": retok,
+            "extends_previous": extends, "reused_assistant": job.reused, "retokenized_assistant": job.retok,
         }
-        self._append(record)
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
                                   "message": {"role": "assistant", "content": (content or None) if tool_calls else content,
                                               "tool_calls": tool_calls}}
@@ -315,7 +469,16 @@ class EndpointServer:
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out),
                       "total_tokens": len(prompt) + len(out)},
             "system_fingerprint": h.version,
-        }
+        }, record
+
+
+def _resolve(done: asyncio.Future, ok: bool, value: Any) -> None:
+    if done.done():   # the request was cancelled (its client went away); the call is logged all the same
+        return
+    if ok:
+        done.set_result(value)
+    else:
+        done.set_exception(value)
 
 
 def _text(content: Any, i: int) -> str:
