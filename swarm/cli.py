@@ -19,10 +19,12 @@ import typer
 
 from sandboxes.text import clean_text  # model and trajectory text reaches the terminal without escapes
 from swarm.cli_base import DEFAULT_WS, WS_HELP, err, fail, out
+from swarm.cli_sandbox import sandbox_app
 from swarm.cli_skills import skills_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="swarmlab: autonomous model-training R&D")
 app.add_typer(skills_app, name="skills")
+app.add_typer(sandbox_app, name="sandbox")
 LIVE_KEYS = ("loss", "reward_mean", "pass_rate", "heldout_acc", "entropy", "grad_norm", "tokens_per_s")
 
 
@@ -113,7 +115,7 @@ def _train_live(cfg) -> dict[str, Any]:
 def _train_ray(cfg, config_path: str, address: str | None, json_out: bool) -> None:
     import tempfile
 
-    from trainer.launch import ensure_head, stop_head, submit_job, wait_job
+    from trainer.launch import ensure_head, stop_head, submit_job
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=None) as f:
         f.write(cfg.to_yaml())
@@ -744,55 +746,6 @@ def mcp_server(
 
     _check_served(workspace, root)
     build_server(workspace=workspace, root=None if workspace else (root or "."), allow_actions=allow_actions).run("stdio")
-
-
-sandbox_app = typer.Typer(no_args_is_help=True, help="sandboxes for untrusted code")
-app.add_typer(sandbox_app, name="sandbox")
-
-
-@sandbox_app.command("build-image")
-def sandbox_build_image(
-    name: str = typer.Option("swarmlab-sandbox:bookworm", help="image name:tag"),
-    force: bool = typer.Option(False, help="rebuild even if an image with the same recipe exists"),
-    cache_dir: str = typer.Option(str(pathlib.Path.home() / ".cache" / "swarmlab" / "sandbox"),
-                                  help="where the debootstrapped rootfs tarball is cached"),
-    suite: str = typer.Option("bookworm", help="Debian suite of the rootfs"),
-    include: str = typer.Option("python3", help="comma-separated Debian packages to include"),
-    mirror: Optional[str] = typer.Option(None, help="Debian mirror URL (default: the host's apt source)"),
-) -> None:
-    """Build the Docker sandbox's base image locally (debootstrap + docker import; nothing is pulled).
-    Clusters with a registry can instead point the Docker backend at any image with python3."""
-    from sandboxes.base import SandboxError
-    from sandboxes.image import ImageRecipe, build_base_image
-
-    try:
-        recipe = ImageRecipe(suite=suite, include=tuple(x for x in include.split(",") if x), mirror=mirror)
-    except (ValueError, TypeError) as e:
-        fail(f"invalid image recipe: {e}")
-    try:
-        info = build_base_image(name, recipe, force=force, cache_dir=cache_dir)
-    except SandboxError as e:
-        fail(str(e), code=1)
-    what = "built" if info.built else "already present"
-    out.print(f"{info.name} ({info.id[:19]}) {what} in {info.seconds:.1f}s")
-
-
-@sandbox_app.command("status")
-def sandbox_status() -> None:
-    """Which sandbox backends can run here."""
-    from sandboxes.docker_backend import docker_status
-
-    from sandboxes import SandboxUnavailable
-    from sandboxes.local import LocalSandbox
-
-    ok, why = docker_status()
-    out.print(f"docker: {'available' if ok else 'unavailable'} ({why})", markup=False, highlight=False)
-    for kind in ("bwrap", "unshare"):
-        try:
-            LocalSandbox(isolation=kind)
-            out.print(f"{kind}: available", markup=False, highlight=False)
-        except SandboxUnavailable as e:
-            out.print(f"{kind}: unavailable ({clean_text(e, newlines=False)})", markup=False, highlight=False)
 
 
 def main() -> None:  # pragma: no cover
