@@ -17,9 +17,13 @@ are only read, and a checkpoint the live Trainer rotates away meanwhile is still
 - the candidate adds the intervention's change: its restart settings as flags, its hot settings as
   overrides (a flag would not reach the lr: the scheduler state in the checkpoint overwrites it).
 
+A rollback's candidate starts from the checkpoint it rolls back to (`candidate_checkpoint`, e.g. the
+untrained `init`), the control from the live one; when the steps since that checkpoint gained
+nothing, the controller passes it as both (`swarm.script_run`), so the arms compare the settings
+from the same weights instead of a fresh start against a run hundreds of steps on.
 Both arms keep the script's `--max_steps` (so the lr schedule is the run's own), train `horizon` steps
-with the seed as `--seed` (the same data order for both), then evaluate once and stop
-(`$SWARMLAB_STOP_AT_STEP`). Each arm is scored by `swarm.backtest.arm_score` and the pairs are
+past the step they start at, with the seed as `--seed` (the same data order for both), then evaluate
+once and stop (`$SWARMLAB_STOP_AT_STEP`). Each arm is scored by `swarm.backtest.arm_score` and the pairs are
 compared by `swarm.decisions.decide`, as the built-in backtest does; the rule's noise model takes
 the script's own held-out size (`eval_examples` on its eval rows).
 """
@@ -97,9 +101,11 @@ def _final_eval_size(run_dir: pathlib.Path, metric: str) -> int | None:
 def run_script_arms(iv: Intervention, *, argv: Sequence[str], cwd: str | os.PathLike | None, live_run_dir: pathlib.Path,
                     checkpoint: str | os.PathLike, step: int, metric: str, horizon: int, seeds: Sequence[int],
                     workdir: pathlib.Path, log_dir: pathlib.Path | None = None, timeout_s: float = 1800.0,
-                    label: str = "") -> tuple[list[Pair], float, int | None]:
-    """Run a candidate and a control arm per seed from `checkpoint` (the live run's, at `step`);
-    returns their scores, the arms' worker CPU seconds and the smallest held-out size they report
+                    label: str = "", candidate_checkpoint: str | os.PathLike | None = None,
+                    candidate_step: int | None = None) -> tuple[list[Pair], float, int | None]:
+    """Run a candidate and a control arm per seed from `checkpoint` (the live run's, at `step`; the
+    candidate from `candidate_checkpoint` at `candidate_step` when given: a rollback's); returns
+    their scores, the arms' worker CPU seconds and the smallest held-out size they report
     (None: none reported). `argv` is the script's command line (`Entrypoint.argv()`), run in `cwd`.
     An arm already finished or still running for the same intervention (a controller restarted)
     is reused, not run again."""
@@ -110,19 +116,25 @@ def run_script_arms(iv: Intervention, *, argv: Sequence[str], cwd: str | os.Path
     live_hot = dict(live.get("overrides") or {})
     live_restart = restart_changes(iter_jsonl(live_run_dir / "command_log.jsonl"))
     hot, restart = split_change(live, {k.removeprefix(PREFIX): v for k, v in iv.changes.items()})
+    if (candidate_checkpoint is None) != (candidate_step is None):
+        raise ValueError(f"candidate_checkpoint={candidate_checkpoint!r} and candidate_step={candidate_step!r}: give both or neither")
     fork = fork_checkpoint(checkpoint, workdir / f"fork-{iv.id}")
-    env = {**os.environ, STOP_AT_ENV: str(int(step) + int(horizon))}
+    starts = {"control": (fork, int(step)),
+              "candidate": (fork_checkpoint(candidate_checkpoint, workdir / f"fork-{iv.id}"), int(candidate_step))
+              if candidate_checkpoint is not None else (fork, int(step))}
     procs: dict[tuple[str, int], tuple[Any, pathlib.Path]] = {}
     for seed in seeds:
         for arm, (h, r) in (("candidate", (hot, restart)), ("control", ({}, {}))):
+            src, at = starts[arm]
             name = f"bt-{iv.id}{label}-{arm}-s{seed}"
             arm_dir = (workdir / name).resolve()
             left = leftover_arm(arm_dir, arm_dir)   # the relauncher's --run-dir names the arm's folder
             if left is None:
                 shutil.rmtree(arm_dir, ignore_errors=True)   # a partial arm's files would mix in
                 seed_fork(arm_dir, {**live_hot, **h})
-                cmd = fork_argv(argv, flags={**live_restart, **r}, checkpoint=fork.resolve(),
+                cmd = fork_argv(argv, flags={**live_restart, **r}, checkpoint=src.resolve(),
                                 output_dir=arm_dir / "out", seed=seed)
+                env = {**os.environ, STOP_AT_ENV: str(at + int(horizon))}
                 with open(log_dir / f"{name}.log", "ab") as log:
                     left = subprocess.Popen([sys.executable, "-m", "trainer.steer.relaunch", "--run-dir", str(arm_dir),
                                              "--max-crashes", "0", "--", *cmd], cwd=cwd, env=env, stdout=log,

@@ -16,8 +16,13 @@ a run is here, so `swarm.controller` keeps small hooks only:
   training config is its recipe) and sent to the script as NAME (`trainer_fields`). A proposal with
   a field the run does not declare, or a kind the run cannot take (a data change, a distillation),
   is dropped and logged once, never recorded as a loss;
-- a rollback: SwarmCallback has no rollback command. A rollback that carries a change becomes the
-  same change applied to the live weights (said in its rationale); one without a change is dropped;
+- a rollback: to a checkpoint of the script's index (`init`, the untrained start SwarmCallback saves
+  before the first update, or a `checkpoint-N`), it stays a rollback: the callback's `rollback`
+  command, then its change, at one safe point; the relauncher relaunches the script from that
+  checkpoint with the change. Its backtest's candidate starts from that checkpoint, and so does the
+  control when the steps since it gained nothing (`Deciding.nothing_staked`, as on the built-in
+  trainer). With no such checkpoint, a rollback that carries a change becomes the same change
+  applied to the live weights (said in its rationale); one without a change is dropped;
 - validity: `trainer.steer.check_change` on the declared settings, before anything else;
 - acknowledgements: `applied` and `restart` are accepted (`accepted`); a `restart` means the
   callback saved a checkpoint and stopped, and the relauncher relaunches the script with the
@@ -28,7 +33,7 @@ a run is here, so `swarm.controller` keeps small hooks only:
   hot overrides), scored and compared by the same `swarm.decisions` functions;
 - undoing a change: the values it replaced are set again (the weights trained since are kept);
 - missing evidence: what a foreign run cannot give (per-sample texts when the trainer keeps none,
-  a rollback) is named in the diagnosis (`missing_evidence`), never guessed.
+  a checkpoint to roll back to) is named in the diagnosis (`missing_evidence`), never guessed.
 
 A script goal's PR changes no file of the workspace (its recipe.yaml and harness.yaml stay empty:
 the settings live in the run, in `settings.json` and the relaunch flags); it holds the report and
@@ -128,9 +133,10 @@ def missing_evidence(ev: Any) -> list[str]:
     return out
 
 
-def adapt(iv: Intervention, settings: Mapping[str, Any], ev: Any) -> tuple[Intervention | None, str | None]:
-    """The proposal as a script run can take it (changes under the declared names, a rollback as its
-    change, missing evidence named in the diagnosis), or (None, why) when it cannot."""
+def adapt(iv: Intervention, settings: Mapping[str, Any], ev: Any, target: str | None = None) -> tuple[Intervention | None, str | None]:
+    """The proposal as a script run can take it (changes under the declared names, a rollback with
+    no checkpoint to go back to (`target` None) as its change, missing evidence named in the
+    diagnosis), or (None, why) when it cannot."""
     if iv.kind not in KINDS:
         return None, f"a {iv.kind.value} has no command on a script run"
     changes, why = to_declared(iv.changes, settings)
@@ -139,13 +145,13 @@ def adapt(iv: Intervention, settings: Mapping[str, Any], ev: Any) -> tuple[Inter
     update: dict[str, Any] = {"changes": changes}
     missing = missing_evidence(ev)
     rationale = iv.rationale
-    if iv.kind == InterventionKind.ROLLBACK:
+    if iv.kind == InterventionKind.ROLLBACK and target is None:
         if not changes:
-            return None, "a rollback without a change: SwarmCallback has no rollback command"
+            return None, "a rollback without a change, and no checkpoint of the script's to roll back to"
         update.update(kind=InterventionKind.RECIPE_EDIT, backtest_skipped=None)
-        missing.append("a rollback to a checkpoint: SwarmCallback has no rollback command")
-        rationale += (" On this script run the weights are not rolled back (SwarmCallback has no rollback command): "
-                      "the change is applied to the live run.")
+        missing.append("a checkpoint to roll back to: the script's index holds none from before the problem")
+        rationale += (" On this script run the weights are not rolled back (no checkpoint of the script's predates "
+                      "the problem): the change is applied to the live run.")
     if changes != dict(iv.changes):
         rationale += " Settings as the script declares them: " + ", ".join(
             f"{k} → {n}" for k, n in zip(iv.changes, changes) if k != n) + "."
@@ -263,7 +269,8 @@ class ScriptSteering:
     def prepare(self, iv: Intervention, s: Any) -> Intervention | None:
         if not self.script:
             return super().prepare(iv, s)
-        out, why = adapt(iv, self.settings(), self.evidence(s.job_status))
+        target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
+        out, why = adapt(iv, self.settings(), self.evidence(s.job_status), target)
         if out is None:
             key = ("not_applicable", iv.signature())
             if key not in self.memo.findings:   # once per fix and controller process
@@ -290,6 +297,13 @@ class ScriptSteering:
         bt = self.goal.swarm.backtest
         iid = iv.id
         ckpt = str((ack.get("result") or {}).get("checkpoint") or "")
+        target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
+        cand = next((c for c in self.checkpoints() if c["name"] == target), None)
+        # as Deciding._backtest_arms: a rollback's candidate starts from its checkpoint; the control
+        # too when the steps since gained nothing (carrying on from there is worth nothing, and an
+        # arm from the start against one hundreds of steps on would score its head start)
+        common = cand is not None and self.nothing_staked(int(cand["step"]))
+        control = (str(cand["path"]), int(cand["step"])) if common else (ckpt, int(ack["step"]))
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
         before = self.tries_without_gain(iv)
         base = retry_horizon(bt.horizon_steps, before)
@@ -297,11 +311,15 @@ class ScriptSteering:
         cpu = 0.0
         sizes: list[int] = []
         notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {base} steps"] if base > bt.horizon_steps else []
+        if common:
+            notes.append(f"both arms from checkpoint {target} (step {cand['step']}): the steps since gained nothing measurable")
 
         def measure(look: Look, seeds: list[int]) -> list[Pair]:
             nonlocal cpu
             ps, c, n = self.script_arms(iv, argv=self.script.argv(), cwd=self.script.cwd, live_run_dir=self.run_dir,
-                                        checkpoint=ckpt, step=int(ack["step"]), metric=self.goal.target.metric,
+                                        checkpoint=control[0], step=control[1],
+                                        candidate_checkpoint=str(cand["path"]) if cand else None,
+                                        candidate_step=int(cand["step"]) if cand else None, metric=self.goal.target.metric,
                                         horizon=base * look.horizon_factor, seeds=seeds, workdir=self.sdir / "backtests",
                                         log_dir=self.sdir / "logs",
                                         label=f"-x{look.horizon_factor}" if look.horizon_factor > 1 else "")
@@ -321,7 +339,9 @@ class ScriptSteering:
             return
         finally:   # the arms' copy of the live checkpoint: every look of this backtest is done with it
             shutil.rmtree(self.sdir / "backtests" / f"fork-{iid}", ignore_errors=True)
-        where = (f"arms forked from the script's {pathlib.Path(ckpt).name} at step {ack['step']}; held-out size "
+        where = ((f"the candidate forked from the script's {target} at step {cand['step']}, the control from "
+                  if cand and not common else "arms forked from the script's ")
+                 + f"{pathlib.Path(control[0]).name if not common else target} at step {control[1]}; held-out size "
                  + (f"{min(sizes)} (the script's)" if sizes else f"{bt.eval_size} (the goal's: the script reports none)"))
         self.record_backtest(iid, d, pairs, looks, look, extended, base, notes, cpu, after=(where,))
 

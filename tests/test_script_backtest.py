@@ -155,6 +155,25 @@ def test_a_lower_lr_arm_and_a_control_fork_from_the_scripts_checkpoint(tmp_path)
     assert isinstance(res, BacktestResult) and res.candidate == [p.candidate.target] and res.control == [p.control.target]
     assert res.passed is isinstance(d, Validated) and res.cpu_s == cpu
 
+    # a rollback to the run's untrained start (`init`, saved by the callback before step 1): the
+    # candidate starts from it, the control carries on from the live checkpoint; each trains the horizon
+    init = json.loads((live / "run" / "checkpoints" / "init.json").read_text())
+    assert init["step"] == 0 and pathlib.Path(init["path"]) == (live / "out" / "swarm-init").resolve()
+    rb = proposal({"recipe.learning_rate": 0.003})
+    run_script_arms(rb, argv=argv, cwd=tmp_path, live_run_dir=live / "run", checkpoint=ckpt, step=20,
+                    candidate_checkpoint=init["path"], candidate_step=0, metric="heldout_acc", horizon=10, seeds=[0],
+                    workdir=tmp_path / "bt")
+    assert digest(live) == before
+    for arm, src, steps in (("candidate", "swarm-init", range(1, 11)), ("control", "checkpoint-20", range(21, 31))):
+        d = tmp_path / "bt" / f"bt-{rb.id}-{arm}-s0"
+        launch = [r for r in read_jsonl(d / "launches.jsonl") if r.get("event") == "launch"]
+        assert launch[0]["argv"][-1] == str((tmp_path / "bt" / f"fork-{rb.id}" / src).resolve())
+        assert [r["step"] for r in read_jsonl(d / "metrics.jsonl") if "loss" in r] == list(steps)
+        assert not (d / "checkpoints" / "init.json").exists()       # a fork keeps no start of its own
+    with pytest.raises(ValueError, match="give both or neither"):
+        run_script_arms(rb, argv=argv, cwd=tmp_path, live_run_dir=live / "run", checkpoint=ckpt, step=20,
+                        candidate_checkpoint=init["path"], metric="heldout_acc", horizon=10, seeds=[0], workdir=tmp_path / "bt")
+
 
 def test_a_script_runs_judgement_reads_its_held_out_size_from_its_eval_rows():
     """The noise of a script run's held-out accuracy is that of the script's own eval set (the

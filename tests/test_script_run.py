@@ -74,8 +74,12 @@ def test_a_proposal_is_adapted_to_what_a_script_run_can_take():
     assert any("per-sample" in m for m in iv.diagnosis.evidence["missing_evidence"])   # named, not guessed
     rb, why = adapt(proposal(InterventionKind.ROLLBACK, {"recipe.lr": 1e-3}, backtest_skipped="divergence"), SETTINGS, ev)
     assert why is None and rb.kind == InterventionKind.RECIPE_EDIT and rb.backtest_skipped is None
-    assert "not rolled back" in rb.rationale and any("rollback" in m for m in rb.diagnosis.evidence["missing_evidence"])
+    assert "not rolled back" in rb.rationale and any("roll back" in m for m in rb.diagnosis.evidence["missing_evidence"])
     assert adapt(proposal(InterventionKind.ROLLBACK, {}), SETTINGS, ev)[0] is None
+    # with a checkpoint of the script's to go back to (its untrained `init`), a rollback stays one
+    rb, why = adapt(proposal(InterventionKind.ROLLBACK, {"recipe.lr": 1e-3}), SETTINGS, ev, "init")
+    assert why is None and rb.kind == InterventionKind.ROLLBACK and rb.changes == {"recipe.learning_rate": 1e-3}
+    assert "not rolled back" not in rb.rationale and not any("roll back" in m for m in rb.diagnosis.evidence["missing_evidence"])
     none, why = adapt(proposal(InterventionKind.DATA_CHANGE, {"harness.filters.dedupe": True}), SETTINGS, ev)
     assert none is None and "data_change has no command" in why
     with_samples = type("Ev", (), {"samples": [{"completion": "x"}]})()

@@ -164,10 +164,12 @@ def test_the_run_folder_is_the_format_the_swarm_reads(tmp_path):
     assert ev.events[-1]["status"] == "completed" and "train_runtime" in ev.events[-1]
     run_detectors(ev)   # every detector reads these rows without an error
 
-    # the checkpoint index follows the Trainer's rotation (save_total_limit=1: only checkpoint-20)
-    index = [json.loads(p.read_text()) for p in (run / "checkpoints").glob("*.json")]
-    assert [(c["name"], c["step"], c["kind"]) for c in index] == [("checkpoint-20", 20, "periodic")]
-    assert pathlib.Path(index[0]["path"]).is_dir() and index[0]["files"]["trainer_state.json"] > 0
+    # the checkpoint index follows the Trainer's rotation (save_total_limit=1: only checkpoint-20),
+    # beside the untrained start the callback saved before step 1, outside the rotation
+    index = sorted((json.loads(p.read_text()) for p in (run / "checkpoints").glob("*.json")), key=lambda c: -c["step"])
+    assert [(c["name"], c["step"], c["kind"]) for c in index] == [("checkpoint-20", 20, "periodic"), ("init", 0, "init")]
+    assert all(pathlib.Path(c["path"]).is_dir() and c["files"]["trainer_state.json"] > 0 for c in index)
+    assert pathlib.Path(index[1]["path"]).name == "swarm-init"
 
     declared = read_declared(run)
     kinds = {s["name"]: s["apply"] for s in declared["settings"]}
@@ -231,7 +233,7 @@ def test_bad_commands_are_refused_with_the_reason_check_change_gives(tmp_path):
     assert "learning_rate=-1.0: must be > 0" == got["neg"]["reason"]
     assert got["unknown"]["reason"].startswith("unknown setting 'lora_rank'")
     assert got["whole"]["reason"] == "weight_decay=7.0: must be <= 1"
-    assert got["rollback"]["status"] == "rejected" and "not supported" in got["rollback"]["reason"]
+    assert got["rollback"]["status"] == "rejected" and "no checkpoint 'x' in the run's index" in got["rollback"]["reason"]
     assert got["nofields"]["status"] == "rejected" and got["line8"]["status"] == "rejected"
     m = multipliers("linear", 8, 0)
     assert [probe.lr[i][0] for i in range(8)] == pytest.approx([1e-3 * x for x in m])   # nothing applied

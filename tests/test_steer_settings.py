@@ -125,23 +125,26 @@ def test_metric_names():
 
 def test_the_inbox_reads_new_lines_once_and_skips_acked_ids(tmp_path):
     send_command(tmp_path, "set_fields", id="a", fields={"learning_rate": 1e-3})
-    send_command(tmp_path, "rollback", id="b", name="x")
+    send_command(tmp_path, "set_recipe", id="b", recipe={"lr": 1e-3})
+    send_command(tmp_path, "rollback", id="c")                 # no checkpoint named
     with open(tmp_path / "commands.jsonl", "a") as f:
         f.write("[1, 2]\n{\"id\": \"torn\"")          # a non-object line, then one being written
     box = SteerInbox(tmp_path)
     got = box.poll()
     assert [(c["id"], c.get("invalid")) for c in got] == [
-        ("a", None), ("b", "command 'rollback' is not supported here (supported: set_fields, eval, checkpoint, stop, pause, resume)"),
-        ("line3", "a command must be a JSON object")]
+        ("a", None),
+        ("b", "command 'set_recipe' is not supported here (supported: set_fields, eval, checkpoint, rollback, stop, pause, resume)"),
+        ("c", "rollback needs 'name': the checkpoint's name in the run's index"),
+        ("line4", "a command must be a JSON object")]
     assert box.poll() == []
     with open(tmp_path / "commands.jsonl", "a") as f:
         f.write(", \"cmd\": \"stop\"}\n")
     assert [c["id"] for c in box.poll()] == ["torn"]
     box.ack("a", "set_fields", 3, "applied", {"values": {"learning_rate": 1e-3}})
-    box.ack("b", "rollback", 3, "rejected", "not supported")
+    box.ack("b", "set_recipe", 3, "rejected", "not supported")
     box.close()
     again = SteerInbox(tmp_path)   # a resumed process: acked ids are not offered again
-    assert [c["id"] for c in again.poll()] == ["line3", "torn"]
+    assert [c["id"] for c in again.poll()] == ["c", "line4", "torn"]
     again.close()
     rows = [json.loads(x) for x in (tmp_path / "command_log.jsonl").read_text().splitlines()]
     assert [(r["id"], r["status"], "result" in r, "reason" in r) for r in rows] == [

@@ -25,6 +25,13 @@ torch.distributed is initialised, every rank applies them, rank 0 acknowledges t
               back, the callback records in `restart.json` whether the args hold the change.
   eval        evaluate now (acked when the evaluation has run, with its held-out metrics).
   checkpoint  save now (acked when saved, with the folder).
+  rollback    {"name": N}: start over from the checkpoint the index names N (`init`, the untrained
+              start, or a `checkpoint-<step>`): acked `restart`, `restart.json` names that
+              checkpoint, and the run stops (inside a pause: when the pause ends, so the
+              `set_fields` sent in the pause go with it, acked `restart` too). The relauncher
+              relaunches from it; the relaunched callback applies the hot part of those changes
+              (the restart part comes as flags) and drops from the index the checkpoints of the
+              abandoned steps.
   stop        stop after this step.
   pause       hold the run at this step end (heartbeat `paused`, rewritten while it waits) and
               handle the commands that arrive, until `resume` or `stop`: a backtest's arms get the
@@ -33,6 +40,11 @@ torch.distributed is initialised, every rank applies them, rank 0 acknowledges t
 A fork (a backtest arm: `trainer.steer.fork`) runs with `stop_at_step` (or `$SWARMLAB_STOP_AT_STEP`):
 at that step the callback has the Trainer evaluate once and stop, so the arm ends with the held-out
 metric while the run's own schedule (its `max_steps`, hence its lr curve) is unchanged.
+A run that starts at step 0 (not a fork: `settings.json` says `fork`; not a relaunch from `init`) first saves its untrained
+state as a Trainer checkpoint, `<output_dir>/swarm-init`, indexed as `init` (what the built-in
+trainer keeps as `checkpoints/init.pt`): a run that a wrong setting kept from learning has nothing
+worth keeping in its weights, and a fix is tried and applied from the start (`save_init=False`:
+none; it costs one save of the model, before the optimizer holds any state).
 Hot changes acked `applied` persist in `settings.json` ("overrides") and are applied again when
 the run resumes in the same RUN_DIR, whatever the checkpoint holds; a command id acked once is
 never processed again.
@@ -49,7 +61,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from trainer.distributed import Dist
-from trainer.runlog import RunLog, atomic_write_text, iter_jsonl
+from trainer.runlog import INIT_CHECKPOINT, RunLog, atomic_write_text, iter_jsonl
 from trainer.steer.apply import ApplyError, Live, apply_change, decay_group_indices, read
 from trainer.steer.fork import STOP_AT_ENV
 from trainer.steer.inbox import SteerInbox
@@ -59,6 +71,7 @@ from trainer.steer.settings import (ACTIONS, SETTINGS_FILE, Setting, check_chang
 
 HEARTBEAT_EVERY_S = 0.5
 RESTART_FILE = "restart.json"
+INIT_FOLDER = "swarm-init"   # under output_dir; not `checkpoint-*`, so the Trainer's rotation never removes it
 ALGORITHMS = {"GRPOTrainer": "grpo", "SFTTrainer": "sft", "DPOTrainer": "dpo", "GKDTrainer": "distill",
               "RLOOTrainer": "rloo", "PPOTrainer": "ppo", "KTOTrainer": "kto", "ORPOTrainer": "orpo"}
 
@@ -87,12 +100,12 @@ class SwarmCallback(TrainerCallback):
     names to the run format's (e.g. {"eval_exact_match": "heldout_acc"}). `extra_settings` declares
     settings of the user's script that a relaunch applies. `poll_every` reads the inbox every N
     optimizer steps. `stop_at_step` (default `$SWARMLAB_STOP_AT_STEP`): evaluate and stop at that
-    step (a backtest arm)."""
+    step (a backtest arm). `save_init`: save the untrained start as the checkpoint `init`."""
 
     def __init__(self, run_dir: str | os.PathLike | None = None, *, trainer: Any = None,
                  metric_names: Mapping[str, str] | None = None, extra_settings: Iterable[Setting] = (),
                  samples_per_log: int = 4, algorithm: str | None = None, poll_every: int = 1,
-                 stop_at_step: int | None = None) -> None:
+                 stop_at_step: int | None = None, save_init: bool = True) -> None:
         if poll_every < 1:
             raise ValueError(f"poll_every={poll_every} must be >= 1")
         if stop_at_step is None and os.environ.get(STOP_AT_ENV):
@@ -113,6 +126,8 @@ class SwarmCallback(TrainerCallback):
         self.algorithm = algorithm
         self.poll_every = poll_every
         self.stop_at = stop_at_step
+        self.save_init = save_init
+        self.fork = False
         self.paused = False
         self.log: RunLog | None = None
         self.inbox: SteerInbox | None = None
@@ -140,6 +155,8 @@ class SwarmCallback(TrainerCallback):
         doc = {"version": 1, "framework": "transformers", "trainer": type(self.trainer).__name__ if self.trainer else None,
                "step": step, "settings": [s.to_json() for s in self.declared], "actions": list(ACTIONS),
                "values": values, "overrides": self.overrides, "settings_version": self.version}
+        if self.fork:
+            doc["fork"] = True
         atomic_write_text(self.run_dir / SETTINGS_FILE, json.dumps(doc, indent=1, default=str))
 
     def _beat(self, step: int, state: str, force: bool = False) -> None:
@@ -179,7 +196,8 @@ class SwarmCallback(TrainerCallback):
                 saved = json.loads((self.run_dir / SETTINGS_FILE).read_text())
             except (FileNotFoundError, json.JSONDecodeError):
                 saved = {}
-        saved = self.dist.broadcast(saved)
+        saved, req = self.dist.broadcast((saved, self._pending_request() if self.main else None))
+        self.fork = bool(saved.get("fork"))   # a backtest arm (trainer.steer.fork.seed_fork): it keeps no start of its own
         # hot changes acked `applied` stay in force across a resume, whatever the checkpoint holds
         self.overrides: dict[str, Any] = {k: v for k, v in (saved.get("overrides") or {}).items()
                                           if any(s.name == k and s.apply == "hot" for s in self.declared)}
@@ -189,42 +207,113 @@ class SwarmCallback(TrainerCallback):
                 restored = apply_change(self.live, dict(self.overrides))
             except ApplyError as e:
                 restore_error = str(e)
+        relaunch = self._apply_relaunch(req)
         step = state.global_step
         if self.main:
-            self.log.event("resume" if step > 0 else "start", step, framework="transformers", world=self.dist.world,
+            self.log.event("resume" if step > 0 or req else "start", step, framework="transformers", world=self.dist.world,
                            trainer=type(self.trainer).__name__ if self.trainer else None, segment=self.segment)
             if restored:
                 self.log.event("settings_restored", step, values=restored)
             if restore_error:
                 self.log.event("settings_restore_failed", step, overrides=self.overrides, error=restore_error)
-            self._check_restart(step)
+            if req:
+                self._check_restart(req, relaunch, step)
             try:
                 atomic_write_text(self.run_dir / "trainer_args.json", args.to_json_string())
             except (TypeError, ValueError):   # an arg JSON cannot hold: the file is a record, not a need
                 pass
             self._write_settings(step)
             self._beat(step, "running", force=True)
+        if self.dist.broadcast(self._wants_init(step) if self.main else None):
+            self._save_init(args, state)
         return control
 
-    def _check_restart(self, step: int) -> None:
-        """After a relaunch: does the run now hold the change its restart request asked for?"""
+    def _pending_request(self) -> dict[str, Any] | None:
+        """The restart request (`restart.json`) still `pending`: this process is its relaunch."""
         try:
             req = json.loads((self.run_dir / RESTART_FILE).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
-            return
-        if req.get("status") != "pending":
-            return
+            return None
+        return req if req.get("status") == "pending" else None
+
+    def _apply_relaunch(self, req: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The hot part of a rollback's changes, applied on every rank once the checkpoint is loaded
+        (a flag would not reach them: the checkpoint's scheduler state overwrites the lr); they stay
+        in force as overrides. Returns {setting: value} applied, or {"error": why}."""
+        hot = dict((req or {}).get("hot") or {})
+        if not hot:
+            return {}
+        try:
+            values = apply_change(self.live, hot)
+        except ApplyError as e:
+            return {"error": str(e)}
+        self.overrides.update(values)
+        return values
+
+    def _check_restart(self, req: dict[str, Any], relaunch: Mapping[str, Any], step: int) -> None:
+        """After a relaunch: does the run now hold the change its restart request asked for? After
+        a rollback, the checkpoints of the steps it abandoned leave the index (their folders stay)."""
+        changes = {**(req.get("changes") or {}), **(req.get("hot") or {})}
         live = {}
-        for k in req.get("changes") or {}:
+        for k in changes:
             try:
                 live[k] = read(self.live, k)
             except ApplyError as e:
                 live[k] = f"unreadable: {e}"
-        ok = all(live[k] == v or (isinstance(v, float) and isinstance(live[k], (int, float)) and abs(live[k] - v) <= 1e-12 * max(1.0, abs(v)))
-                 for k, v in (req.get("changes") or {}).items())
+        ok = "error" not in relaunch and all(
+            live[k] == v or (isinstance(v, float) and isinstance(live[k], (int, float)) and abs(live[k] - v) <= 1e-12 * max(1.0, abs(v)))
+            for k, v in changes.items())
         req.update(status="applied" if ok else "mismatch", relaunched_step=step, live=live)
+        if "error" in relaunch:
+            req["error"] = relaunch["error"]
         atomic_write_text(self.run_dir / RESTART_FILE, json.dumps(req, indent=1, default=str))
-        self.log.event("restart_applied" if ok else "restart_mismatch", step, id=req.get("id"), changes=req.get("changes"), live=live)
+        if req.get("rollback"):
+            dropped = self._forget_after(int(req.get("rollback_step") or 0))
+            self.log.event("rolled_back", step, id=req.get("id"), name=req["rollback"], from_step=req.get("step"),
+                           dropped=dropped)
+        self.log.event("restart_applied" if ok else "restart_mismatch", step, id=req.get("id"), changes=changes, live=live)
+
+    def _forget_after(self, step: int) -> list[str]:
+        """Drop from the index the checkpoints past `step` (the steps a rollback abandoned: the
+        relauncher must not resume from them after a crash, nor the controller fork them)."""
+        out = []
+        for m in sorted((self.run_dir / "checkpoints").glob("*.json")):
+            try:
+                c = json.loads(m.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if c.get("format") == "transformers" and c.get("name") != INIT_CHECKPOINT and int(c.get("step", 0)) > step:
+                m.unlink(missing_ok=True)
+                out.append(str(c.get("name")))
+        return out
+
+    def _indexed(self, name: str) -> dict[str, Any] | None:
+        """The index entry `checkpoints/<name>.json` whose Trainer checkpoint folder is there."""
+        try:
+            c = json.loads((self.run_dir / "checkpoints" / f"{name}.json").read_text())
+        except (OSError, json.JSONDecodeError, ValueError):
+            return None
+        ok = c.get("format") == "transformers" and (pathlib.Path(str(c.get("path", ""))) / "trainer_state.json").is_file()
+        return c if ok else None
+
+    def _wants_init(self, step: int) -> bool:
+        return (self.save_init and self.trainer is not None and step == 0 and not self.fork
+                and self._indexed(INIT_CHECKPOINT) is None)
+
+    def _save_init(self, args, state) -> None:
+        """The untrained start as a Trainer checkpoint (every rank takes part in the save, as in the
+        Trainer's own), moved to `<output_dir>/swarm-init` and indexed as `init`."""
+        import shutil
+
+        self.trainer._save_checkpoint(getattr(self.trainer, "model_wrapped", None) or self.trainer.model, trial=None)
+        self.dist.broadcast(None)   # every rank's files are written before rank 0 moves the folder
+        if not self.main:
+            return
+        out = pathlib.Path(args.output_dir)
+        src, dst = out / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}", out / INIT_FOLDER
+        shutil.rmtree(dst, ignore_errors=True)   # an earlier run's, in the same output folder
+        src.rename(dst)
+        self._index_checkpoint(dst, state.global_step, "init", name=INIT_CHECKPOINT)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_began = time.perf_counter()
@@ -287,6 +376,9 @@ class SwarmCallback(TrainerCallback):
                 return False, False
             by_name = {s.name: s for s in self.declared}
             change = {k: coerce(by_name[k], v) for k, v in change.items()}
+            if self.restart is not None and self.restart.get("rollback"):
+                self._join_rollback(c, step, change, by_name)
+                return False, False
             if needs_restart(self.declared, change):
                 self.restart = {"id": c["id"], "changes": change, "step": step, "time": time.time(), "status": "pending"}
                 control.should_save = True
@@ -303,6 +395,8 @@ class SwarmCallback(TrainerCallback):
             if self.main:
                 self.log.event("settings_changed", step, id=c["id"], values=values)
             return False, True
+        if cmd == "rollback":
+            return self._rollback(c, step, control), False
         if cmd == "eval":
             if self.trainer is None:
                 self._ack(c, step, "rejected", "eval needs the callback bound to its trainer (steer(trainer) or SwarmCallback(trainer=…))")
@@ -329,6 +423,43 @@ class SwarmCallback(TrainerCallback):
             self._ack(c, step, "applied", {"stopping": True})
             return True, False
         raise AssertionError(f"the inbox let through an unsupported command {cmd!r}")
+
+    def _write_request(self) -> None:
+        if self.main:
+            atomic_write_text(self.run_dir / RESTART_FILE, json.dumps(self.restart, indent=1, default=str))
+
+    def _rollback(self, c: dict[str, Any], step: int, control) -> bool:
+        """A rollback request; returns whether it halts the command loop now (not inside a pause)."""
+        name = str(c["name"])
+        entry = self._indexed(name) if self.main else {}
+        entry = self.dist.broadcast(entry)
+        if entry is None:
+            self._ack(c, step, "rejected", f"no checkpoint {name!r} in the run's index (checkpoints/{name}.json with "
+                                           "its Trainer folder)")
+            return False
+        if self.restart is not None:
+            self._ack(c, step, "rejected", f"a restart ({self.restart['id']}) is already pending")
+            return False
+        self.restart = {"id": c["id"], "changes": {}, "hot": {}, "step": step, "time": time.time(), "status": "pending",
+                        "checkpoint": str(entry.get("path")), "rollback": name, "rollback_step": int(entry.get("step", 0))}
+        self._write_request()
+        if self.main:
+            self.log.event("rollback_requested", step, id=c["id"], name=name, checkpoint=self.restart["checkpoint"])
+        self._ack(c, step, "restart", {"rollback": name, "checkpoint": self.restart["checkpoint"], "restart": {}})
+        control.should_training_stop = True
+        self.status = "restart_pending"
+        return not self.paused
+
+    def _join_rollback(self, c: dict[str, Any], step: int, change: dict[str, Any], by_name: Mapping[str, Setting]) -> None:
+        """A change sent while a rollback waits for its relaunch goes with it: restart settings as
+        flags, hot ones applied by the relaunched callback."""
+        hot = {k: v for k, v in change.items() if by_name[k].apply == "hot"}
+        rest = {k: v for k, v in change.items() if k not in hot}
+        self.restart["changes"].update(rest)
+        self.restart["hot"].update(hot)
+        self._write_request()
+        self._ack(c, step, "restart", {"restart": rest, "hot": hot, "checkpoint": self.restart["checkpoint"],
+                                       "rollback": self.restart["rollback"]})
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not self.main or not logs or self.log is None:
@@ -397,22 +528,23 @@ class SwarmCallback(TrainerCallback):
             return control   # a rank that owns no files, or a save outside a run this callback started
         step = state.global_step
         path = pathlib.Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
-        named = bool(self.pending["checkpoint"] or self.restart)
+        restart = self.restart if self.restart and not self.restart.get("rollback") else None   # a rollback names its own
+        named = bool(self.pending["checkpoint"] or restart)
         if self.main:
             self._index_checkpoint(path, step, "named" if named else "periodic")
         if not path.is_dir():
             why = f"failed: the Trainer's checkpoint folder {path} is missing after the save"
             for cid in self.pending["checkpoint"]:
                 self._ack({"id": cid, "cmd": "checkpoint"}, step, "rejected", why)
-            if self.restart:
-                self._ack({"id": self.restart["id"], "cmd": "set_fields"}, step, "rejected", why)
+            if restart:
+                self._ack({"id": restart["id"], "cmd": "set_fields"}, step, "rejected", why)
                 self.restart, self.status = None, "completed"
             self.pending["checkpoint"] = []
             return control
         for cid in self.pending["checkpoint"]:
             self._ack({"id": cid, "cmd": "checkpoint"}, step, "applied", {"checkpoint": str(path)})
         self.pending["checkpoint"] = []
-        if self.restart:
+        if restart:
             self.restart["checkpoint"] = str(path)
             if self.main:
                 atomic_write_text(self.run_dir / RESTART_FILE, json.dumps(self.restart, indent=1, default=str))
@@ -421,7 +553,7 @@ class SwarmCallback(TrainerCallback):
                       {"restart": self.restart["changes"], "checkpoint": str(path)})
         return control
 
-    def _index_checkpoint(self, path: pathlib.Path, step: int, kind: str) -> None:
+    def _index_checkpoint(self, path: pathlib.Path, step: int, kind: str, name: str | None = None) -> None:
         """checkpoints/<name>.json for each Trainer checkpoint folder (what the controller lists);
         entries whose folder the Trainer rotated away are dropped."""
         d = self.run_dir / "checkpoints"
@@ -437,11 +569,12 @@ class SwarmCallback(TrainerCallback):
             self.log.event("checkpoint_missing", step, path=str(path))
             return
         files = {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
-        manifest = {"name": path.name, "step": step, "kind": kind, "format": "transformers", "path": str(path.resolve()),
+        name = name or path.name
+        manifest = {"name": name, "step": step, "kind": kind, "format": "transformers", "path": str(path.resolve()),
                     "time": time.time(), "bytes": sum(files.values()), "files": files, "settings": dict(self.overrides),
                     "settings_version": self.version}
-        atomic_write_text(d / f"{path.name}.json", json.dumps(manifest))
-        self.log.event("checkpoint", step, name=path.name, path=str(path))
+        atomic_write_text(d / f"{name}.json", json.dumps(manifest))
+        self.log.event("checkpoint", step, name=name, path=str(path))
 
     def on_train_end(self, args, state, control, **kwargs):
         step = state.global_step

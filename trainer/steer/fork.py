@@ -45,8 +45,9 @@ def fork_argv(argv: Sequence[str], *, flags: Mapping[str, Any], checkpoint: str 
 
 
 def seed_fork(run_dir: str | os.PathLike, hot: Mapping[str, Any]) -> None:
-    """Start a fork's run folder: its `settings.json` holds only the hot overrides the callback
-    applies at the start (the callback rewrites the file whole once training begins)."""
+    """Start a fork's run folder: its `settings.json` holds the hot overrides the callback applies at
+    the start and says `fork` (the callback keeps that mark when it rewrites the file, and saves no
+    untrained `init` of its own: a fork resumes from the run's checkpoint)."""
     d = pathlib.Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / SETTINGS_FILE).write_text(json.dumps({"version": 1, "overrides": dict(hot)}, default=str))
+    (d / SETTINGS_FILE).write_text(json.dumps({"version": 1, "fork": True, "overrides": dict(hot)}, default=str))

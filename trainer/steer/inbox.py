@@ -5,6 +5,7 @@ acknowledgements appended to `RUN_DIR/command_log.jsonl`, one per command id:
     {"id": …, "cmd": …, "step": …, "time": …, "status": "applied", "result": {…values read back…}}
     {"id": …, "cmd": …, "step": …, "time": …, "status": "rejected", "reason": "one line"}
     {"id": …, "cmd": …, "step": …, "time": …, "status": "restart", "result": {"restart": {…}, "checkpoint": "…"}}
+    {"id": …, "cmd": "rollback", …, "status": "restart", "result": {"rollback": "init", "checkpoint": "…", "restart": {}}}
 
 An id already in the log is never processed again: the log is the record of what was applied, so a
 process that resumes reads it first and a replayed command is skipped. Polling costs one `stat`
@@ -20,7 +21,7 @@ from typing import Any
 
 from trainer.runlog import read_jsonl
 
-COMMANDS = ("set_fields", "eval", "checkpoint", "stop", "pause", "resume")
+COMMANDS = ("set_fields", "eval", "checkpoint", "rollback", "stop", "pause", "resume")
 
 
 class SteerInbox:
@@ -70,6 +71,8 @@ class SteerInbox:
                 row["invalid"] = f"command {cmd!r} is not supported here (supported: {', '.join(COMMANDS)})"
             elif cmd == "set_fields" and not isinstance(row.get("fields"), dict):
                 row["invalid"] = "set_fields needs 'fields': {setting: value}"
+            elif cmd == "rollback" and not (isinstance(row.get("name"), str) and row["name"]):
+                row["invalid"] = "rollback needs 'name': the checkpoint's name in the run's index"
             out.append(row)
         return out
 

@@ -230,6 +230,8 @@ ACTIONS: tuple[dict[str, str], ...] = (
     {"cmd": "set_fields", "help": "change declared settings: {\"fields\": {name: value}}"},
     {"cmd": "eval", "help": "evaluate at the next step end"},
     {"cmd": "checkpoint", "help": "save a checkpoint at the next step end"},
+    {"cmd": "rollback", "help": "relaunch from a checkpoint of the run's index: {\"name\": \"init\"} (the untrained "
+                                "start) or a checkpoint-N; set_fields sent before the relaunch go with it"},
     {"cmd": "stop", "help": "stop after the next step end"},
     {"cmd": "pause", "help": "hold the run at the next step end (heartbeat `paused`) until `resume` or `stop`"},
     {"cmd": "resume", "help": "go on after a pause"},
