@@ -11,7 +11,7 @@ OpenAI `tool_calls` (finish_reason "tool_calls").
 Every call is appended to a JSONL trajectory log as one step-level record, grouped by the episode
 id the client passes (the `X-Episode-Id` header, else the request's `user` field, else
 "default"; an `X-Attempt` header is recorded beside it): the request's messages and tools, the exact prompt and completion token ids as
-generated, per-token log-probs (when the policy has `logprobs`), the finish reason, the harness
+generated, per-token log-probs (see below), the finish reason, the harness
 and weight versions, and whether the prompt extends the episode's previous prompt + completion.
 Token ids are never rebuilt from text where they can be known: an assistant message the client
 sends back that this server produced for the same episode is replaced by the ids it was generated
@@ -27,10 +27,17 @@ The policy is any `trainer.agent_rollout.Generator` (`PolicyGenerator` for the t
 Concurrent requests are generated together: each request renders its prompt, then queues it for
 one batcher thread, which takes every queued prompt (waiting up to `batch_window_s` after the
 last arrival, at most `max_batch` rows and `batch_wait_s` in all, so that requests sent at once
-meet) and generates them in one `Policy.generate` call (for a `PolicyGenerator`; any other
-`Generator` is called row by row), their log-probs in one forward. An agent that waits for each
-answer before its next call gets batches of one: the same calls, and the same random stream, as
-without batching. `stats` counts batches, rows and the seconds spent generating and scoring.
+meet) and generates them in one `Policy.sample` call (for a `PolicyGenerator`; any other
+`Generator` is called row by row). An agent that waits for each answer before its next call gets
+batches of one: the same calls, and the same random stream, as without batching. `stats` counts
+batches, rows and the seconds spent generating.
+
+Log-probs: for a `PolicyGenerator` they come out of the sampling loop itself (no second forward):
+each completion token's log_softmax(logits)[token] at temperature 1 — the policy's own
+distribution, whatever temperature / top_p the harness samples with — which is what the trainer
+scores as GRPO's old log-probs (`trainer.logprobs.batch_logprobs`); the two agree up to float
+rounding (tests/test_policy_sample.py). Any other `Generator` is scored with its `logprobs`
+method, when it has one (else null).
 """
 from __future__ import annotations
 
@@ -83,40 +90,23 @@ class _Job:
 
 
 def generate_rows(policy: Generator, prompts: list[list[int]], max_new: int, temperature: float,
-                  stop: list[str]) -> list[list[int]]:
-    """Completions of `prompts`, stop strings cut: one `Policy.generate` call for a `PolicyGenerator`
-    (as `PolicyGenerator.generate` makes it for one row), else row by row."""
+                  stop: list[str]) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Completions of `prompts`, stop strings cut, and their tokens' log-probs (None when the
+    policy has none). A `PolicyGenerator` samples all rows in one `Policy.sample` call (the one
+    `PolicyGenerator.generate` makes for one row) that also returns the log-probs, read off the
+    logits each token was sampled from; any other `Generator` is called row by row and scored
+    with its `logprobs`, when it has one."""
     if isinstance(policy, PolicyGenerator):
         singles = {ids[0] for ids in (policy.tok.encode(s) for s in stop) if len(ids) == 1}
-        comps, _ = policy.policy.generate(prompts, max_new, temperature=temperature, top_p=policy.top_p,
-                                          stop_ids=singles, generator=policy.rng)
-    else:
-        comps = [list(policy.generate(p, max_new, temperature, stop)) for p in prompts]
-    return [cut_at_stop(policy.tok, c[:max_new], stop)[0] for c in comps]
-
-
-def score_rows(policy: Generator, prompts: list[list[int]], completions: list[list[int]]
-               ) -> list[list[float]] | None:
-    """Per-token log-probs of each completion (one forward for a `PolicyGenerator`); None when the
-    policy has no `logprobs`."""
+        got = policy.policy.sample(prompts, max_new, temperature=temperature, top_p=policy.top_p,
+                                   stop_ids=singles, generator=policy.rng, logprobs=True)
+        comps = [cut_at_stop(policy.tok, c[:max_new], stop)[0] for c in got.completions]
+        return comps, [lp[: len(c)] for lp, c in zip(got.logprobs, comps)]
+    comps = [cut_at_stop(policy.tok, list(policy.generate(p, max_new, temperature, stop))[:max_new], stop)[0]
+             for p in prompts]
     if not hasattr(policy, "logprobs"):
-        return None
-    if not isinstance(policy, PolicyGenerator) or len(prompts) == 1:
-        return [policy.logprobs(p, c) for p, c in zip(prompts, completions)]  # type: ignore[attr-defined]
-    import torch
-
-    from trainer.logprobs import batch_logprobs
-    from trainer.policy import build_batch
-
-    rows = [i for i, c in enumerate(completions) if c]
-    out: list[list[float]] = [[] for _ in completions]
-    if rows:
-        with torch.no_grad():
-            batch = build_batch([prompts[i] for i in rows], [completions[i] for i in rows], policy.tok.pad_id)
-            logp, _, _ = batch_logprobs(policy.policy, batch, backend="torch", shared=False)   # (B, C)
-        for k, i in enumerate(rows):
-            out[i] = [float(x) for x in logp[k, : len(completions[i])]]
-    return out
+        return comps, None
+    return comps, [policy.logprobs(p, c) for p, c in zip(prompts, comps)]  # type: ignore[attr-defined]
 
 
 class EndpointServer:
@@ -136,7 +126,7 @@ class EndpointServer:
         self.weight_version, self.model_name = weight_version, model_name
         self.max_batch, self.batch_window_s, self.batch_wait_s = max_batch, batch_window_s, batch_wait_s
         self.episodes: dict[str, _Episode] = {}
-        self.stats = {"batches": 0, "rows": 0, "generate_s": 0.0, "logprobs_s": 0.0}
+        self.stats = {"batches": 0, "rows": 0, "generate_s": 0.0}
         self._state_lock = threading.Lock()      # episodes: rendering and recording a call
         self._log_lock = threading.Lock()
         self._queue: collections.deque[_Job] = collections.deque()
@@ -240,11 +230,8 @@ class EndpointServer:
                 try:
                     prompts = [j.prompt for j in group]
                     t0 = time.perf_counter()
-                    outs = generate_rows(self.policy, prompts, max_new, temperature, list(stop))
-                    t1 = time.perf_counter()
-                    lps = score_rows(self.policy, prompts, outs)
-                    self.stats["generate_s"] += t1 - t0
-                    self.stats["logprobs_s"] += time.perf_counter() - t1
+                    outs, lps = generate_rows(self.policy, prompts, max_new, temperature, list(stop))
+                    self.stats["generate_s"] += time.perf_counter() - t0
                     self.stats["batches"] += 1
                     self.stats["rows"] += len(group)
                     with self._state_lock:

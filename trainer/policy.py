@@ -114,6 +114,17 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: 
     return Batch(ids, attn, positions_from_mask(attn), lmask, P, first, index)
 
 
+@dataclasses.dataclass
+class Samples:
+    """What `Policy.sample` returns: per row its tokens (ending with the stop/eos token when one
+    was emitted), whether it hit max_new_tokens without stopping, and (when asked for) each
+    token's log-prob under the policy at temperature 1."""
+
+    completions: list[list[int]]
+    truncated: list[bool]
+    logprobs: list[list[float]] | None = None
+
+
 class Policy:
     """Wraps a model + tokenizer: hidden states, token log-probs, sampling."""
 
@@ -245,12 +256,24 @@ class Policy:
         return {"past": DynamicCache([(k[rows], v[rows]) for k, v in kv])}
 
     # ---- sampling ------------------------------------------------------------------------
-    @torch.inference_mode()   # no autograd bookkeeping at all: ~9% faster than no_grad for these small ops
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop_ids: set[int] | None = None,
                  generator: torch.Generator | None = None) -> tuple[list[list[int]], list[bool]]:
         """Sample completions. Returns token lists (ending with the stop/eos token when one was
         emitted) and a truncated flag per row (True = hit max_new_tokens without stopping)."""
+        s = self.sample(prompts, max_new_tokens, temperature, top_p, stop_ids, generator)
+        return s.completions, s.truncated
+
+    @torch.inference_mode()   # no autograd bookkeeping at all: ~9% faster than no_grad for these small ops
+    def sample(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+               top_p: float = 1.0, stop_ids: set[int] | None = None, generator: torch.Generator | None = None,
+               logprobs: bool = False) -> "Samples":
+        """`generate`, and with `logprobs` each sampled token's log-prob taken from the logits it
+        was sampled from: log_softmax(logits)[token] at temperature 1, i.e. the policy's own
+        distribution, not the tempered / nucleus-truncated one actually sampled from. That is what
+        the trainer scores (`trainer.logprobs.batch_logprobs`, the old log-probs of GRPO's
+        importance ratio), so the two agree up to float rounding without a second forward. Extra
+        work: one log_softmax over the vocabulary per step; the random stream is untouched."""
         was_training = self.model.training
         self.model.eval()
         stops = set(stop_ids or ()) | {self.tok.eos_id}
@@ -281,8 +304,11 @@ class Policy:
         # Finished rows leave the decode batch (and the KV cache) once they are an eighth of it, so
         # the remaining steps spend no compute on them. `rows`: the prompt index of each batch row.
         rows = torch.arange(B)
+        out_lp = torch.zeros((B, max_new_tokens), dtype=torch.float32) if logprobs else None
         for t in range(max_new_tokens):
             tok = sample_token(logits, temperature, top_p, generator)  # (b,) for the b batch rows
+            if out_lp is not None:
+                out_lp[rows, t] = logits.float().log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
             live = ~done[rows]  # (b,) still generating before this token
             tok = torch.where(live, tok, torch.full_like(tok, self.tok.pad_id))
             out[rows, t] = tok
@@ -301,7 +327,8 @@ class Policy:
         if was_training:
             self.model.train()
         comps = [out[i, : lengths[i]].tolist() for i in range(B)]
-        return comps, (~done).tolist()
+        lps = [out_lp[i, : lengths[i]].tolist() for i in range(B)] if out_lp is not None else None
+        return Samples(comps, (~done).tolist(), lps)
 
     def _max_len(self) -> int:
         if not self.is_hf:
