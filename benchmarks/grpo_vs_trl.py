@@ -61,7 +61,7 @@ alternates between `--rounds`). Torch's intra-op threads are pinned to `--thread
 Reward: with a random model and an exact-match reward every group has zero reward variance, so the
 advantages are all zero. Both sides therefore use the same graded reward — the harness's
 `reward.kind='partial'` (share of digits right-aligned-equal to the true sum; 0 for a malformed
-answer), computed by the same `trainer.rollout.score` — and the script records, per side, the
+answer), computed by the same `harness.reward.score` — and the script records, per side, the
 share of completions with a non-zero advantage and the grad norm, to show the measured steps do
 real updates. Each trainer restarts from the same saved weights every round, and the learning rate
 is small, so both sample from (nearly) the same distribution and completion lengths match.
@@ -97,7 +97,8 @@ from trainer.algorithms.core import grpo_advantage, register_advantage  # noqa: 
 from trainer.config import ModelConfig, RunConfig  # noqa: E402
 from trainer.logprobs import batch_logprobs  # noqa: E402
 from trainer.policy import Policy, build_batch  # noqa: E402
-from trainer.rollout import prompt_ids, score, stop_ids  # noqa: E402
+from harness.reward import score  # noqa: E402
+from trainer.rollout import prompt_ids, stop_ids  # noqa: E402
 from trainer.tasks import Split, make_task  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"

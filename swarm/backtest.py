@@ -27,6 +27,7 @@ import psutil
 import yaml
 
 from agents.domain import BacktestResult, Intervention, JobStatus
+from harness import changes as hc
 from swarm.decisions import ArmScore, Decision, Pair, Rule, Validated
 from swarm.jobs import Jobs
 from trainer.run_storage import release, sync_run
@@ -68,45 +69,40 @@ def arm_score(run_dir: pathlib.Path, metric: str) -> ArmScore:
                     pass_rate=pr, pass_se=pr_se)
 
 
-# harness fields that change neither the SFT targets nor which examples are trained on: the
-# template (it wraps the same question; it can hold nothing but {question}) and sampling (SFT
-# does not sample)
-_SAME_TARGETS = ("harness.template", "harness.sampling.")
-# fields that change which examples are trained on
-_DATA = ("harness.curriculum.", "harness.filters.", "recipe.batch_size")
-
-
 def sft_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
     """Both arms train SFT on the same targets, so their training losses compare (the negative
     log-likelihood of the same answers): the run's algorithm is sft and the intervention changes
     neither the algorithm nor the targets and examples the loss is computed on."""
     algo = ((base.get("recipe") or {}).get("algorithm") or "sft")
-    return algo == "sft" and not any(k == "recipe.algorithm" or (k.startswith("harness.") and not k.startswith(_SAME_TARGETS))
+    return algo == "sft" and not any(k == "recipe.algorithm" or (k.startswith(hc.PREFIX) and not hc.keeps_sft_targets(k))
                                      for k in changes)
 
 
 def same_data(changes: dict[str, Any]) -> bool:
     """Both arms train on the same examples (their training pass rates compare)."""
-    return not any(k.startswith(_DATA) for k in changes)
+    return not any(hc.changes_data(k) or k == "recipe.batch_size" for k in changes)
 
 
 def check_change(base: dict[str, Any], recipe: dict[str, Any], harness: dict[str, Any], changes: dict[str, Any]) -> str | None:
-    """Why the live trainer would refuse `changes` on a run with this recipe and harness (its
-    `set_fields` validation: every field re-validated, the curriculum's start difficulty within
-    the task's range), else None."""
+    """Why the live trainer would refuse `changes` on a run with this recipe and harness, else None:
+    its own check (`trainer.loop` `apply_overrides`): recipe fields re-validated on the whole run
+    config, harness fields by `harness.changes`, then the curriculum's start difficulty within the
+    task's range."""
     from trainer.config import ConfigError, RunConfig, set_dotted
     from trainer.tasks import make_task
 
     try:
         cfg = RunConfig.parse({**{k: v for k, v in base.items() if k != "perturbations"}, "recipe": recipe, "harness": harness})
         for k, v in changes.items():
-            if not k.startswith(("recipe.", "harness.")):
+            if k.startswith("recipe."):
+                cfg = set_dotted(cfg, k, v)
+            elif not k.startswith(hc.PREFIX):
                 return f"can only change recipe.* or harness.* fields, not {k!r}"
-            cfg = set_dotted(cfg, k, v)
-        make_task(cfg.task.name, seed=cfg.seed, **cfg.task.options).check_difficulty(cfg.harness.curriculum.start)
+        task = make_task(cfg.task.name, seed=cfg.seed, **cfg.task.options)
     except (ConfigError, ValueError, TypeError) as e:
         return str(e).replace("invalid config: ", "")
-    return None
+    return hc.check_change(cfg.harness, {k: v for k, v in changes.items() if k.startswith(hc.PREFIX)},
+                           task.check_difficulty)
 
 
 def task_range(base: dict[str, Any]) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from harness.spec import HarnessSpec
 from trainer.policy import Policy
 from trainer.tasks.base import Example, Task, Verdict, VerifyResult
 
-__all__ = ["Rollout", "prompt_ids", "rollout", "score", "stop_ids", "summarize", "target_ids"]   # score: benchmarks/grpo_vs_trl.py
+__all__ = ["Rollout", "prompt_ids", "rollout", "stop_ids", "summarize", "target_ids"]
 
 
 @dataclasses.dataclass
