@@ -134,10 +134,11 @@ def plain_config(goal: dict[str, Any], name: str, out_dir: str) -> dict[str, Any
 # ---- process accounting ---------------------------------------------------------------------
 
 class TrainerPoller:
-    """Polls CPU of `trainer.entry` processes under a root pid (keyed by pid + start time)."""
+    """Polls CPU of the processes under a root pid whose command line holds `match` (the trainer's
+    `trainer.entry`, or a user's script), keyed by pid + start time."""
 
-    def __init__(self, root: int) -> None:
-        self.root = root
+    def __init__(self, root: int, match: str = "trainer.entry") -> None:
+        self.root, self.match = root, match
         self.cpu: dict[str, float] = {}
         self.cmd: dict[str, str] = {}
 
@@ -149,12 +150,12 @@ class TrainerPoller:
         for p in procs:
             try:
                 cmd = " ".join(p.cmdline())
-                if "trainer.entry" not in cmd:
+                if self.match not in cmd:
                     continue
                 t = p.cpu_times()
                 key = f"{p.pid}:{p.create_time():.2f}"
                 self.cpu[key] = max(self.cpu.get(key, 0.0), t.user + t.system + t.children_user + t.children_system)
-                self.cmd[key] = cmd.split("trainer.entry", 1)[1].strip()
+                self.cmd[key] = cmd.split(self.match, 1)[1].strip()
             except psutil.Error:
                 continue
 
@@ -209,10 +210,12 @@ def fresh_dir(d: pathlib.Path) -> pathlib.Path:
     return d
 
 
-def launch_swarm(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathlib.Path, tag: str) -> dict[str, Any]:
-    """`swarm run` of `goal` in the CPU-recording wrapper, its trainers polled, `swarm stop` at the
-    cap (a kill 90 s later). Returns rc, capped, wall_s, the summary (None if none), the
-    wrapper's rusage, the poller and the workspace path."""
+def launch_swarm(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathlib.Path, tag: str,
+                 match: str = "trainer.entry", cwd: pathlib.Path | None = None) -> dict[str, Any]:
+    """`swarm run` of `goal` in the CPU-recording wrapper (in `cwd`, default `src`), the processes
+    whose command line holds `match` polled, `swarm stop` at the cap (a kill 90 s later). Returns
+    rc, capped, wall_s, the summary (None if none), the wrapper's rusage, the poller and the
+    workspace path."""
     fresh_dir(d)
     goal_path, ws, summ, ru = d / "goal.yaml", d / "ws", d / "summary.json", d / "rusage.json"
     goal_path.write_text(yaml.safe_dump(goal, sort_keys=False))
@@ -220,8 +223,9 @@ def launch_swarm(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathl
            "--jobs", "process", "--summary", str(summ)]
     t0 = time.time()
     with open(d / "controller.log", "wb") as logf:
-        p = subprocess.Popen(cmd, cwd=src, env=env_for(src), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-    poller = TrainerPoller(p.pid)
+        p = subprocess.Popen(cmd, cwd=cwd or src, env=env_for(src), stdout=logf, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    poller = TrainerPoller(p.pid, match)
     capped = False
     while p.poll() is None:
         poller.poll()

@@ -21,7 +21,8 @@ a run is here, so `swarm.controller` keeps small hooks only:
   command, then its change, at one safe point; the relauncher relaunches the script from that
   checkpoint with the change. Its backtest's candidate starts from that checkpoint, and so does the
   control when the steps since it gained nothing (`Deciding.nothing_staked`, as on the built-in
-  trainer). With no such checkpoint, a rollback that carries a change becomes the same change
+  trainer); both arms then train at least the steps the rollback gives up
+  (`swarm.script_backtest.rollback_horizon`). With no such checkpoint, a rollback that carries a change becomes the same change
   applied to the live weights (said in its rationale); one without a change is dropped;
 - validity: `trainer.steer.check_change` on the declared settings, before anything else;
 - acknowledgements: `applied` and `restart` are accepted (`accepted`); a `restart` means the
@@ -49,7 +50,7 @@ from typing import Any, Mapping
 
 from agents.domain import Intervention, InterventionKind, Status
 from swarm.decisions import Look, Pair, Rule, retry_horizon, run_looks, schedule, try_share
-from swarm.script_backtest import run_script_arms, script_rule
+from swarm.script_backtest import rollback_horizon, run_script_arms, script_rule
 from trainer.runlog import iter_jsonl, read_jsonl
 from trainer.steer.relaunch import restart_changes
 from trainer.steer.settings import as_settings, check_change, coerce, read_declared
@@ -306,13 +307,18 @@ class ScriptSteering:
         control = (str(cand["path"]), int(cand["step"])) if common else (ckpt, int(ack["step"]))
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
         before = self.tries_without_gain(iv)
-        base = retry_horizon(bt.horizon_steps, before)
+        retry = retry_horizon(bt.horizon_steps, before)
+        # both arms from the rollback's checkpoint: they train at least the steps it gives up
+        base = rollback_horizon(retry, control[1], int(ack["step"])) if common else retry
         algorithm = self.algorithm()
         cpu = 0.0
         sizes: list[int] = []
-        notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {base} steps"] if base > bt.horizon_steps else []
+        notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {retry} steps"] if retry > bt.horizon_steps else []
         if common:
             notes.append(f"both arms from checkpoint {target} (step {cand['step']}): the steps since gained nothing measurable")
+        if base > retry:
+            notes.append(f"horizon {base} steps: the {int(ack['step']) - control[1]} steps the rollback gives up, over which "
+                         "the live run was diagnosed" + (" (capped)" if base < int(ack["step"]) - control[1] else ""))
 
         def measure(look: Look, seeds: list[int]) -> list[Pair]:
             nonlocal cpu

@@ -1,8 +1,8 @@
 """Backtests for script runs (swarm/script_backtest.py, trainer/steer/fork.py).
 
-Pure parts on tables: how a change splits into hot overrides and restart flags, a fork's command
-line, the decision rule's settings for a script run. Then the real example script
-(examples/steer/sft_addition.py, a tiny Qwen2 on a CPU): a live run saves a checkpoint; a candidate
+Pure parts on tables: how a change splits into hot overrides and restart flags, a rollback's
+horizon, a fork's command line, the decision rule's settings for a script run. Then the real example
+script (examples/steer/sft_addition.py, a tiny Qwen2 on a CPU): a live run saves a checkpoint; a candidate
 arm with a lower learning rate and a control arm fork from it, each in its own folder, train a few
 steps, evaluate once and stop; the live run's files are untouched; `swarm.decisions.decide` takes
 the pairs and `swarm.backtest.result` records a result. The controller's path (checkpoint, pause,
@@ -22,7 +22,7 @@ import pytest
 from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Risk
 from swarm.backtest import result
 from swarm.decisions import Extend, Rejected, Validated, decide
-from swarm.script_backtest import run_script_arms, script_rule, split_change
+from swarm.script_backtest import rollback_horizon, run_script_arms, script_rule, split_change
 from trainer.runlog import read_jsonl
 from trainer.steer import SwarmCallback
 from trainer.steer.fork import STOP_AT_ENV, fork_argv
@@ -47,6 +47,25 @@ def proposal(changes: dict) -> Intervention:
     d = Diagnosis(name="plateau", summary="held-out flat", operator="diagnostics", policy="builtin")
     return Intervention(kind=InterventionKind.RECIPE_EDIT, changes=changes, diagnosis=d, rationale="lower the lr.",
                         operator="diagnostics", policy="builtin", risk=Risk.MEDIUM)
+
+
+@pytest.mark.parametrize("horizon, start, live, want", [
+    (60, 0, 145, 145),    # a run that never learnt, rolled back to init at 145: the arms train the 145 steps given up
+    (60, 0, 20, 60),      # fewer steps given up than the goal's horizon: the goal's horizon
+    (60, 0, 1000, 240),   # a long stretch: at most the longest retry horizon (4x)
+    (60, 100, 180, 80),   # a checkpoint-100: only the steps since it
+    (120, 0, 145, 145),   # a retry's doubled horizon is the floor
+    (240, 0, 145, 240),
+    (60, 145, 145, 60),
+])
+def test_a_rollbacks_arms_train_the_steps_it_gives_up_within_the_longest_retry_horizon(horizon, start, live, want):
+    assert rollback_horizon(horizon, start, live) == want
+
+
+@pytest.mark.parametrize("horizon, start, live", [(0, 0, 10), (60, -1, 10), (60, 20, 10)])
+def test_a_rollback_horizon_refuses_what_cannot_be(horizon, start, live):
+    with pytest.raises(ValueError, match=f"horizon={horizon}, start={start}, live={live}"):
+        rollback_horizon(horizon, start, live)
 
 
 @pytest.mark.parametrize("fields, hot, restart", [

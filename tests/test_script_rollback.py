@@ -1,7 +1,7 @@
 """The controller rolls a script run back to its untrained start (swarm/script_run.py), on the real
 example script: a run a too-high lr keeps from learning has nothing worth keeping in its weights, so
-a fix is backtested from the start with both arms from `init` (the steps since gained nothing), and
-applied as a relaunch from `init` with the change (the callback's `rollback`, then the change, in
+a fix is backtested from the start with both arms from `init` (the steps since gained nothing) over
+the steps the rollback gives up, and applied as a relaunch from `init` with the change (the callback's `rollback`, then the change, in
 one pause).
 """
 from __future__ import annotations
@@ -67,14 +67,20 @@ def test_a_run_that_never_learnt_is_backtested_and_restarted_from_its_untrained_
             "roll back" in m for m in iv.diagnosis.evidence["missing_evidence"])
         ctrl.store.put(iv)
 
-        # the backtest: nothing gained since `init` (held-out 0 throughout), so both arms start there
+        # the backtest: nothing gained since `init` (held-out 0 throughout), so both arms start there,
+        # and train the steps the rollback gives up (the live run's step at the backtest's
+        # checkpoint), at most 4x the goal's horizon of 8
         ctrl.backtest(ctrl.store.get(iv.id))
         got = ctrl.store.get(iv.id)
         assert got.status in (Status.VALIDATED, Status.REJECTED), got.history
         assert "both arms from checkpoint init (step 0)" in got.backtest.note, got.backtest.note
+        live = {r["id"]: r for r in read_jsonl(ctrl.run_dir / "command_log.jsonl")}[f"{iv.id}-bt"]["step"]
+        horizon = min(max(live, 8), 32)
+        assert live >= 10 and got.backtest.horizon_steps == horizon, (live, got.backtest.horizon_steps)
+        assert f"horizon {horizon} steps: the {live} steps the rollback gives up" in got.backtest.note, got.backtest.note
         for arm in ("candidate", "control"):
             rows = read_jsonl(ctrl.sdir / "backtests" / f"bt-{iv.id}-{arm}-s0" / "metrics.jsonl")
-            assert rows[0]["step"] == 1 and rows[-1]["step"] == 8 and "heldout_acc" in rows[-1]
+            assert rows[0]["step"] == 1 and rows[-1]["step"] == horizon and "heldout_acc" in rows[-1]
         cand = [r for r in read_jsonl(ctrl.sdir / "backtests" / f"bt-{iv.id}-candidate-s0" / "metrics.jsonl") if "lr" in r]
         ctrl_rows = [r for r in read_jsonl(ctrl.sdir / "backtests" / f"bt-{iv.id}-control-s0" / "metrics.jsonl") if "lr" in r]
         assert cand[0]["loss"] == pytest.approx(ctrl_rows[0]["loss"], rel=1e-6)   # the same start, the same batch

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GenerationConfig, HfArgumentParser, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (GenerationConfig, HfArgumentParser, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
+                          TrainerCallback)
 from trl import GRPOConfig, GRPOTrainer
 
 from trainer.steer import steer
@@ -43,6 +44,8 @@ class ScriptArguments:
                                             "$SWARMLAB_RUN_DIR, else <output_dir>/swarm)"})
     digits: int = dataclasses.field(default=1, metadata={"help": "digits per operand"})
     train_size: int = dataclasses.field(default=256, metadata={"help": "training prompts"})
+    eval_size: int = dataclasses.field(default=64, metadata={"help": "held-out prompts (evaluated every --eval_steps "
+                                                                    "when --eval_strategy steps; 0: no eval set)"})
     d_model: int = dataclasses.field(default=32, metadata={"help": "hidden size of the tiny Qwen2"})
     n_layers: int = dataclasses.field(default=1, metadata={"help": "decoder layers"})
 
@@ -85,20 +88,39 @@ def digits_right(completions: list[str], answer: list[str], **kwargs) -> list[fl
     return out
 
 
+def exact(completions: list[str], answer: list[str], **kwargs) -> list[float]:
+    """1.0 when the completion is the answer exactly. Weighted 0 in training (the graded reward
+    trains); its held-out mean is the script's accuracy."""
+    return [float(c.replace(" ", "") == want) for c, want in zip(completions, answer)]
+
+
+class EvalAccuracy(TrainerCallback):
+    """TRL logs each reward function's held-out mean as `eval_rewards/<name>/mean`; this names the
+    exact-match one `eval_accuracy`, the metric a goal reads (as `heldout_acc`). It runs before
+    SwarmCallback, which sees the same log dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and "eval_rewards/exact/mean" in logs:
+            logs["eval_accuracy"] = logs["eval_rewards/exact/mean"]
+
+
 def parser() -> HfArgumentParser:
     p = HfArgumentParser((ScriptArguments, GRPOConfig))
     p.set_defaults(output_dir="runs/steer-grpo", max_steps=40, per_device_train_batch_size=8, num_generations=4,
                    max_completion_length=4, learning_rate=1e-3, logging_steps=1, save_strategy="steps", save_steps=20,
                    report_to="none", use_cpu=True, bf16=False, activation_checkpointing=False, use_vllm=False,
-                   disable_tqdm=True, dataloader_num_workers=0, log_completions=False)
+                   disable_tqdm=True, dataloader_num_workers=0, log_completions=False, reward_weights=[1.0, 0.0],
+                   per_device_eval_batch_size=64, eval_steps=20)
     return p
 
 
 def build(script: ScriptArguments, args: GRPOConfig) -> GRPOTrainer:
     tok = char_tokenizer()
-    trainer = GRPOTrainer(model=tiny_policy(tok, script.d_model, script.n_layers, args.seed), reward_funcs=digits_right,
-                          args=args, train_dataset=problems(script.digits, script.train_size, seed=1),
-                          processing_class=tok)
+    held = problems(script.digits, script.eval_size, seed=2) if script.eval_size else None
+    trainer = GRPOTrainer(model=tiny_policy(tok, script.d_model, script.n_layers, args.seed),
+                          reward_funcs=[digits_right, exact], args=args,
+                          train_dataset=problems(script.digits, script.train_size, seed=1), eval_dataset=held,
+                          processing_class=tok, callbacks=[EvalAccuracy()])
     steer(trainer, script.run_dir)   # the one line a user adds
     return trainer
 
