@@ -20,7 +20,7 @@ from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from agents.operators import config_fields, eval_series, inconclusive, progress_since, rollback_stake
 from swarm.backtest import check_change, nearest_valid, noop_edit, result, rule_for
-from swarm.decisions import (BacktestSpec, Control, Facts, Kept, Look, Pair, Pending, Refuse, Rule, Sighting, Skip, Window,
+from swarm.decisions import (BacktestSpec, Control, Facts, Kept, Look, Pair, Pending, Refuse, RolledBack, Rule, Sighting, Skip, Window,
                              assign_risk, corroborated_by, judge, outlook, persistence, plan, rate_var,
                              restart_hold, retry_horizon, run_looks, schedule, try_share, smaller_step, wasted, worth_verifying)
 from trainer.config import get_dotted
@@ -492,6 +492,11 @@ class Deciding:
                        look=looks + 1, last_look=final)
             verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)
             iv.outcome.looks = looks + 1
+            if final and steps < window and isinstance(verdict, RolledBack) and not verdict.undo:
+                # the run ended inside the window: no gain measured over part of it is no evidence
+                # that the change does nothing (a fix that acts through learning shows later), so it
+                # is neither a win nor a loss in memory; it stays evaluating, with no episode
+                verdict = Pending(f"{verdict.reason}; not judged: the run ended {steps} steps into the {window}-step window")
             if isinstance(verdict, Pending):
                 iv.outcome.pending = verdict.reason
                 self.store.put(iv)

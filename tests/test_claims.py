@@ -240,7 +240,7 @@ def judged(ctrl, iv, after, s):
 def test_no_measured_gain_is_never_kept_remembered_as_a_win_or_mined(tmp_path):
     """Class 3 and 6: a rollback judged 0.0 → 0.0 is not kept; one that makes the run worse than
     the value before applying is rolled back (the undo sent to the trainer); only a credible gain is kept."""
-    ctrl = controller(tmp_path)
+    ctrl = controller(tmp_path, swarm={"evaluate_window_steps": 30})   # judged() trains one whole window
     ctrl.command = rec = Recorder()
     s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=90)
 
@@ -262,6 +262,33 @@ def test_no_measured_gain_is_never_kept_remembered_as_a_win_or_mined(tmp_path):
     assert ("rollback", f"{worse.id}-undo", {"name": "pre-x"}) in rec.sent
     better = judged(ctrl, iv("not_learning"), 0.6, s)
     assert better.status == Status.KEPT and better.outcome.gain is True
+    close(ctrl)
+
+
+def test_a_window_the_run_ended_inside_is_not_judged_a_loss(tmp_path):
+    """A fix applied shortly before the run ended (its budget spent) got 30 of its 100-step window:
+    no gain measured over part of the window is not a loss. It stays evaluating, with no episode in
+    memory; a credible gain or harm over the part it got is still judged."""
+    ctrl = controller(tmp_path, swarm={"evaluate_window_steps": 100})
+    ctrl.command = Recorder()
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=90)
+
+    def iv(name, baseline):
+        d = Diagnosis(name=name, summary="s", operator="diagnostics", policy="builtin")
+        return Intervention(kind=K.RECIPE_EDIT, changes={"recipe.lr": 0.001}, diagnosis=d, rationale="r",
+                            operator="diagnostics", policy="builtin", checkpoint_before="pre-x",
+                            outcome={"baseline": baseline})
+
+    cut = judged(ctrl, iv("plateau", 0.0), 0.0, s)
+    assert cut.status == Status.EVALUATING and cut.outcome.gain is None
+    assert "not judged: the run ended 30 steps into the 100-step window" in cut.outcome.pending
+    ctrl.node_mine_skills(s)
+    assert cut.id not in {r["id"] for r in ctrl.store.timeline("episode")}
+    close(ctrl)
+    ctrl = controller(tmp_path / "b", swarm={"evaluate_window_steps": 100})
+    ctrl.command = Recorder()
+    assert judged(ctrl, iv("not_learning", 0.0), 0.6, s).status == Status.KEPT
+    assert judged(ctrl, iv("loss_spike", 0.74), 0.0, s).status == Status.ROLLED_BACK
     close(ctrl)
 
 
