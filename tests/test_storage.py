@@ -301,3 +301,227 @@ def test_rows_cross_a_rolled_stream_on_both_sides(tmp_path, monkeypatch):
     rep.close()
     assert [r["i"] for r in read_jsonl(replica / "samples.jsonl")] == list(range(1, n + 1))
     assert rotated_parts(replica / "samples.jsonl")
+
+
+class Recording(Storage):
+    """A storage that records every request as (operation, key) and passes it on (a scripted fake)."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner, self.uri, self.requests = inner, inner.uri, []
+
+    def put(self, key, data):
+        self.requests.append(("put", key))
+        self.inner.put(key, data)
+
+    def get(self, key):
+        self.requests.append(("get", key))
+        return self.inner.get(key)
+
+    def list(self, prefix=""):
+        self.requests.append(("list", prefix))
+        return self.inner.list(prefix)
+
+    def delete(self, key):
+        self.requests.append(("delete", key))
+        self.inner.delete(key)
+
+    def delete_tree(self, prefix=""):
+        self.requests.append(("delete_tree", prefix))
+        self.inner.delete_tree(prefix)
+
+
+def test_a_replica_pass_costs_the_same_however_many_chunks_the_run_wrote(tmp_path):
+    """The replica asks for each stream's next chunk by name instead of listing the stream: a
+    listing grows by a chunk per stream per mirror pass for the run's whole life (7,200 an hour);
+    listing the streams of a run 10,000 chunks long cost about 13 ms of CPU per pass on a local
+    folder, half a controller's tick, against 0.15 ms for a whole idle pass asking by key
+    (benchmarks/results/storage_overhead.md, part c). The requests of an idle pass are the same
+    after 3 chunks and after 303, and a replica started again goes on from its saved progress."""
+    store = FolderStorage(tmp_path / "store")
+    mirror = JobMirror(tmp_path / "scratch" / "run", store)
+    mirror.restore()
+    rec = Recording(store)
+    rep = run_storage.Replica(tmp_path / "ctrl", rec)
+    step = 0
+
+    def train(chunks: int) -> None:   # `chunks` mirror passes, each with new rows in two streams
+        nonlocal step
+        for _ in range(chunks):
+            step += 1
+            with open(mirror.dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\n")
+            with open(mirror.dir / "samples.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "completion": "42"}) + "\n")
+            mirror.sync()
+
+    def one_pass() -> list[tuple[str, str]]:
+        rec.requests.clear()
+        rep.sync()
+        return list(rec.requests)
+
+    def shape(requests: list[tuple[str, str]]) -> list[tuple[str, str]]:   # a chunk's key without its number
+        return [(op, k.rsplit("/", 1)[0] if k.startswith("streams/") else k) for op, k in requests]
+
+    train(3)
+    one_pass()
+    idle_early = one_pass()                      # nothing new, 3 chunks per stream so far
+    train(300)
+    pulled = one_pass()
+    idle_late = one_pass()                       # nothing new, 303 chunks per stream so far
+    assert shape(idle_late) == shape(idle_early), "an idle pass asks for more after more chunks"
+    assert not [k for op, k in idle_early + pulled if op == "list" and k.startswith("streams")]
+    assert len([k for op, k in pulled if op == "get" and k.startswith("streams/")]) == 2 * 300 + len(run_storage.STREAMS)
+    rep.close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "ctrl" / "metrics.jsonl")] == list(range(1, step + 1))
+    assert len(read_jsonl(tmp_path / "ctrl" / "samples.jsonl")) == step
+    # a new replica (a controller restarted) goes on from its saved progress: no row twice
+    train(2)
+    again = run_storage.Replica(tmp_path / "ctrl", store)
+    again.sync()
+    again.close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "ctrl" / "metrics.jsonl")] == list(range(1, step + 1))
+
+
+class Killed(BaseException):
+    """The controller's process dying: nothing after it runs in that process."""
+
+
+class Dying(run_storage.Replica):
+    """A replica whose process dies at its `kill_at`-th chunk pulled in a pass (before writing it),
+    and that is its own storage (passing requests on to `store`) to do so; `saves`: whether the
+    progress it saves inside that pass (at a roll) reaches the disk before it dies."""
+
+    def __init__(self, local_dir, store, kill_at: int, saves: bool) -> None:
+        super().__init__(local_dir, store)
+        self.kill_at, self.saves, self.got, self.dead = kill_at, saves, 0, False
+        self.store = self
+        self.inner = store
+
+    def get(self, key):
+        data = self.inner.get(key)
+        if key.startswith("streams/"):
+            self.got += 1
+            if self.got == self.kill_at:
+                self.dead = True
+                raise Killed(key)
+        return data
+
+    def list(self, prefix=""):
+        return self.inner.list(prefix)
+
+    def put(self, key, data):
+        self.inner.put(key, data)
+
+    def delete(self, key):
+        self.inner.delete(key)
+
+    def _save(self, force=False):
+        if not self.dead and self.saves:
+            super()._save(force)
+
+
+@pytest.mark.parametrize("kill_at,saves", [(1, True), (3, True), (7, True), (13, True), (20, True),
+                                           (7, False), (13, False), (20, False)])
+def test_a_controller_killed_inside_a_pass_pulls_every_row_once(tmp_path, monkeypatch, kill_at, saves):
+    """The replica's progress is saved at most every few seconds (and when its copy of a stream
+    rolls); a controller killed inside a pass has written rows of chunks its saved progress does not count.
+    The next replica cuts each stream back to where the progress ends (the live file, or the part
+    that was live when the stream rolled since) and pulls those chunks again: every row once, and
+    the run's summary counts every row once."""
+    from trainer.runlog import rotated_parts
+
+    monkeypatch.setenv("SWARMLAB_LOG_ROTATE_BYTES", "2048")
+    store = FolderStorage(tmp_path / "store")
+    mirror = JobMirror(tmp_path / "scratch" / "run", store)
+    mirror.restore()
+    ctrl = tmp_path / "ctrl"
+    step = 0
+
+    def train(passes: int) -> None:
+        nonlocal step
+        for _ in range(passes):
+            with open(mirror.dir / "metrics.jsonl", "a") as m, open(mirror.dir / "samples.jsonl", "a") as s:
+                for _ in range(3):
+                    step += 1
+                    m.write(json.dumps({"step": step, "loss": 0.5, "note": "x" * 37}) + "\n")   # 70 bytes
+                    s.write(json.dumps({"step": step, "completion": "42"}) + "\n")
+            mirror.sync()
+
+    train(5)
+    first = run_storage.Replica(ctrl, store)
+    first.sync()
+    first.close()
+    train(12)      # 17 chunks of 210 bytes: the replica's metrics roll once, at the 10th (2048 bytes)
+    dying = Dying(ctrl, store, kill_at=kill_at, saves=saves)
+    with pytest.raises(Killed):
+        dying.sync()
+    for w in (dying.log.metrics, dying.log.samples, dying.log.events, dying.acks):   # no summary written at a kill
+        w.close()
+    rolled = bool(rotated_parts(ctrl / "metrics.jsonl"))
+    assert rolled == (kill_at > 5), "the lost pass was meant to roll the replica's metrics"
+    again = run_storage.Replica(ctrl, store)
+    again.sync()
+    again.close()
+    assert [r["step"] for r in read_jsonl(ctrl / "metrics.jsonl")] == list(range(1, step + 1))
+    assert [r["step"] for r in read_jsonl(ctrl / "samples.jsonl")] == list(range(1, step + 1))
+    summary = json.loads((ctrl / "metrics_summary.json").read_text())
+    assert summary["n"] == step
+    from trainer.runlog import metrics_history
+
+    assert [r["step"] for r in metrics_history(ctrl)] == list(range(1, step + 1))
+
+
+class LandsThenFails(Storage):
+    """A storage whose puts numbered in `fail` store the object and then report a transient error
+    (a reply lost on the way back), counting every put (a scripted fake)."""
+
+    def __init__(self, inner: Storage, fail: set[int]) -> None:
+        self.inner, self.fail, self.puts, self.uri = inner, fail, 0, inner.uri
+
+    def put(self, key, data):
+        self.puts += 1
+        self.inner.put(key, data)
+        if self.puts in self.fail:
+            raise ConnectionResetError(f"reply to put {self.puts} lost")
+
+    def get(self, key):
+        return self.inner.get(key)
+
+    def list(self, prefix=""):
+        return self.inner.list(prefix)
+
+    def delete(self, key):
+        self.inner.delete(key)
+
+    def delete_tree(self, prefix=""):
+        self.inner.delete_tree(prefix)
+
+
+def test_a_chunk_whose_put_landed_but_failed_is_put_again_unchanged(tmp_path):
+    """A put that stored its chunk but failed past its retries (the reply lost) may already have
+    been read by the replica: the mirror puts the same bytes under that key again, and the rows
+    written since go in the next chunk, so the replica, gone on to the next key, loses none."""
+    backing = FolderStorage(tmp_path / "store")
+    flaky = LandsThenFails(backing, fail=set())
+    mirror = JobMirror(tmp_path / "scratch" / "run", Retrying(flaky, RetryPolicy(attempts=1)))
+    mirror.restore()
+    rep = run_storage.Replica(tmp_path / "ctrl", backing)
+
+    def write(*steps: int) -> None:
+        with open(mirror.dir / "metrics.jsonl", "a") as f:
+            f.writelines(json.dumps({"step": s}) + "\n" for s in steps)
+
+    write(1, 2)
+    mirror.sync()
+    write(3, 4)
+    flaky.fail = {flaky.puts + 1}          # the next put (the metrics chunk) lands and reports a failure
+    with pytest.raises(StorageError):
+        mirror.sync()
+    rep.sync()                             # the replica has read it and asks for the next key now
+    write(5)
+    mirror.sync()                          # the failed chunk again, as it was
+    mirror.sync()                          # the row written since (read after that pass's checkpoints)
+    rep.sync()
+    rep.close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "ctrl" / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    assert backing.get("streams/metrics.jsonl/000000000001") == b'{"step": 3}\n{"step": 4}\n'

@@ -10,14 +10,22 @@ import sys
 from trainer.config import ConfigError, RunConfig
 
 
-def main(argv: list[str]) -> int:
+def read_config(argv: list[str], module: str = "trainer.entry") -> RunConfig | None:
+    """The run config a job entrypoint's one argument names; None when there is none, after one
+    line on stderr saying why (the caller exits 2)."""
     if len(argv) != 1:
-        print("usage: python -m trainer.entry CONFIG.yaml", file=sys.stderr)
-        return 2
+        print(f"usage: python -m {module} CONFIG.yaml", file=sys.stderr)
+        return None
     try:
-        cfg = RunConfig.from_yaml(argv[0])
+        return RunConfig.from_yaml(argv[0])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def main(argv: list[str]) -> int:
+    cfg = read_config(argv)
+    if cfg is None:
         return 2
     if cfg.num_workers > 1:
         import ray

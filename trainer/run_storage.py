@@ -15,7 +15,7 @@ controller after a mirror pass and a replica pass (`MIRROR_EVERY_S` plus the con
 Layout of a run on storage (only whole-object put/get/list/delete, so an object store serves):
 
     streams/<stream>/<seq:012d>     append-only rows (metrics, samples, events, command_log) as
-                                    numbered chunks of complete JSONL lines, in order
+                                    chunks of complete JSONL lines numbered from 0 without a gap
     heartbeat.json, config.yaml, harnesses/<version>.yaml
     inbox/<seq:09d>-<id>.json       commands, one object each (the controller's local line number:
                                     re-pushing after a crash writes the same key)
@@ -35,7 +35,15 @@ The controller (`Replica`): its run folder (`.swarm/runs/train`, an arm's under 
 the rows pulled from storage (written by `RunLog`, so rotation and the long-run summary work as for
 a local run), the heartbeat, config, harnesses and checkpoint manifests (never the weights); a
 command appended to its `commands.jsonl` is pushed to the inbox; a manifest deleted locally
-(retention) is deleted on storage with its weights. Its progress is `.replica.json`.
+(retention) is deleted on storage with its weights. Its progress is `.replica.json`: per stream
+the next chunk's number, which it asks for by key until a miss (never a listing of the stream,
+which grows by a chunk per mirror pass for the run's whole life), and where its copy of the stream
+ended after that chunk. The progress is saved at most every `SAVE_EVERY_S` (and at each roll of a
+copy, a failed pass, `close`); a replica started after a controller was killed first cuts its
+copies back to where the saved progress ends, so the chunks it pulls again leave every row once.
+
+A chunk is put under its number once its lines are read; a put that fails past its retries is made
+again with the same bytes (it may have landed and been read), and lines written since go in the next.
 
 Every storage request is retried within `trainer.storage.RetryPolicy`; a pass that still fails is
 counted and tried again at the next pass (never fatal), except the job's last push, which must land.
@@ -53,7 +61,7 @@ import threading
 import time
 from typing import Any
 
-from trainer.runlog import JsonlWriter, Rotation, RunLog, atomic_write_text, rotated_parts
+from trainer.runlog import SUMMARY, JsonlWriter, Rotation, RunLog, atomic_write_text, rotated_parts
 from trainer.storage import Storage, StorageError, join_uri, open_storage
 
 STORAGE_ENV = "SWARMLAB_RUN_STORAGE"        # the job's run folder on storage (a URI or a path)
@@ -63,6 +71,7 @@ MARKER = ".storage.json"                    # in a controller-side run folder: t
 STATE = ".replica.json"
 MIRROR_EVERY_S = 0.5
 FORK_WAIT_S = 60.0    # how long a fork waits for its checkpoint to appear on storage (a mirror pass behind)
+SAVE_EVERY_S = 5.0    # the replica's progress is saved at most this often (and at a roll, a failure, close)
 
 STREAMS = ("metrics.jsonl", "samples.jsonl", "events.jsonl", "command_log.jsonl")
 FILES = ("heartbeat.json", "config.yaml")
@@ -126,6 +135,7 @@ class JobMirror:
         self.dir, self.store, self.private, self.interval = run_dir, store, private, interval
         self.tails = {s: _Tail(run_dir / s) for s in STREAMS}
         self.next_seq = {s: 0 for s in STREAMS}
+        self.unsent: dict[str, bytes] = {}               # stream -> the chunk read but not yet stored
         self.pushed_files: dict[str, float] = {}         # local name -> mtime pushed
         self.pushed_ckpts: dict[str, str] = {}           # checkpoint name -> sha256 pushed
         self.seen_cmds: set[str] = set()
@@ -225,13 +235,21 @@ class JobMirror:
         with self._lock:
             # rows first read, then checkpoints pushed, then the rows: an ack read here was written
             # after its checkpoint, so the checkpoint goes up before it does
-            new = {s: t.read() for s, t in self.tails.items()}
+            for s, t in self.tails.items():
+                if s not in self.unsent:
+                    data, pos = t.read()
+                    t.commit(pos)
+                    if data:
+                        self.unsent[s] = data
             self._push_checkpoints()
-            for s, (data, pos) in new.items():
-                if data:   # a put that fails leaves the position: the same lines go in the next pass
+            for s in STREAMS:
+                data = self.unsent.get(s)
+                if data is not None:
+                    # a put that failed is made again with the same bytes under the same key: one
+                    # that landed after all (and may have been read) is rewritten unchanged
                     self.store.put(f"streams/{s}/{_chunk(self.next_seq[s])}", data)
                     self.next_seq[s] += 1
-                self.tails[s].commit(pos)
+                    del self.unsent[s]
             for f in FILES:
                 self._push_file(f, self.dir / f)
             for h in sorted((self.dir / "harnesses").glob("*.yaml")):
@@ -298,20 +316,15 @@ def put_checkpoint_file(path: str | os.PathLike, uri: str) -> str:
 
 def main(argv: list[str]) -> int:
     """The job's entrypoint with run storage: restore, mirror, run `trainer.entry`, push the end."""
-    from trainer.config import ConfigError, RunConfig
     from trainer.entry import main as entry_main
+    from trainer.entry import read_config
 
-    if len(argv) != 1:
-        print("usage: python -m trainer.run_storage CONFIG.yaml", file=sys.stderr)
+    cfg = read_config(argv, "trainer.run_storage")
+    if cfg is None:
         return 2
     uri = os.environ.get(STORAGE_ENV)
     if not uri:
         print(f"error: {STORAGE_ENV} is not set (the run's folder on storage)", file=sys.stderr)
-        return 2
-    try:
-        cfg = RunConfig.from_yaml(argv[0])
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
         return 2
     if cfg.num_workers > 1:
         print("error: num_workers > 1 with run storage is not supported (each Ray Train rank would need the "
@@ -386,6 +399,8 @@ class Replica:
         except (FileNotFoundError, json.JSONDecodeError):
             st = {}
         self.next_seq: dict[str, int] = {s: int(st.get("next_seq", {}).get(s, 0)) for s in STREAMS}
+        # where each local stream ended after the last chunk pulled: [inode, bytes] of the live file
+        self.at: dict[str, list[int]] = {s: list(v) for s, v in st.get("at", {}).items() if s in STREAMS}
         self.pushed_lines = int(st.get("pushed_lines", 0))
         self.manifests: set[str] = set(st.get("manifests", []))
         self.files: dict[str, str] = dict(st.get("files", {}))     # name -> sha256 of what was pulled
@@ -394,16 +409,63 @@ class Replica:
         self.log: RunLog | None = None
         self.acks: JsonlWriter | None = None
         self._saved = ""
+        self._saved_at: float | None = None
 
-    def _save(self) -> None:
-        text = json.dumps({"next_seq": self.next_seq, "pushed_lines": self.pushed_lines, "manifests": sorted(self.manifests),
+    def _save(self, force: bool = False) -> None:
+        """Write the progress if it changed, at most every SAVE_EVERY_S unless `force`: progress
+        older than the rows costs a restarted replica only chunks pulled again (`_rewind`)."""
+        now = time.monotonic()
+        if not force and self._saved_at is not None and now - self._saved_at < SAVE_EVERY_S:
+            return
+        self._saved_at = now
+        text = json.dumps({"next_seq": self.next_seq, "at": self.at, "pushed_lines": self.pushed_lines, "manifests": sorted(self.manifests),
                            "files": self.files, "failed_passes": self.failed_passes, "last_error": self.last_error})
         if text != self._saved:
             atomic_write_text(self.dir / STATE, text, durable=False)
             self._saved = text
 
+    def _rewind(self) -> None:
+        """Cut each local stream back to where it ended after the last chunk in the saved progress:
+        a controller killed inside a pass wrote rows whose chunks the progress does not count, and
+        they are pulled again. The rows past that point are in the live file, or, when the stream
+        rolled since, also in the parts after the one that was live then."""
+        cut_metrics = False
+        for s, (ino, size) in self.at.items():
+            path = self.dir / s
+            parts = [*rotated_parts(path), path]
+            for i, q in enumerate(parts):
+                try:
+                    st = q.stat()
+                except FileNotFoundError:
+                    continue
+                if q.suffix == ".gz" or st.st_ino != ino:
+                    continue
+                cut = st.st_size > size
+                if cut:
+                    os.truncate(q, size)
+                for later in parts[i + 1:]:
+                    if later == path:
+                        if path.exists() and path.stat().st_size:
+                            os.truncate(path, 0)
+                            cut = True
+                    elif later.exists():
+                        later.unlink()
+                        cut = True
+                cut_metrics |= cut and s == "metrics.jsonl"
+                break
+            # not found: the part was gzipped by two rolls since (progress is saved at every roll, so
+            # only a chunk bigger than a part does that); its rows are pulled again (a row twice)
+        if cut_metrics:   # a summary written past the cut counts rows that are pulled again: rebuild it
+            try:
+                pos = json.loads((self.dir / SUMMARY).read_text()).get("position", [0, 0])
+            except (FileNotFoundError, json.JSONDecodeError, AttributeError):
+                pos = None
+            if pos is not None and not (pos[0] == self.at["metrics.jsonl"][0] and pos[1] <= self.at["metrics.jsonl"][1]):
+                (self.dir / SUMMARY).unlink(missing_ok=True)
+
     def _writers(self) -> None:
         if self.log is None:
+            self._rewind()
             rotation = Rotation.from_env()
             self.log = RunLog(self.dir, rotation)
             self.acks = JsonlWriter(self.dir / "command_log.jsonl", rotation)
@@ -429,18 +491,26 @@ class Replica:
         writers = {"metrics.jsonl": self.log.metrics, "samples.jsonl": self.log.samples,
                    "events.jsonl": self.log.events, "command_log.jsonl": self.acks}
         for s in STREAMS:
-            for q in [x for x in sorted(_seqs(self.store, s)) if x >= self.next_seq[s]]:
-                data = self.store.get(f"streams/{s}/{_chunk(q)}")
+            w = writers[s]
+            while True:   # the next chunk by its key until a miss: a listing would grow with the run
+                try:
+                    data = self.store.get(f"streams/{s}/{_chunk(self.next_seq[s])}")
+                except FileNotFoundError:
+                    break
+                ino = w.position[0]
                 if s != "metrics.jsonl":   # copied as they are; metrics rows also feed the run's summary
-                    writers[s].write_lines(data[: data.rfind(b"\n") + 1])
+                    w.write_lines(data[: data.rfind(b"\n") + 1])
                 else:
                     for line in filter(bytes.strip, data.split(b"\n")):
                         try:
                             row = json.loads(line)
                         except json.JSONDecodeError:
                             continue
-                        writers[s].write(row)
-                self.next_seq[s] = q + 1
+                        w.write(row)
+                self.next_seq[s] += 1
+                self.at[s] = list(w.position)
+                if w.position[0] != ino:   # rolled: saved now, so `_rewind` finds the part that was live
+                    self._save(force=True)
 
     def _pull_file(self, rel: str) -> None:
         try:
@@ -479,10 +549,11 @@ class Replica:
                 self._pull_file(f)
             for h in self.store.list("harnesses"):
                 self._pull_file(f"harnesses/{h}")
-        finally:   # the progress is saved once per pass: a crash inside one pulls its chunks again (rows twice)
+        finally:   # the progress is saved at most every SAVE_EVERY_S (and at a roll); `_rewind` undoes the rest
             self._save()
 
     def close(self) -> None:
+        self._save(force=True)
         if self.log is not None:
             self.log.close()
         if self.acks is not None:
@@ -511,7 +582,7 @@ def sync_run(local_dir: str | os.PathLike) -> bool | None:
         rep.failed_passes += 1
         rep.last_error = f"{type(e).__name__}: {e}"
         try:
-            rep._save()
+            rep._save(force=True)
         except OSError:
             pass
         return False
