@@ -497,6 +497,12 @@ def piloted_plan(plan: Any, result: PilotResult) -> Any:
                 "winner": w.name, "steps": last.steps, "heldout_acc": last.heldout, "pilot_cpu_s": round(result.cpu_s, 2)}
     for field, value in w.fields.items():
         plan = plan.choose(Choice(field, value, Source.PILOT, f"won the pilot ({result.stop.why})", evidence))
+    if plan.get("threads").source is not Source.USER:
+        # the pilot measured CPU per step at one thread, and its prediction extrapolates that; a run
+        # with every core's threads spends more CPU per step on a model this size (and shares the
+        # cores with its backtest arms)
+        plan = plan.choose(Choice("threads", 1, Source.PILOT, "the pilot's runs and its prediction are at one torch thread",
+                                  {"pilot_cpu_s": round(result.cpu_s, 2)}))
     if not plan.applied:
         plan = dataclasses.replace(plan, notes=plan.notes + (
             "run.task is written: the pilot's winner is recorded, the run trains as written",))

@@ -152,7 +152,7 @@ def _short(value: Any, limit: int = 40) -> str:
 
 # The fields a plan records, beyond the task's (a pilot or memory adds its own through `choose`).
 DEFAULT_FIELDS = ("model.d_model", "model.n_layers", "model.n_heads", "recipe.algorithm", "recipe.lr",
-                  "recipe.batch_size")
+                  "recipe.batch_size", "threads")
 
 
 def make_plan(understood: Understood, run: dict[str, Any], goal: str = "") -> Plan:

@@ -168,6 +168,8 @@ def test_a_tiny_pilot_on_the_minimal_addition_goal(tmp_path):
     run = plan.run(goal.run)
     assert get_dotted(run, "model.d_model")[1] == res.winner.fields["model.d_model"] and run["model"]["n_layers"] == 1
     assert goal.run == {"model": {"n_layers": 1}}, "the goal's own run is never rewritten"
+    # the pilot measured at one torch thread, and the run trains at what it measured
+    assert plan.get("threads").source is Source.PILOT and run["threads"] == 1
     lines = "\n".join(res.lines())
     assert res.winner.name in lines and "prediction:" in lines and "held-out / loss / CPU-s" in lines
     # a second start in the same folder resumes from the record: nothing runs again
@@ -188,6 +190,10 @@ def test_a_tiny_pilot_stops_when_its_share_is_spent(tmp_path):
     assert res.cpu_s <= res.budget_cpu_s + max(r.cpu_s for r in res.results) + 0.5, res.lines()
     assert res.winner.name in {r.candidate for r in res.results}
     assert piloted_plan(goal.plan(), res).get("recipe.lr").source is Source.PILOT
+    # threads the goal writes stay the goal's
+    data = yaml.safe_load(MINIMAL.read_text())
+    written = Goal.parse({**data, "run": {"model": {"n_layers": 1}, "threads": 2}})
+    assert piloted_plan(written.plan(), res).get("threads").source is Source.USER
 
 
 def test_bad_pilot_input_is_refused_before_any_run(tmp_path):
