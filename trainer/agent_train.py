@@ -539,9 +539,11 @@ class AgentTrainer:
                  if s.action == "tool_call" and s.error is None and s.tool is not None]
         return turns + [harness.answer.render(t.answer)]
 
-    def distill(self) -> dict[str, float]:
+    def distill(self, stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """SFT of the weights on the improved harness's verified successes, written for the
-        starting harness and replayed through the environment under it. Each step samples
+        starting harness and replayed through the environment under it; `stop` (a caller's
+        budget, e.g. benchmarks/coevolution.py's worker-CPU) is asked before each step and ends
+        the stage when it answers True. Each step samples
         `distill_batch` fresh train episodes under the improved harness with the weights frozen at
         the start of distillation (the teacher; fresh episodes, as the warm-up's
         demonstrations are: a few hundred rows repeated for many steps are memorised, key by key,
@@ -556,6 +558,8 @@ class AgentTrainer:
         teacher.model.requires_grad_(False)
         totals = {"distill_episodes": 0.0, "distill_successes": 0.0, "distill_rows": 0.0}
         for i in range(c.distill_steps):
+            if stop is not None and stop():
+                break
             t0 = time.perf_counter()
             examples = self.next_train(c.distill_batch)
             with torch.no_grad():
