@@ -271,6 +271,10 @@ class Controller(JobControl, ScriptSteering, Deciding):
             done = "stopped_by_user"
         elif status == JobStatus.SUCCEEDED:
             done = "target_met" if self.goal.target.met(value) else "steps_exhausted"
+        elif self.script and value is not None and self.goal.target.met(value):
+            # this project's trainer stops itself at the target (`stop_at_heldout`); a user's script
+            # does not know it, so the controller ends the run there (`node_finish` stops the job)
+            done = "target_met"
         elif status == JobStatus.FAILED and s.restarts >= self.goal.swarm.max_restarts:
             done = "job_failed"   # it died again after max_restarts restarts (all of them, whatever the cause)
         elif time.time() - s.started > b.wall_s:

@@ -282,3 +282,31 @@ def test_a_run_that_never_learnt_is_backtested_and_restarted_from_its_untrained_
         ctrl.jobs.close()
         ctrl._conn.close()
         ctrl.knowledge.close()
+
+
+def test_a_script_run_ends_when_its_target_is_met(tmp_path, monkeypatch):
+    """This project's trainer stops itself at the target; a user's script does not know it, so the
+    controller ends the run on the first evaluation that meets it (and not on one that does not)."""
+    import json
+
+    from swarm.graph import SwarmState
+
+    ctrl = script_controller(tmp_path, monkeypatch, 0.2, ["--eval_steps", "5"])
+    try:
+        s = SwarmState(job="train", job_status="RUNNING", started=time.time(), launched=time.time())
+        ctrl.job_status = lambda job: "RUNNING"   # a live script: only its rows matter here
+
+        ctrl.run_dir.mkdir(parents=True, exist_ok=True)
+
+        def observe_after(acc: float, step: int) -> dict:
+            with open(ctrl.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "segment": 0, "time": time.time(), "heldout_acc": acc}) + "\n")
+            return ctrl.node_observe(s)
+
+        assert "done" not in observe_after(0.1, 5)
+        got = observe_after(0.25, 10)
+        assert got["done"] == "target_met" and got["to_target"]["worker_cpu_s"] >= 0
+    finally:
+        ctrl.jobs.close()
+        ctrl._conn.close()
+        ctrl.knowledge.close()
