@@ -60,6 +60,15 @@ DEPARTURE = frozenset({"lr_drift", "harness_drift", "recipe_drift"})
 JOB_FINDINGS = frozenset({"crashed_job", "stale_heartbeat"})
 
 
+def cannot_wait(iv: "Intervention") -> bool:
+    """A job action that may not wait for another fix's window to be judged: a restart (the job is
+    dead or hung, nothing trains) or a rollback out of a divergence (every step trains on from it).
+    A rollback for anything else (a run that does not learn, a search move from the untrained start)
+    throws away the run's progress as much as any fix: it waits its turn like one."""
+    return iv.kind == InterventionKind.RESTART or (iv.kind == InterventionKind.ROLLBACK
+                                                   and iv.diagnosis.name in DIVERGENCE | DEPARTURE | JOB_FINDINGS)
+
+
 class JobStatus(str, enum.Enum):
     """A training job's status as the launcher (or the run's heartbeat) reports it."""
     PENDING = "PENDING"

@@ -349,16 +349,31 @@ def repeated_examples(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
                            "threshold_share": th.repeat_share, "window": th.repeat_window})
 
 
+def comparable_tail(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest rows whose losses compare with each other: of the latest segment (a rollback or
+    resume restarts the weights' history) and at the latest training difficulty (a curriculum that
+    moves changes what the loss is measured on: during a ramp it may rise while the run learns)."""
+    rows = [r for r in rows if "loss" in r]   # training rows (an eval row carries no loss or difficulty)
+    if not rows:
+        return []
+    last = rows[-1]
+    i = len(rows)
+    while i > 0 and rows[i - 1].get("segment") == last.get("segment") and rows[i - 1].get("difficulty") == last.get("difficulty"):
+        i -= 1
+    return rows[i:]
+
+
 @detector("not_learning")
 def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
-    """The run is not learning at all: after `not_learning_rows` steps the loss's recent median is
-    within `not_learning_rel` of its median at the start of the segment, and held-out accuracy is
+    """The run is not learning at all: over `not_learning_rows` steps whose losses compare
+    (`comparable_tail`: one segment, one training difficulty) the loss's recent median is within
+    `not_learning_rel` of its median at their start, and held-out accuracy is
     still ≤ `not_learning_heldout_max`. With no spike to roll back to, the usual cause is a
     learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr. SFT and
     distill only (a warm-up's SFT rows apart from the GRPO after it): the GRPO surrogate sits near 0."""
     if algorithm(ev) not in ("sft", "distill"):
         return None
-    rows = current_rows(ev)
+    rows = comparable_tail(current_rows(ev))
     steps, loss = column(rows, "loss", skip_skipped=True, finite=True)
     if len(loss) < th.not_learning_rows:
         return None
@@ -367,8 +382,9 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     rel = (first - last) / max(abs(first), 1e-12)
     # held-out accuracy measured in this segment: an eval from before a harness change (e.g. the
     # truncation just fixed) says nothing about whether the run learns now
-    seg_start = steps[0] if steps else 0
+    seg_start, seg = (steps[0] if steps else 0), rows[-1].get("segment")
     held = next((float(r["heldout_acc"]) for r in reversed(ev.evals) if r.get("step", -1) >= seg_start
+                 and r.get("segment", seg) == seg
                  and isinstance(r.get("heldout_acc"), (int, float)) and math.isfinite(r["heldout_acc"])), None)
     if held is None:
         return None

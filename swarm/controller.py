@@ -26,7 +26,7 @@ import yaml
 from agents.base import Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
-from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
+from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status, cannot_wait
 from agents.evidence import Evidence, collect
 from agents.explorer import Explorer
 from agents.llm import LLMPolicy
@@ -387,7 +387,7 @@ class Controller(JobControl, ScriptSteering, Deciding):
         last_applied = max((iv.applied_step or 0 for iv in self.store.list() if iv.applied_step is not None), default=None)
         last_created = 0.0
         for iv in self.lead.arbitrate(proposals, ctx):
-            urgent = iv.kind in JOB_ACTIONS
+            urgent = cannot_wait(iv)
             if in_flight and not urgent:
                 continue
             if (not urgent and last_applied is not None

@@ -301,7 +301,8 @@ def test_a_quiet_tick_skips_the_intervention_nodes_until_something_happens(tmp_p
 def test_proposals_are_recorded_and_backtested_in_the_leads_order(tmp_path):
     """The operators build proposals in their own order (diagnostics before the HarnessCritic);
     the store — whose order the backtest node follows — must hold them most urgent first: a critical
-    template fix before a warning-level rollback, though the rollback was built first."""
+    template fix before a warning-level rollback out of a loss spike, though the rollback was built
+    first."""
     from swarm.controller import Controller
     from swarm.graph import SwarmState
 
@@ -316,7 +317,7 @@ def test_proposals_are_recorded_and_backtested_in_the_leads_order(tmp_path):
                       evidence={"rollback_to": "step-50"} if kind == InterventionKind.ROLLBACK else {})
         return Intervention(kind=kind, changes=changes, diagnosis=d, rationale="r", operator="x", policy="builtin")
 
-    rollback = iv(InterventionKind.ROLLBACK, "not_learning", "warning", {"recipe.lr": 0.001})
+    rollback = iv(InterventionKind.ROLLBACK, "loss_spike", "warning", {"recipe.lr": 0.001})
     template = iv(InterventionKind.HARNESS_EDIT, "template_mismatch", "critical", {"harness.template": "{question}="})
     assert rollback.created < template.created
     ctrl.tick.proposals = [rollback, template]
@@ -350,6 +351,19 @@ def test_one_fix_in_flight_also_among_one_ticks_proposals(tmp_path):
     ctrl.tick.proposals = [tokens, curriculum]
     ctrl.node_propose(SwarmState(job_status="RUNNING", tick=1, step=100))
     assert [x.id for x in ctrl.store.list()] == [curriculum.id]
+    # a rollback for a run that does not learn throws its progress away as much as any fix: it
+    # waits its turn too; one out of a divergence does not (every step trains on from it)
+    d = Diagnosis(name="not_learning", summary="s", operator="x", policy="builtin", severity="warning",
+                  evidence={"rollback_to": "init"})
+    stuck = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001}, diagnosis=d, rationale="r",
+                         operator="x", policy="builtin")
+    spike = iv(InterventionKind.ROLLBACK, "loss_spike", "warning", {"recipe.lr": 0.001})
+    ctrl.tick.proposals = [stuck]
+    ctrl.node_propose(SwarmState(job_status="RUNNING", tick=2, step=110))
+    assert [x.id for x in ctrl.store.list()] == [curriculum.id]
+    ctrl.tick.proposals = [spike]
+    ctrl.node_propose(SwarmState(job_status="RUNNING", tick=3, step=120))
+    assert [x.id for x in ctrl.store.list()] == [curriculum.id, spike.id]
     ctrl.knowledge.close()
     ctrl._conn.close()
     ctrl.lock.release()

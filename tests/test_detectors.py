@@ -671,6 +671,24 @@ def test_not_learning():
     assert DETECTORS["not_learning"](make_ev(sft_rows(n=120)), THRESHOLDS, KNOWN) is None  # healthy: quiet
 
 
+def test_not_learning_compares_only_losses_that_compare():
+    """The loss medians it compares must be of one segment (a rollback restarts the weights'
+    history) and one training difficulty (a curriculum ramp changes what the loss is measured on);
+    with fewer such rows than it needs, it says nothing yet."""
+    stuck = stuck_rows(n=200)
+    assert fired(make_ev(stuck), "not_learning")
+    for i, r in enumerate(stuck):              # the last 60 rows: a new segment after a rollback
+        r["segment"] = 0 if i < 140 else 1
+    assert "not_learning" not in names(make_ev(stuck))
+    ramp = stuck_rows(n=200)
+    for i, r in enumerate(ramp):               # a curriculum ramping 1 → 2: 60 rows at the top so far
+        r["difficulty"] = 1 if i < 140 else 2
+    assert "not_learning" not in names(make_ev(ramp))
+    for i, r in enumerate(ramp):               # at one difficulty for long enough: judged again
+        r["difficulty"] = 1 if i < 40 else 2
+    assert fired(make_ev(ramp), "not_learning")
+
+
 def test_loss_spike_quiet_when_a_near_zero_loss_bumps_and_comes_back():
     """Measured on the healthy example (seed 0, step 655): loss 0.0066 → 0.067 for a step, then
     0.0104 — 1.6x the median, but 0.004 nats above it: recovered, not a divergence."""
