@@ -73,7 +73,8 @@ def run_swarm(name: str, seed: int, cap_s: float, work: pathlib.Path, src: pathl
     d = work / f"swarm-{name}-s{seed}"
     goal = load_goal(name, seed, src, d)
     script = goal["run"]["entrypoint"]["script"]
-    got = launch_swarm(goal, d, cap_s, src, f"swarm {name} s{seed}", match=script, cwd=d)
+    # the relauncher names the script in its command line and counts it as its child once it exits
+    got = launch_swarm(goal, d, cap_s, src, f"swarm {name} s{seed}", match=script, cwd=d, skip="trainer.steer.relaunch")
     s, r, capped, wall, poller = got["summary"], got["rusage"], got["capped"], got["wall_s"], got["poller"]
     reached = bool(s and s.get("reached")) and not capped
     worker = poller.total

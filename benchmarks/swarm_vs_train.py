@@ -137,8 +137,8 @@ class TrainerPoller:
     """Polls CPU of the processes under a root pid whose command line holds `match` (the trainer's
     `trainer.entry`, or a user's script), keyed by pid + start time."""
 
-    def __init__(self, root: int, match: str = "trainer.entry") -> None:
-        self.root, self.match = root, match
+    def __init__(self, root: int, match: str = "trainer.entry", skip: str | None = None) -> None:
+        self.root, self.match, self.skip = root, match, skip   # skip: a wrapper that names `match` too
         self.cpu: dict[str, float] = {}
         self.cmd: dict[str, str] = {}
 
@@ -150,7 +150,7 @@ class TrainerPoller:
         for p in procs:
             try:
                 cmd = " ".join(p.cmdline())
-                if self.match not in cmd:
+                if self.match not in cmd or (self.skip and self.skip in cmd):
                     continue
                 t = p.cpu_times()
                 key = f"{p.pid}:{p.create_time():.2f}"
@@ -211,7 +211,7 @@ def fresh_dir(d: pathlib.Path) -> pathlib.Path:
 
 
 def launch_swarm(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathlib.Path, tag: str,
-                 match: str = "trainer.entry", cwd: pathlib.Path | None = None) -> dict[str, Any]:
+                 match: str = "trainer.entry", cwd: pathlib.Path | None = None, skip: str | None = None) -> dict[str, Any]:
     """`swarm run` of `goal` in the CPU-recording wrapper (in `cwd`, default `src`), the processes
     whose command line holds `match` polled, `swarm stop` at the cap (a kill 90 s later). Returns
     rc, capped, wall_s, the summary (None if none), the wrapper's rusage, the poller and the
@@ -225,7 +225,7 @@ def launch_swarm(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathl
     with open(d / "controller.log", "wb") as logf:
         p = subprocess.Popen(cmd, cwd=cwd or src, env=env_for(src), stdout=logf, stderr=subprocess.STDOUT,
                              start_new_session=True)
-    poller = TrainerPoller(p.pid, match)
+    poller = TrainerPoller(p.pid, match, skip)
     capped = False
     while p.poll() is None:
         poller.poll()
