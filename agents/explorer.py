@@ -62,6 +62,13 @@ def moves(t: Tunable, cur: float, came_from: float | None = None) -> list[float]
                                                    or t.field.startswith("harness.curriculum."))
         mid = (math.sqrt(cur * came_from) if geometric and cur > 0 and came_from > 0 else (cur + came_from) / 2)
         out = [v if abs(v - cur) < abs(came_from - cur) else mid for v in back] + away
+        # a bracket narrower than a quarter of the field's own step: the backtest cannot tell such
+        # values apart, so the search does not go on inside it
+        step = (min(LR_UP, LR_DOWN) if t.field == "recipe.lr" else SIZE_FACTOR) if geometric else \
+            (TEMPERATURE_STEP if t.field == "harness.sampling.temperature" else 1.0)
+        far = (lambda v: v > 0 and cur > 0 and abs(math.log(v / cur)) >= math.log(step) / 4) if geometric else \
+            (lambda v: abs(v - cur) >= step / 4)
+        out = [v for v in out if far(v)]
     vals = []
     for v in out:
         v = min(max(v, t.lo), t.hi)

@@ -105,6 +105,10 @@ def test_a_move_that_left_the_run_stuck_bounds_the_next_ones():
     assert moves(lr, 0.001, came_from=0.3) == [0.003, 0.0001]  # came down from 0.3: back up first, short of it
     assert moves(lr, 0.03, came_from=0.06)[0] == pytest.approx((0.03 * 0.06) ** 0.5, rel=1e-5)   # x3 passes it
     assert moves(lr, 0.03, came_from=0.06)[1] == 0.003
+    # the bracket has narrowed below what a backtest tells apart (a quarter of the x3 step): no
+    # move inside it, the move away is still offered
+    assert moves(lr, 0.000683852, came_from=0.000519615) == [0.00205156]
+    assert moves(lr, 0.000624038, came_from=0.000623996) == [0.00187211]
 
 
 def test_stuck_again_after_a_lower_lr_was_kept_the_search_goes_back_up_from_the_start():
