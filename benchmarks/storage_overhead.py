@@ -21,13 +21,15 @@ Issue 33's performance targets for storage-backed runs (`swarm.storage`, trainer
               replica's metrics.jsonl holds a row of a step past the newest one before the kill (the
               controller re-attached to the job that kept training and pulled its rows);
               `--resumes` kills in one run. Target: ≤ 10 s. The Ray head is asked at the end how
-              many jobs it ran: one, if every resume re-attached instead of submitting again.
+              many jobs it ran: one, if every resume re-attached instead of submitting again. The
+              resumed CLI runs with its resume path timed (`traced_swarm`: wrappers set on the
+              controller's classes, none of its code changed), and the report breaks each resume down.
 (c) passes    The replica's idle pass (nothing new on storage) against how many chunks the run has
               stored, in this process on a `FolderStorage`: a run mirrored for N passes with a row
               in metrics and samples each, then the CPU of one idle `Replica.sync` (median of
-              `--pass-repeats`), beside the CPU of listing the four streams, which is what a pass
-              paid for its streams when it found new chunks by listing them. No target; it is why
-              the replica asks for the next chunk by key.
+              `--pass-repeats`; one get of the job's index), beside the CPU of listing the four
+              streams, which is what a pass paid for its streams when it found new chunks by
+              listing them. No target; it is why the replica asks for chunks by key.
 
 Everything runs at the caller's niceness (run it under `nice -n 5` on a shared machine); CPU
 seconds are measured rather than wall where it matters, and the load average is recorded.
@@ -222,10 +224,79 @@ def _cpu_s(pid: int) -> float | None:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _swarm(args: list[str], log: pathlib.Path) -> subprocess.Popen:
+def _swarm(args: list[str], log: pathlib.Path, trace: pathlib.Path | None = None) -> subprocess.Popen:
+    """`swarm ARGS` as its own process; with `trace`, the same CLI with the resume path's steps timed
+    into that file (`traced_swarm`)."""
     swarm = pathlib.Path(sys.executable).parent / "swarm"
+    cmd = [str(swarm), *args] if trace is None else [sys.executable, __file__, "--traced-swarm", str(trace), "--", *args]
     with open(log, "ab") as f:   # its own session: the SIGKILL below goes to the controller alone
-        return subprocess.Popen([str(swarm), *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def traced_swarm(trace: pathlib.Path, args: list[str]) -> None:
+    """Run the `swarm` CLI with the steps of a resume timed (the controller's construction, its graph
+    nodes, job status and Ray calls, `sync_run`, the lock, every `time.sleep`): each call's start
+    (wall clock) and seconds appended to `trace` as JSON lines, named with its thread's name when not
+    the main thread's. A measurement aid: the controller's code is untouched, the wrappers are set
+    on its classes here."""
+    import functools
+    import threading
+
+    main = threading.main_thread()
+    out = open(trace, "a", buffering=1)
+
+    def wrap(owner: Any, attr: str, name: str) -> None:
+        fn = getattr(owner, attr)
+
+        @functools.wraps(fn)
+        def timed(*a, **kw):
+            th = threading.current_thread()
+            t = time.time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                out.write(json.dumps({"name": name if th is main else f"{name}@{th.name}", "t": t,
+                                      "s": time.time() - t}) + "\n")
+        setattr(owner, attr, timed)
+
+    import swarm.controller as ctl
+    import swarm.job_control as jc
+    import swarm.jobs as jobs
+
+    for attr in [a for a in vars(ctl.Controller) if a.startswith("node_")] + ["__init__", "run", "evidence"]:
+        wrap(ctl.Controller, attr, f"Controller.{attr}")
+    for attr in ("job_status", "after_head_replaced"):
+        wrap(jc.JobControl, attr, f"Controller.{attr}")
+    for attr in ("_head", "status", "start"):
+        wrap(jobs.RayJobs, attr, f"RayJobs.{attr}")
+    wrap(ctl, "sync_run", "sync_run")
+    wrap(jc, "sync_run", "sync_run")
+    wrap(ctl, "acquire_lock", "acquire_lock")   # the name the controller calls
+    wrap(time, "sleep", "time.sleep")
+    from swarm.cli import app
+
+    sys.argv = ["swarm", *args]
+    app()
+
+
+def _breakdown(trace: pathlib.Path, t0: float, t1: float) -> dict[str, Any]:
+    """What a resume's seconds from `t0` (the process started) to `t1` (the first new row seen) went
+    on: the first time each traced step began (seconds after t0) and the seconds spent in each
+    (calls begun before t1; nested calls count in their callers too)."""
+    try:
+        rows = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
+    except FileNotFoundError:
+        return {}
+    rows = [r for r in rows if t0 <= r["t"] <= t1]
+    first: dict[str, float] = {}
+    spent: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for r in rows:
+        first.setdefault(r["name"], r["t"] - t0)
+        spent[r["name"]] = spent.get(r["name"], 0.0) + min(r["s"], t1 - r["t"])
+        calls[r["name"]] = calls.get(r["name"], 0) + 1
+    return {k: {"first_at_s": round(first[k], 3), "spent_s": round(spent[k], 3), "calls": calls[k]}
+            for k in sorted(first, key=first.get)}
 
 
 def resume(resumes: int, dead_s: float, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -256,7 +327,8 @@ def resume(resumes: int, dead_s: float, timeout_s: float = 120.0) -> dict[str, A
             time.sleep(dead_s)                       # the job trains on while no controller watches
             load = os.getloadavg()
             t0 = time.time()
-            proc = _swarm(["resume", "--workspace", str(ws), "--quiet"], log)
+            trace = work / f"trace-{i}.jsonl"
+            proc = _swarm(["resume", "--workspace", str(ws), "--quiet"], log, trace)
             locked = locked_cpu = cpu_s = None
             while True:
                 cpu_s = _cpu_s(proc.pid) or cpu_s
@@ -269,7 +341,8 @@ def resume(resumes: int, dead_s: float, timeout_s: float = 120.0) -> dict[str, A
                     raise RuntimeError(f"resume {i} saw no new row in {timeout_s:.0f} s: {log.read_text()[-2000:]}")
                 time.sleep(0.05)
             dt = time.time() - t0
-            out.append({"resume_s": dt, "locked_s": locked, "cpu_s": cpu_s, "locked_cpu_s": locked_cpu, "step_at_kill": step, "rows_at_kill": rows, "first_new_step": s,
+            time.sleep(0.5)   # the trace rows of calls still running when the row was seen are written after it
+            out.append({"breakdown": _breakdown(trace, t0, t0 + dt), "resume_s": dt, "locked_s": locked, "cpu_s": cpu_s, "locked_cpu_s": locked_cpu, "step_at_kill": step, "rows_at_kill": rows, "first_new_step": s,
                         "rows_pulled": n - rows, "load_before": load})
             print(f"resume #{i}: {dt:.2f} s, {cpu_s or 0:.2f} CPU-s (step {step} -> {s}, load {load[0]:.1f})", flush=True)
         head = RayHead.from_record(json.loads((ws / ".swarm" / "ray_head.json").read_text()))
@@ -367,12 +440,31 @@ def report(res: dict[str, Any]) -> str:
         more = statistics.mean(r["steady_ms_per_tick"] for r in sto) - statistics.mean(r["steady_ms_per_tick"] for r in loc)
         in_sync = (statistics.mean(1000 * r["sync_cpu_s"] / max(r["ticks"], 1) for r in sto)
                    - statistics.mean(1000 * r["sync_cpu_s"] / max(r["ticks"], 1) for r in loc))
-        lines += ["", res.get("overhead_verdict", ""), "",
-                  f"Of the {more:.1f} ms more per tick, {in_sync:.1f} ms is inside `sync_run` (the replica's pass, once a "
-                  f"tick). Per step the storage runs cost less (their ticks were fewer for the same steps: the ticks are "
-                  f"wall-clock driven and the machine's load moved), so per tick is the measure that counts. Per step "
-                  f"and per tick are CPU seconds of the controller alone, but at this load they are inflated by "
-                  f"contention for the cores and their caches alike in both variants.", ""]
+        lines += ["", res.get("overhead_verdict", "")]
+        main = ov["ratios"]["steady_ms_per_tick"]["median"]
+        short = {"median_tick_ms": "median tick", "steady_ms_per_step": "steady CPU per step",
+                 "total_ms_per_step": "whole-run CPU per step"}
+        others = {k: v["median"] for k, v in ov["ratios"].items() if k != "steady_ms_per_tick"}
+        if any((v <= 1.05) != (main <= 1.05) for v in others.values()):
+            ticks = [r["ticks"] for r in ov["runs"]]
+            lines += ["", "The other measures of the same runs disagree: " + ", ".join(
+                f"{short[k]} {v:.3f}" for k, v in others.items()) + f". With {min(ticks)}–{max(ticks)} ticks a "
+                f"run, one heavy tick (an evaluation, a report) moves a run's mean tick by milliseconds, so these runs do not "
+                f"settle the target either way."]
+        walls = [b["wall_s"] / a["wall_s"] for a, b in zip(ov["runs"][0::2], ov["runs"][1::2])]
+        tick_r = [b["ticks"] / max(a["ticks"], 1) for a, b in zip(ov["runs"][0::2], ov["runs"][1::2])]
+        lines += ["", f"Wall seconds of the same steps, storage / local, per pair: {', '.join(f'{x:.2f}' for x in walls)}; ticks: "
+                  f"{', '.join(f'{x:.2f}' for x in tick_r)}. A run with more ticks for the same steps spreads the same "
+                  f"per-step work (evidence of new rows, reports, evaluations) over more ticks, which lowers its mean tick: "
+                  f"compare the median tick and CPU per step when the tick counts differ this much."]
+        lines += ["",
+                  f"Storage minus local: {more:+.1f} ms per tick, of which {in_sync:+.1f} ms inside `sync_run` (the "
+                  f"replica's pass, once a tick). The ticks are wall-clock driven (a tick waits `observe_every_s` / "
+                  f"`observe_quiet_s`), so how many a run of {ov['steps']} steps gets follows the trainer's speed and the "
+                  f"machine's load; the target is set per tick, and per step is shown beside it. Both are CPU "
+                  f"seconds of the controller alone"
+                  + (", but at a load above the core count they are inflated by contention for the cores and their "
+                     "caches alike in both variants." if ov["provenance"]["load"][1] > (os.cpu_count() or 1) else "."), ""]
     rs = res.get("resume")
     if rs:
         lines += [f"## (b) Resume after a controller kill, storage-backed run\n", _provenance(rs["provenance"]),
@@ -392,18 +484,46 @@ def report(res: dict[str, Any]) -> str:
         lines += ["", f"Median **{rs['median_s']:.2f} s**, max **{rs['max_s']:.2f} s** (target ≤ 10 s). Ray jobs the head ran: "
                   f"{len(rs['ray_jobs'])} ({'the resumed controllers re-attached to the running job' if len(rs['ray_jobs']) == 1 else 'see the JSON'}).",
                   "", res.get("resume_verdict", ""), ""]
+        bds = [r.get("breakdown") or {} for r in rs["resumes"]]
+        if any(bds):
+            names = sorted({k for b in bds for k in b}, key=lambda k: min(b[k]["first_at_s"] for b in bds if k in b))
+            lines += ["Where those seconds went: the resumed CLI ran with the steps of the resume path timed "
+                      "(`--traced-swarm`: wrappers set on the controller's classes, its code untouched). Per step, the "
+                      "seconds after the process started at which it first began, and the seconds spent in it before "
+                      "the first new row was seen (calls nested in another count in both; `@thread`: another thread "
+                      "than the main one).\n",
+                      "| step | " + " | ".join(f"resume {i}: first at, spent (calls)" for i in range(len(bds))) + " |",
+                      "|---|" + "---|" * len(bds)]
+            for k in names:
+                cells = [f"{b[k]['first_at_s']:.2f}, {b[k]['spent_s']:.2f} ({b[k]['calls']})" if k in b else "—" for b in bds]
+                lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
+            lines += ["", "From the controller's construction (the lock is its first act) to the first new row, per resume:"]
+            for i, (r, b) in enumerate(zip(rs["resumes"], bds)):
+                if "Controller.__init__" not in b:
+                    continue
+                after = r["resume_s"] - b["Controller.__init__"]["first_at_s"]
+                spent = {k: b.get(k, {}).get("spent_s", 0.0) for k in ("time.sleep", "RayJobs.status", "sync_run")}
+                lines.append(f"- resume {i}: {after:.2f} s, of which {spent['time.sleep']:.2f} s asleep in the main thread "
+                             f"(the resumed tick's wait before it observes), {spent['RayJobs.status']:.2f} s in the first "
+                             f"Ray job-status calls, {spent['sync_run']:.2f} s in the replica's passes, and "
+                             f"{after - sum(spent.values()):.2f} s the rest (the controller built, the graph's state read "
+                             f"and its run started).")
+            lines.append("")
         cpu = [r["cpu_s"] for r in rs["resumes"] if r.get("cpu_s") is not None]
         if cpu:
-            lines += [f"The resumed process used {min(cpu):.1f}–{max(cpu):.1f} CPU-s over those seconds: the wall time at "
-                      f"this load is mostly waiting for a core, which an idle machine would not add; what it would "
-                      f"show was not measured here.", ""]
+            lines += [f"The resumed process used {min(cpu):.1f}–{max(cpu):.1f} CPU-s over those seconds"
+                      + (": the wall time at this load (above the core count) is mostly waiting for a core, which an idle "
+                         "machine would not add." if rs["provenance"]["load"][1] > (os.cpu_count() or 1) else
+                         "; the rest of the wall time is waiting (sleeps, the Ray head's answers, the job's next mirror "
+                         "pass), see the breakdown above."), ""]
     ps = res.get("passes")
     if ps:
         lines += ["## (c) An idle replica pass against the chunks a run has stored\n", _provenance(ps["provenance"]),
                   f"A run mirrored to a `FolderStorage` for N passes (a row in metrics and samples each: N chunks in each "
                   f"of those streams), the replica caught up, then the CPU of one idle `Replica.sync` (median of "
-                  f"{ps['repeats']}) and of listing the four streams, which a pass did before it asked for the next "
-                  f"chunk by key. A stepping run stores about 2 chunks per stream per second (7,200 an hour).\n",
+                  f"{ps['repeats']}: one get of the job's index, which names the chunks stored) and of listing the four "
+                  f"streams, which a pass did before it asked for chunks by key. A stepping run stores about 2 chunks "
+                  f"per stream per second (7,200 an hour).\n",
                   "| chunks per stream | idle pass ms | listing the 4 streams ms |", "|---|---|---|"]
         for r in ps["sizes"]:
             lines.append(f"| {r['chunks_per_stream']} | {r['idle_pass_ms']:.3f} | {r['stream_listings_ms']:.3f} |")
@@ -424,6 +544,11 @@ def main() -> None:
     ap.add_argument("--out", default="storage_overhead", help="results name under benchmarks/results")
     ap.add_argument("--one", choices=["local", "storage"], help=argparse.SUPPRESS)
     ap.add_argument("--one-out", help=argparse.SUPPRESS)
+    ap.add_argument("--traced-swarm", help=argparse.SUPPRESS)
+    if "--traced-swarm" in sys.argv:   # `swarm ARGS` with its resume path timed: the arguments after -- are swarm's
+        i = sys.argv.index("--")
+        traced_swarm(pathlib.Path(sys.argv[sys.argv.index("--traced-swarm") + 1]), sys.argv[i + 1:])
+        return
     args = ap.parse_args()
     if args.one:
         one_run(args.one, args.steps, pathlib.Path(args.one_out))

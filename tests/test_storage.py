@@ -6,6 +6,7 @@ side (a replica) meet only on a `file://` storage that stands for a remote one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -331,12 +332,12 @@ class Recording(Storage):
 
 
 def test_a_replica_pass_costs_the_same_however_many_chunks_the_run_wrote(tmp_path):
-    """The replica asks for each stream's next chunk by name instead of listing the stream: a
-    listing grows by a chunk per stream per mirror pass for the run's whole life (7,200 an hour);
-    listing the streams of a run 10,000 chunks long cost about 13 ms of CPU per pass on a local
-    folder, half a controller's tick, against 0.15 ms for a whole idle pass asking by key
-    (benchmarks/results/storage_overhead.md, part c). The requests of an idle pass are the same
-    after 3 chunks and after 303, and a replica started again goes on from its saved progress."""
+    """The replica reads the job's index and asks for the chunks it names by key instead of listing
+    the stream: a listing grows by a chunk per stream per mirror pass for the run's whole life (7,200
+    an hour); listing the streams of a run 10,000 chunks long cost about 13 ms of CPU per pass on a
+    local folder, half a controller's tick (benchmarks/results/storage_overhead.md, part c). An idle
+    pass is one get of the index after 3 chunks and after 303, a pass that pulls asks for no chunk
+    that is not there, and a replica started again goes on from its saved progress."""
     store = FolderStorage(tmp_path / "store")
     mirror = JobMirror(tmp_path / "scratch" / "run", store)
     mirror.restore()
@@ -368,9 +369,9 @@ def test_a_replica_pass_costs_the_same_however_many_chunks_the_run_wrote(tmp_pat
     train(300)
     pulled = one_pass()
     idle_late = one_pass()                       # nothing new, 303 chunks per stream so far
-    assert shape(idle_late) == shape(idle_early), "an idle pass asks for more after more chunks"
-    assert not [k for op, k in idle_early + pulled if op == "list" and k.startswith("streams")]
-    assert len([k for op, k in pulled if op == "get" and k.startswith("streams/")]) == 2 * 300 + len(run_storage.STREAMS)
+    assert idle_early == idle_late == [("get", "index.json")], "an idle pass asks for more than the index"
+    assert not [k for op, k in pulled if op == "list"]
+    assert len([k for op, k in pulled if op == "get" and k.startswith("streams/")]) == 2 * 300
     rep.close()
     assert [r["step"] for r in read_jsonl(tmp_path / "ctrl" / "metrics.jsonl")] == list(range(1, step + 1))
     assert len(read_jsonl(tmp_path / "ctrl" / "samples.jsonl")) == step
@@ -525,3 +526,79 @@ def test_a_chunk_whose_put_landed_but_failed_is_put_again_unchanged(tmp_path):
     rep.close()
     assert [r["step"] for r in read_jsonl(tmp_path / "ctrl" / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     assert backing.get("streams/metrics.jsonl/000000000001") == b'{"step": 3}\n{"step": 4}\n'
+
+
+def test_the_index_is_stored_last_and_a_pass_reads_only_what_it_says_changed(tmp_path):
+    """The mirror stores its index after everything it names, and only when it changed; the replica
+    gets the index, then only the chunks, files and manifests the index says are new to it: a
+    heartbeat rewritten with the same bytes is neither stored nor copied again, a changed one is; a
+    checkpoint deleted by retention is not pulled again while the job's index still names it, and
+    one the job pruned goes from the replica too. A run with no index yet pulls nothing."""
+    store = FolderStorage(tmp_path / "store")
+    job_rec = Recording(store)
+    mirror = JobMirror(tmp_path / "scratch" / "run", job_rec)
+    rec = Recording(store)
+    ctrl = tmp_path / "ctrl"
+    rep = run_storage.Replica(ctrl, rec)
+    rep.sync()
+    assert rec.requests == [("get", "index.json")] and not (ctrl / "metrics.jsonl").exists()   # no index: nothing
+    mirror.restore()
+    d = mirror.dir
+    (d / "heartbeat.json").write_text('{"step": 1}')
+    (d / "config.yaml").write_text("name: train\n")
+    (d / "harnesses").mkdir()
+    (d / "harnesses" / "v1.yaml").write_text("prompt: x\n")
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 1}) + "\n")
+    job_rec.requests.clear()
+    mirror.sync()
+    puts = [k for op, k in job_rec.requests if op == "put"]
+    assert puts[-1] == "index.json" and set(puts[:-1]) == {"streams/metrics.jsonl/000000000000", "heartbeat.json",
+                                                            "config.yaml", "harnesses/v1.yaml"}
+    rec.requests.clear()
+    rep.sync()
+    assert sorted(k for _, k in rec.requests) == sorted(["index.json", "streams/metrics.jsonl/000000000000", "heartbeat.json",
+                                                         "config.yaml", "harnesses/v1.yaml"])
+    assert (ctrl / "harnesses" / "v1.yaml").read_text() == "prompt: x\n" and read_heartbeat(ctrl)["step"] == 1
+
+    # the heartbeat rewritten with the same bytes: the mirror stores nothing, not even its index
+    hb_inode = (ctrl / "heartbeat.json").stat().st_ino
+    time.sleep(0.01)
+    (d / "heartbeat.json").write_text('{"step": 1}')
+    job_rec.requests.clear()
+    mirror.sync()
+    assert not [k for op, k in job_rec.requests if op == "put"]
+    rec.requests.clear()
+    rep.sync()
+    assert rec.requests == [("get", "index.json")] and (ctrl / "heartbeat.json").stat().st_ino == hb_inode
+    # a new heartbeat: the index and the heartbeat, nothing else
+    (d / "heartbeat.json").write_text('{"step": 2}')
+    mirror.sync()
+    rec.requests.clear()
+    rep.sync()
+    assert rec.requests == [("get", "index.json"), ("get", "heartbeat.json")] and read_heartbeat(ctrl)["step"] == 2
+
+    # checkpoints: two written, one deleted by the controller's retention, one pruned by the job
+    for name in ("step_0000005", "step_0000010"):
+        data = name.encode()
+        (d / "checkpoints" / f"{name}.pt").write_bytes(data)
+        (d / "checkpoints" / f"{name}.json").write_text(json.dumps({"name": name, "sha256": hashlib.sha256(data).hexdigest()}))
+    mirror.sync()
+    rep.sync()
+    assert sorted(p.name for p in (ctrl / "checkpoints").iterdir()) == ["step_0000005.json", "step_0000010.json"]
+    (ctrl / "checkpoints" / "step_0000005.json").unlink()                 # retention, on the controller
+    rep.sync()
+    assert "step_0000005.pt" not in store.list("checkpoints")
+    assert "step_0000005" in json.loads(store.get("index.json"))["checkpoints"]   # the job does not know yet
+    rec.requests.clear()
+    rep.sync()
+    assert rec.requests == [("get", "index.json")] and not (ctrl / "checkpoints" / "step_0000005.json").exists()
+    (d / "checkpoints" / "step_0000010.json").unlink()                    # the trainer prunes its checkpoints
+    (d / "checkpoints" / "step_0000010.pt").unlink()
+    (d / "checkpoints" / "step_0000005.json").unlink()
+    (d / "checkpoints" / "step_0000005.pt").unlink()
+    mirror.sync()
+    rep.sync()
+    assert not list((ctrl / "checkpoints").iterdir()) and json.loads(store.get("index.json"))["checkpoints"] == {}
+    rep.close()
+    assert json.loads((ctrl / ".replica.json").read_text())["deleted"] == {}

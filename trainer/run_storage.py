@@ -14,6 +14,10 @@ controller after a mirror pass and a replica pass (`MIRROR_EVERY_S` plus the con
 
 Layout of a run on storage (only whole-object put/get/list/delete, so an object store serves):
 
+    index.json                      what the mirror has stored, put last in each pass that changed
+                                    anything: per stream the chunks stored, per file (heartbeat,
+                                    config, harnesses) the sha256 of its bytes, per complete
+                                    checkpoint the sha256 of its weights
     streams/<stream>/<seq:012d>     append-only rows (metrics, samples, events, command_log) as
                                     chunks of complete JSONL lines numbered from 0 without a gap
     heartbeat.json, config.yaml, harnesses/<version>.yaml
@@ -25,9 +29,10 @@ Layout of a run on storage (only whole-object put/get/list/delete, so an object 
 The job (`main`): its run folder is on the node's scratch (`$SWARMLAB_SCRATCH_DIR`, default the
 temp dir); it first restores from storage what a resumed trainer reads (checkpoints, the command
 log and inbox, stored harnesses), then `JobMirror` pushes each `MIRROR_EVERY_S` — the streams'
-newly completed lines, the heartbeat, new checkpoints (and deletions of pruned ones) — and pulls new
-commands into the local inbox. A checkpoint is pushed before the stream rows read in the same pass,
-so an acknowledgement the controller sees names a checkpoint already on storage. A fork
+newly completed lines, the heartbeat, new checkpoints (and deletions of pruned ones), then the index
+when it changed — and pulls new commands into the local inbox. A checkpoint is pushed before the
+stream rows read in the same pass, and everything before the index that names it, so an
+acknowledgement the controller sees names a checkpoint already on storage. A fork
 (`$SWARMLAB_FORK_STORAGE`: the source run on storage) fetches its checkpoint first. The scratch
 folder is removed when the job ends.
 
@@ -35,15 +40,20 @@ The controller (`Replica`): its run folder (`.swarm/runs/train`, an arm's under 
 the rows pulled from storage (written by `RunLog`, so rotation and the long-run summary work as for
 a local run), the heartbeat, config, harnesses and checkpoint manifests (never the weights); a
 command appended to its `commands.jsonl` is pushed to the inbox; a manifest deleted locally
-(retention) is deleted on storage with its weights. Its progress is `.replica.json`: per stream
-the next chunk's number, which it asks for by key until a miss (never a listing of the stream,
-which grows by a chunk per mirror pass for the run's whole life), and where its copy of the stream
-ended after that chunk. The progress is saved at most every `SAVE_EVERY_S` (and at each roll of a
-copy, a failed pass, `close`); a replica started after a controller was killed first cuts its
-copies back to where the saved progress ends, so the chunks it pulls again leave every row once.
+(retention) is deleted on storage with its weights. A pass gets the index and then only what it
+says changed: the chunks past the replica's progress, a file whose hash differs from the one
+pulled, a checkpoint's manifest not pulled yet: an idle pass is one `get`, whatever the run's
+length (never a listing, which grows by a chunk per stream per mirror pass for the run's whole
+life). A run with no index yet (a job before its first pass, or one mirrored before the index
+existed) pulls nothing. Its progress is `.replica.json`: per stream the next chunk's number and
+where its copy of the stream ended after that chunk. The progress is saved at most every
+`SAVE_EVERY_S` (and at each roll of a copy, a failed pass, `close`); a replica started after a
+controller was killed first cuts its copies back to where the saved progress ends, so the chunks
+it pulls again leave every row once.
 
 A chunk is put under its number once its lines are read; a put that fails past its retries is made
-again with the same bytes (it may have landed and been read), and lines written since go in the next.
+again with the same bytes (it may have landed, and a replica listing the stream could have read it;
+the index counts it only once a put of it reported success), and lines written since go in the next.
 
 Every storage request is retried within `trainer.storage.RetryPolicy`; a pass that still fails is
 counted and tried again at the next pass (never fatal), except the job's last push, which must land.
@@ -69,6 +79,7 @@ FORK_ENV = "SWARMLAB_FORK_STORAGE"          # the run on storage whose checkpoin
 SCRATCH_ENV = "SWARMLAB_SCRATCH_DIR"        # the node's local scratch folder
 MARKER = ".storage.json"                    # in a controller-side run folder: the run it replicates
 STATE = ".replica.json"
+INDEX = "index.json"
 MIRROR_EVERY_S = 0.5
 FORK_WAIT_S = 60.0    # how long a fork waits for its checkpoint to appear on storage (a mirror pass behind)
 SAVE_EVERY_S = 5.0    # the replica's progress is saved at most this often (and at a roll, a failure, close)
@@ -137,7 +148,9 @@ class JobMirror:
         self.next_seq = {s: 0 for s in STREAMS}
         self.unsent: dict[str, bytes] = {}               # stream -> the chunk read but not yet stored
         self.pushed_files: dict[str, float] = {}         # local name -> mtime pushed
+        self.versions: dict[str, str] = {}               # stored name -> sha256 of its bytes (the index's)
         self.pushed_ckpts: dict[str, str] = {}           # checkpoint name -> sha256 pushed
+        self.indexed = ""                                # the index last stored
         self.seen_cmds: set[str] = set()
         self.failed_passes = 0
         self.last_error: str | None = None
@@ -170,8 +183,10 @@ class JobMirror:
         self.tails["command_log.jsonl"].skip_to_end()
         for h in self.store.list("harnesses"):
             (self.dir / "harnesses").mkdir(exist_ok=True)
-            (self.dir / "harnesses" / h).write_bytes(self.store.get(f"harnesses/{h}"))
+            data = self.store.get(f"harnesses/{h}")
+            (self.dir / "harnesses" / h).write_bytes(data)
             self.pushed_files[f"harnesses/{h}"] = (self.dir / "harnesses" / h).stat().st_mtime
+            self.versions[f"harnesses/{h}"] = hashlib.sha256(data).hexdigest()
         if self.private is not None:
             try:
                 data = self.store.get("private/perturb.json")
@@ -228,8 +243,20 @@ class JobMirror:
             data = local.read_bytes()
         except FileNotFoundError:
             return
-        self.store.put(rel, data)
+        digest = hashlib.sha256(data).hexdigest()
+        if self.versions.get(rel) != digest:   # rewritten unchanged: nothing to store
+            self.store.put(rel, data)
+            self.versions[rel] = digest
         self.pushed_files[rel] = mtime
+
+    def _put_index(self) -> None:
+        """Store what this mirror has stored, last: a reader of the index finds every object it names."""
+        text = json.dumps({"streams": self.next_seq, "files": {k: v for k, v in sorted(self.versions.items())
+                                                                if not k.startswith("private/")},
+                           "checkpoints": dict(sorted(self.pushed_ckpts.items()))}, sort_keys=True)
+        if text != self.indexed:
+            self.store.put(INDEX, text.encode())
+            self.indexed = text
 
     def sync(self) -> None:
         with self._lock:
@@ -256,6 +283,7 @@ class JobMirror:
                 self._push_file(f"harnesses/{h.name}", h)
             if self.private is not None:
                 self._push_file("private/perturb.json", self.private)
+            self._put_index()      # after all it names
             self.pull_commands()
 
     def _loop(self) -> None:
@@ -403,6 +431,9 @@ class Replica:
         self.at: dict[str, list[int]] = {s: list(v) for s, v in st.get("at", {}).items() if s in STREAMS}
         self.pushed_lines = int(st.get("pushed_lines", 0))
         self.manifests: set[str] = set(st.get("manifests", []))
+        # checkpoint name -> sha256 this replica deleted on storage (retention): the job's index
+        # lists it until the job prunes it itself, and it is not pulled again
+        self.deleted: dict[str, str] = dict(st.get("deleted", {}))
         self.files: dict[str, str] = dict(st.get("files", {}))     # name -> sha256 of what was pulled
         self.failed_passes = int(st.get("failed_passes", 0))
         self.last_error: str | None = st.get("last_error")
@@ -419,8 +450,9 @@ class Replica:
             return
         self._saved_at = now
         text = json.dumps({"next_seq": self.next_seq, "at": self.at, "pushed_lines": self.pushed_lines, "manifests": sorted(self.manifests),
-                           "files": self.files, "failed_passes": self.failed_passes, "last_error": self.last_error})
+                           "deleted": self.deleted, "files": self.files, "failed_passes": self.failed_passes, "last_error": self.last_error})
         if text != self._saved:
+            self.dir.mkdir(parents=True, exist_ok=True)   # a pass before the job's first made no writer
             atomic_write_text(self.dir / STATE, text, durable=False)
             self._saved = text
 
@@ -485,18 +517,16 @@ class Replica:
             self.store.put(f"inbox/{i:09d}-{safe}.json", lines[i] + b"\n")
             self.pushed_lines = i + 1
 
-    def pull_streams(self) -> None:
+    def pull_streams(self, stored: dict[str, int]) -> None:
+        """Pull each stream's chunks from the replica's progress up to `stored` (the index's count)."""
         self._writers()
         assert self.log is not None and self.acks is not None, "writers are made above"
         writers = {"metrics.jsonl": self.log.metrics, "samples.jsonl": self.log.samples,
                    "events.jsonl": self.log.events, "command_log.jsonl": self.acks}
         for s in STREAMS:
             w = writers[s]
-            while True:   # the next chunk by its key until a miss: a listing would grow with the run
-                try:
-                    data = self.store.get(f"streams/{s}/{_chunk(self.next_seq[s])}")
-                except FileNotFoundError:
-                    break
+            while self.next_seq[s] < int(stored.get(s, 0)):   # each named by the index: no miss, no listing
+                data = self.store.get(f"streams/{s}/{_chunk(self.next_seq[s])}")
                 ino = w.position[0]
                 if s != "metrics.jsonl":   # copied as they are; metrics rows also feed the run's summary
                     w.write_lines(data[: data.rfind(b"\n") + 1])
@@ -512,29 +542,39 @@ class Replica:
                 if w.position[0] != ino:   # rolled: saved now, so `_rewind` finds the part that was live
                     self._save(force=True)
 
-    def _pull_file(self, rel: str) -> None:
+    def _pull_file(self, rel: str, version: str) -> None:
+        if self.files.get(rel) == version:   # what the index names is what was pulled: no request, no write
+            return
         try:
             data = self.store.get(rel)
         except FileNotFoundError:
             return
-        digest = hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256(data).hexdigest()   # newer than the index read, maybe: the next pass pulls it again
         if self.files.get(rel) != digest:
             (self.dir / rel).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.dir / rel, data.decode("utf-8"), durable=False)
             self.files[rel] = digest
 
-    def pull_checkpoints(self) -> None:
+    def pull_checkpoints(self, stored_ckpts: dict[str, str]) -> None:
+        """Pull the manifests of the complete checkpoints the index names (`stored_ckpts`: name -> sha256)."""
         ck = self.dir / "checkpoints"
         # a manifest pulled before and gone here now was deleted by the controller (retention)
         for name in [n for n in self.manifests if not (ck / n).exists()]:
+            stem = name[: -len(".json")]
             self.store.delete(f"checkpoints/{name}")
-            self.store.delete(f"checkpoints/{name[: -len('.json')]}.pt")
+            self.store.delete(f"checkpoints/{stem}.pt")
             self.manifests.discard(name)
-        names = self.store.list("checkpoints")
-        stored = {n for n in names if n.endswith(".json") and f"{n[: -len('.json')]}.pt" in names}
+            self.deleted[stem] = stored_ckpts.get(stem, "")
+        # forgotten once the job prunes it too; one written again under its name (new weights) is pulled
+        self.deleted = {k: v for k, v in self.deleted.items() if k in stored_ckpts}
+        stored = {f"{k}.json" for k, v in stored_ckpts.items() if self.deleted.get(k) != v}
         for n in sorted(stored - self.manifests):
+            try:
+                data = self.store.get(f"checkpoints/{n}")
+            except FileNotFoundError:   # pruned by the job since its index was read: the next index says so
+                continue
             ck.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(ck / n, self.store.get(f"checkpoints/{n}").decode("utf-8"), durable=False)
+            atomic_write_text(ck / n, data.decode("utf-8"), durable=False)
             self.manifests.add(n)
         for n in sorted(self.manifests - stored):   # pruned by the trainer
             (ck / n).unlink(missing_ok=True)
@@ -543,12 +583,17 @@ class Replica:
     def sync(self) -> None:
         try:
             self.push_commands()        # keys named by line: pushing one again after a crash rewrites it
-            self.pull_checkpoints()     # before the rows: an ack pulled now names a checkpoint listed
-            self.pull_streams()
-            for f in FILES:
-                self._pull_file(f)
-            for h in self.store.list("harnesses"):
-                self._pull_file(f"harnesses/{h}")
+            try:
+                index = json.loads(self.store.get(INDEX))
+            except FileNotFoundError:   # the job has made no pass yet: nothing to pull
+                return
+            except ValueError as e:     # a put is whole, so never seen; counted as a failed pass if it is
+                raise StorageError(f"unreadable {INDEX} at {self.store.uri}: {e}") from e
+            self.pull_checkpoints(index.get("checkpoints", {}))   # before the rows: an ack pulled now names a checkpoint pulled
+            self.pull_streams(index.get("streams", {}))
+            for rel, version in index.get("files", {}).items():
+                if rel in FILES or (rel.startswith("harnesses/") and rel.count("/") == 1 and ".." not in rel):
+                    self._pull_file(rel, version)
         finally:   # the progress is saved at most every SAVE_EVERY_S (and at a roll); `_rewind` undoes the rest
             self._save()
 
