@@ -103,6 +103,7 @@ class Controller(JobControl, ScriptSteering, Deciding):
         self.sdir.mkdir(parents=True, exist_ok=True)
         self.lock = acquire_lock(self.dir)
         self.goal = goal
+        self._observed = False   # this process has not looked at the run yet: its first tick does not wait
         self.store = Store(self.sdir / "state.db")
         self.ws = Workspace.open(self.dir)
         self.store.subscribe(LifecycleReports(self.ws, self.sdir / "runs" / "train"))   # reports follow the lifecycle
@@ -246,8 +247,9 @@ class Controller(JobControl, ScriptSteering, Deciding):
 
     def node_observe(self, s: SwarmState) -> dict[str, Any]:
         self.state_job = s.job
-        if s.tick:
+        if s.tick and self._observed:   # a resumed controller looks at once
             time.sleep(self.goal.swarm.wait_s(s.quiet))
+        self._observed = True
         self.tick = Tick()
         status = self.job_status(s.job)
         relaunch = self.after_head_replaced(s)
