@@ -251,8 +251,10 @@ def test_after_a_quiet_tick_observe_waits_observe_quiet_s(tmp_path, monkeypatch)
     ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
     slept: list[float] = []
     monkeypatch.setattr("swarm.controller.time.sleep", slept.append)
+    ctrl.node_observe(SwarmState(tick=7, started=1e12))
+    assert slept == []          # a process's first look (a resumed controller) does not wait
     for quiet in (False, True, False):
-        ctrl.node_observe(SwarmState(tick=1, quiet=quiet, started=1e12))
+        ctrl.node_observe(SwarmState(tick=8, quiet=quiet, started=1e12))
     assert slept == [0.5, 3, 0.5]
     ctrl.knowledge.close()
     ctrl._conn.close()
