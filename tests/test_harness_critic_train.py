@@ -72,9 +72,12 @@ def test_a_parser_fault_is_found_measured_kept_and_distilled_into_rows_for_the_s
     assert len(t.edits) == 1
     # distillation: every verified success written for the starting (json) harness and verified there
     assert out["distill_episodes"] == 8 and out["distill_successes"] == 8 and out["distill_rows"] == 8
-    # the grounded agent writes call syntax whatever its weights: under the starting harness it still fails
+    # the grounded agent writes call syntax whatever its weights: under the starting harness it still
+    # fails, so distillation measured no gain and its weights were rolled back
     assert out["start_harness_acc_before_distill"] == 0.0 and out["start_harness_acc_after_distill"] == 0.0
-    assert all(not torch.equal(a, b) for a, b in zip(before, t.params)), "distillation's SFT steps move every weight"
+    assert out["distill_steps"] == 2 and out["distill_kept"] == 0.0 and out["harness_reduced"] == 0.0
+    assert out["distill_reason"].startswith("no significant gain under the starting harness")
+    assert all(torch.equal(a, b) for a, b in zip(before, t.params)), "rolled back: the weights from before it"
     events = read_jsonl(tmp_path / "crit" / "events.jsonl")
     crit = next(e for e in events if e["event"] == "critique")
     assert crit["failed"] == 12 and crit["findings"][0].startswith("malformed_call: 12/12")
@@ -84,6 +87,75 @@ def test_a_parser_fault_is_found_measured_kept_and_distilled_into_rows_for_the_s
     assert end["edits_kept"][0]["path"] == "tool_syntax.kind" and end["distill_rows"] == 8
     rows = read_jsonl(tmp_path / "crit" / "metrics.jsonl")
     assert [r["algorithm"] for r in rows].count("distill") == 1 and any(r["algorithm"] == "critic" for r in rows)
+
+
+class LearningTrainer(GroundedTrainer):
+    """Its agent writes the starting harness's (json) syntax once distillation's SFT has taken a
+    step: a policy into which the gain moves."""
+    learned = False
+
+    def sft_on(self, trajs, lr):
+        out = super().sft_on(trajs, lr)
+        self.learned = True
+        return out
+
+    def rollout(self, examples, greedy=False, policy=None):
+        if not self.learned or policy is not None:     # the teacher writes what it wrote before
+            return super().rollout(examples, greedy, policy)
+        agent = GroundedAgent(self.policy.tok, self.policy._max_len())
+        trajs = []
+        for ex in examples:
+            json_agent = JsonAgent(agent)
+            trajs.append(run_episode(json_agent, self.env, ex, self.harness, greedy=greedy))
+        return trajs
+
+
+class JsonAgent:
+    """The grounded agent's calls written as JSON (the starting harness's syntax)."""
+
+    def __init__(self, inner: GroundedAgent) -> None:
+        self.inner, self.tok, self.max_len = inner, inner.tok, inner.max_len
+
+    def generate(self, prompt_ids, max_new_tokens, temperature, stop):
+        out = self.tok.decode(self.inner.generate(prompt_ids, 10_000, temperature, stop))
+        m = re.fullmatch(r'<tool>get\(key="([a-z]+)"\)</tool>', out)
+        if m:
+            out = '<tool>{"name": "get", "arguments": {"key": "' + m.group(1) + '"}}</tool>'
+        return self.tok.encode(out)[:max_new_tokens]
+
+
+def test_distillation_that_moves_the_gain_is_kept_and_the_scaffolding_removed(tmp_path):
+    t = LearningTrainer(config(tmp_path), printer=None)
+    out = t.run()
+    assert out["edits_kept"][0]["path"] == "tool_syntax.kind" and out["distill_rows"] == 8
+    assert out["distill_kept"] == 1.0 and out["harness_reduced"] == 1.0, out["distill_reason"]
+    assert out["start_harness_acc_before_distill"] == 0.0 and out["start_harness_acc_after_distill"] == 1.0
+    # the run is back on the starting harness, and held-out success holds there
+    assert t.harness.version == t.start_harness.version and out["heldout_acc_after_distill"] == 1.0
+    ev = next(e for e in read_jsonl(tmp_path / "crit" / "events.jsonl") if e["event"] == "distill")
+    assert ev["distill_kept"] == 1.0 and "the scaffolding is removed" in ev["distill_reason"]
+
+
+@pytest.mark.parametrize("start_before, start_after, imp_before, imp_after, kept, reduced", [
+    # the gain moved into the weights and nothing was lost: kept; the starting harness holds: reduced
+    ([0] * 16, [1] * 16, [1] * 16, [1] * 16, True, True),
+    # moved, but the improved harness is still far better: kept, the scaffolding stays
+    ([0] * 16, [1] * 8 + [0] * 8, [1] * 16, [1] * 16, True, False),
+    # no gain under the starting harness: rolled back
+    ([0] * 16, [0] * 16, [1] * 16, [1] * 16, False, False),
+    # a gain too small to be significant at alpha 0.05 (2 of 16): rolled back
+    ([0] * 16, [1] * 2 + [0] * 14, [1] * 16, [1] * 16, False, False),
+    # moved, but the run's level is lost under either harness (the distillation trough): rolled back
+    ([0] * 16, [1] * 8 + [0] * 8, [1] * 16, [0] * 16, False, False),
+    # the weights now write what only the starting harness reads: kept, and the run goes back to it
+    ([0] * 16, [1] * 16, [1] * 16, [0] * 16, True, True),
+])
+def test_distillation_is_judged_like_an_intervention(start_before, start_after, imp_before, imp_after, kept, reduced):
+    from trainer.agent_train import judge_distillation
+
+    v = judge_distillation([bool(x) for x in start_before], [bool(x) for x in start_after],
+                           [bool(x) for x in imp_before], [bool(x) for x in imp_after], 0.05)
+    assert (v.kept, v.reduced) == (kept, reduced), v.reason
 
 
 def test_distillation_rows_are_in_the_starting_harness_syntax(tmp_path):

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import pathlib
 import sys
@@ -63,7 +64,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.agent import AgentHarness, apply_edit, check_edit
-from harness.critic import Kept, critique, edit_record, judge_edit, paired_test
+from harness.critic import Kept, Paired, critique, edit_record, judge_edit, paired_test
 from trainer.agent_batching import BatchedGenerator
 from trainer.agent_rollout import Trajectory, demonstration, run_episode, summarize
 from trainer.algorithms.agent_grpo import (Call, Row, agent_grpo_loss, episodes_from_records, group_advantages,
@@ -180,6 +181,51 @@ class AgentTrainConfig(_Strict):
     @classmethod
     def parse(cls, data: Any) -> "AgentTrainConfig":
         return parse_config(cls, data)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillVerdict:
+    """What distillation's judge decided, from per-episode outcomes on the same validation episodes
+    before and after it, under the improved harness and under the starting one."""
+
+    kept: bool              # the distilled weights stay (else the weights from before it are restored)
+    reduced: bool           # the run goes back to the starting harness (the scaffolding is removed)
+    moved: Paired           # under the starting harness: before -> after distillation
+    reason: str
+
+
+def _worse(before: list[bool], after: list[bool], alpha: float) -> tuple[bool, Paired]:
+    """Is `after` significantly worse than `before` on the same episodes (one-sided exact McNemar
+    at `alpha` on the losses)? The comparison as `before -> after`."""
+    p = paired_test(before, after)
+    reverse = paired_test(after, before)
+    return p.losses > p.gains and reverse.p_value <= alpha, p
+
+
+def judge_distillation(start_before: list[bool], start_after: list[bool], imp_before: list[bool],
+                       imp_after: list[bool], alpha: float) -> DistillVerdict:
+    """Distillation is an intervention on the weights and is judged like one. It is kept only when
+    the gain moved into the weights: significantly more episodes solved under the starting harness
+    than before it (one-sided exact McNemar at `alpha`). The run's level before it is the improved
+    harness's success before it; with the distilled weights the run goes back to the starting
+    harness (the scaffolding is removed) when that is not significantly worse than this level, else
+    it stays on the improved harness when that is not. Otherwise (no gain moved, or the run would
+    lose what it had) the weights from before distillation are restored: its compute is spent, its
+    damage is not kept."""
+    moved = paired_test(start_before, start_after)
+    if moved.gains <= moved.losses or moved.p_value > alpha:
+        return DistillVerdict(False, False, moved,
+                              f"no significant gain under the starting harness at alpha={alpha:.3g}: {moved.text()}")
+    start_worse, vs_start = _worse(imp_before, start_after, alpha)
+    if not start_worse:
+        return DistillVerdict(True, True, moved, f"the gain moved into the weights ({moved.text()}); the starting "
+                              f"harness holds the run's level ({vs_start.text()}): the scaffolding is removed")
+    imp_worse, vs_imp = _worse(imp_before, imp_after, alpha)
+    if not imp_worse:
+        return DistillVerdict(True, False, moved, f"the gain moved into the weights ({moved.text()}); the improved "
+                              f"harness stays: the starting one is below the run's level ({vs_start.text()})")
+    return DistillVerdict(False, False, moved, f"a significant loss of the run's level under either harness "
+                          f"(starting: {vs_start.text()}; improved: {vs_imp.text()})")
 
 
 class DemoGenerator:
@@ -486,6 +532,12 @@ class AgentTrainer:
         """Greedy per-episode success under `harness` with the current weights."""
         return [t.result.verdict.value == "correct" for t in self.rollout_under(harness, examples, greedy=True)]
 
+    def validation_episodes(self) -> list[Example]:
+        """The held-out episodes the critic's candidates and distillation are judged on (after the
+        eval episodes, so the reported held-out success is not the judge's)."""
+        c = self.cfg.critic
+        return [self.env.episode(Split.HELDOUT, self.cfg.eval_size + i, self.cfg.difficulty) for i in range(c.val_size)]
+
     def critic_round(self) -> dict[str, Any] | None:
         """Roll out train episodes (greedy), let the critic read them, measure its first candidate
         edits against the current harness on the same validation episodes with the same weights,
@@ -504,7 +556,7 @@ class AgentTrainer:
         cands = crit.edits[: c.candidates]
         if not cands:
             return None
-        val = [self.env.episode(Split.HELDOUT, self.cfg.eval_size + i, self.cfg.difficulty) for i in range(c.val_size)]
+        val = self.validation_episodes()
         base = self.outcomes(self.harness, val)
         verdicts = []
         for e in cands:
@@ -549,14 +601,24 @@ class AgentTrainer:
         demonstrations are: a few hundred rows repeated for many steps are memorised, key by key,
         and the policy stops reading its observations); a replay is kept when it is verified under
         the starting harness too, with no tool error and no observation cut (a cut observation
-        would teach an answer the policy was not shown)."""
+        would teach an answer the policy was not shown).
+
+        Then the stage is judged (`judge_distillation`) on the validation episodes under both
+        harnesses, before and after it: without a measured gain the weights and optimiser state from
+        before it are restored; with one, the run goes back to the starting harness when that holds.
+        The verdict is in the returned totals (`distill_kept`, `harness_reduced`, `distill_reason`)
+        and in the `distill` event."""
         c = self.cfg.critic
         h = self.start_harness
+        val = self.validation_episodes()
+        start_before, imp_before = self.outcomes(h, val), self.outcomes(self.harness, val)
+        saved = {"model": copy.deepcopy(self.policy.model.state_dict()), "opt": copy.deepcopy(self.opt.state_dict())}
         # the teacher: the weights as they act under the improved harness, frozen, so the rows keep
         # coming while the student's own behaviour shifts
         teacher = Policy(self.policy.cfg, self.policy.tok, copy.deepcopy(self.policy.model))
         teacher.model.requires_grad_(False)
-        totals = {"distill_episodes": 0.0, "distill_successes": 0.0, "distill_rows": 0.0}
+        totals: dict[str, Any] = {"distill_episodes": 0.0, "distill_successes": 0.0, "distill_rows": 0.0,
+                                  "distill_steps": 0.0}
         for i in range(c.distill_steps):
             if stop is not None and stop():
                 break
@@ -584,9 +646,25 @@ class AgentTrainer:
             lr = self._lr(c.distill_lr, c.distill_warmup_steps, i)
             out = self.sft_on(replays, lr) if replays else {"loss": 0.0, "grad_norm": 0.0, "skipped": 1.0}
             self.step += 1
+            totals["distill_steps"] += 1
             if (i + 1) % self.cfg.log_every == 0 or i == c.distill_steps - 1:
                 self.write_row({**self.row_base("distill"), **out, "rows": float(len(replays)), **totals,
                                 "step_time": time.perf_counter() - t0})
+        if not totals["distill_steps"]:
+            totals.update({"distill_kept": 0.0, "harness_reduced": 0.0, "distill_reason": "no distillation step ran"})
+            if self.log:
+                self.log.event("distill", self.step, **totals)
+            return totals
+        v = judge_distillation(start_before, self.outcomes(h, val), imp_before, self.outcomes(self.harness, val),
+                               c.alpha)
+        if not v.kept:
+            self.policy.model.load_state_dict(saved["model"])
+            self.opt.load_state_dict(saved["opt"])
+        elif v.reduced:
+            self.harness = h
+        totals.update({"distill_kept": float(v.kept), "harness_reduced": float(v.reduced), "distill_reason": v.reason})
+        if self.printer:
+            self.printer(f"[distill {self.step:4d}] {'kept' if v.kept else 'rolled back'}: {v.reason}")
         if self.log:
             self.log.event("distill", self.step, **totals)
         return totals
