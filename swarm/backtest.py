@@ -28,7 +28,7 @@ import yaml
 
 from agents.domain import BacktestResult, Intervention, JobStatus
 from harness import changes as hc
-from swarm.decisions import ArmScore, Decision, Pair, Rule, Validated
+from swarm.decisions import RETRY_DOUBLINGS, ArmScore, Decision, Pair, Rule, Validated, retry_horizon
 from swarm.jobs import Jobs
 from trainer.run_storage import release, sync_run
 from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
@@ -42,6 +42,20 @@ def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: i
     return {**cfg, "name": name, "out_dir": out_dir, "seed": seed, "fork_from": ckpt, "fork_mode": "state",
             "fork_overrides": overrides, "checkpoint": {"interval": 0, "keep_last": 1}, "samples_per_step": 1,
             "perturbations": []}
+
+
+def rollback_horizon(horizon: int, start: int, live: int) -> int:
+    """The horizon of a backtest whose arms both start from a rollback's checkpoint at step `start`
+    while the live run is at step `live`: at least the steps the rollback gives up (live − start),
+    at most the longest retry horizon (`swarm.decisions.retry_horizon` after RETRY_DOUBLINGS
+    doublings), never less than `horizon`. A rollback asks "had the change been made at `start`,
+    would the run be better off by now?"; the live run was diagnosed over those steps, and arms that
+    stop sooner replay only the stretch before the problem showed (a learning rate far too high
+    drops the loss as fast as a good one over the first few dozen steps, then stalls), so they
+    compare a stretch nobody found wrong."""
+    if horizon < 1 or start < 0 or live < start:
+        raise ValueError(f"horizon={horizon}, start={start}, live={live}: need horizon ≥ 1 and 0 ≤ start ≤ live")
+    return max(horizon, min(live - start, retry_horizon(horizon, RETRY_DOUBLINGS)))
 
 
 def _mean_se(xs: list[float]) -> tuple[float | None, float | None]:

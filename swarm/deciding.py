@@ -19,7 +19,7 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
 from agents.operators import config_fields, eval_series, inconclusive, progress_since, rollback_stake
-from swarm.backtest import check_change, nearest_valid, noop_edit, result, rule_for
+from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for
 from swarm.decisions import (BacktestSpec, Control, Facts, Kept, Look, Pair, Pending, Refuse, RolledBack, Rule, Sighting, Skip, Window,
                              assign_risk, corroborated_by, judge, outlook, persistence, plan, rate_var,
                              restart_hold, retry_horizon, run_looks, schedule, try_share, smaller_step, wasted, worth_verifying)
@@ -344,11 +344,14 @@ class Deciding:
         fork = (str(self.run_dir / "checkpoints" / f"{target}.pt"), int(cand["step"])) if common else None
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
         before = self.tries_without_gain(iv)
-        base = retry_horizon(bt.horizon_steps, before)
+        retry = retry_horizon(bt.horizon_steps, before)
+        base = rollback_horizon(retry, int(cand["step"]), max(int(ack["step"]), int(cand["step"]))) if common else retry
         cpu = 0.0
-        notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {base} steps"] if base > bt.horizon_steps else []
+        notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {retry} steps"] if retry > bt.horizon_steps else []
         if common:
-            notes.append(f"both arms from checkpoint {target} (step {cand['step']}): the steps since gained nothing measurable")
+            notes.append(f"both arms from checkpoint {target} (step {cand['step']}): the steps since gained nothing measurable"
+                         + (f"; they train {base} steps (the rollback gives up {int(ack['step']) - int(cand['step'])})"
+                            if base > retry else ""))
 
         def measure(look: Look, seeds: list[int]) -> list[Pair]:
             nonlocal cpu

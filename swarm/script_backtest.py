@@ -21,7 +21,7 @@ A rollback's candidate starts from the checkpoint it rolls back to (`candidate_c
 untrained `init`), the control from the live one; when the steps since that checkpoint gained
 nothing, the controller passes it as both (`swarm.script_run`), so the arms compare the settings
 from the same weights instead of a fresh start against a run hundreds of steps on; they then train
-at least the steps the rollback gives up (`rollback_horizon`).
+at least the steps the rollback gives up (`swarm.backtest.rollback_horizon`).
 Both arms keep the script's `--max_steps` (so the lr schedule is the run's own), train `horizon` steps
 past the step they start at, with the seed as `--seed` (the same data order for both), then evaluate
 once and stop (`$SWARMLAB_STOP_AT_STEP`). Each arm is scored by `swarm.backtest.arm_score` and the pairs are
@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from agents.domain import Intervention
 from swarm.backtest import _running, arm_score, leftover_arm
-from swarm.decisions import RETRY_DOUBLINGS, ArmScore, Pair, Rule, retry_horizon
+from swarm.decisions import ArmScore, Pair, Rule
 from trainer.runlog import HELDOUT_METRICS, iter_jsonl, read_heartbeat, read_jsonl
 from trainer.steer.fork import STOP_AT_ENV, fork_argv, seed_fork
 from trainer.steer.relaunch import restart_changes
@@ -52,20 +52,6 @@ from trainer.steer.settings import as_settings, read_declared
 CHANGES_DATA = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed", "max_length",
                 "max_prompt_length", "num_generations")
 PREFIX = "recipe."
-
-
-def rollback_horizon(horizon: int, start: int, live: int) -> int:
-    """The horizon of a backtest whose arms both start from a rollback's checkpoint at step `start`
-    while the live run is at step `live`: at least the steps the rollback gives up (live − start),
-    at most the longest retry horizon (`swarm.decisions.retry_horizon` after RETRY_DOUBLINGS
-    doublings), never less than `horizon`. A rollback asks "had the change been made at `start`,
-    would the run be better off by now?"; the live run was diagnosed over those steps, and arms that
-    stop sooner replay only the stretch before the problem showed (a learning rate far too high
-    drops the loss as fast as a good one over the first few dozen steps, then stalls), so they
-    compare a stretch nobody found wrong."""
-    if horizon < 1 or start < 0 or live < start:
-        raise ValueError(f"horizon={horizon}, start={start}, live={live}: need horizon ≥ 1 and 0 ≤ start ≤ live")
-    return max(horizon, min(live - start, retry_horizon(horizon, RETRY_DOUBLINGS)))
 
 
 def split_change(declared: Mapping[str, Any], fields: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -22,7 +22,7 @@ a run is here, so `swarm.controller` keeps small hooks only:
   checkpoint with the change. Its backtest's candidate starts from that checkpoint, and so does the
   control when the steps since it gained nothing (`Deciding.nothing_staked`, as on the built-in
   trainer); both arms then train at least the steps the rollback gives up
-  (`swarm.script_backtest.rollback_horizon`). With no such checkpoint, a rollback that carries a change becomes the same change
+  (`swarm.backtest.rollback_horizon`). With no such checkpoint, a rollback that carries a change becomes the same change
   applied to the live weights (said in its rationale); one without a change is dropped;
 - validity: `trainer.steer.check_change` on the declared settings, before anything else;
 - acknowledgements: `applied` and `restart` are accepted (`accepted`); a `restart` means the
@@ -49,8 +49,9 @@ import shutil
 from typing import Any, Mapping
 
 from agents.domain import Intervention, InterventionKind, Status
+from swarm.backtest import rollback_horizon
 from swarm.decisions import Look, Pair, Rule, retry_horizon, run_looks, schedule, try_share
-from swarm.script_backtest import rollback_horizon, run_script_arms, script_rule
+from swarm.script_backtest import run_script_arms, script_rule
 from trainer.runlog import iter_jsonl, read_jsonl
 from trainer.steer.relaunch import restart_changes
 from trainer.steer.settings import as_settings, check_change, coerce, read_declared

@@ -517,6 +517,46 @@ def test_a_fix_retried_after_an_inconclusive_gain_is_backtested_over_twice_the_h
     ctrl.lock.release()
 
 
+@pytest.mark.parametrize("live_step", [300, 50, 10])
+def test_a_rollback_whose_arms_both_start_at_its_checkpoint_trains_the_steps_it_gives_up(tmp_path, monkeypatch, live_step):
+    """A rollback to a checkpoint when the steps since it gained nothing: both arms start there, and
+    they train at least the steps the rollback gives up (within the longest retry horizon), never
+    less than the backtest's horizon; the record says so."""
+    from swarm.controller import Controller
+    from swarm.graph import SwarmState
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    h = goal.swarm.backtest.horizon_steps
+    calls = []
+
+    def fake_arms(iv, *, horizon, label="", **kw):
+        from swarm.decisions import ArmScore, Pair
+
+        calls.append((horizon, kw["ckpt"], kw["step"], kw["candidate_step"]))
+        return [Pair(s, ArmScore(0.6), ArmScore(0.0)) for s in kw["seeds"]], 1.0
+
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process", backtest_runner=fake_arms)
+    monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": live_step})
+    monkeypatch.setattr(ctrl, "checkpoints", lambda: [{"name": "init", "step": 0}])
+    monkeypatch.setattr(ctrl, "nothing_staked", lambda step: True)
+    d = Diagnosis(name="not_learning", summary="flat", operator="diagnostics", policy="builtin",
+                  evidence={"rollback_to": "init"})
+    iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.001}, diagnosis=d, rationale="r",
+                      operator="diagnostics", policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.node_backtest(SwarmState(job_status="RUNNING", tick=1, step=live_step))
+    assert 10 < h < 50 and 4 * h < 300, "the cases below assume the test goal's horizon"
+    want = {300: 4 * h, 50: 50, 10: h}[live_step]     # capped at the longest retry horizon; the steps given up; h
+    [(horizon, ckpt, step, cstep)] = calls
+    assert horizon == want and ckpt.endswith("init.pt") and step == 0 and cstep == 0
+    got = ctrl.store.get(iv.id)
+    assert got.backtest.horizon_steps == want
+    assert ("the rollback gives up" in got.backtest.note) is (want > h)
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
 @pytest.mark.parametrize("name,confirmed,backtested", [("loss_spike", True, False), ("reward_hacking", True, False),
                                                       ("loss_spike", False, True), ("template_mismatch", True, True)])
 def test_only_a_confirmed_divergence_rollback_skips_its_backtest(tmp_path, monkeypatch, name, confirmed, backtested):

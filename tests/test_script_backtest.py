@@ -20,9 +20,9 @@ import sys
 import pytest
 
 from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind, Risk
-from swarm.backtest import result
+from swarm.backtest import result, rollback_horizon
 from swarm.decisions import Extend, Rejected, Validated, decide
-from swarm.script_backtest import rollback_horizon, run_script_arms, script_rule, split_change
+from swarm.script_backtest import run_script_arms, script_rule, split_change
 from trainer.runlog import read_jsonl
 from trainer.steer import SwarmCallback
 from trainer.steer.fork import STOP_AT_ENV, fork_argv
