@@ -139,7 +139,7 @@ class Explorer(Operator):
                f"most sensitive first: candidate {len(every) - len(todo) + 1} of {len(every)}, {field} "
                f"{ctx.get(field)!r} → {value!r} ({len(done)} change(s) tried in this run so far); the backtest "
                "compares it with carrying on")
-        best = never_learnt(ev, ctx, self.thresholds.not_learning_heldout_max)
+        best = never_learnt(ev, ctx.checkpoints, self.thresholds.not_learning_heldout_max)
         if best is not None and stuck.name == "not_learning":
             return [self._propose(K.ROLLBACK, stuck, change, why + f", both from the untrained checkpoint "
                                   f"{INIT_CHECKPOINT!r}: it never learnt (best held-out {best:.3g}), so the damage may "

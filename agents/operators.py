@@ -64,10 +64,10 @@ def _f(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def never_learnt(ev: Evidence, ctx: OperatorContext, heldout_max: float) -> float | None:
+def never_learnt(ev: Evidence, checkpoints: list[dict[str, Any]], heldout_max: float) -> float | None:
     """The best held-out accuracy of a run that never learnt (never above `heldout_max`) and whose
-    untrained checkpoint is kept, so a fix may start over from it; None otherwise."""
-    if not any(c.get("name") == INIT_CHECKPOINT for c in ctx.checkpoints):
+    untrained checkpoint is among `checkpoints`, so a fix may start over from it; None otherwise."""
+    if not any(c.get("name") == INIT_CHECKPOINT for c in checkpoints):
         return None
     best = max((v for v in (_f(r.get("heldout_acc")) for r in ev.evals) if v is not None), default=None)
     return best if best is not None and best <= heldout_max else None
@@ -177,7 +177,7 @@ class Diagnostics(Operator):
             lr = max((x for x in (_f(ctx.get("recipe.lr")), _f(d.evidence.get("lr_now"))) if x), default=None)
             # Adam above ~1e-2 almost never trains a transformer: go at least to 1e-3 there
             new_lr = float(f"{min(lr * LR_FACTOR, 1e-3) if lr > 1e-2 else lr * LR_FACTOR:.6g}") if lr else None
-            best = never_learnt(ev, ctx, self.thresholds.not_learning_heldout_max)
+            best = never_learnt(ev, ctx.checkpoints, self.thresholds.not_learning_heldout_max)
             if new_lr and best is not None:
                 # it never learnt: the weights trained at this lr are no better than the start (often
                 # worse: saturated units, Adam moments sized for the wrong lr), so start over

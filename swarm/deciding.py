@@ -18,12 +18,13 @@ import yaml
 from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
-from agents.operators import config_fields, eval_series, inconclusive, progress_since, rollback_stake
-from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for
+from agents.operators import config_fields, eval_series, inconclusive, never_learnt, progress_since, rollback_stake
+from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for, start_over
 from swarm.decisions import (BacktestSpec, Control, Facts, Kept, Look, Pair, Pending, Refuse, RolledBack, Rule, Sighting, Skip, Window,
                              assign_risk, corroborated_by, judge, outlook, persistence, plan, rate_var,
                              restart_hold, retry_horizon, run_looks, schedule, try_share, smaller_step, wasted, worth_verifying)
 from trainer.config import get_dotted
+from trainer.runlog import INIT_CHECKPOINT
 
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
 
@@ -217,7 +218,22 @@ class Deciding:
                 iv = iv.model_copy(update={"changes": variant, "rationale": iv.rationale + (
                     f" (difficulties clamped to the task's range {self.task_range[0]}-{self.task_range[1]}: the trainer "
                     "refuses a curriculum outside it)")})
-        return self.assess(iv)
+        return self.assess(self.from_the_start(iv))
+
+    def from_the_start(self, iv: Intervention) -> Intervention:
+        """The fix as a rollback to the untrained checkpoint carrying its change, when
+        `swarm.backtest.start_over` says so; else the fix as proposed."""
+        tries = self.tries_without_gain(iv)
+        if not tries:
+            return iv
+        best = never_learnt(self.evidence(JobStatus.RUNNING), self.checkpoints(), THRESHOLDS.not_learning_heldout_max)
+        if not start_over(iv.kind.value, iv.changes, tries, best is not None):
+            return iv
+        d = iv.diagnosis.model_copy(update={"evidence": {**iv.diagnosis.evidence, "rollback_to": INIT_CHECKPOINT}})
+        return iv.model_copy(update={"kind": InterventionKind.ROLLBACK, "diagnosis": d, "rationale": iv.rationale + (
+            f" Backtested {tries} time(s) from the live weights with a gain too small to tell, in a run that never "
+            f"learnt (best held-out {best:.3g}): tried again from the untrained checkpoint {INIT_CHECKPOINT!r}, "
+            "its weights being worth nothing and perhaps what keeps the change from showing.")})
 
     def worth_it(self, proposals: list[Intervention], s: Any) -> list[Intervention]:
         """The proposals worth verifying now (swarm.decisions.worth_verifying on the outlook of the

@@ -517,6 +517,50 @@ def test_a_fix_retried_after_an_inconclusive_gain_is_backtested_over_twice_the_h
     ctrl.lock.release()
 
 
+@pytest.mark.parametrize("best,init_kept,tried,kind", [
+    (0.0, True, True, InterventionKind.ROLLBACK),          # never learnt, tried from the live weights: from the start
+    (0.0, True, False, InterventionKind.HARNESS_EDIT),     # first try: from the live weights
+    (0.3, True, True, InterventionKind.HARNESS_EDIT),      # it learnt: its weights are worth keeping
+    (0.0, False, True, InterventionKind.HARNESS_EDIT),     # no untrained checkpoint to start from
+])
+def test_a_fix_that_could_not_show_from_the_weights_of_a_run_that_never_learnt_starts_over(
+        tmp_path, monkeypatch, best, init_kept, tried, kind):
+    """A config fix already backtested from the live weights with a gain too small to tell, in a
+    run that never learnt whose untrained checkpoint is kept, is proposed again as a rollback to
+    that checkpoint carrying the same change (swarm.backtest.start_over)."""
+    from agents.domain import BacktestResult
+    from agents.evidence import Evidence
+    from swarm.controller import Controller
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    ev = Evidence(run_dir=str(tmp_path), job_status="RUNNING", step=150,
+                  evals=[{"step": s, "heldout_acc": best} for s in (50, 100, 150)])
+    monkeypatch.setattr(ctrl, "evidence", lambda status: ev)
+    monkeypatch.setattr(ctrl, "checkpoints", lambda: ([{"name": "init", "step": 0}] if init_kept else [])
+                        + [{"name": "ckpt-100", "step": 100}])
+    d = Diagnosis(name="truncation", summary="cut", operator="harness_critic", policy="builtin")
+
+    def fix():
+        return Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.sampling.max_new_tokens": 9}, diagnosis=d,
+                            rationale="r", operator="harness_critic", policy="builtin")
+
+    if tried:
+        first = fix()
+        first.backtest = BacktestResult(metric="heldout_acc", candidate=[0.0, 0.0], control=[0.0, 0.0], effect=0.0,
+                                        p_value=0.85, test="t", horizon_steps=40, seeds=[0, 1], passed=False)
+        ctrl.store.put(first)
+        ctrl.store.transition(first.id, Status.REJECTED, "no measured gain")
+    got = ctrl.from_the_start(fix())
+    assert got.kind == kind and got.changes == {"harness.sampling.max_new_tokens": 9}
+    if kind == InterventionKind.ROLLBACK:
+        assert got.diagnosis.evidence["rollback_to"] == "init" and ctrl.rollback_target(got) == "init"
+        assert "tried again from the untrained checkpoint 'init'" in got.rationale
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
+
+
 @pytest.mark.parametrize("live_step", [300, 50, 10])
 def test_a_rollback_whose_arms_both_start_at_its_checkpoint_trains_the_steps_it_gives_up(tmp_path, monkeypatch, live_step):
     """A rollback to a checkpoint when the steps since it gained nothing: both arms start there, and
