@@ -35,7 +35,10 @@ With `--critic` (`critic.enabled`) the harness co-evolves with the weights (docs
               and verified there; held-out success under both harnesses before and after
 
 `harness_fault` (`--fault PATH=VALUE`) edits the starting harness but not the warm-up
-demonstrations' harness: a fault for the critic to find.
+demonstrations' harness: a fault for the critic to find. With `harness_fault_step` (`--fault-step N`)
+the run starts on the healthy harness and the fault arrives when the run reaches step N (a
+`harness_change` event; the critic is not told). `critic.every` (`--critic-every N`) makes critic
+rounds periodic: before every N-th GRPO step, so a fault that arrives mid-run meets a critic after it.
 
 The run writes the trainer's run format (`trainer.runlog.RunLog`) under OUT/NAME: metrics.jsonl
 (`algorithm` "eval", "sft" every `log_every` steps or "grpo" every step; held-out fields on eval
@@ -129,6 +132,8 @@ class CriticStage(_Strict):
                                "harness per distillation step; their verified successes are the step's rows")
     distill_lr: float = Field(3e-3, gt=0.0, le=10.0, description="AdamW learning rate of distillation")
     distill_warmup_steps: int = Field(10, ge=0, description="steps of linear learning-rate warm-up of distillation")
+    every: int = Field(0, ge=0, le=100_000, description="periodic critic: critic rounds before every N-th GRPO step "
+                       "of a stage (before its steps 0, N, 2N, ...), besides the pass after GRPO; 0 = only that pass")
 
 
 class AgentTrainConfig(_Strict):
@@ -154,9 +159,17 @@ class AgentTrainConfig(_Strict):
         "named", description="how the warm-up demonstrations write tool calls: named (get(key=\"abc\")) or "
                              "positional (get(\"abc\")), as agent data from another harness may; positional calls "
                              "need a lenient parser, so the starting harness's parser is lenient then")
+    harness_edits: dict[str, Any] = Field(default_factory=dict, description="typed harness edits (dotted path: "
+                                          "value) applied to the healthy harness: the warm-up demonstrations' and "
+                                          "the starting harness's (the goal's own harness settings, not a fault)")
     harness_fault: dict[str, Any] = Field(default_factory=dict, description="typed harness edits (dotted path: "
                                           "value, as `harness.agent.apply_edit`) applied to the run's starting "
                                           "harness but not to the warm-up demonstrations' (a fault for the critic)")
+    harness_fault_step: int | None = Field(None, ge=0, description="None: harness_fault is in the starting harness; "
+                                           "N: the run starts on the healthy harness and harness_fault is applied "
+                                           "when the run reaches step N (the run's step counter, warm-up steps "
+                                           "included: at least sft.steps), at the start of the GRPO step or critic "
+                                           "round that begins there; the critic is never told")
     critic: CriticStage = Field(default_factory=CriticStage, description="the HarnessCritic and distillation")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
     grad_clip: float = Field(1.0, gt=0.0, description="clip the global gradient norm to this")
@@ -172,6 +185,12 @@ class AgentTrainConfig(_Strict):
                 self.max_new_tokens >= self.model.max_seq_len:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be below model.max_seq_len="
                              f"{self.model.max_seq_len}")
+        if self.harness_fault_step is not None:
+            if not self.harness_fault:
+                raise ValueError(f"harness_fault_step={self.harness_fault_step} needs a harness_fault to apply")
+            if self.harness_fault_step < self.sft.steps:
+                raise ValueError(f"harness_fault_step={self.harness_fault_step} is inside the warm-up "
+                                 f"(sft.steps={self.sft.steps}): a harness change happens after it")
         return self
 
     @property
@@ -269,13 +288,22 @@ class AgentTrainer:
                 self.harness = self.env.default_harness(**fields)
         except (ValueError, TypeError) as e:
             raise ConfigError(str(e)) from None
-        self.demo_harness = self.harness          # the warm-up demonstrations' harness: without the fault
-        for path, value in cfg.harness_fault.items():
+        for path, value in cfg.harness_edits.items():
             why = check_edit(self.harness, path, value)
             if why is not None:
-                raise ConfigError(f"harness_fault: {why}")
+                raise ConfigError(f"harness_edits: {why}")
             self.harness = apply_edit(self.harness, path, value)
-        self.start_harness = self.harness         # the run's starting harness, fault included
+        self.demo_harness = self.harness          # the warm-up demonstrations' harness: without the fault
+        faulty = self.harness
+        for path, value in cfg.harness_fault.items():
+            why = check_edit(faulty, path, value)
+            if why is not None:
+                raise ConfigError(f"harness_fault: {why}")
+            faulty = apply_edit(faulty, path, value)
+        self.change_pending = cfg.harness_fault_step is not None   # the fault comes at a step, not at the start
+        if not self.change_pending:
+            self.harness = faulty
+        self.start_harness = self.harness         # the run's starting harness, fault included (a change replaces it)
         self.edits: list[dict[str, Any]] = []     # the critic's verdicts, kept and rejected
         device = next(self.policy.model.parameters()).device
         self.backend, _ = select_backend("torch" if cfg.model.kernels == "auto" and device.type == "cpu"
@@ -368,8 +396,35 @@ class AgentTrainer:
         loss, stats = sft_rows_loss(self.policy, rows, self.backend)
         return {**stats, **self.optimise(loss, lr), "drift": float(drift)}
 
+    def apply_harness_change(self) -> bool:
+        """A mid-run fault (`harness_fault_step`): once the run has reached that step, apply
+        `harness_fault` to the current harness (edits the critic kept stay, a fault edit that changes
+        nothing there is skipped) and to the starting harness, which the changed one replaces. An
+        `harness_change` event records it; the metrics rows' `harness_version` shows it. Returns
+        whether the harness changed now."""
+        cfg = self.cfg
+        if not self.change_pending or cfg.harness_fault_step is None or self.step < cfg.harness_fault_step:
+            return False
+        self.change_pending = False
+        before = self.harness.version
+        applied = []
+        for path, value in cfg.harness_fault.items():
+            if check_edit(self.harness, path, value) is None:
+                self.harness = apply_edit(self.harness, path, value)
+                applied.append(path)
+            if check_edit(self.start_harness, path, value) is None:
+                self.start_harness = apply_edit(self.start_harness, path, value)
+        if self.log:
+            self.log.event("harness_change", self.step, source="harness_fault_step", edits=cfg.harness_fault,
+                           applied=applied, harness_before=before, harness_version=self.harness.version)
+        if self.printer:
+            self.printer(f"[harness {self.step:4d}] changed {before} -> {self.harness.version}: {cfg.harness_fault}")
+        return self.harness.version != before
+
     def grpo_step(self, i: int) -> dict[str, float]:
-        """Sample a group of trajectories for each of the next train episodes, then `update`."""
+        """Sample a group of trajectories for each of the next train episodes, then `update`
+        (a harness change due at this step is applied first)."""
+        self.apply_harness_change()
         g = self.cfg.grpo
         t0 = time.perf_counter()
         examples = self.next_train(g.prompts)
@@ -507,8 +562,25 @@ class AgentTrainer:
         self.heldout_warm = self.last_heldout()
         return self.heldout_warm
 
-    def reinforce(self, steps: int | None = None) -> float:
-        """The GRPO stage (`grpo.steps`, or `steps`); returns held-out success after it."""
+    @staticmethod
+    def critic_due(i: int, every: int) -> bool:
+        """The periodic critic's schedule: rounds before GRPO steps 0, every, 2*every, ... of a
+        stage; never when `every` is 0."""
+        return every > 0 and i % every == 0
+
+    def critic_rounds(self) -> int:
+        """Up to `critic.rounds` critic rounds; a round that keeps nothing ends them. Returns the
+        number of edits kept."""
+        kept = 0
+        for _ in range(self.cfg.critic.rounds):
+            if self.critic_round() is None:
+                break
+            kept += 1
+        return kept
+
+    def reinforce(self, steps: int | None = None, periodic: bool = False) -> float:
+        """The GRPO stage (`grpo.steps`, or `steps`); with `periodic` and `critic.every`, critic
+        rounds before every `critic.every`-th step. Returns held-out success after it."""
         cfg = self.cfg
         steps = cfg.grpo.steps if steps is None else steps
         if cfg.grpo.kl_coef > 0:   # the KL reference is the policy the warm-up produced
@@ -517,6 +589,8 @@ class AgentTrainer:
         for g in self.opt.param_groups:
             g["lr"] = cfg.grpo.lr
         for i in range(steps):
+            if periodic and self.critic_due(i, cfg.critic.every):
+                self.critic_rounds()
             t0 = time.perf_counter()
             stats = self.grpo_step(i)
             self.step += 1
@@ -543,6 +617,7 @@ class AgentTrainer:
         edits against the current harness on the same validation episodes with the same weights,
         and keep the best significant one. Returns the kept edit's record, or None."""
         c = self.cfg.critic
+        self.apply_harness_change()
         t0 = time.perf_counter()
         trajs = self.rollout(self.next_train(c.read), greedy=True)
         crit = critique(trajs, self.harness, self.env.tool_specs())
@@ -604,15 +679,14 @@ class AgentTrainer:
         would teach an answer the policy was not shown).
 
         Then the stage is judged (`judge_distillation`) on the validation episodes under both
-        harnesses, before and after it: without a measured gain the weights and optimiser state from
+        harnesses, before its first update and after it: without a measured gain the weights and optimiser state from
         before it are restored; with one, the run goes back to the starting harness when that holds.
         The verdict is in the returned totals (`distill_kept`, `harness_reduced`, `distill_reason`)
         and in the `distill` event."""
         c = self.cfg.critic
         h = self.start_harness
         val = self.validation_episodes()
-        start_before, imp_before = self.outcomes(h, val), self.outcomes(self.harness, val)
-        saved = {"model": copy.deepcopy(self.policy.model.state_dict()), "opt": copy.deepcopy(self.opt.state_dict())}
+        before: tuple[list[bool], list[bool], dict[str, Any]] | None = None   # measured before the first update
         # the teacher: the weights as they act under the improved harness, frozen, so the rows keep
         # coming while the student's own behaviour shifts
         teacher = Policy(self.policy.cfg, self.policy.tok, copy.deepcopy(self.policy.model))
@@ -644,17 +718,22 @@ class AgentTrainer:
                                  "starting harness: nothing to distil")
                 break
             lr = self._lr(c.distill_lr, c.distill_warmup_steps, i)
+            if replays and before is None:
+                before = (self.outcomes(h, val), self.outcomes(self.harness, val),
+                          {"model": copy.deepcopy(self.policy.model.state_dict()),
+                           "opt": copy.deepcopy(self.opt.state_dict())})
             out = self.sft_on(replays, lr) if replays else {"loss": 0.0, "grad_norm": 0.0, "skipped": 1.0}
             self.step += 1
             totals["distill_steps"] += 1
             if (i + 1) % self.cfg.log_every == 0 or i == c.distill_steps - 1:
                 self.write_row({**self.row_base("distill"), **out, "rows": float(len(replays)), **totals,
                                 "step_time": time.perf_counter() - t0})
-        if not totals["distill_steps"]:
-            totals.update({"distill_kept": 0.0, "harness_reduced": 0.0, "distill_reason": "no distillation step ran"})
+        if before is None:   # no update: the weights are as they were
+            totals.update({"distill_kept": 0.0, "harness_reduced": 0.0, "distill_reason": "no distillation row: no update"})
             if self.log:
                 self.log.event("distill", self.step, **totals)
             return totals
+        start_before, imp_before, saved = before
         v = judge_distillation(start_before, self.outcomes(h, val), imp_before, self.outcomes(self.harness, val),
                                c.alpha)
         if not v.kept:
@@ -675,10 +754,8 @@ class AgentTrainer:
         c = self.cfg.critic
         self.start()
         self.warm_up()
-        before = self.reinforce()
-        for _ in range(c.rounds):
-            if self.critic_round() is None:
-                break
+        before = self.reinforce(periodic=True)
+        self.critic_rounds()
         out: dict[str, Any] = {"heldout_acc_before_critic": before, "edits_kept": [e for e in self.edits if e["kept"]],
                                "edits_rejected": [e for e in self.edits if not e["kept"]],
                                "start_harness": self.start_harness.version, "harness": self.harness.version}
@@ -687,7 +764,7 @@ class AgentTrainer:
         ev = self.evaluate()
         self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev})
         out["heldout_acc_after_edit"] = ev["heldout_acc"]
-        out["heldout_acc_after_grpo"] = self.reinforce(c.grpo_steps) if c.grpo_steps else ev["heldout_acc"]
+        out["heldout_acc_after_grpo"] = self.reinforce(c.grpo_steps, periodic=True) if c.grpo_steps else ev["heldout_acc"]
         if c.distill_steps:
             out["start_harness_acc_before_distill"] = self.evaluate(harness=self.start_harness)["heldout_acc"]
             out.update(self.distill())
@@ -743,6 +820,9 @@ def main(argv: list[str] | None = None) -> int:
                     "harness, distillation (critic.* in the config)")
     ap.add_argument("--fault", action="append", default=[], metavar="PATH=VALUE",
                     help="a harness fault in the starting harness, e.g. tool_syntax.kind=json (VALUE is YAML; repeatable)")
+    ap.add_argument("--fault-step", type=int, help="apply the --fault edits when the run reaches this step "
+                    "(warm-up steps included) instead of in the starting harness")
+    ap.add_argument("--critic-every", type=int, help="critic rounds before every N-th GRPO step (critic.every)")
     a = ap.parse_args(argv)
     try:
         data: dict[str, Any] = {}
@@ -762,6 +842,10 @@ def main(argv: list[str] | None = None) -> int:
                              **data.get("model", {}), "max_seq_len": a.max_seq_len}
         if a.critic:
             data.setdefault("critic", {})["enabled"] = True
+        if a.critic_every is not None:
+            data.setdefault("critic", {})["every"] = a.critic_every
+        if a.fault_step is not None:
+            data["harness_fault_step"] = a.fault_step
         for f in a.fault:
             path, eq, value = f.partition("=")
             if not eq or not path:
