@@ -261,3 +261,53 @@ def test_batch_settings_are_checked(tmp_path, harness):
         EndpointServer(ScriptedPolicy([]), harness, tmp_path / "l.jsonl", max_batch=0)
     with pytest.raises(ValueError, match="batch_window_s=0.5"):
         EndpointServer(ScriptedPolicy([]), harness, tmp_path / "l.jsonl", batch_window_s=0.5, batch_wait_s=0.1)
+
+
+def test_a_batch_closes_once_every_connection_has_a_request_queued(tmp_path, harness):
+    """A lone client's request is its connection's only one: the batch closes at once, not after
+    the window; but not on a new connection (its client may be opening more), nor while another
+    connection is open and idle (it may still bring a request)."""
+    outputs = ["<answer>1</answer>", "<answer>2</answer>", "<answer>3</answer>"]
+    with EndpointServer(ScriptedPolicy(outputs), harness, tmp_path / "l.jsonl", batch_window_s=0.3,
+                        batch_wait_s=0.6) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=srv.token, max_retries=0, timeout=30)
+        early = []     # did each batch close because every request was in (not by the window)?
+        for user in ("a", "b"):
+            before = srv.stats["closed_all_in"]
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "q"}], user=user)
+            early.append(srv.stats["closed_all_in"] - before)
+        with httpx.Client(headers={"Authorization": f"Bearer {srv.token}"}) as idle:   # a second, idle connection
+            assert idle.post(srv.url + "/v1/episodes/a/reward", json={"reward": 1}).status_code == 200
+            before = srv.stats["closed_all_in"]
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "q"}], user="c")
+            early.append(srv.stats["closed_all_in"] - before)
+        assert srv.stats["batches"] == 3, srv.stats
+    assert early == [0, 1, 0], early
+    assert [r["type"] for r in read_log(tmp_path / "l.jsonl")] == ["call", "call", "reward", "call"]
+
+
+def test_every_call_of_a_batch_is_logged_before_its_answers(tmp_path):
+    """Concurrent calls: each answer's log line is on disk when the client gets the answer, and
+    all of them after a shutdown."""
+    import asyncio
+
+    harness = make_env("lookup").default_harness(sampling={"max_new_tokens": 20})
+    outputs = [f"<answer>{i}</answer>" for i in range(6)]
+    log = tmp_path / "l.jsonl"
+    with EndpointServer(ScriptedPolicy(outputs), harness, log, batch_window_s=0.2, batch_wait_s=1.0) as srv:
+        async def call(client, i):
+            r = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": f"q{i}"}],
+                                                     user=f"e{i}")
+            return {rec["episode"] for rec in read_log(log)}, r
+
+        async def all_at_once():
+            async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=srv.token, max_retries=0,
+                                          timeout=60) as client:
+                return await asyncio.gather(*(call(client, i) for i in range(6)))
+
+        got = asyncio.run(all_at_once())
+    for i, (logged, r) in enumerate(got):
+        assert f"e{i}" in logged, f"call e{i} answered before its log line was written"
+    recs = read_log(log)
+    assert sorted(r["episode"] for r in recs) == [f"e{i}" for i in range(6)]
+    assert sorted(r["text"] for r in recs) == sorted(outputs)

@@ -25,12 +25,25 @@ as (`reused_assistant` counts them; `retokenized_assistant` counts the ones it h
 The policy is any `trainer.agent_rollout.Generator` (`PolicyGenerator` for the trainer's own).
 
 Concurrent requests are generated together: each request renders its prompt, then queues it for
-one batcher thread, which takes every queued prompt (waiting up to `batch_window_s` after the
-last arrival, at most `max_batch` rows and `batch_wait_s` in all, so that requests sent at once
-meet) and generates them in one `Policy.sample` call (for a `PolicyGenerator`; any other
-`Generator` is called row by row). An agent that waits for each answer before its next call gets
-batches of one: the same calls, and the same random stream, as without batching. `stats` counts
-batches, rows and the seconds spent generating.
+one batcher thread, which takes every queued prompt and generates them in one `Policy.sample`
+call (for a `PolicyGenerator`; any other `Generator` is called row by row). The batch closes as
+soon as no request is being rendered and every open connection has a request queued (a client
+waiting for its answers sends nothing more on them; uvicorn's connection count), unless one of
+them is the first request on its connection (a client opening connections may have more that the
+server has not accepted yet); else once arrivals pause for `batch_window_s` (10 ms: an idle
+keep-alive connection may be an agent still sending), at most `max_batch` rows and
+`batch_wait_s` (50 ms) in all. A split batch costs a whole second generation, a few ms of waiting
+do not. An agent that waits for each answer before its next call gets batches of one, closed at
+once from its second call on: the same calls, and the same random stream, as without batching.
+The log lines of a batch are written before any of its answers is sent, so a client that reads
+the log once answered finds its calls there. `stats` counts batches, rows, the seconds spent
+generating, waiting for a batch to close (`wait_s`) and building answers and log lines
+(`record_s`), and the batches that closed because every request was in (`closed_all_in`).
+
+Per-request overhead is kept small (benchmarks/endpoint_throughput.py): the token check is plain
+ASGI middleware (starlette's `BaseHTTPMiddleware` costs a task group and two memory streams per
+request), the batcher is woken only when its decision can change, and the harness version (a
+hash of the harness) is computed once per batch.
 
 Log-probs: for a `PolicyGenerator` they come out of the sampling loop itself (no second forward):
 each completion token's log_softmax(logits)[token] at temperature 1 — the policy's own
@@ -86,6 +99,7 @@ class _Job:
     max_new: int
     temperature: float
     stop: tuple[str, ...]
+    fresh: bool = False   # the first request on its connection: the client may be opening more
     deliver: Callable[[bool, Any], None] = lambda ok, value: None   # (True, response) or (False, exception)
 
 
@@ -112,7 +126,7 @@ def generate_rows(policy: Generator, prompts: list[list[int]], max_new: int, tem
 class EndpointServer:
     def __init__(self, policy: Generator, harness: AgentHarness, log_path: str | pathlib.Path,
                  token: str | None = None, weight_version: str = "", model_name: str = "policy",
-                 max_batch: int = 64, batch_window_s: float = 0.002, batch_wait_s: float = 0.02) -> None:
+                 max_batch: int = 64, batch_window_s: float = 0.01, batch_wait_s: float = 0.05) -> None:
         if token is not None and (not isinstance(token, str) or len(token) < 16):
             raise ValueError("endpoint token must be a string of at least 16 characters")
         if not isinstance(max_batch, int) or max_batch < 1:
@@ -126,11 +140,15 @@ class EndpointServer:
         self.weight_version, self.model_name = weight_version, model_name
         self.max_batch, self.batch_window_s, self.batch_wait_s = max_batch, batch_window_s, batch_wait_s
         self.episodes: dict[str, _Episode] = {}
-        self.stats = {"batches": 0, "rows": 0, "generate_s": 0.0}
+        self.stats = {"batches": 0, "rows": 0, "generate_s": 0.0, "wait_s": 0.0, "record_s": 0.0,
+                      "closed_all_in": 0}
         self._state_lock = threading.Lock()      # episodes: rendering and recording a call
         self._log_lock = threading.Lock()
         self._queue: collections.deque[_Job] = collections.deque()
         self._queue_cv = threading.Condition()
+        self._arriving = 0                       # chat requests being read and rendered, not yet queued
+        self._last_arrival = 0.0                 # time.monotonic() of the last job queued
+        self._clients: set[Any] = set()          # (host, port) of connections that have sent a request
         self._batcher: threading.Thread | None = None
         self._stopping = False
         self._server: Any = None
@@ -199,27 +217,56 @@ class EndpointServer:
             if self._stopping or self._batcher is None:
                 raise RuntimeError("the policy endpoint is stopped")
             self._queue.append(job)
-            self._queue_cv.notify_all()
+            self._last_arrival = time.monotonic()
+            # wake the batcher only where its decision can change (the first job, a full batch;
+            # `_arrival` wakes it once every connection's request is in): a wake-up takes the GIL
+            # from the event loop
+            if len(self._queue) == 1 or len(self._queue) >= self.max_batch:
+                self._queue_cv.notify_all()
 
     def _take_batch(self) -> list[_Job] | None:
-        """Queued jobs once arrivals pause for `batch_window_s` (or `max_batch` / `batch_wait_s`
-        is reached); None when stopping."""
+        """Queued jobs once no more can be expected soon; None when stopping. The batch closes at
+        `max_batch` rows, after `batch_wait_s` in all, as soon as every request is in (`_all_in`),
+        or once arrivals pause for `batch_window_s` with no request being rendered."""
         with self._queue_cv:
             while not self._queue and not self._stopping:
                 self._queue_cv.wait()
             if self._stopping:
                 return None
-            start = last = time.monotonic()
-            seen = len(self._queue)
-            while len(self._queue) < self.max_batch:
+            start = time.monotonic()
+            while len(self._queue) < self.max_batch and not self._all_in():
                 now = time.monotonic()
-                wait = min(last + self.batch_window_s, start + self.batch_wait_s) - now
-                if wait <= 0:
+                if now >= start + self.batch_wait_s:
                     break
-                self._queue_cv.wait(wait)
-                if len(self._queue) > seen:
-                    seen, last = len(self._queue), time.monotonic()
+                deadline = max(self._last_arrival, start) + self.batch_window_s
+                if now >= deadline:
+                    if self._arriving == 0:
+                        break
+                    # a request is being rendered: worth another window (at least 1 ms: no spinning)
+                    deadline = now + max(self.batch_window_s, 0.001)
+                self._queue_cv.wait(min(deadline, start + self.batch_wait_s) - now)
+            self.stats["wait_s"] += time.monotonic() - start
+            self.stats["closed_all_in"] += int(self._all_in())
             return [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+
+    def _open_connections(self) -> float:
+        """The server's open HTTP connections (uvicorn's count; infinity where it has none, so
+        that only the window closes a batch)."""
+        state = getattr(self._server, "server_state", None)
+        return len(state.connections) if state is not None else float("inf")
+
+    def _all_in(self) -> bool:
+        """Whether no more requests can be expected for the batch being gathered: none is being
+        rendered, every open connection has one queued, and none of those is the first on its
+        connection (its client may be opening more). The caller holds the queue lock."""
+        return (self._arriving == 0 and len(self._queue) >= self._open_connections()
+                and not any(j.fresh for j in self._queue))
+
+    def _arrival(self, delta: int) -> None:
+        with self._queue_cv:
+            self._arriving += delta
+            if self._queue and self._all_in():   # the batcher's timed waits cover every other case
+                self._queue_cv.notify_all()
 
     def _batch_loop(self) -> None:
         while (jobs := self._take_batch()) is not None:
@@ -234,10 +281,15 @@ class EndpointServer:
                     self.stats["generate_s"] += time.perf_counter() - t0
                     self.stats["batches"] += 1
                     self.stats["rows"] += len(group)
+                    t0 = time.perf_counter()
+                    version = self.harness.version   # a hash of the harness: once per batch
                     with self._state_lock:
-                        done = [self._finish(j, outs[k], lps[k] if lps is not None else None)
+                        done = [self._finish(j, outs[k], lps[k] if lps is not None else None, version)
                                 for k, j in enumerate(group)]
-                    self._append(*(record for _, record in done))   # one write per batch
+                    # one write per batch, before any answer: a client that reads the log once
+                    # answered finds its call there
+                    self._append(*(record for _, record in done))
+                    self.stats["record_s"] += time.perf_counter() - t0
                 except Exception as e:   # the policy failed: every request of the batch gets it
                     for j in group:
                         j.deliver(False, e)
@@ -323,33 +375,53 @@ class EndpointServer:
         async def _http(request: Request, exc: HTTPException) -> JSONResponse:
             return error(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
 
-        @app.middleware("http")
-        async def _auth(request: Request, call_next: Any) -> Any:
-            got = request.headers.get("authorization", "")
-            want = "Bearer " + self.token
-            if not hmac.compare_digest(got.encode(), want.encode()):
-                return error(401, "a valid bearer token is required", kind="authentication_error",
-                             code="invalid_api_key")
-            return await call_next(request)
+        want = ("Bearer " + self.token).encode()
+
+        class BearerAuth:
+            """Every HTTP request needs the token. Plain ASGI: starlette's `BaseHTTPMiddleware`
+            (`@app.middleware`) costs a task group and two memory streams per request."""
+
+            def __init__(self, app: Any) -> None:
+                self.app = app
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                if scope["type"] == "http":
+                    got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+                    if not hmac.compare_digest(got, want):
+                        await error(401, "a valid bearer token is required", kind="authentication_error",
+                                    code="invalid_api_key")(scope, receive, send)
+                        return
+                await self.app(scope, receive, send)
+
+        app.add_middleware(BearerAuth)
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> JSONResponse:
+            self._arrival(+1)   # the batcher waits for a request it knows is on its way
             try:
-                body = await request.json()
-            except ValueError:
-                return error(400, "the body is not JSON")
-            if not isinstance(body, dict):
-                return error(400, "the body must be a JSON object")
-            episode = request.headers.get(EPISODE_HEADER) or body.get("user") or "default"
-            attempt = request.headers.get(ATTEMPT_HEADER)
-            try:
-                job = self._prepare(body, str(episode), attempt)
-            except ValueError as e:
-                return error(400, str(e))
-            # rendered here, in the event loop; generated with the other queued requests by the batcher
-            loop, done = asyncio.get_running_loop(), asyncio.get_running_loop().create_future()
-            job.deliver = lambda ok, value: loop.call_soon_threadsafe(_resolve, done, ok, value)
-            self._submit(job)
+                try:
+                    body = await request.json()
+                except ValueError:
+                    return error(400, "the body is not JSON")
+                if not isinstance(body, dict):
+                    return error(400, "the body must be a JSON object")
+                episode = request.headers.get(EPISODE_HEADER) or body.get("user") or "default"
+                attempt = request.headers.get(ATTEMPT_HEADER)
+                try:
+                    job = self._prepare(body, str(episode), attempt)
+                except ValueError as e:
+                    return error(400, str(e))
+                if len(self._clients) > 4096:   # bounded; a forgotten connection only looks fresh again
+                    self._clients.clear()
+                peer = request.scope.get("client")
+                job.fresh = peer not in self._clients
+                self._clients.add(peer)
+                # rendered here, in the event loop; generated with the other queued requests by the batcher
+                loop, done = asyncio.get_running_loop(), asyncio.get_running_loop().create_future()
+                job.deliver = lambda ok, value: loop.call_soon_threadsafe(_resolve, done, ok, value)
+                self._submit(job)
+            finally:
+                self._arrival(-1)
             return JSONResponse(await done)
 
         @app.post("/v1/episodes/{episode}/reward")
@@ -404,18 +476,18 @@ class EndpointServer:
         return _Job(body, episode, attempt, ep, tools, prompt, reused, retok, max_new, h.sampling.temperature,
                     tuple(h.stop))
 
-    def _finish(self, job: _Job, out: list[int], logprobs: list[float] | None
+    def _finish(self, job: _Job, out: list[int], logprobs: list[float] | None, version: str
                 ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The response and the log record of `job`'s completion `out`; updates its episode (the
         caller holds the state lock)."""
         h, tok = self.harness, self.policy.tok
         body, ep, tools, prompt, max_new = job.body, job.ep, job.tools, job.prompt, job.max_new
-        stopped = cut_at_stop(tok, out, h.stop)[1]
         extends = ep.last is None or prompt[: len(ep.last)] == ep.last
         ep.last = prompt + out
         ep.calls += 1
         text = tok.decode(out)
-        stopped = stopped or (bool(out) and out[-1] == tok.eos_id) or len(out) < max_new
+        # `out` is already cut at its first stop string (`generate_rows`): it stopped if one is in it
+        stopped = any(s and s in text for s in h.stop) or (bool(out) and out[-1] == tok.eos_id) or len(out) < max_new
         at = h.tool_syntax.find(text)
         parsed = h.tool_syntax.parse(text, tools if tools is not None else h.tools) if at >= 0 else None
         answer_at = text.find(h.answer.prefix) if h.answer.prefix else -1
@@ -434,7 +506,7 @@ class EndpointServer:
         messages = body["messages"]
         record = {
             "type": "call", "episode": job.episode, "attempt": job.attempt, "call": ep.calls, "time": time.time(),
-            "harness_version": h.version, "weight_version": self.weight_version,
+            "harness_version": version, "weight_version": self.weight_version,
             "messages": messages, "tools": body.get("tools"),
             "requested": {k: body.get(k) for k in ("model", "temperature", "top_p", "max_tokens",
                                                    "max_completion_tokens") if k in body},
@@ -455,7 +527,7 @@ class EndpointServer:
             "model": self.model_name, "choices": [choice],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out),
                       "total_tokens": len(prompt) + len(out)},
-            "system_fingerprint": h.version,
+            "system_fingerprint": version,
         }, record
 
 
