@@ -10,9 +10,11 @@ same task and target; and a planned run with memory of a previous planned run vs
     examples/goals/handwritten/. Both arms get the minimal goal's sentence, target and budget, so
     they differ only in `run:` (and the hand-written file's swarm/approval settings). Target: each
     minimal goal reaches its target; median ratio (minimal / hand-written worker-CPU-s to target)
-    <= 1.2. A diagnostic arm, `minimal_t1` (--arms), is the minimal goal with `run: {threads: 1}`
-    written: the plan leaves threads at RunConfig's 0 (every core), the pilot and the hand-written
-    configs use one, and on a loaded machine that alone multiplies the CPU per step.
+    <= 1.2. The planned run starts from the pilot winner's last checkpoint (swarm/pilot.py), so its
+    steps to target count the winner's pilot steps; the table names the step it went on from and why
+    the pilot stopped. A diagnostic arm, `minimal_t1` (--arms), is the minimal goal with
+    `run: {threads: 1}` written: the pilot's winner sets threads 1 itself, so it differs from
+    `minimal` only where no pilot runs (memory, --no-pilot).
 (2) memory (MEMORY_PAIRS): a planned run that shares a memory library folder with a previous
     planned run on a similar task (the previous one run first, in the same library: memory_next)
     against the same goal with a fresh library of its own (memory_alone, run beside the previous
@@ -69,6 +71,7 @@ import yaml
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from swarm_vs_train import env_for, fmt, launch_swarm, log, note_commit, prepare_src  # noqa: E402,F401
+sys.path.remove(str(HERE))   # benchmarks/memory, /sandboxes, /kernels must not shadow the packages
 
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -98,8 +101,8 @@ MEMORY_PAIRS: dict[str, Pair] = {
     "reverse": (("reverse", None), ("reverse", "a policy that reverses 5-digit strings with >= 90% held-out exact match")),
 }
 # the arms of part (1): the minimal goal as written; the same with `run: {threads: 1}` written (a
-# diagnostic, not the minimal goal: the plan leaves threads at RunConfig's 0 = torch's default,
-# every core, while the pilot and the hand-written configs train with one); the hand-written goal
+# diagnostic, not the minimal goal: RunConfig's threads 0 = torch's default, every core, trains
+# where no pilot sets threads 1); the hand-written goal
 ARMS = ("minimal", "minimal_t1", "handwritten")
 RATIO_TARGET = 1.2
 MEMORY_TARGET = 0.8
@@ -177,6 +180,7 @@ def measure(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathlib.Pa
     sources = {c["field"]: c["source"] for c in ((rec or {}).get("plan") or {}).get("choices", [])}
     chosen = {c["field"]: c["value"] for c in ((rec or {}).get("plan") or {}).get("choices", [])
               if c["field"] in ("model.d_model", "model.n_layers", "recipe.lr")}
+    start = next((c for c in ((rec or {}).get("plan") or {}).get("choices", []) if c["field"] == "fork_from"), None)
     return {
         "rc": run["rc"], "capped": capped, "reached": reached, "wall_s": run["wall_s"],
         "steps": s.get("steps") if s else None, "final_metric": s.get("final_metric") if s else None,
@@ -186,6 +190,8 @@ def measure(goal: dict[str, Any], d: pathlib.Path, cap_s: float, src: pathlib.Pa
         "pilot_runs": len(pilot["results"]) if pilot else None,
         "pilot_winner": pilot["winner"] if pilot else None,
         "pilot_prediction": pilot.get("prediction") if pilot else None,
+        "pilot_stop": (pilot.get("stop") or {}).get("reason") if pilot else None,
+        "start_steps": (start.get("evidence") or {}).get("steps") if start else None,   # the winner's steps the run went on from
         "pilot_skipped": (rec or {}).get("pilot_skipped"),
         "size_lr": chosen, "size_lr_sources": {f: sources[f] for f in chosen},
         "summary_worker_cpu_s": s.get("worker_cpu_s") if s else None,
@@ -251,8 +257,9 @@ def write_md(res: dict[str, Any]) -> None:
     if t1:
         v1 = verdict(t1)
         L += ["Diagnostic, not the minimal goal: the minimal goal with `run: {threads: 1}` written (arm `minimal_t1`). "
-              "The plan leaves `threads` at RunConfig's 0 (torch's default: every core) while its pilot and the "
-              "hand-written configs train with one thread; this arm separates the plan's choices from that default.", ""]
+              "The pilot's winner sets `threads: 1` itself; without a pilot (memory, `--no-pilot`) the plan keeps "
+              "RunConfig's 0 (torch's default: every core), and this arm separates that default from the plan's "
+              "other choices.", ""]
         L += _pair_table(t1, "minimal_t1")
         L += [f"Median ratio minimal_t1 / hand-written: " + (f"{v1['median_ratio']:.2f}× over {v1['ratios']} pair(s)"
               if v1["median_ratio"] is not None else "not measured") + ".", ""]
@@ -268,7 +275,10 @@ def write_md(res: dict[str, Any]) -> None:
         L.append("| " + " | ".join([r["row"], str(r["seed"]), r["arm"],
                                     (f"{sl.get('model.d_model')}, {sl.get('model.n_layers')}, {sl.get('recipe.lr')} "
                                      f"({'/'.join(src)})") if sl else "—",
-                                    f"{r['pilot_runs']}, {r['pilot_winner']['name']}" if r.get("pilot_runs") else "no pilot",
+                                    (f"{r['pilot_runs']}, {r['pilot_winner']['name']}"
+                                     + (f" (stop: {r['pilot_stop']})" if r.get("pilot_stop") else "")
+                                     + (f"; the run went on from its step {r['start_steps']}" if r.get("start_steps")
+                                        else "; the run started from scratch")) if r.get("pilot_runs") else "no pilot",
                                     pl, fmt(r.get("trainer_cpu_s")), ", ".join(r.get("interventions") or []) or "none"]) + " |")
     L += ["", "## (2) Planned run with memory of a previous planned run vs without", "",
           "| pair | seed | previous run (same library) | previous reached? | with memory: reached? | with memory: worker-CPU-s to target "

@@ -50,6 +50,7 @@ import yaml
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from swarm_vs_train import env_for, fmt, fresh_dir, launch_swarm, log, note_commit, prepare_src  # noqa: E402
+sys.path.remove(str(HERE))   # benchmarks/memory, /sandboxes, /kernels must not shadow the packages
 
 ROOT = HERE.parent
 RESULTS = HERE / "results"

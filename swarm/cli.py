@@ -405,7 +405,7 @@ def plan_cmd(
             result = run_pilot(g, pilot_share, work_dir=pilot_dir, on_result=progress)
         except (PilotError, ConfigError, OSError) as e:   # a candidate the trainer refuses, a folder it cannot write
             fail(str(e))
-        plan = piloted_plan(plan, result)
+        plan = piloted_plan(plan, result, g.run)
     if json_out:
         print(json.dumps({"plan": plan.to_json() if plan else None, "pilot": result.to_json() if result else None},
                          default=str))

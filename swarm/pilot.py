@@ -2,22 +2,34 @@
 CPU budget, whose winner starts the run (issue 32, source `pilot` of swarm/plan.py).
 
     from swarm.pilot import pilot, piloted_plan
-    result = pilot(goal, share=0.15)             # runs the trainer; a PilotResult (data)
-    plan = piloted_plan(goal.plan(), result)     # the winner's fields, source `pilot`
-    swarm plan GOAL --pilot [--pilot-share 0.15] # the same from the command line
+    result = pilot(goal, share=0.15, work_dir=DIR)        # runs the trainer; a PilotResult (data)
+    plan = piloted_plan(goal.plan(), result, goal.run)    # the winner's fields and checkpoint, source `pilot`
+    swarm plan GOAL --pilot [--pilot-share 0.15] [--pilot-dir DIR]   # the same from the command line
 
 Successive halving (Jamieson & Talwalkar 2016; ASHA without the asynchrony) over this project's own
 trainer. Every candidate trains `base_steps` steps (rung 0) and is scored on the held-out split at
-the rung's end; the better half (`n // 2`, at least one; ranked by held-out accuracy, ties by the
-lower mean training loss over the rung's last steps, then by the candidates' order) goes on from
-its checkpoint to twice the steps (rung 1: 2·base_steps, rung 2: 4·base_steps, …) until one
-candidate remains or the CPU budget is spent. The search is `next_rung(results, schedule) ->
-Promote | Stop`, a pure function of the recorded rung results; `pilot` is the I/O that runs what it
-says and records what came out.
+the rung's end; the better half (`n // 2`, at least one; ranked as below) goes on from its
+checkpoint to twice the steps (rung 1: 2·base_steps, rung 2: 4·base_steps, …) until one candidate
+remains, one reaches the target, or the CPU budget is spent. The search is `next_rung(results,
+schedule) -> Promote | Stop`, a pure function of the recorded rung results; `pilot` is the I/O that
+runs what it says and records what came out.
+
+Ranking (`rank`), by predicted cost to the target, since the winner's checkpoint starts the run:
+a result at the target ends the search at once and its candidate wins (the run goes on from a
+checkpoint already there; another pilot run could only add CPU), the one that spent less CPU to
+get there first when several are; the others at a rung are ordered first those whose curve
+(`predict` on the candidate's own rung ends so far) reaches the target, by the worker-CPU still to
+spend from their checkpoint (predicted steps less the steps trained, × the candidate's measured
+CPU per step), then those without a usable prediction (one point, a curve that does not rise, or
+a target more than EXTRAPOLATE_MAX times away); within a group, and for every candidate when the
+target is not held-out accuracy `>=`/`>`, by higher held-out accuracy, then lower mean training
+loss over the rung's last steps, then the candidates' order. At rung 0 each candidate has one
+point, so accuracy and loss rank there unless one is at the target; a cost ranking starts at rung 1.
 
 Candidates: model sizes around the plan's (d_model/2 with one layer fewer, the plan's, d_model·1.5
 with one layer more) × learning rates around the plan's (lr/3, lr, lr·3). A field the goal writes
-is never varied (its value is every candidate's) and never chosen by the pilot.
+is never varied (its value is every candidate's) and never chosen by the pilot; `piloted_plan`
+applied to another goal's plan leaves a written field the goal's, whatever the winner's value.
 
 Budget: `share` (default 0.15) of `budget.worker_cpu_s`. A run is started only while the recorded
 CPU is under it and the run's estimated cost (the candidate's own CPU per step so far, or at rung 0
@@ -47,9 +59,28 @@ Worker CPU-s to the target: those steps × the winner's measured CPU per step (i
 its steps, evaluations included). Only for a held-out accuracy target (`heldout_acc >= x` or
 `> x`); stated as a rough extrapolation, not a bound.
 
+The lr schedule of every pilot run is the live run's (`recipe.steps` = `budget.steps`, warm-up and
+decay as planned), read at the pilot's steps: a rung goes on where the last stopped, and the
+winner's checkpoint is exactly the start of the run that goes on from it.
+
 Resumable: with `work_dir`, each finished run is appended to WORK_DIR/pilot.jsonl and a pilot
 started again with the same schedule skips what is recorded (the trainers resume from their
 checkpoints); the CPU of a run killed before it finished is not recorded.
+
+The winner's checkpoint starts the run: the pilot keeps each candidate's last checkpoint (its runs
+checkpoint every `base_steps`, the newest kept) and records the winner's (`PilotResult.checkpoint`,
+absolute; None when the pilot ran in a temporary folder) with the PILOT_FIELDS values it trained.
+`piloted_plan` then chooses `fork_from: <that .pt>` and `fork_mode: full` (source `pilot`): the
+trainer (trainer/loop.py `Trainer.fork`) loads the weights, the optimiser state (Adam's moments),
+the step count, the data cursor and the RNG from it, and takes recipe and harness from the run's
+own config — continuing, not fine-tuning: the run's lr schedule is read at the winner's step, and
+the winner's steps count toward the run's `recipe.steps` (= `budget.steps`), so they are not
+trained again. A checkpoint that is missing, corrupt or of another model is one ConfigError naming
+`fork_from`. The checkpoint is not used, and the plan says why in a note (`start_refused`), when
+the plan does not train (`run.task` written), the goal writes `fork_from` or `fork_mode`, or a
+PILOT_FIELDS value the run trains differs from the winner's (a user-written size or lr wins).
+A run that goes on from the pilot has no `init` checkpoint of its own (trainer/runlog.py
+INIT_CHECKPOINT): a "start over from untrained weights" rollback is not offered for it.
 
 Before a run (`swarm run`, the controller's plan node: `plan_run`): a goal whose plan fills the
 model size or the lr (its task comes from the words, it does not write all of PILOT_FIELDS) gets
@@ -61,8 +92,10 @@ finished pilot run is a timeline row `pilot_run` (the live view's progress); the
 winner's fields is recorded in `.swarm/plan.json` and the goal adopts it (`Goal.adopt`), so the
 live run, its restarts and every later reading of the goal's start config train the winner. The
 pilot's CPU is one entry (`pilot`) of the run's worker-CPU meter, so `budget.worker_cpu_s` pays for
-it; its steps are not counted in `budget.steps`. The live run starts from scratch with the winner's
-fields, not from the winner's checkpoint.
+it; of its steps, the winner's count in `budget.steps` (the live run goes on from them), the other
+candidates' do not. The live run's own checkpoints come first when it restarts (a resumed
+controller, a relaunched job); backtests fork the live run's checkpoints and drop `fork_from`
+(swarm/backtest.py).
 """
 from __future__ import annotations
 
@@ -138,6 +171,8 @@ class Schedule:
     base_steps: int
     budget_cpu_s: float
     eta: int = ETA
+    threshold: float | None = None   # the goal's held-out accuracy target (None: not a heldout_acc >= / > target)
+    strict: bool = False             # the target is `> threshold`
 
     def __post_init__(self) -> None:
         if not self.candidates or len(set(self.candidates)) != len(self.candidates):
@@ -145,6 +180,12 @@ class Schedule:
         if self.base_steps < 1 or self.eta < 2 or not self.budget_cpu_s > 0:
             raise ValueError(f"schedule: base_steps={self.base_steps}, eta={self.eta}, budget_cpu_s={self.budget_cpu_s}: "
                              "need base_steps >= 1, eta >= 2, a positive budget")
+
+    def met(self, r: "RungResult") -> bool:
+        """Whether `r` is at the goal's target."""
+        if self.threshold is None:
+            return False
+        return r.heldout > self.threshold if self.strict else r.heldout >= self.threshold
 
     def rungs(self) -> int:
         """How many rungs a complete search has (n -> n//eta -> … -> 1)."""
@@ -181,23 +222,48 @@ class Stop:
 
     winner: str | None
     rung: int
-    reason: Literal["one_left", "budget"]
+    reason: Literal["one_left", "budget", "target"]
     why: str
 
 
-def rank(results: Iterable[RungResult], order: tuple[str, ...]) -> list[RungResult]:
-    """Best first: higher held-out accuracy, then lower loss (a non-finite loss is the worst), then
-    the candidates' order."""
-    def key(r: RungResult) -> tuple[float, float, int]:
-        return (-r.heldout, r.loss if math.isfinite(r.loss) else math.inf, order.index(r.candidate))
+def rank(results: Iterable[RungResult], order: tuple[str, ...], history: Iterable[RungResult] = (),
+         schedule: Schedule | None = None) -> list[RungResult]:
+    """Best first, by predicted cost to the target (module docstring, "Ranking"): the results at the
+    target, by the CPU their candidate spent to get there; then those whose curve (`predict` on the
+    candidate's results in `history` up to the result's rung) reaches the target, by the CPU still
+    to spend from their checkpoint; then the rest. Within each group, and for every result when
+    `schedule` names no target: higher held-out accuracy, then lower loss (a non-finite loss is the
+    worst), then the candidates' order."""
+    history = list(history)
+
+    def cost(r: RungResult) -> tuple[int, float]:
+        if schedule is None or schedule.threshold is None:
+            return 2, 0.0
+        own = [x for x in history if x.candidate == r.candidate and x.rung < r.rung] + [r]
+        spent = math.fsum(x.cpu_s for x in own)
+        if schedule.met(r):
+            return 0, spent
+        p = predict(own, r.candidate, schedule.threshold, schedule.strict)
+        return (1, p.worker_cpu_s - spent) if p.worker_cpu_s is not None else (2, 0.0)
+
+    def key(r: RungResult) -> tuple[int, float, float, float, int]:
+        group, cpu = cost(r)
+        return (group, cpu, -r.heldout, r.loss if math.isfinite(r.loss) else math.inf, order.index(r.candidate))
     return sorted(results, key=key)
 
 
 def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | Stop:
     """The next run of the successive-halving search, or its end, from the recorded results alone.
+    A result at the target ends the search (its candidate wins: the run goes on from its checkpoint,
+    and any further pilot run could only add CPU); else a rung keeps its better half by `rank`.
     Results of candidates not promoted to a rung are ignored (they cannot be there in a pilot)."""
     results = list(results)
     spent = math.fsum(r.cpu_s for r in results)
+    at_target = [r for r in results if schedule.met(r)]
+    if at_target:
+        best = rank(at_target, schedule.candidates, results, schedule)[0]
+        return Stop(best.candidate, best.rung, "target", f"{best.candidate} is at the target after {best.steps} steps "
+                    f"(held-out {best.heldout:.3f}, rung {best.rung})")
     alive = list(schedule.candidates)
     rung = 0
     while True:
@@ -205,7 +271,8 @@ def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | St
         todo = [c for c in alive if c not in done]
         if todo:
             cand, steps = todo[0], schedule.steps(rung)
-            best = alive[0] if rung else (rank(done.values(), schedule.candidates)[0].candidate if done else None)
+            best = alive[0] if rung else (rank(done.values(), schedule.candidates, results, schedule)[0].candidate
+                                          if done else None)
             if spent >= schedule.budget_cpu_s:
                 return Stop(best, rung, "budget", f"the budget is spent ({spent:.1f} of {schedule.budget_cpu_s:.1f} "
                             f"CPU-s) with {len(todo)} of {len(alive)} runs of rung {rung} left")
@@ -217,7 +284,7 @@ def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | St
             return Promote(rung, steps, cand, why)
         if len(alive) == 1:
             return Stop(alive[0], rung, "one_left", f"one candidate remains after rung {rung}")
-        ranked = rank(done.values(), schedule.candidates)
+        ranked = rank(done.values(), schedule.candidates, results, schedule)
         alive = [r.candidate for r in ranked[: max(1, len(alive) // schedule.eta)]]
         rung += 1
 
@@ -266,6 +333,8 @@ class PilotResult:
     cpu_s: float                 # process CPU over the whole pilot (the runs and the gaps between them)
     worker_cpu_s: float          # the goal's budget.worker_cpu_s
     prediction: Prediction
+    checkpoint: str | None = None   # the winner's last checkpoint (.pt; None: the pilot's folder was temporary)
+    trained: dict[str, Any] = dataclasses.field(default_factory=dict)   # PILOT_FIELDS as the winner trained them
 
     @property
     def spent_share(self) -> float:
@@ -297,7 +366,8 @@ class PilotResult:
                 "winner": self.winner.to_json(), "stop": dataclasses.asdict(self.stop), "base_steps": self.base_steps,
                 "budget_cpu_s": self.budget_cpu_s, "share": self.share, "cpu_s": self.cpu_s,
                 "worker_cpu_s": self.worker_cpu_s, "spent_share": self.spent_share,
-                "prediction": dataclasses.asdict(self.prediction)}
+                "prediction": dataclasses.asdict(self.prediction), "checkpoint": self.checkpoint,
+                "trained": dict(self.trained)}
 
 
 def predict(results: Iterable[RungResult], winner: str, threshold: float, strict: bool = False) -> Prediction:
@@ -383,13 +453,21 @@ def pilot(goal: Any, share: float = DEFAULT_SHARE, *, base_steps: int | None = N
     cands = candidates_for(base, lambda f: get_dotted(goal.run, f)[0], sizes=sizes, lrs=lrs)
     worker = float(goal.budget.worker_cpu_s)
     budget = share * worker
-    probe = Schedule(tuple(c.name for c in cands), 1, budget)
+    t = goal.target
+    on_acc = t.metric == "heldout_acc" and t.op in (">=", ">")
+    probe = Schedule(tuple(c.name for c in cands), 1, budget, threshold=t.threshold if on_acc else None,
+                     strict=t.op == ">")
     if base_steps is None:
         base_steps = max(MIN_BASE_STEPS, int(share * goal.budget.steps) // probe.step_units())
     if not isinstance(base_steps, int) or base_steps < 1:
         raise PilotError(f"pilot base_steps={base_steps!r}: must be a positive whole number")
     schedule = dataclasses.replace(probe, base_steps=base_steps)
-    horizon = schedule.steps(schedule.rungs() - 1)
+    # the live run's own lr schedule (the controller trains recipe.steps = budget.steps): a rung goes
+    # on where the last stopped, and the winner's checkpoint is the start of the run it starts, whose
+    # lr goes on from the pilot's (a schedule over the pilot's few steps would anneal each candidate
+    # at its last rung, and the run would jump back to the peak lr: measured on sort, held-out 0.84
+    # at the pilot's step 168, 0.70 at the run's first evaluation after it)
+    lr_steps = max(schedule.steps(schedule.rungs() - 1), int(goal.budget.steps))
     by_name = {c.name: c for c in cands}
 
     def config(c: Candidate, out_dir: str) -> RunConfig:
@@ -398,8 +476,7 @@ def pilot(goal: Any, share: float = DEFAULT_SHARE, *, base_steps: int | None = N
             put_dotted(data, k, v)
         data.update(name=re.sub(r"[^A-Za-z0-9_.-]", "_", c.name), out_dir=out_dir, threads=1, samples_per_step=0,
                     perturbations=[], checkpoint={"interval": base_steps, "keep_last": 1})
-        # one lr schedule over the whole pilot's horizon, so a rung goes on where the last stopped
-        data["recipe"].update(steps=horizon, eval_interval=0, eval_size=eval_size, stop_at_heldout=None)
+        data["recipe"].update(steps=lr_steps, eval_interval=0, eval_size=eval_size, stop_at_heldout=None)
         try:
             return RunConfig.parse(data)
         except ConfigError as e:
@@ -413,7 +490,7 @@ def pilot(goal: Any, share: float = DEFAULT_SHARE, *, base_steps: int | None = N
             config(c, str(root))   # every candidate validated before any compute
         record = root / "pilot.jsonl"
         key = {"schedule": dataclasses.asdict(schedule), "candidates": [c.to_json() for c in cands],
-               "eval_size": eval_size, "base": base}
+               "eval_size": eval_size, "base": base, "lr_steps": lr_steps}
         results = _read_record(record, key)
         spent0 = math.fsum(r.cpu_s for r in results)
         c_start = time.process_time()
@@ -434,18 +511,33 @@ def pilot(goal: Any, share: float = DEFAULT_SHARE, *, base_steps: int | None = N
         finally:
             torch.set_num_threads(threads)   # the trainer set one thread for the whole process
         cpu = spent0 + time.process_time() - c_start
+        assert step.winner is not None, "a pilot with a positive budget runs at least once"
+        wcfg = config(by_name[step.winner], str(root))
+        last = max((r for r in results if r.candidate == step.winner), key=lambda r: r.steps)
+        ckpt = None if tmp is not None else _checkpoint_at(wcfg.run_dir / "checkpoints", last.steps)
+        trained = {f: get_dotted(wcfg.model_dump(mode="json"), f)[1] for f in PILOT_FIELDS}
     finally:
         if tmp is not None:
             tmp.cleanup()
-    assert step.winner is not None, "a pilot with a positive budget runs at least once"
-    t = goal.target
-    if t.metric == "heldout_acc" and t.op in (">=", ">"):
+    if on_acc:
         pred = predict(results, step.winner, t.threshold, strict=t.op == ">")
     else:
         pred = Prediction(None, None, None, "", f"the target is {t.metric} {t.op} {t.threshold:g}; the pilot "
                           "extrapolates held-out accuracy toward a >= target only")
     return PilotResult(cands, tuple(results), by_name[step.winner], step, base_steps, budget, float(share), cpu,
-                       worker, pred)
+                       worker, pred, ckpt, trained)
+
+
+def _checkpoint_at(ckpt_dir: pathlib.Path, steps: int) -> str | None:
+    """The absolute path of the periodic checkpoint at `steps` in `ckpt_dir`, None when there is none."""
+    from trainer.checkpoint import CheckpointManager
+
+    if not ckpt_dir.is_dir():
+        return None
+    for m in reversed(CheckpointManager(ckpt_dir).manifests()):
+        if m.get("kind") == "periodic" and int(m.get("step", -1)) == steps and (ckpt_dir / f"{m['name']}.pt").is_file():
+            return str((ckpt_dir / f"{m['name']}.pt").resolve())
+    return None
 
 
 def _read_record(path: pathlib.Path, key: dict[str, Any]) -> list[RungResult]:
@@ -485,9 +577,12 @@ def _run(cfg: Any, step: Promote, schedule: Schedule) -> RungResult:
                       float(summary.get("heldout_acc", 0.0)), loss, cpu, str(summary.get("status", "")))
 
 
-def piloted_plan(plan: Any, result: PilotResult) -> Any:
-    """`plan` (swarm.plan.Plan) with the winner's fields chosen, source `pilot`. A field the goal
-    writes is never among them (the candidates leave it out); Plan.choose refuses it regardless."""
+def piloted_plan(plan: Any, result: PilotResult, run: dict[str, Any] | None = None) -> Any:
+    """`plan` (swarm.plan.Plan) with the winner's fields chosen, source `pilot`, and the winner's last
+    checkpoint as the run's start (`fork_from`, `fork_mode: full`) when `start_refused` says nothing
+    against it. A field the goal writes stays the goal's: a winner's value for it is left out (the
+    pilot never varies a field its own goal writes; this is a plan for another goal's pilot). `run`:
+    the goal's run as written (a `fork_from` or `fork_mode` written there keeps the checkpoint out)."""
     from swarm.plan import Choice, Source
 
     w = result.winner
@@ -496,17 +591,64 @@ def piloted_plan(plan: Any, result: PilotResult) -> Any:
     evidence = {"candidates": len(result.candidates), "rungs": 1 + max(r.rung for r in result.results),
                 "winner": w.name, "steps": last.steps, "heldout_acc": last.heldout, "pilot_cpu_s": round(result.cpu_s, 2)}
     for field, value in w.fields.items():
+        if _user(plan, field):
+            continue   # start_refused names it when the value differs
         plan = plan.choose(Choice(field, value, Source.PILOT, f"won the pilot ({result.stop.why})", evidence))
-    if plan.get("threads").source is not Source.USER:
+    if not _user(plan, "threads"):
         # the pilot measured CPU per step at one thread, and its prediction extrapolates that; a run
         # with every core's threads spends more CPU per step on a model this size (and shares the
         # cores with its backtest arms)
         plan = plan.choose(Choice("threads", 1, Source.PILOT, "the pilot's runs and its prediction are at one torch thread",
                                   {"pilot_cpu_s": round(result.cpu_s, 2)}))
+    refused = start_refused(plan, result, run)
+    if refused is None:
+        ev = {"winner": w.name, "steps": last.steps, "heldout_acc": last.heldout}
+        plan = plan.choose(Choice("fork_from", result.checkpoint, Source.PILOT,
+                                  f"the pilot's winner ({w.name}) trained {last.steps} steps: the run goes on from its "
+                                  "last checkpoint, and those steps count toward it", ev))
+        plan = plan.choose(Choice("fork_mode", "full", Source.PILOT, "weights, optimiser state, step count and data "
+                                  "cursor from the checkpoint; recipe and harness from the run's config", ev))
+    elif plan.applied:
+        plan = dataclasses.replace(plan, notes=plan.notes + (f"the run starts from scratch, not from the pilot's "
+                                                             f"winner: {refused}",))
     if not plan.applied:
         plan = dataclasses.replace(plan, notes=plan.notes + (
             "run.task is written: the pilot's winner is recorded, the run trains as written",))
     return plan
+
+
+def start_refused(plan: Any, result: PilotResult, run: dict[str, Any] | None = None) -> str | None:
+    """Why the run of `plan` does not start from the pilot winner's checkpoint; None when it does: the
+    plan trains (the task comes from the words), the checkpoint was kept, the goal writes no
+    `fork_from`/`fork_mode`, and every PILOT_FIELDS value the plan trains is the one the winner
+    trained (a user-written size or lr that differs wins, and the checkpoint does not fit it)."""
+    from trainer.config import get_dotted
+
+    if not plan.applied:
+        return "run.task is written: the run trains as written"
+    if result.checkpoint is None:
+        return "the pilot's runs were in a temporary folder (keep them: `swarm plan --pilot-dir`, or `swarm run`)"
+    for field in ("fork_from", "fork_mode"):
+        if run is not None and get_dotted(run, field)[0]:
+            return f"the goal writes {field}"
+    for field, value in result.trained.items():
+        try:
+            have = plan.get(field)
+        except KeyError:
+            continue
+        if have.value != value:
+            return (f"{field}={have.value!r} ({have.source.value}) differs from the {value!r} the winner trained "
+                    f"({result.winner.name})")
+    return None
+
+
+def _user(plan: Any, field: str) -> bool:
+    from swarm.plan import Source
+
+    try:
+        return plan.get(field).source is Source.USER
+    except KeyError:
+        return False
 
 
 # ---- the pilot before a run (the controller's plan node) ---------------------------------------
@@ -597,9 +739,10 @@ def plan_run(goal: Any, sdir: str | pathlib.Path, log: Callable[..., Any],
                 spent_cpu_s=round(spent, 2), budget_cpu_s=round(budget, 2))
 
         result = pilot(goal, share, work_dir=pathlib.Path(sdir) / PILOT_DIR, on_result=progress)
-        plan = piloted_plan(plan, result)
+        plan = piloted_plan(plan, result, goal.run)
         log("pilot_done", winner=result.winner.name, fields=result.winner.fields, cpu_s=round(result.cpu_s, 2),
-            runs=len(result.results), prediction=result.prediction.line())
+            runs=len(result.results), prediction=result.prediction.line(),
+            start=result.checkpoint if start_refused(plan, result, goal.run) is None else None)
     rec = {"plan": plan.to_json(), "pilot": result.to_json() if result else None, "pilot_skipped": why_not}
     atomic_write_text(pathlib.Path(sdir) / PLAN_RECORD, json.dumps(rec, indent=1, default=str))
     goal.adopt(plan)

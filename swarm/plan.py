@@ -15,7 +15,10 @@ replace one). The rest is chosen, in this order of sources:
   answers are free text brings its answer format, template and prompt-length filter;
 - `default`: RunConfig's own default;
 - `pilot`: a short successive-halving pilot over model size × lr (swarm/pilot.py, `swarm plan
-  --pilot`) whose winner replaces `default` choices through `Plan.choose`, with its evidence;
+  --pilot`) whose winner replaces `default` choices through `Plan.choose`, with its evidence, and
+  whose last checkpoint starts the run (`fork_from`, `fork_mode: full`: the run goes on from the
+  winner's weights, optimiser state and step) unless a field the goal writes differs from what the
+  winner trained;
 - `memory`: the model size and lr of a past planned run on the same task family that reached its
   target (swarm/plan_memory.py), through `Plan.choose` as well; a run that has them runs no pilot.
 

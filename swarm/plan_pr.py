@@ -85,6 +85,13 @@ def _pilot_section(p: dict[str, Any], plan: dict[str, Any]) -> str:
                 f"({pred.get('method')}; {float(pred['cpu_per_step']):.3f} CPU-s/step at one thread)")
     else:
         said = f"none ({pred.get('why', '')})"
+    start = next((c for c in plan["choices"] if c["field"] == "fork_from" and c["source"] == "pilot"), None)
+    if start is not None:
+        begins = (f"the run goes on from the winner's last checkpoint: its {start['evidence'].get('steps')} steps count "
+                  "toward the run (`fork_from`, `fork_mode: full`)")
+    else:
+        begins = next((n for n in plan.get("notes") or () if n.startswith("the run starts from scratch")),
+                      "the run starts from scratch")
     return "\n".join([
         f"{len(p['candidates'])} candidates (model size × lr; a size or lr the goal writes is not varied), "
         f"successive halving from {p['base_steps']} steps, doubling. CPU: {float(p['cpu_s']):.1f} worker-CPU-s of "
@@ -94,6 +101,7 @@ def _pilot_section(p: dict[str, Any], plan: dict[str, Any]) -> str:
         f"\nWinner: {_code(p['winner']['name'])} ({cell(stop.get('why', ''), 300)}): "
         + ", ".join(f"{_code(k)} = {_code(v)}" for k, v in p["winner"]["fields"].items()) + ".",
         f"\nPrediction: {cell(said, 400)}. The final report compares it with what the run did.",
+        f"\nStart: {cell(begins, 400)}.",
     ])
 
 

@@ -4,19 +4,22 @@ the minimal addition goal: its winner becomes the plan's choice with source `pil
 writes is untouched, its CPU stays within its share plus one run, and a second start resumes."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
 from swarm.cli import app
 from swarm.goal import Goal
 from swarm.pilot import (Candidate, PilotError, Promote, RungResult, Schedule, Stop, candidates_for, next_rung,
-                         pilot, piloted_plan, predict)
+                         pilot, piloted_plan, predict, rank, start_refused)
 from swarm.plan import Source
-from trainer.config import RunConfig, get_dotted
+from trainer.config import ConfigError, RunConfig, get_dotted
+from trainer.loop import Trainer
 from trainer.runlog import read_jsonl
 
 MINIMAL = pathlib.Path(__file__).resolve().parents[1] / "examples" / "goals" / "minimal" / "addition.yaml"
@@ -94,6 +97,66 @@ def test_the_schedule_counts_rungs_and_steps():
         Schedule(("a", "a"), 1, 1.0)
     with pytest.raises(ValueError, match="positive budget"):
         Schedule(ABCD, 1, 0.0)
+
+
+# ---- the ranking by predicted cost to the target -----------------------------------------------
+
+
+def tsched(cands=ABCD, budget: float = 100.0, threshold: float = 0.9, strict: bool = False) -> Schedule:
+    return Schedule(tuple(cands), 10, budget, threshold=threshold, strict=strict)
+
+
+RUNG0 = [R("a", 0, .1), R("b", 0, .4, cpu=4), R("c", 0, .3, cpu=1), R("d", 0, .2)]   # b and c go on
+
+
+@pytest.mark.parametrize("rung1, threshold, want", [
+    # b: +0.2 a doubling at 0.4 CPU-s a step -> 57 steps, (57 - 20) x 0.4 = 14.8 CPU-s still to spend;
+    # c: +0.2 a doubling at 0.1 CPU-s a step -> 80 steps, (80 - 20) x 0.1 = 6 CPU-s: c goes on, though behind
+    ([R("b", 1, .6, cpu=4), R("c", 1, .5, cpu=1)], .9, "c"),
+    # the same curves at the same CPU a step: the nearer one (b) goes on
+    ([R("b", 1, .6, cpu=4), R("c", 1, .5, cpu=4)], .9, "b"),
+    # b's curve is flat (no prediction): c, with one (2.3 doublings to 0.5), goes on though b is ahead
+    ([R("b", 1, .4, cpu=4), R("c", 1, .36, cpu=1)], .5, "c"),
+    # neither has a usable prediction (flat; too far: 3 doublings at most): held-out accuracy ranks
+    ([R("b", 1, .4, cpu=4), R("c", 1, .35, cpu=1)], .9, "b"),
+    ([R("b", 1, .3, cpu=4), R("c", 1, .35, cpu=1)], .9, "c"),
+])
+def test_a_rung_keeps_the_candidates_nearest_the_target_by_cpu(rung1, threshold, want):
+    got = next_rung(RUNG0 + rung1, tsched(threshold=threshold))
+    assert isinstance(got, Promote) and (got.rung, got.candidate) == (2, want), got
+
+
+def test_without_a_target_the_ranking_is_by_held_out_accuracy():
+    got = next_rung(RUNG0 + [R("b", 1, .6, cpu=4), R("c", 1, .5, cpu=1)], sched())
+    assert isinstance(got, Promote) and got.candidate == "b"
+
+
+@pytest.mark.parametrize("results, schedule, want", [
+    # at rung 0 one point is no curve: held-out accuracy ranks, as without a target
+    ([R("a", 0, .1), R("b", 0, .4), R("c", 0, .3), R("d", 0, .2)], tsched(), Promote(1, 20, "b", "")),
+    # a result at the target ends the search at once, whatever is left of the rung
+    ([R("a", 0, .1), R("b", 0, .95)], tsched(), Stop("b", 0, "target", "")),
+    (RUNG0 + [R("c", 1, .91, cpu=1)], tsched(), Stop("c", 1, "target", "")),
+    # two at the target: the one that spent less CPU to get there
+    ([R("a", 0, .92, cpu=3), R("b", 0, .95, cpu=2)], tsched(), Stop("b", 0, "target", "")),
+    # `> 0.9`: 0.9 is not at the target
+    ([R("a", 0, .9), R("b", 0, .2)], tsched(("a", "b"), strict=True), Promote(1, 20, "a", "")),
+    ([R("a", 0, .9), R("b", 0, .2)], tsched(("a", "b")), Stop("a", 0, "target", "")),
+])
+def test_a_result_at_the_target_wins(results, schedule, want):
+    got = next_rung(results, schedule)
+    assert type(got) is type(want), got
+    if isinstance(want, Stop):
+        assert (got.winner, got.rung, got.reason) == (want.winner, want.rung, want.reason) and "at the target" in got.why
+    else:
+        assert (got.rung, got.candidate) == (want.rung, want.candidate)
+
+
+def test_rank_orders_reached_then_predicted_then_the_rest():
+    rows = RUNG0 + [R("b", 1, .6, cpu=4), R("c", 1, .5, cpu=1), R("a", 1, .95, cpu=9), R("d", 1, .2)]
+    ranked = rank([r for r in rows if r.rung == 1], ABCD, rows, tsched())
+    assert [r.candidate for r in ranked] == ["a", "c", "b", "d"]
+    assert [r.candidate for r in rank([r for r in rows if r.rung == 1], ABCD)] == ["a", "b", "c", "d"]
 
 
 # ---- the prediction on tables -----------------------------------------------------------------
@@ -194,6 +257,73 @@ def test_a_tiny_pilot_stops_when_its_share_is_spent(tmp_path):
     data = yaml.safe_load(MINIMAL.read_text())
     written = Goal.parse({**data, "run": {"model": {"n_layers": 1}, "threads": 2}})
     assert piloted_plan(written.plan(), res).get("threads").source is Source.USER
+
+
+def test_the_winners_checkpoint_starts_the_run(tmp_path):
+    """The plan starts the run from the winner's last checkpoint: at its start the live run holds the
+    checkpoint's weights, optimiser state and step, and its steps go on from there; a checkpoint of
+    another model size is one clear error."""
+    goal = tiny_goal(worker_cpu_s=8.0)
+    res = pilot(goal, share=0.5, base_steps=3, sizes=[(16, 2), (32, 2)], lrs=[3e-3], eval_size=16,
+                work_dir=tmp_path / "p")
+    last = max(r.steps for r in res.results if r.candidate == res.winner.name)
+    assert res.checkpoint == str((tmp_path / "p" / res.winner.name / "checkpoints" / f"step_{last:07d}.pt").resolve())
+    assert res.trained == {"model.d_model": res.winner.fields["model.d_model"], "model.n_layers": 1, "recipe.lr": 3e-3}
+    plan = piloted_plan(goal.plan(), res, goal.run)
+    assert start_refused(plan, res, goal.run) is None
+    assert (plan.get("fork_from").value, plan.get("fork_mode").value) == (res.checkpoint, "full")
+    assert plan.get("fork_from").source is Source.PILOT and plan.get("fork_from").evidence["steps"] == last
+    goal.adopt(plan)
+    cfg = goal.run_config("train", str(tmp_path / "runs"))
+    assert cfg.fork_from == res.checkpoint and cfg.fork_mode == "full"
+
+    t = Trainer(cfg)
+    t._start()   # what run() does before its first step
+    saved = torch.load(res.checkpoint, map_location="cpu", weights_only=False)
+    assert t.step == last == saved["step"]
+    # the pilot trained on the live run's lr schedule (recipe.steps = budget.steps): the run goes on with it
+    assert saved["recipe"]["steps"] == goal.budget.steps and saved["recipe"]["lr"] == cfg.recipe.lr
+    model = t.policy.model.state_dict()
+    assert model.keys() == saved["model"].keys() and all(torch.equal(model[k], saved["model"][k]) for k in model)
+    assert t.opt.state_dict()["state"], "the optimiser's moments go on from the pilot"
+    assert t.recipe.steps == cfg.recipe.steps, "the recipe is the run's, not the pilot's"
+    t.close()
+    # the run trains on from the winner's step: its first metrics row is the step after it
+    summary = Trainer(cfg.model_copy(update={"name": "train2"})).run(until=last + 2)
+    rows = [r["step"] for r in read_jsonl(tmp_path / "runs" / "train2" / "metrics.jsonl") if not r.get("final")]
+    assert rows == [last + 1, last + 2] and summary["step"] == last + 2
+
+    other = cfg.model_copy(update={"name": "other", "model": cfg.model.model_copy(update={"d_model": 48})})
+    with pytest.raises(ConfigError, match="does not fit this run's model"):
+        Trainer(other).run(until=last + 1)
+    with pytest.raises(ConfigError, match="checkpoint file not found"):
+        Trainer(cfg.model_copy(update={"name": "gone", "fork_from": str(tmp_path / "none.pt")})).run(until=last + 1)
+
+
+def test_a_written_size_or_lr_keeps_the_checkpoint_out(tmp_path):
+    """A field the user writes wins over the winner's: the run trains it, from scratch (the winner's
+    weights were trained at another value), and the plan says why."""
+    goal = tiny_goal(worker_cpu_s=8.0)
+    res = pilot(goal, share=0.5, base_steps=2, sizes=[(16, 2)], lrs=[3e-3], eval_size=8, work_dir=tmp_path / "p")
+    assert res.checkpoint is not None
+    data = yaml.safe_load(MINIMAL.read_text())
+    for run, field in (({"model": {"n_layers": 1}, "recipe": {"lr": 0.05}}, "recipe.lr"),
+                       ({"model": {"n_layers": 1, "d_model": 32}}, "model.d_model"),
+                       ({"model": {"n_layers": 2}}, "model.n_layers")):
+        written = Goal.parse({**data, "run": run})
+        plan = piloted_plan(written.plan(), res, written.run)
+        assert plan.get(field).source is Source.USER
+        with pytest.raises(KeyError):
+            plan.get("fork_from")
+        assert "fork_from" not in plan.run(written.run)
+        assert any(f"{field}=" in n and "(user) differs" in n and "from scratch" in n for n in plan.notes), plan.notes
+    # the same value written as the winner's: the checkpoint fits and starts the run
+    same = Goal.parse({**data, "run": {"model": {"n_layers": 1}, "recipe": {"lr": 3e-3}}})
+    assert piloted_plan(same.plan(), res, same.run).get("fork_from").value == res.checkpoint
+    # a fork_from the goal writes is the goal's; a pilot in a temporary folder kept no checkpoint
+    own = Goal.parse({**data, "run": {"model": {"n_layers": 1}, "fork_from": res.checkpoint, "fork_mode": "weights"}})
+    assert start_refused(own.plan(), res, own.run) == "the goal writes fork_from"
+    assert "temporary folder" in start_refused(goal.plan(), dataclasses.replace(res, checkpoint=None), goal.run)
 
 
 def test_bad_pilot_input_is_refused_before_any_run(tmp_path):

@@ -113,12 +113,16 @@ def test_the_plan_node_pilots_then_opens_and_merges_the_plan_pr(tmp_path):
     job = yaml.safe_load(ctrl.write_job_config().read_text())
     assert (job["model"]["d_model"], job["model"]["n_layers"], job["recipe"]["lr"]) == (fields["model.d_model"], 1,
                                                                                        fields["recipe.lr"])
+    # the live job goes on from the winner's last checkpoint, kept in the run's pilot folder
+    assert job["fork_from"] == pilot["checkpoint"] and job["fork_mode"] == "full"
+    ckpt = pathlib.Path(pilot["checkpoint"])
+    assert ckpt.is_file() and (sdir / PILOT_DIR).resolve() in ckpt.parents
     # the plan is a merged PR: report, curve, record; main's recipe holds the pilot's lr
     assert "refs/tags/merged/plan" in git(ws, "show-ref")
     assert ctrl.ws.pr_state("plan") == "merged"
     report = git(ws, "show", "main:reports/plan/REPORT.md")
     for needle in ("| model.d_model |", "| pilot |", "| model.n_layers | 1 | user |", "## Pilot", pilot["winner"]["name"],
-                   "Prediction:", "pilot.svg"):
+                   "Prediction:", "pilot.svg", "Start: the run goes on from the winner's last checkpoint"):
         assert needle in report, needle
     assert git(ws, "show", "main:reports/plan/pilot.svg").startswith("<svg")
     assert yaml.safe_load(git(ws, "show", "main:recipe.yaml"))["lr"] == fields["recipe.lr"]
@@ -223,6 +227,10 @@ def test_swarm_run_pilots_first_with_a_line_per_pilot_run(tmp_path, reap):
         section, key = field.split(".")
         assert job[section][key] == value, field
     assert job["model"]["n_layers"] == 1
+    # the live run starts at the winner's step: its steps go on from the pilot's
+    won = max(r["steps"] for r in rec["pilot"]["results"] if r["candidate"] == rec["pilot"]["winner"]["name"])
+    steps = [r["step"] for r in read_jsonl(ws / ".swarm" / "runs" / "train" / "metrics.jsonl") if not r.get("final")]
+    assert job["fork_from"] == rec["pilot"]["checkpoint"] and (not steps or steps[0] == won + 1), (won, steps[:3])
     assert "## Plan: prediction and outcome" in (ws / "reports" / "final" / "REPORT.md").read_text()
     # the plan and its outcome are in the run's memory for the next planned run
     kept = [r for r in read_jsonl(ws / ".swarm" / "memory" / "reports.jsonl") if r["metadata"].get("kind") == "plan"]

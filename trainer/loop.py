@@ -426,10 +426,16 @@ class Trainer:
             st = CheckpointManager(path.parent).load(path.stem)
         except CheckpointError as e:
             raise ConfigError(f"fork_from={str(path)!r}: {e}") from None
-        if self.cfg.fork_mode == "weights":
-            self.policy.model.load_state_dict(st["model"])
-        else:
-            self.load_state(st)
+        try:
+            if self.cfg.fork_mode == "weights":
+                self.policy.model.load_state_dict(st["model"])
+            else:
+                self.load_state(st)
+        except (RuntimeError, KeyError, ValueError) as e:   # another model's weights, or not a trainer state
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"fork_from={str(path)!r}: the checkpoint does not fit this run's model "
+                              f"(model.* fields differ from the run it was saved by): {first[:300]}") from None
+        if self.cfg.fork_mode != "weights":
             if self.cfg.fork_mode == "full":
                 self.recipe = self.cfg.recipe.model_copy(deep=True)
                 self.harness = self.shown = self.cfg.harness.model_copy(deep=True)
