@@ -26,6 +26,9 @@ and the environment's tool specs, never from trajectory text):
     turn_cut           calls or answers cut at max_new_tokens          -> sampling.max_new_tokens x1.5
     unknown_tool       calls of a tool the environment has but the harness does not list
                                                                        -> tools.NAME (the env's spec)
+    tool_spec_differs  calls that failed with an error (tool_error, bad_arguments) of a tool the
+                       harness lists with another description or parameters than the
+                       environment's own spec                          -> tools.NAME (the env's spec)
     max_turns          episodes ended by the turn limit                -> max_turns x1.5
     max_tool_calls     episodes ended by the call limit                -> max_tool_calls x1.5
     observation_cut    observations whose cut removed the expected answer (or, when the tool's
@@ -74,6 +77,7 @@ class Mode(str, enum.Enum):
     MALFORMED_CALL = "malformed_call"
     TURN_CUT = "turn_cut"
     UNKNOWN_TOOL = "unknown_tool"
+    TOOL_SPEC_DIFFERS = "tool_spec_differs"
     MAX_TURNS = "max_turns"
     MAX_TOOL_CALLS = "max_tool_calls"
     OBSERVATION_CUT = "observation_cut"
@@ -196,6 +200,8 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
     tools = list(harness.tools) + [t for t in available_tools or [] if harness.tool(t.name) is None]
     other, lenient = _other_kind(harness.tool_syntax), harness.tool_syntax.model_copy(update={"lenient": True})
     env_tools = {t.name for t in available_tools or []}
+    env_specs = {t.name: t for t in available_tools or []}
+    differs = {t.name for t in harness.tools if t.name in env_specs and t != env_specs[t.name]}
     tally = _Tally()
     for d in failed:
         uid = str(d.get("uid", "?"))
@@ -216,6 +222,11 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
                 tally.add(Mode.UNKNOWN_TOOL, "calls")
                 tally.detail[Mode.UNKNOWN_TOOL].setdefault("names", {})
                 names = tally.detail[Mode.UNKNOWN_TOOL]["names"]
+                names[s["tool"]] = names.get(s["tool"], 0) + 1
+            if s.get("tool") in differs and s.get("error") in ("tool_error", "bad_arguments"):
+                tally.hit(Mode.TOOL_SPEC_DIFFERS, uid)
+                tally.add(Mode.TOOL_SPEC_DIFFERS, "calls")
+                names = tally.detail[Mode.TOOL_SPEC_DIFFERS].setdefault("names", {})
                 names[s["tool"]] = names.get(s["tool"], 0) + 1
             raw, shown = s.get("raw_observation"), s.get("observation")
             if raw is not None and shown is not None and raw != shown:
@@ -274,6 +285,9 @@ def _evidence(mode: Mode, n: int, det: dict[str, Any], h: AgentHarness) -> str:
         return f"{det['turns']} turns cut at sampling.max_new_tokens={h.sampling.max_new_tokens} without a call or answer"
     if mode is Mode.UNKNOWN_TOOL:
         return f"{det['calls']} calls of tools the environment has but the harness does not list: {sorted(det['names'])}"
+    if mode is Mode.TOOL_SPEC_DIFFERS:
+        return (f"{det['calls']} calls failed with an error, of tools the harness describes otherwise than the "
+                f"environment's spec: {sorted(det['names'])}")
     if mode is Mode.MAX_TURNS:
         return f"ended by max_turns={h.max_turns}"
     if mode is Mode.MAX_TOOL_CALLS:
@@ -314,6 +328,10 @@ def _candidates(f: Finding, h: AgentHarness, available: dict[str, ToolSpec]) -> 
         return [("sampling.max_new_tokens", _grow(h.sampling.max_new_tokens, 4096), "turns are cut before they finish")]
     if f.mode is Mode.UNKNOWN_TOOL:
         return [(f"tools.{name}", available[name].model_dump(mode="json"), "the policy calls it and the environment has it")
+                for name in sorted(det["names"], key=lambda n: -det["names"][n]) if name in available]
+    if f.mode is Mode.TOOL_SPEC_DIFFERS:
+        return [(f"tools.{name}", available[name].model_dump(mode="json"),
+                 "calls of it fail and the harness describes it otherwise than the environment")
                 for name in sorted(det["names"], key=lambda n: -det["names"][n]) if name in available]
     if f.mode is Mode.MAX_TURNS:
         return [("max_turns", _grow(h.max_turns, 64), "episodes run out of turns")]

@@ -5,6 +5,11 @@ question names d of its keys and asks for their value (d = 1) or the sum of thei
 The table is never in the prompt, so the answer cannot be guessed (a blind guess of one value is
 right 1 time in 90) — the policy must call `get` once per named key. A key not in the table is a
 tool error the policy reads ("error: no key 'abd'"). The verifier compares integers.
+
+The option `verbose` (default False) makes `get` answer with a sentence, `key 'abc' holds 42`,
+instead of the bare value: the value sits at the end of an output longer than the smallest
+`observation.max_chars`, so a harness that cuts the end of long observations removes it (the
+agentic fault scenarios, swarmbench/agentic.py). The episodes are the same either way.
 """
 from __future__ import annotations
 
@@ -28,18 +33,23 @@ class LookupEnv(AgentEnv):
     min_difficulty = 1
     max_difficulty = 6
 
+    def __init__(self, seed: int = 0, verbose: bool = False, **options: Any) -> None:
+        super().__init__(seed=seed, **options)
+        if not isinstance(verbose, bool):
+            raise ValueError(f"environment 'lookup': verbose={verbose!r} must be true or false")
+        self.verbose = verbose
+
     def tools(self) -> list[Tool]:
         spec = ToolSpec(name="get", description="the value stored under a key of the table",
                         parameters=params(key="string"))
         return [Tool(spec, self._get)]
 
-    @staticmethod
-    def _get(example: Example, args: dict[str, Any]) -> str:
+    def _get(self, example: Example, args: dict[str, Any]) -> str:
         table = example.meta["table"]
         key = args["key"].strip().strip("'\"")
         if key not in table:
             raise ToolFailure(f"no key {key!r}")
-        return str(table[key])
+        return f"key {key!r} holds {table[key]}" if self.verbose else str(table[key])
 
     def make(self, rng: random.Random, difficulty: int) -> Example:
         n = 3 + 2 * difficulty
