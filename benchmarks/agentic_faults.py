@@ -50,31 +50,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != HERE]  # benchmarks/kernels must not shadow kernels
 sys.path.insert(0, str(ROOT))
+from swarmbench.accounting import WorkClock  # noqa: E402
 
 ARMS = ("oracle", "plain", "critic")
 EVAL_AT = frozenset(list(range(0, 21, 2)) + list(range(30, 100_000, 10)))   # GRPO steps with an eval
 
-
-class Clock:
-    """The arm's worker-CPU: this process's CPU time since `start`, less the benchmark's evals."""
-
-    def __init__(self, charged: float = 0.0) -> None:
-        self.c0 = time.process_time() - charged
-        self.w0 = time.perf_counter()
-        self.eval_cpu = 0.0
-
-    def work(self) -> float:
-        return time.process_time() - self.c0 - self.eval_cpu
-
-    def wall(self) -> float:
-        return time.perf_counter() - self.w0
-
-    def measure(self, fn: Callable[[], Any]) -> Any:
-        c = time.process_time()
-        try:
-            return fn()
-        finally:
-            self.eval_cpu += time.process_time() - c
 
 
 def make_trainer(sc: dict[str, Any], arm: str, out: str, knobs: dict[str, Any]):
@@ -101,7 +81,7 @@ def warm(sc: dict[str, Any], out: str, knobs: dict[str, Any]) -> dict[str, Any]:
     """The common warm-up under the healthy harness; its state for the arms, in memory."""
     t = make_trainer(sc, "warm", out, knobs)
     open_log(t)
-    clock = Clock()
+    clock = WorkClock()
     t.warm_up()
     cpu = clock.work()
     acc = clock.measure(lambda: t.evaluate()["heldout_acc"])
@@ -126,7 +106,7 @@ def run_arm(sc: dict[str, Any], arm: str, w: dict[str, Any], out: str, knobs: di
     for g in t.opt.param_groups:
         g["lr"] = t.cfg.grpo.lr
     d = sc["drift_after_grpo_steps"] or 0
-    clock = Clock(charged=w["cpu_s"])
+    clock = WorkClock(charged=w["cpu_s"])
     curve: list[dict[str, Any]] = []
     reached: float | None = None
     i = 0

@@ -52,6 +52,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != HERE]  # benchmarks/kernels must not shadow kernels
 sys.path.insert(0, str(ROOT))
+from swarmbench.accounting import WorkClock  # noqa: E402
 
 ARMS = ("coevolution", "weights_only", "harness_only")
 
@@ -80,27 +81,6 @@ ENVS: dict[str, dict[str, Any]] = {
 
 
 # ---- worker side: one job per call, in a pool process --------------------------------------
-class Clock:
-    """The arm's work-CPU: this process's CPU time since `start`, less the benchmark's evals."""
-
-    def __init__(self) -> None:
-        self.c0 = time.process_time()
-        self.w0 = time.perf_counter()
-        self.eval_cpu = 0.0
-
-    def work(self) -> float:
-        return time.process_time() - self.c0 - self.eval_cpu
-
-    def wall(self) -> float:
-        return time.perf_counter() - self.w0
-
-    def measure(self, fn: Callable[[], Any]) -> Any:
-        c = time.process_time()
-        try:
-            return fn()
-        finally:
-            self.eval_cpu += time.process_time() - c
-
 
 def make_trainer(env: str, seed: int, name: str, out: str, knobs: dict[str, Any]):
     from trainer.agent_train import AgentTrainConfig, AgentTrainer
@@ -130,7 +110,7 @@ def job_warm(env: str, seed: int, out: str, knobs: dict[str, Any]) -> dict[str, 
 
     t = make_trainer(env, seed, f"{env}-s{seed}-warm", out, knobs)
     open_log(t)
-    clock = Clock()
+    clock = WorkClock()
     t.warm_up()
     cpu, wall = clock.work(), clock.wall()
     start = clock.measure(lambda: t.evaluate(harness=t.start_harness)["heldout_acc"])
@@ -154,7 +134,7 @@ def job_arm(env: str, seed: int, arm: str, budget: float, out: str, knobs: dict[
     t.cursor, t.step = state["cursor"], state["step"]
     t.rng.set_state(state["rng"])
     open_log(t)
-    clock = Clock()
+    clock = WorkClock()
     marks = [budget * (k + 1) / knobs["evals"] for k in range(knobs["evals"])]
     curve: list[dict[str, Any]] = []
     phases: list[str] = []

@@ -5,13 +5,15 @@ pid is a new process), the largest CPU time seen (user + system, its reaped chil
 total is their sum, sampled as a timeline so that the CPU at the moment a held-out eval met the
 target can be read off (`cpu_at`). A process that ends between two polls loses at most one poll
 interval of CPU; the runner takes the exact `getrusage` figure where one exists (a plain run's single
-trainer child) and the Ray Tune methods count in-process (see `tune_methods`).
+trainer child) and the Ray Tune methods count in-process (see `tune_methods`). `WorkClock` is the
+in-process form, for benchmarks whose arms train in the benchmark's own process.
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Callable
+import time
+from typing import Any, Callable
 
 import psutil
 
@@ -81,3 +83,27 @@ def is_trainer(cmd: list[str]) -> bool:
     """A trainer process: `python -m trainer.entry CFG` (the plain run, the swarm's live job, its
     restarts and its backtest arms)."""
     return "trainer.entry" in cmd
+
+
+class WorkClock:
+    """An arm's worker-CPU in the benchmark's own process: its CPU time since the clock started
+    (plus `charged`, CPU spent for the arm before, e.g. a shared warm-up), less what `measure`
+    spent on the benchmark's own evaluations."""
+
+    def __init__(self, charged: float = 0.0) -> None:
+        self.c0 = time.process_time() - charged
+        self.w0 = time.perf_counter()
+        self.eval_cpu = 0.0
+
+    def work(self) -> float:
+        return time.process_time() - self.c0 - self.eval_cpu
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.w0
+
+    def measure(self, fn: Callable[[], Any]) -> Any:
+        c = time.process_time()
+        try:
+            return fn()
+        finally:
+            self.eval_cpu += time.process_time() - c
