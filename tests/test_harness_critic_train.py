@@ -151,7 +151,7 @@ def test_distillation_that_moves_the_gain_is_kept_and_the_scaffolding_removed(tm
     ([0] * 16, [1] * 16, [1] * 16, [0] * 16, True, True),
 ])
 def test_distillation_is_judged_like_an_intervention(start_before, start_after, imp_before, imp_after, kept, reduced):
-    from trainer.agent_train import judge_distillation
+    from trainer.agent_coevolve import judge_distillation
 
     v = judge_distillation([bool(x) for x in start_before], [bool(x) for x in start_after],
                            [bool(x) for x in imp_before], [bool(x) for x in imp_after], 0.05)
