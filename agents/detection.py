@@ -66,6 +66,13 @@ class Thresholds:
     hack_unclosed_share: float = 0.5   # were cut off, while held-out answers close (see the detector)
     # throughput
     throughput_ratio: float = 0.5      # recent median tokens/s below this share of the trailing median
+    # input-bound steps: the share of a step spent waiting on the data pipeline (t_data / step_time)
+    # rose from at most input_share_before (trailing median) to at least input_share (recent median),
+    # and steps got at least input_slowdown times longer. Contention from other processes slows the
+    # data pipeline and the model alike and leaves the share where it was
+    input_share: float = 0.5
+    input_share_before: float = 0.2
+    input_slowdown: float = 1.5
     # heartbeat / crash
     stale_heartbeat_s: float = 30.0    # floor of the stale-heartbeat threshold
     stale_step_factor: float = 10.0    # and at least this many median step times

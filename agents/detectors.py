@@ -32,7 +32,7 @@ from agents.detection import (NOTHING, THRESHOLDS, algorithm, column, current_ro
                               is_finite, Known, loss_halves, make_diagnosis, mean_of, median_of, settled_rows, spike_onset,
                               Thresholds, to_float)
 from agents.domain import Diagnosis, JobStatus
-from agents.evidence import Evidence
+from agents.evidence import Evidence, is_eval_row
 
 
 # ---- metric detectors ---------------------------------------------------------------------------
@@ -317,6 +317,49 @@ def throughput_drop(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
         return make_diagnosis(ev, "throughput_drop", f"throughput fell to {now:.3g} tokens/s from a median of {med:.3g}", "info",
                               {"tokens_per_s_recent": recent, "tokens_per_s_trailing_median": med, "ratio": now / med,
                                "threshold_ratio": th.throughput_ratio})
+    return None
+
+
+def input_shares(ev: Evidence) -> list[tuple[int, float, float]]:
+    """(step, seconds, share of them spent waiting on the data pipeline) of the training rows of the
+    newest job segment (a restart or a rollback starts a new one), eval rows excluded (an eval's
+    time is no step's). Rows without `t_data` (a trainer that does not time its data pipeline, e.g.
+    a foreign one) give nothing."""
+    rows = current_rows(ev)
+    seg = rows[-1].get("segment") if rows else None
+    out = []
+    for r in rows:
+        if r.get("segment") != seg or is_eval_row(r):
+            continue
+        dt, wait = to_float(r.get("step_time")), to_float(r.get("t_data"))
+        if dt is not None and wait is not None and dt > 0 and math.isfinite(dt) and math.isfinite(wait):
+            out.append((int(r.get("step", 0)), dt, min(max(wait / dt, 0.0), 1.0)))
+    return out
+
+
+@detector("input_bound")
+def input_bound(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The job's steps now wait on the data pipeline: the recent median share of a step spent there
+    is at least `input_share`, it was at most `input_share_before` over the trailing rows of the
+    same job segment, and steps got at least `input_slowdown` times longer. A slow loader, a slow
+    disk or network filesystem, a throttled node: the worker, not the run. Contention from other
+    processes on the machine slows the pipeline and the model alike and leaves the share where it
+    was; a share that was high from the segment's start (a job restarted onto the same slowness)
+    is no rise."""
+    rows = input_shares(ev)
+    if len(rows) < th.recent + th.min_rows:
+        return None
+    recent, base = rows[-th.recent:], rows[-(th.recent + th.trailing):-th.recent]
+    share_now, share_before = median_of([r[2] for r in recent]), median_of([r[2] for r in base])
+    dt_now, dt_before = median_of([r[1] for r in recent]), median_of([r[1] for r in base])
+    if share_now >= th.input_share and share_before <= th.input_share_before and dt_now >= th.input_slowdown * dt_before:
+        onset = next((s for s, _, sh in recent if sh >= th.input_share), recent[0][0])
+        return make_diagnosis(
+            ev, "input_bound", f"steps take {dt_now:.3g} s, {share_now:.0%} of it waiting on the data pipeline "
+            f"(before: {dt_before:.3g} s, {share_before:.0%})", "warning",
+            {"step_time_recent": dt_now, "step_time_before": dt_before, "data_share_recent": share_now,
+             "data_share_before": share_before, "onset_step": onset, "threshold_share": th.input_share,
+             "threshold_share_before": th.input_share_before, "threshold_slowdown": th.input_slowdown})
     return None
 
 

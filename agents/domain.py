@@ -56,8 +56,12 @@ DIVERGENCE = frozenset({"nonfinite_loss", "loss_spike", "grad_norm_explosion", "
 # back): a change they confirm that only goes back to the goal's values skips the backtest, its
 # control arm would only continue on the values nobody chose
 DEPARTURE = frozenset({"lr_drift", "harness_drift", "recipe_drift"})
-# findings that show the job dead or hung: the only ones a restart may answer
+# findings that show the job dead or hung
 JOB_FINDINGS = frozenset({"crashed_job", "stale_heartbeat"})
+# findings that show the job alive on a worker that cannot keep up (its steps wait on the data pipeline)
+SLOW_WORKER = frozenset({"input_bound"})
+# the only findings a restart may answer
+RESTART_FINDINGS = JOB_FINDINGS | SLOW_WORKER
 
 
 def cannot_wait(iv: "Intervention") -> bool:
@@ -257,7 +261,7 @@ class Outcome(_Strict):
     cpu_at_apply: float | None = Field(None, description="the live run's worker CPU-s when it was applied")
     carried_over: list[str] | None = Field(None, description="later fixes set again after its rollback")
     rollback_skipped: str | None = Field(None, description="why its rollback only set the fields again")
-    # judge (swarm.decisions.judge)
+    # judge (swarm.judging.judge)
     looks: int | None = Field(None, description="evaluation windows looked at")
     pending: str | None = Field(None, description="why the last look was inconclusive")
     after: float | None = Field(None, description="the target metric at the end of its window")

@@ -9,6 +9,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 | operator      | finding                                   | intervention                                      | risk   |
 |---------------|-------------------------------------------|---------------------------------------------------|--------|
 | ClusterOps    | crashed job, stale heartbeat              | RESTART from the newest good checkpoint           | low    |
+|               | input-bound steps (a slow data pipeline)  | RESTART from the newest good checkpoint           | low    |
 |               | throughput drop                           | none (informational diagnosis)                    |        |
 | Diagnostics   | non-finite loss, loss spike, grad explosion | ROLLBACK to the last checkpoint before the onset: the lr back to its value before a jump, kept when the harness changed just before the onset, else lowered | medium |
 |               | KL blow-up                                | RECIPE_EDIT kl_coef ×2 (or lr ×0.5 once it is large) | medium |
@@ -38,6 +39,7 @@ from typing import Any
 import yaml
 
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
+from agents.cluster_ops import ClusterOps
 from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, Diagnosis, Intervention, InterventionKind as K, Risk, Status
 from agents.evidence import Evidence
 from agents.recall import avoid_reason
@@ -71,53 +73,6 @@ def never_learnt(ev: Evidence, checkpoints: list[dict[str, Any]], heldout_max: f
         return None
     best = max((v for v in (_f(r.get("heldout_acc")) for r in ev.evals) if v is not None), default=None)
     return best if best is not None and best <= heldout_max else None
-
-
-class ClusterOps(Operator):
-    name = "cluster_ops"
-    role = ("Cluster operations: keeps the training job alive. Watches the job status, the heartbeat and the "
-            "throughput. When the job has crashed or hangs (heartbeat stale while RUNNING), restarts it from the "
-            "newest good checkpoint. When the worker died of out-of-memory, the restart halves the batch size (the "
-            "memory a step needs grows with it; the same config would die again); it edits nothing else. A "
-            "throughput drop, a corrupt "
-            "checkpoint the trainer fell back from, a refused command, skipped steps and resumes are reported, "
-            "not acted on.")
-    tools = frozenset({K.RESTART})
-    detectors = ("crashed_job", "stale_heartbeat", "out_of_memory", "throughput_drop", "checkpoint_corrupt",
-                 "command_refused", "skipped_steps", "job_restarted")
-
-    def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
-        found = self.diagnose(ev, ctx)
-        oom = next((d for d in found if d.name == "out_of_memory"), None)
-        for d in found:
-            if d.name == "crashed_job" and oom is not None:
-                return [self._smaller_batch(oom, ctx)]
-            if d.name in ("crashed_job", "stale_heartbeat"):
-                what = "crashed" if d.name == "crashed_job" else "hangs"
-                return [self.intervention(
-                    K.RESTART, d, {}, risk=Risk.LOW,
-                    rationale=f"The job {what} ({d.summary}); training makes no progress until it is restarted. "
-                              "The trainer resumes from its newest checkpoint that verifies.",
-                    expected_effect="heartbeat fresh and steps advancing again within a minute; metrics continue "
-                                    "from the checkpoint's step",
-                    backtest_skipped="restart after a crash or stall: nothing to compare against")]
-        return []
-
-
-    def _smaller_batch(self, oom: Diagnosis, ctx: OperatorContext) -> Intervention:
-        """Restart with half the batch: the activations of a step grow with its batch, so half the
-        batch needs about half the memory; a second OOM halves it again."""
-        bs = int(_f(ctx.get("recipe.batch_size")) or 0)
-        changes = {"recipe.batch_size": max(1, bs // 2)} if bs > 1 else {}
-        return self.intervention(
-            K.RESTART, oom, changes, risk=Risk.MEDIUM if changes else Risk.LOW,
-            rationale=f"{oom.summary}. The worker died allocating memory; a restart with the same config meets the "
-                      f"same allocation at the same step, so "
-                      + (f"it restarts with recipe.batch_size {bs} → {bs // 2} (the memory a step needs grows with "
-                         "its batch)." if changes else "with a batch of one there is nothing to halve: a plain restart."),
-            expected_effect="the job trains past the step it died at, with steps about half as long; held-out "
-                            "accuracy still rising (each step sees half as many examples)",
-            backtest_skipped="the job cannot train at the current batch size: no control arm runs")
 
 
 class Diagnostics(Operator):

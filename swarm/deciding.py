@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import statistics
 import time
 from typing import Any, Iterator
 
@@ -17,12 +18,14 @@ import yaml
 
 from agents.base import rollback_target
 from agents.detection import THRESHOLDS
-from agents.domain import DEPARTURE, JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status
+from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
+from agents.evidence import is_eval_row
 from agents.operators import config_fields, eval_series, inconclusive, never_learnt, progress_since, rollback_stake
 from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for, start_over
-from swarm.decisions import (BacktestSpec, Control, Facts, Kept, Look, Pair, Pending, Refuse, RolledBack, Rule, Sighting, Skip, Window,
-                             assign_risk, corroborated_by, judge, outlook, persistence, plan, rate_var,
-                             restart_hold, retry_horizon, run_looks, schedule, try_share, smaller_step, wasted, worth_verifying)
+from swarm.decisions import (BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, assign_risk, corroborated_by, outlook,
+                             persistence, plan, rate_var, retry_horizon, run_looks, schedule, try_share, smaller_step,
+                             worth_verifying)
+from swarm.judging import Control, Kept, Pending, RolledBack, Window, judge, restart_hold, wasted
 from trainer.config import get_dotted
 from trainer.runlog import INIT_CHECKPOINT
 
@@ -203,7 +206,7 @@ class Deciding:
     def prepare(self, iv: Intervention, s: Any) -> Intervention | None:
         """A proposal as the controller will record it: the nearest change the live trainer accepts
         (curriculum difficulties clamped to the task's range) and the controller's risk; None for
-        a restart held by the cap or the backoff (swarm.decisions.restart_hold)."""
+        a restart held by the cap or the backoff (swarm.judging.restart_hold)."""
         if iv.kind == InterventionKind.RESTART:
             why = restart_hold(s.restarts, self.goal.swarm.max_restarts,
                                (time.time() - s.launched) if s.launched else None, self.goal.swarm.stale_heartbeat_s)
@@ -470,7 +473,7 @@ class Deciding:
     def node_evaluate(self, s: Any, final: bool = False) -> dict[str, Any]:
         """Judge applied interventions after each `evaluate_window_steps` window until the judgement is
         conclusive (with `final`, at the end of the run, on whatever window there is):
-        swarm.decisions.judge against the control."""
+        swarm.judging.judge against the control."""
         window = self.goal.swarm.evaluate_window_steps
         human = self.human_decisions()
         ev = None
@@ -508,7 +511,7 @@ class Deciding:
             w = Window(iv.kind, after[-1] if after else None, steps, window if not final else min(window, max(steps, 1)),
                        eval_size=self.held_out_size(),
                        target_is_rate=control.se is not None, higher_is_better=self.goal.target.op == ">=",
-                       look=looks + 1, last_look=final)
+                       look=looks + 1, last_look=final, **self.pace(iv, ev, start, t_applied))
             verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)
             iv.outcome.looks = looks + 1
             if final and steps < window and isinstance(verdict, RolledBack) and not verdict.undo:
@@ -523,7 +526,7 @@ class Deciding:
             iv.outcome = iv.outcome.model_copy(update={
                                "after": w.after, "window_steps": steps, "control": control.value, "control_source": control.source, "pending": None,
                                "window_cpu_s": round(max(self.live_cpu() - float(iv.outcome.cpu_at_apply or 0.0), 0.0), 3),
-                               "rule": "swarm.decisions.judge: kept only on a measured gain over the control"
+                               "rule": "swarm.judging.judge: kept only on a measured gain over the control"
                                        + (" (judged at the end of the run, before the full window)" if steps < window else "")})
             if isinstance(verdict, Kept):
                 iv.outcome.gain = True
@@ -540,6 +543,19 @@ class Deciding:
                 self.store.put(iv)
                 self.store.transition(iv.id, Status.ROLLED_BACK, f"{verdict.reason}; counted as a loss, left in force")
         return {}
+
+    @staticmethod
+    def pace(iv: Intervention, ev: Any, start: int, since: float) -> dict[str, float | None]:
+        """For a restart of a job that was alive but slow: the median seconds per training step its
+        finding measured before it, and over the steps trained since (eval rows excluded); {} for
+        anything else."""
+        before = iv.diagnosis.evidence.get("step_time_recent")
+        if iv.kind != InterventionKind.RESTART or iv.diagnosis.name not in SLOW_WORKER or not isinstance(before, (int, float)):
+            return {}
+        times = sorted(float(r["step_time"]) for r in ev.metrics
+                       if r.get("step", 0) > start and r.get("time", since) >= since and not is_eval_row(r)
+                       and isinstance(r.get("step_time"), (int, float)))
+        return {"pace_before": float(before), "pace_after": statistics.median(times) if times else None}
 
     @contextlib.contextmanager
     def one_safe_point(self, key: str) -> Iterator[None]:

@@ -6,7 +6,7 @@
     retry_horizon(h, k)        -> a longer horizon for a fix whose earlier backtests were inconclusive
     try_share(k)               -> the share of alpha that try spends (all tries of a fix: alpha)
     decide(pairs, rule)        -> Validated | Rejected | Extend                     on the backtest's arms
-    judge(window, control, …)  -> Kept | RolledBack(undo)                           after applying
+    judge(window, control, …)  -> Kept | RolledBack(undo) | Pending                 after applying (swarm/judging.py)
     assign_risk(iv, current, start, validated_on) -> RiskCall                       the controller's, not the proposer's
     smaller_step(changes, current) -> the same change cut to a size not rated high   while a high-risk fix waits
 
@@ -49,11 +49,11 @@ The statistical rule (`decide`, and `judge` with the same posterior):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Union
 
 from agents.detection import THRESHOLDS
-from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, Intervention, InterventionKind as K, Outcome, Risk
+from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, RESTART_FINDINGS, SLOW_WORKER, Intervention, InterventionKind as K, Risk
 from harness.changes import OBJECTIVE_FIELDS, TASK_SCORING, changes_data
 
 # ---- plan ---------------------------------------------------------------------------------------
@@ -135,22 +135,23 @@ def refusals(iv: Intervention, facts: Facts) -> list[Refuse | None]:
     """What disqualifies a proposal before any compute, in order: a change the live trainer would
     refuse; one that changes nothing; a fix backtested more than RETRY_DOUBLINGS times with gains
     too small to tell, its last look already over the longest retry horizon (a loss); a restart of
-    a job the detectors do not find crashed or stale now."""
+    a job the detectors do not find crashed, stale or input-bound now."""
     return [
         Refuse(f"the live trainer would refuse it: {facts.invalid}") if facts.invalid else None,
         Refuse(facts.noop) if facts.noop else None,
         Refuse(f"backtested {facts.tries_without_gain} times without a measured gain, the last over "
                f"{2 ** RETRY_DOUBLINGS}x the horizon (swarm.decisions.retry_horizon): a loss", exhausted=True)
         if facts.tries_without_gain > RETRY_DOUBLINGS else None,
-        Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed or stale job now")
-        if iv.kind == K.RESTART and not facts.findings & JOB_FINDINGS else None,
+        Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed, stale or input-bound job now")
+        if iv.kind == K.RESTART and not facts.findings & RESTART_FINDINGS else None,
     ]
 
 
 def shortcuts(iv: Intervention, facts: Facts) -> list[str]:
     """Why a proposal needs no backtest ('' where a reason does not hold), in order:
     - a restart of a job the detectors find crashed or stale: a dead or hung job trains nothing to
-      compare against;
+      compare against; or input-bound: a restart changes no field and no weight, so arms forked
+      from one checkpoint would train the same steps (the judge compares step times instead);
     - going back where the detectors confirm now that the run left where it was put: a rollback
       claiming a divergence, with a divergence finding, that sets every field back to the goal's
       starting value (`restores`); a change whose every field lies where the detectors find the
@@ -162,6 +163,7 @@ def shortcuts(iv: Intervention, facts: Facts) -> list[str]:
     - a fix a trusted skill backs whose diagnosis is confirmed now, other than a divergence
       rollback (its checkpoint and lr are this run's own, which no skill knows)."""
     seen = sorted(facts.findings & JOB_FINDINGS)
+    slow = sorted(facts.findings & SLOW_WORKER)
     diverges = iv.kind == K.ROLLBACK and iv.diagnosis.name in DIVERGENCE
     diverged = facts.findings & DIVERGENCE if diverges and facts.restores else frozenset()
     departed = departures_covering(iv.changes, facts.findings) if facts.reverts else frozenset()
@@ -169,6 +171,8 @@ def shortcuts(iv: Intervention, facts: Facts) -> list[str]:
     return [
         f"restart of a job the detectors find {' and '.join(seen)}: nothing to compare against"
         if iv.kind == K.RESTART and seen else "",
+        f"restart of a job the detectors find {' and '.join(slow)}: it changes no field and no weight, arms from "
+        "one checkpoint would train the same steps" if iv.kind == K.RESTART and not iv.changes and slow else "",
         f"goes back to {whose}; the detectors find the run left them ({', '.join(sorted(diverged | departed))}): "
         "the control arm would only continue there" if diverged | departed else "",
         facts.trusted or "" if iv.diagnosis.name in facts.findings and not diverges else "",
@@ -550,7 +554,7 @@ class Extend:
 Decision = Union[Validated, Rejected, Extend]
 
 
-def _phi(z: float) -> float:
+def phi(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
@@ -585,7 +589,7 @@ def combine(diffs: list[float], variances: list[float | None], delta: float, nam
         w = [1.0 / (v + tau2) for v in vs]
         mean = sum(wi * d for wi, d in zip(w, diffs)) / sum(w)
         se = 1.0 / math.sqrt(sum(w))
-    return Signal(name, mean, se, delta, _phi((mean - delta) / se), _phi((-delta - mean) / se))
+    return Signal(name, mean, se, delta, phi((mean - delta) / se), phi((-delta - mean) / se))
 
 
 SEED_SPREAD = 0.05     # the between-seed spread a one-seed look assumes (a share: of a rate, or of the control's loss)
@@ -656,136 +660,3 @@ def decide(pairs: list[Pair], rule: Rule) -> Decision:
     if rule.look < rule.looks:
         return Extend(f"inconclusive at look {rule.look} of {rule.looks} ({text})", tuple(sig), level)
     return Rejected(f"no measured gain: nothing conclusive at P ≥ {level:.3f} ({text})", tuple(sig), level)
-
-
-# ---- judge --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Window:
-    """What the live run showed after applying."""
-    kind: K
-    after: float | None                   # the target's latest eval in the window
-    steps: int                            # steps the window covered
-    window_steps: int                     # steps the window should cover
-    eval_size: int = 200
-    target_is_rate: bool = True
-    higher_is_better: bool = True
-    look: int = 1                         # this look's number (one per window; the error rate is spent over them)
-    last_look: bool = True                # no look after this one (the run ends)
-
-
-@dataclass(frozen=True)
-class Control:
-    """What the run would have shown without the intervention: the backtest's control arms (their
-    mean with its standard error), else the value measured just before applying."""
-    value: float | None
-    se: float | None
-    source: str
-
-
-@dataclass(frozen=True)
-class Kept:
-    reason: str
-
-
-@dataclass(frozen=True)
-class RolledBack:
-    reason: str
-    undo: bool            # True: the window is credibly worse than the control, restore the pre-apply state
-
-
-@dataclass(frozen=True)
-class Pending:
-    """Inconclusive, and a later window will be looked at."""
-    reason: str
-
-
-Judgement = Union[Kept, RolledBack, Pending]
-
-
-def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
-    """Kept only on a measured gain. A restart is kept when the job trained the whole window again
-    (the control, a dead or hung job, trains none). Any other intervention: the target after the
-    window against the control, with the posterior of `decide` (one observation, binomial noise on
-    a rate, the control's own standard error): P(worse by delta) >= 1 - alpha → RolledBack(undo);
-    P(better by delta) >= 1 - alpha / 2^look → Kept (the error rate spent over the looks: at most
-    alpha in all, however many windows are looked at); otherwise Pending until the last look
-    (the end of the run), then RolledBack(undo=False): no measured gain is counted as a loss, and
-    the run is not set back for it (the pre-apply state was no better)."""
-    if window.kind == K.RESTART:
-        if window.steps >= window.window_steps:
-            return Kept(f"the job trained {window.steps} steps after the restart (a dead job trains none)")
-        if not window.last_look:
-            return Pending(f"the job trained {window.steps} of {window.window_steps} steps after the restart so far")
-        return RolledBack(f"the job trained only {window.steps} of {window.window_steps} steps after the restart", undo=False)
-    if (window.after is None or control.value is None) and not window.last_look:
-        return Pending(f"nothing to compare yet ({control.source} {control.value}, after {window.after})")
-    if window.after is None or control.value is None:
-        return RolledBack(f"no measured gain: nothing to compare ({control.source} {control.value}, after {window.after})",
-                          undo=False)
-    n = window.eval_size
-    sign = 1.0 if window.higher_is_better else -1.0
-    d = sign * (window.after - control.value)
-    var = (rate_var(window.after, n) if window.target_is_rate else 0.0) + (control.se or 0.0) ** 2
-    if not window.target_is_rate and not control.se:
-        var = 0.0
-    delta = 1.0 / n if window.target_is_rate else 0.0
-    what = f"{control.value:.4g} ({control.source}) → {window.after:.4g} over {window.steps} steps"
-    if var <= 0:
-        if d > delta:
-            return Kept(f"{what}: better")
-        if d >= -delta and not window.last_look:
-            return Pending(f"{what}: no measured gain yet")
-        return RolledBack(f"{what}: no measured gain", undo=d < -delta)
-    se = math.sqrt(var)
-    p_gain, p_harm = _phi((d - delta) / se), _phi((-delta - d) / se)
-    odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
-    if p_harm >= 1 - alpha:
-        return RolledBack(f"{what}: credibly worse ({odds})", undo=True)
-    if p_gain >= 1 - alpha / 2 ** max(window.look, 1):
-        return Kept(f"{what}: credibly better ({odds})")
-    if not window.last_look:
-        return Pending(f"{what}: no measured gain yet ({odds})")
-    return RolledBack(f"{what}: no measured gain ({odds})", undo=False)
-
-
-@dataclass(frozen=True)
-class Waste:
-    """Worker CPU an intervention spent without a measured gain."""
-    backtest_cpu_s: float = 0.0
-    window_cpu_s: float = 0.0
-    reasons: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def total(self) -> float:
-        return self.backtest_cpu_s + self.window_cpu_s
-
-
-def wasted(status: str, outcome: Outcome) -> Waste:
-    """What of an intervention's recorded CPU was spent for nothing: its backtest's when it was
-    rejected, rolled back or kept without a gain; its evaluation window's when it was undone."""
-    bt = float(outcome.backtest_cpu_s or 0.0)
-    win = float(outcome.window_cpu_s or 0.0)
-    if status == "rejected":
-        return Waste(bt, 0.0, ("backtest of a rejected change",) if bt else ())
-    if status == "rolled_back":
-        undone = outcome.undone is not False
-        return Waste(bt, win if undone else 0.0, ("backtest and window of an intervention rolled back" if undone
-                                                  else "backtest of an intervention with no measured gain",))
-    return Waste()
-
-
-# ---- restarts -----------------------------------------------------------------------------------
-
-
-def restart_hold(restarts: int, max_restarts: int, since_launch_s: float | None, grace_s: float) -> str | None:
-    """Why no restart may be proposed now (None: one may). One cap over all restarts of the run,
-    whatever their cause; and an exponential backoff: the live job gets grace_s × 2^restarts
-    seconds from its launch before it can be restarted (the first launch's grace is grace_s)."""
-    if restarts >= max_restarts:
-        return f"max_restarts={max_restarts} reached ({restarts} restarts)"
-    wait = grace_s * 2 ** restarts
-    if since_launch_s is not None and since_launch_s < wait:
-        return f"backoff: the job was launched {since_launch_s:.0f} s ago, restart {restarts + 1} waits {wait:.0f} s"
-    return None

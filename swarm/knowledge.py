@@ -248,7 +248,7 @@ class Knowledge:
     # ---- learning -------------------------------------------------------------------------------
     def record(self, iv: Any, window: dict[str, Any]) -> bool:
         """An evaluated intervention as an episode. Only measured outcomes are episodes: kept (a
-        measured gain over the control, swarm.decisions.judge), rolled back (credibly worse, or no
+        measured gain over the control, swarm.judging.judge), rolled back (credibly worse, or no
         measured gain), rejected by a backtest, or refused as a change the live trainer does not
         accept or as a fix whose backtests ran out of longer horizons (a loss: the same change is not
         tried again)."""

@@ -40,7 +40,8 @@ from fake_llm_server import FakeLLMServer, Reply, tool_call  # noqa: E402
 from agents.base import rollback_target  # noqa: E402
 from agents.domain import InterventionKind as K, Status  # noqa: E402
 from swarm.controller import Controller  # noqa: E402
-from swarm.decisions import Control, Kept, Window, judge, rate_var, wasted  # noqa: E402
+from swarm.decisions import rate_var  # noqa: E402
+from swarm.judging import Control, Kept, Window, judge, wasted  # noqa: E402
 from swarm.goal import Goal  # noqa: E402
 from swarm.store import Store  # noqa: E402
 from test_swarm import git, merge, reap_finished_children  # noqa: E402
@@ -418,3 +419,37 @@ def test_a_recipe_field_changed_silently_is_found_set_again_without_a_backtest_a
     # override fired once, it does not come back when the rolled-back run passes its step again)
     runs = [v for i, v in enumerate(r["recipe_version"] for r in rows) if i == 0 or rows[i - 1]["recipe_version"] != v]
     assert len(runs) == 3 and runs[0] == runs[2] == mine != runs[1], runs
+
+
+@pytest.mark.slow
+def test_a_worker_whose_steps_come_to_wait_on_data_is_restarted_and_kept_for_its_pace(tmp_path):
+    """A healthy run (6-digit reversal: a few hundred steps to its target) whose worker's data
+    pipeline turns slow at step 20 (every step 0.3 s longer,
+    in this process only: a slow loader or node, which a new worker process does not inherit).
+    input_bound fires on the share of each step spent waiting for data, ClusterOps restarts the
+    job from its newest checkpoint with no backtest (a restart moves no weight), and the judge
+    keeps the restart because the steps after it are faster than before it."""
+    goal = merge(REVERSE_TOO_HARD, {"swarm": {"stale_heartbeat_s": 8.0},
+                                    "perturbations": [{"kind": "slow_worker", "at_step": 20, "seconds": 0.3}]})
+    goal["run"]["harness"]["curriculum"] = {"start": 6}
+    goal["run"]["recipe"]["lr"] = 0.01
+
+    class Ctrl(StopWhen):
+        done = staticmethod(lambda c: any(iv.diagnosis.name == "input_bound" and iv.status in Status.judged()
+                                          for iv in c.store.list()))
+
+    ws = tmp_path / "ws"
+    summary, ivs, tl = run(Ctrl, ws, goal)
+    restarts = [x for x in ivs if x.diagnosis.name == "input_bound"]
+    assert restarts, [(x.diagnosis.name, x.status) for x in ivs]
+    iv = restarts[0]
+    assert iv.kind == K.RESTART and iv.changes == {} and iv.backtest is None
+    assert "changes no field and no weight" in (iv.backtest_skipped or ""), iv.backtest_skipped
+    assert iv.status == Status.KEPT, (iv.status, iv.history)
+    assert iv.history[-1]["note"].endswith("faster"), iv.history[-1]
+    # the new worker's steps, as the trainer logged them, are back below the slow pace
+    before = iv.diagnosis.evidence["step_time_recent"]
+    applied = next(h["time"] for h in iv.history if h["to"] == "applied")
+    after = sorted(r["step_time"] for r in read_jsonl(ws / ".swarm" / "runs" / "train" / "metrics.jsonl")
+                   if "step_time" in r and "heldout_acc" not in r and r["time"] > applied)
+    assert before >= 0.3 and after and after[len(after) // 2] * 1.25 <= before, (before, after)

@@ -4,10 +4,11 @@ from __future__ import annotations
 import pytest
 
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Outcome, Risk
-from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Control, Extend, Facts, Kept, Look, Pair, Refuse, Rejected,
-                             Pending, RolledBack, Rule, Skip, Validated, Window, assign_risk, decide, judge, outlook, plan, smaller_step, wasted,
+from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Extend, Facts, Look, Pair, Refuse, Rejected,
+                             Rule, Skip, Validated, assign_risk, decide, outlook, plan, smaller_step,
                              schedule, worth_verifying, corroborated_by,
                              PERSIST_WITHIN, Sighting, persistence)
+from swarm.judging import Control, Kept, Pending, RolledBack, Window, judge, wasted
 from agents.operators import progress_since
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
@@ -30,6 +31,8 @@ def facts(findings=(), risk=Risk.MEDIUM, **kw):
     (iv(K.RESTART, diagnosis="stale_heartbeat"), facts({"stale_heartbeat"}), Skip),
     (iv(K.RESTART, diagnosis="stale_heartbeat"), facts(), Refuse),
     (iv(K.RESTART, diagnosis="crashed_job"), facts({"loss_spike"}), Refuse),
+    (iv(K.RESTART, diagnosis="input_bound"), facts({"input_bound"}), Skip),      # a slow worker: no field, no weight moved
+    (iv(K.RESTART, diagnosis="input_bound"), facts({"throughput_drop"}), Refuse),  # slower steps alone: contention too
     # a divergence rollback skips the backtest only when a divergence is confirmed and the change is not high risk
     (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), facts({"loss_spike"}), Skip),                  # back to the goal's lr
     (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), facts({"nonfinite_loss"}), Skip),
@@ -248,6 +251,11 @@ def test_more_signals_and_looks_raise_the_bar():
     ("no eval after", Window(K.RECIPE_EDIT, None, 100, 100), Control(0.5, None, "before applying"), RolledBack, False),
     ("restart that trained", Window(K.RESTART, None, 120, 100), Control(None, None, "a dead job"), Kept, None),
     ("restart that did not", Window(K.RESTART, None, 3, 100), Control(None, None, "a dead job"), RolledBack, False),
+    # a slow job trains too: its restart is judged on its pace, not on steps
+    ("slow worker restart, faster", Window(K.RESTART, None, 120, 100, pace_before=1.2, pace_after=0.3),
+     Control(None, None, "a slow job"), Kept, None),
+    ("slow worker restart, as slow", Window(K.RESTART, None, 120, 100, pace_before=1.2, pace_after=1.1),
+     Control(None, None, "a slow job"), RolledBack, False),
 ])
 def test_judge(name, w, c, want, undo):
     got = judge(w, c)
@@ -267,6 +275,8 @@ def test_judge_waits_for_a_later_window_while_inconclusive():
     assert isinstance(judge(Window(K.HARNESS_EDIT, 0.03, 100, 100, look=1), Control(0.0, 0.005, "c")), Kept)
     assert isinstance(judge(Window(K.HARNESS_EDIT, 0.03, 100, 100, look=3, last_look=False), Control(0.0, 0.005, "c")), Pending)
     assert isinstance(judge(Window(K.RESTART, None, 20, 100, look=1, last_look=False), Control(None, None, "dead")), Pending)
+    assert isinstance(judge(Window(K.RESTART, None, 20, 100, look=1, last_look=False, pace_before=1.2, pace_after=0.3),
+                            Control(None, None, "slow")), Pending)
 
 
 def test_waste():

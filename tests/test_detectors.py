@@ -116,7 +116,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 27
+    assert len(DETECTORS) == 28
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -305,6 +305,46 @@ def test_throughput_drop():
             r["tokens_per_s"] = 1500.0
     d = fired(make_ev(rows), "throughput_drop")
     assert d.severity == "info" and d.evidence["ratio"] < 0.5
+
+
+def timed_rows(wait: float = 0.01) -> list[dict]:
+    """Healthy SFT rows whose data pipeline takes `wait` of each 0.25 s step."""
+    rows = sft_rows()
+    for r in rows:
+        r["t_data"] = wait
+    return rows
+
+
+def test_input_bound_fires_when_steps_come_to_wait_on_the_data_pipeline():
+    rows = timed_rows()
+    for r in rows[-6:]:
+        if "heldout_acc" not in r:
+            r.update(step_time=1.25, t_data=1.01)      # a loader a second slower per step
+    d = fired(make_ev(rows), "input_bound")
+    assert d.severity == "warning"
+    assert d.evidence["data_share_recent"] > 0.75 and d.evidence["data_share_before"] < 0.1
+    assert d.evidence["step_time_recent"] == pytest.approx(1.25) and d.evidence["step_time_before"] == pytest.approx(0.25)
+    assert d.evidence["onset_step"] == rows[-6]["step"] + (1 if "heldout_acc" in rows[-6] else 0)
+
+
+def test_input_bound_is_quiet_under_contention_a_restart_onto_the_same_slowness_and_without_timings():
+    # the machine is contended: the pipeline and the model slow alike, the share stays
+    rows = timed_rows()
+    for r in rows[-6:]:
+        if "heldout_acc" not in r:
+            r.update(step_time=1.25, t_data=0.05)
+    ev = make_ev(rows)
+    assert DETECTORS["input_bound"](ev, THRESHOLDS, KNOWN) is None
+    # a new job segment slow from its first step: no rise within the segment
+    rows = timed_rows()
+    for r in rows[-20:]:
+        r.update(segment=1, **({} if "heldout_acc" in r else {"step_time": 1.25, "t_data": 1.01}))
+    assert DETECTORS["input_bound"](make_ev(rows), THRESHOLDS, KNOWN) is None
+    # a trainer that does not time its data pipeline: nothing to read
+    rows = sft_rows()
+    for r in rows[-6:]:
+        r["step_time"] = 1.25
+    assert DETECTORS["input_bound"](make_ev(rows), THRESHOLDS, KNOWN) is None
 
 
 def test_stale_heartbeat_reads_the_goals_threshold_and_gives_every_launch_a_grace():
@@ -652,6 +692,13 @@ def test_real_run_lr_spike(tmp_path):
     spike = found["loss_spike"]
     assert 16 <= spike.evidence["onset_step"] <= 18
     assert spike.evidence["lr_before"] == pytest.approx(1e-2) and spike.evidence["lr_now"] == pytest.approx(0.5)
+
+
+def test_real_run_slow_worker_is_input_bound(tmp_path):
+    ev = real_run(tmp_path, [{"kind": "slow_worker", "at_step": 15, "seconds": 0.3}])
+    d = fired(ev, "input_bound")
+    assert d.evidence["data_share_recent"] >= 0.5 and d.evidence["step_time_recent"] >= 0.3
+    # the healthy real runs above leave it quiet (test_real_run: only throughput_drop may report)
 
 
 def stuck_rows(n: int = 120, seed: int = 2) -> list[dict]:

@@ -19,7 +19,7 @@ from trainer.runlog import read_heartbeat, read_jsonl
 from trainer.tasks.base import Split
 
 GRPO_FIELDS = ("loss", "reward_mean", "reward_std", "pass_rate", "entropy", "kl", "grad_norm", "response_len",
-               "truncation_rate", "malformed_rate", "tokens_per_s", "t_generate", "t_logprob", "t_update")
+               "truncation_rate", "malformed_rate", "tokens_per_s", "t_generate", "t_logprob", "t_update", "t_data")
 SAMPLE_FIELDS = ("prompt", "completion", "reward", "verdict")
 
 

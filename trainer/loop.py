@@ -496,11 +496,13 @@ class Trainer:
     def train_one_step(self) -> None:
         t0 = time.perf_counter()
         examples = self.next_examples()
+        t_data = time.perf_counter() - t0     # waiting on the data pipeline: an input-bound step shows here
         algo = self.algorithm_now()
         if algo != "sft" and self.step == self.recipe.sft_warmup_steps > 0 and self.recipe.kl_coef > 0:
             # the KL reference is the policy the warm-up produced, not the random start
             self.ref_state, self.ref_policy = copy.deepcopy(self.policy.model.state_dict()), None
         stats = STEPS[algo](self, examples)
+        stats["t_data"] = t_data
         # every rank, not only the one that logs: mean_dict below needs the same keys on all ranks
         if algo == "sft" and self.cfg.samples_per_step:
             t1 = time.perf_counter()

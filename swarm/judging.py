@@ -1,0 +1,164 @@
+"""After applying: whether an intervention is kept, and what it cost without a gain.
+
+    judge(window, control, alpha)   -> Kept | RolledBack(undo) | Pending
+    wasted(status, outcome)         -> Waste
+    restart_hold(restarts, …)       -> None | why no restart may be proposed now
+
+The posterior is `swarm.decisions`' (one observation, binomial noise on a rate, the control's own
+standard error); the controller (swarm/deciding.py) reads the window and acts on the verdict.
+Tested on tables in tests/test_decisions.py and tests/test_decision_paths.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Union
+
+from agents.domain import InterventionKind as K, Outcome
+from swarm.decisions import phi, rate_var
+
+# a restart of a slow worker is kept when its steps got at least this many times faster (the
+# input_bound finding needs a slowdown of Thresholds.input_slowdown; this asks for most of it back)
+RESTART_SPEEDUP = 1.25
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the live run showed after applying."""
+    kind: K
+    after: float | None                   # the target's latest eval in the window
+    steps: int                            # steps the window covered
+    window_steps: int                     # steps the window should cover
+    eval_size: int = 200
+    target_is_rate: bool = True
+    higher_is_better: bool = True
+    look: int = 1                         # this look's number (one per window; the error rate is spent over them)
+    last_look: bool = True                # no look after this one (the run ends)
+    # a restart of a slow worker: median seconds per training step before it and in the window
+    pace_before: float | None = None
+    pace_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Control:
+    """What the run would have shown without the intervention: the backtest's control arms (their
+    mean with its standard error), else the value measured just before applying."""
+    value: float | None
+    se: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Kept:
+    reason: str
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    reason: str
+    undo: bool            # True: the window is credibly worse than the control, restore the pre-apply state
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Inconclusive, and a later window will be looked at."""
+    reason: str
+
+
+Judgement = Union[Kept, RolledBack, Pending]
+
+
+def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
+    """Kept only on a measured gain. A restart is kept when the job trained the whole window again
+    (the control, a dead or hung job, trains none). Any other intervention: the target after the
+    window against the control, with the posterior of `decide` (one observation, binomial noise on
+    a rate, the control's own standard error): P(worse by delta) >= 1 - alpha → RolledBack(undo);
+    P(better by delta) >= 1 - alpha / 2^look → Kept (the error rate spent over the looks: at most
+    alpha in all, however many windows are looked at); otherwise Pending until the last look
+    (the end of the run), then RolledBack(undo=False): no measured gain is counted as a loss, and
+    the run is not set back for it (the pre-apply state was no better). A restart of a job that
+    was alive but slow (`pace_before`) is kept when its steps in the window are at least
+    RESTART_SPEEDUP times faster than before it; a slow job trains too, so steps alone prove nothing."""
+    if window.kind == K.RESTART and window.pace_before is not None:
+        if window.pace_after is None or window.steps < window.window_steps and not window.last_look:
+            return Pending(f"the job trained {window.steps} of {window.window_steps} steps after the restart so far")
+        what = f"{window.pace_before:.3g} s per step before the restart, {window.pace_after:.3g} s over {window.steps} steps after"
+        if window.pace_after * RESTART_SPEEDUP <= window.pace_before:
+            return Kept(f"{what}: faster")
+        return RolledBack(f"{what}: not faster (the slowness is not the worker's)", undo=False)
+    if window.kind == K.RESTART:
+        if window.steps >= window.window_steps:
+            return Kept(f"the job trained {window.steps} steps after the restart (a dead job trains none)")
+        if not window.last_look:
+            return Pending(f"the job trained {window.steps} of {window.window_steps} steps after the restart so far")
+        return RolledBack(f"the job trained only {window.steps} of {window.window_steps} steps after the restart", undo=False)
+    if (window.after is None or control.value is None) and not window.last_look:
+        return Pending(f"nothing to compare yet ({control.source} {control.value}, after {window.after})")
+    if window.after is None or control.value is None:
+        return RolledBack(f"no measured gain: nothing to compare ({control.source} {control.value}, after {window.after})",
+                          undo=False)
+    n = window.eval_size
+    sign = 1.0 if window.higher_is_better else -1.0
+    d = sign * (window.after - control.value)
+    var = (rate_var(window.after, n) if window.target_is_rate else 0.0) + (control.se or 0.0) ** 2
+    if not window.target_is_rate and not control.se:
+        var = 0.0
+    delta = 1.0 / n if window.target_is_rate else 0.0
+    what = f"{control.value:.4g} ({control.source}) → {window.after:.4g} over {window.steps} steps"
+    if var <= 0:
+        if d > delta:
+            return Kept(f"{what}: better")
+        if d >= -delta and not window.last_look:
+            return Pending(f"{what}: no measured gain yet")
+        return RolledBack(f"{what}: no measured gain", undo=d < -delta)
+    se = math.sqrt(var)
+    p_gain, p_harm = phi((d - delta) / se), phi((-delta - d) / se)
+    odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
+    if p_harm >= 1 - alpha:
+        return RolledBack(f"{what}: credibly worse ({odds})", undo=True)
+    if p_gain >= 1 - alpha / 2 ** max(window.look, 1):
+        return Kept(f"{what}: credibly better ({odds})")
+    if not window.last_look:
+        return Pending(f"{what}: no measured gain yet ({odds})")
+    return RolledBack(f"{what}: no measured gain ({odds})", undo=False)
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Worker CPU an intervention spent without a measured gain."""
+    backtest_cpu_s: float = 0.0
+    window_cpu_s: float = 0.0
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total(self) -> float:
+        return self.backtest_cpu_s + self.window_cpu_s
+
+
+def wasted(status: str, outcome: Outcome) -> Waste:
+    """What of an intervention's recorded CPU was spent for nothing: its backtest's when it was
+    rejected, rolled back or kept without a gain; its evaluation window's when it was undone."""
+    bt = float(outcome.backtest_cpu_s or 0.0)
+    win = float(outcome.window_cpu_s or 0.0)
+    if status == "rejected":
+        return Waste(bt, 0.0, ("backtest of a rejected change",) if bt else ())
+    if status == "rolled_back":
+        undone = outcome.undone is not False
+        return Waste(bt, win if undone else 0.0, ("backtest and window of an intervention rolled back" if undone
+                                                  else "backtest of an intervention with no measured gain",))
+    return Waste()
+
+
+# ---- restarts -----------------------------------------------------------------------------------
+
+
+def restart_hold(restarts: int, max_restarts: int, since_launch_s: float | None, grace_s: float) -> str | None:
+    """Why no restart may be proposed now (None: one may). One cap over all restarts of the run,
+    whatever their cause; and an exponential backoff: the live job gets grace_s × 2^restarts
+    seconds from its launch before it can be restarted (the first launch's grace is grace_s)."""
+    if restarts >= max_restarts:
+        return f"max_restarts={max_restarts} reached ({restarts} restarts)"
+    wait = grace_s * 2 ** restarts
+    if since_launch_s is not None and since_launch_s < wait:
+        return f"backoff: the job was launched {since_launch_s:.0f} s ago, restart {restarts + 1} waits {wait:.0f} s"
+    return None
