@@ -95,6 +95,10 @@ class Thresholds:
     label_noise_heldout_evals: int = 3  # ... and held-out accuracy has stopped improving over this many evals
     label_shift_ratio: float = 2.0     # or: the loss of the latest `label_noise_rows` rows at least this multiple
     label_shift_abs: float = 0.1       # (and this much above) the lowest it reached on the same data and config
+    # labels the task rejects: the mean share of a step's SFT labels that the task's own verifier
+    # accepts (`label_ok`, written as a target and read back as a completion) over the recent rows
+    # is below this; labels made from the task's answers pass every time
+    label_ok_min: float = 0.95
     # repeated examples: the training stream repeats questions it sampled a few steps before
     # (over 100 uniform draws a space of 100 questions repeats 37%, of 60 about 50%; a pool of 32 fed
     # 90% of the stream about 60%, smaller pools or larger shares more)

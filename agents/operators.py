@@ -22,6 +22,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | harness drift (the live harness version is not the one set; only when no finding names the field) | HARNESS_EDIT every harness field → the controller's value | medium |
 | DataCuration  | too-hard curriculum                       | DATA_CHANGE curriculum back to the eval difficulty | low   |
 |               | label noise                               | DISTILL (SFT on the policy's verified successes)  | medium |
+|               | SFT labels the task's verifier rejects (some pass) | DATA_CHANGE filters.check_labels on        | low    |
 
 Values in `changes` come from the controller's context (goal, known recipe/harness, checkpoints)
 and from metric numbers, never from sample text. The risk column is the operators' own view; the
@@ -534,9 +535,10 @@ class DataCuration(Operator):
             "learnt from goes back to the eval difficulty (one lower first, ramping up); SFT on noisy labels "
             "switches to distillation on the policy's own verified successes; a stream that repeats a small pool "
             "of questions gets the dedupe filter; a stream that draws harder problems than the curriculum asks "
-            "for gets a curriculum lowered by as many levels as its questions' lengths say it rose.")
+            "for gets a curriculum lowered by as many levels as its questions' lengths say it rose; SFT labels the "
+            "task's own verifier rejects get the label check filter, which trains only on those it accepts.")
     tools = frozenset({K.DATA_CHANGE, K.DISTILL})
-    detectors = ("too_hard_curriculum", "label_noise", "repeated_examples", "harder_data")
+    detectors = ("too_hard_curriculum", "label_noise", "labels_fail_check", "repeated_examples", "harder_data")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
@@ -556,6 +558,15 @@ class DataCuration(Operator):
                           "each step sees new problems again.",
                 expected_effect="sampled questions distinct again at once; held-out accuracy rising where it "
                                 "had stalled"))
+        d = found.get("labels_fail_check")
+        if d is not None and not d.evidence.get("filter_on") and (_f(d.evidence.get("label_ok_mean")) or 0.0) > 0:
+            out.append(self.intervention(
+                K.DATA_CHANGE, d, {"harness.filters.check_labels": True}, risk=Risk.LOW,
+                rationale=f"{d.summary}. A label the task itself calls wrong teaches a wrong answer; the label check "
+                          "filter trains only on the labels the task's verifier accepts (what it rejects is counted, "
+                          "never read).",
+                expected_effect="the SFT loss on the labels kept falling again; held-out accuracy rising where it had "
+                                "stalled or fallen"))
         if "label_noise" in found:
             d = found["label_noise"]
             changes: dict[str, Any] = {"recipe.algorithm": "distill"}

@@ -10,12 +10,19 @@ carry no advantage signal; DAPO's dynamic sampling without the resampling).
     fits_prompt(spec, question)              # the length filter
     remember(seen, question, batch_size)     # the dedupe filter (updates its memory)
     in_pass_band(spec.curriculum, rates)     # (P, 1) bool tensor from (P, 1) pass rates
+    labels_verify(task, spec, examples, labels)  # which SFT labels the task's verifier accepts
+
+Inside an SFT step (`filters.check_labels`): a label the task's own verifier does not accept, once
+written as the harness writes a target and read back as it reads a completion, is dropped. The
+trainer logs the share that pass (`label_ok`) on every SFT step whether the filter is on or not:
+the evidence that a data source's labels went wrong.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from harness.render import render_prompt
+from harness.render import render_prompt, sft_target
+from harness.reward import CORRECT, verify_all
 
 if TYPE_CHECKING:
     from harness.spec import Curriculum, HarnessSpec
@@ -46,3 +53,14 @@ def in_pass_band(curriculum: Curriculum, rates: Any) -> Any:
     """Which groups the GRPO loss keeps: pass rate within [pass_rate_min, pass_rate_max]. `rates` is
     an array (a torch tensor, shape (P, 1)); the result is the boolean array of the same shape."""
     return (rates >= curriculum.pass_rate_min) & (rates <= curriculum.pass_rate_max)
+
+
+def labels_verify(task: Any, spec: HarnessSpec, examples: list[Any], labels: list[str]) -> list[bool] | None:
+    """For each (example, label): whether the task's own verifier accepts the label written as the
+    harness writes an SFT target (`sft_target`) and read back with its answer parser. None for a
+    task verified in a sandbox (`verify_many`: running code for every label of every step costs
+    more than the step)."""
+    if hasattr(task, "verify_many"):
+        return None
+    targets = [sft_target(spec, label) for label in labels]
+    return [r.verdict == CORRECT for r in verify_all(task, spec, examples, targets, [False] * len(targets))]

@@ -109,6 +109,14 @@ class DataFilters(_Strict):
     max_prompt_chars: int = Field(512, ge=1, description="skip examples whose rendered prompt is longer")
     dedupe: bool = Field(False, description="skip examples whose question the run trained on in its last 16 batches "
                          "(a task with fewer questions than that takes repeats again rather than stopping)")
+    check_labels: bool = Field(False, description="SFT: skip examples whose label, written as this harness writes a "
+                               "target and read back as it reads a completion, the task's own verifier does not accept "
+                               "(a label the run would learn wrong); tasks verified in a sandbox are not checked")
+
+
+# fields added after versions were recorded: at their default they stay out of the content hash,
+# so a spec that does not set them keeps the version it always had
+UNHASHED_DEFAULTS = {("filters", "check_labels"): False}
 
 
 TEMPLATE_MAX_CHARS = 8192      # a prompt template, before the question goes in
@@ -159,5 +167,9 @@ class HarnessSpec(_Strict):
 
     @property
     def version(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        for (section, name), default in UNHASHED_DEFAULTS.items():
+            if data[section].get(name) == default:
+                del data[section][name]
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -116,7 +116,7 @@ def test_job_states_that_are_fine_are_quiet():
 
 
 def test_registry_and_thresholds():
-    assert len(DETECTORS) == 28
+    assert len(DETECTORS) == 29
     for name, fn in DETECTORS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
@@ -345,6 +345,31 @@ def test_input_bound_is_quiet_under_contention_a_restart_onto_the_same_slowness_
     for r in rows[-6:]:
         r["step_time"] = 1.25
     assert DETECTORS["input_bound"](make_ev(rows), THRESHOLDS, KNOWN) is None
+
+
+def test_labels_fail_check_reads_the_share_of_labels_the_task_accepts():
+    rows = sft_rows()
+    for r in rows:
+        r["label_ok"] = 1.0
+    assert DETECTORS["labels_fail_check"](make_ev(rows), THRESHOLDS, KNOWN) is None
+    for r in rows[-8:]:
+        r["label_ok"] = 0.6                            # 40% of the labels came out wrong from step 53 on
+    d = fired(make_ev(rows), "labels_fail_check")
+    assert d.severity == "warning" and d.evidence["label_ok_mean"] == pytest.approx(0.6)
+    assert d.evidence["onset_step"] == rows[-8]["step"] and d.evidence["label_ok_before"] == pytest.approx(1.0)
+    assert d.evidence["filter_on"] is False and "40%" in d.summary
+    on = make_ev(rows, harness={**HARNESS, "filters": {"check_labels": True}})
+    assert fired(on, "labels_fail_check").evidence["filter_on"] is True
+    # wrong from the first checked step: no level before
+    for r in rows:
+        r["label_ok"] = 0.0
+    assert fired(make_ev(rows), "labels_fail_check").evidence["label_ok_before"] is None
+    # a trainer that does not check its labels, and GRPO rows: nothing to read
+    assert DETECTORS["labels_fail_check"](make_ev(sft_rows()), THRESHOLDS, KNOWN) is None
+    rows = grpo_rows()
+    for r in rows:
+        r["label_ok"] = 0.0
+    assert DETECTORS["labels_fail_check"](make_ev(rows), THRESHOLDS, KNOWN) is None
 
 
 def test_stale_heartbeat_reads_the_goals_threshold_and_gives_every_launch_a_grace():
@@ -699,6 +724,17 @@ def test_real_run_slow_worker_is_input_bound(tmp_path):
     d = fired(ev, "input_bound")
     assert d.evidence["data_share_recent"] >= 0.5 and d.evidence["step_time_recent"] >= 0.3
     # the healthy real runs above leave it quiet (test_real_run: only throughput_drop may report)
+
+
+@pytest.mark.parametrize("fault, at_most", [
+    ({"kind": "label_noise", "at_step": 15, "fraction": 0.5, "noise": "off_by_one"}, 0.8),
+    ({"kind": "data_format", "at_step": 15, "style": "answer_prefix"}, 0.0),   # every label written '=…'
+])
+def test_real_run_labels_the_task_rejects(tmp_path, fault, at_most):
+    ev = real_run(tmp_path, [fault])
+    d = fired(ev, "labels_fail_check")
+    assert d.evidence["label_ok_mean"] <= at_most and d.evidence["label_ok_before"] == 1.0
+    assert 15 <= d.evidence["onset_step"] <= 17
 
 
 def stuck_rows(n: int = 120, seed: int = 2) -> list[dict]:

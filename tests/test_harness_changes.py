@@ -181,3 +181,5 @@ def test_versions_of_existing_specs_are_unchanged():
                               filters={"dedupe": True, "max_prompt_chars": 64},
                               sampling={"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 32})
     assert every_field.version == "f1e65c098e2a"
+    # a field added since enters the hash only when set
+    assert HarnessSpec(filters={"check_labels": True}).version != HarnessSpec().version == VERSIONS["default"]

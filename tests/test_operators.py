@@ -90,6 +90,26 @@ def test_cluster_ops_restarts_a_worker_whose_steps_wait_on_the_data_pipeline():
     assert op.builtin(make_ev(rows), ctx()) == []
 
 
+def test_data_curation_filters_labels_the_task_rejects_while_some_pass():
+    op = DataCuration()
+    rows = sft_rows()
+    for r in rows:
+        r["label_ok"] = 1.0
+    for r in rows[-8:]:
+        r["label_ok"] = 0.6
+    ivs = [iv for iv in op.builtin(make_ev(rows), ctx()) if iv.diagnosis.name == "labels_fail_check"]
+    assert len(ivs) == 1
+    iv = ivs[0]
+    check_record(iv, op)
+    assert iv.kind == K.DATA_CHANGE and iv.changes == {"harness.filters.check_labels": True} and iv.risk == Risk.LOW
+    # the filter already on, or no label left to train on: nothing to propose (the finding is reported)
+    on = make_ev(rows, harness={**HARNESS, "filters": {"check_labels": True}})
+    assert not [iv for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check"]
+    for r in rows[-8:]:
+        r["label_ok"] = 0.0
+    assert not [iv for iv in op.builtin(make_ev(rows), ctx()) if iv.diagnosis.name == "labels_fail_check"]
+
+
 def test_cluster_ops_restarts_a_worker_that_ran_out_of_memory_with_half_the_batch():
     op = ClusterOps()
     died = [{"event": "start", "step": 0},

@@ -117,6 +117,31 @@ def test_distill_with_no_success_makes_no_update(make_cfg):
     assert all(torch.equal(p.detach(), before[n]) for n, p in tr.policy.model.named_parameters())
 
 
+@pytest.mark.parametrize("check", [False, True])
+def test_sft_checks_its_labels_and_the_filter_trains_only_on_those_the_task_accepts(make_cfg, check):
+    """Every label corrupted (label noise 1.0, off by one): `label_ok` is 0 on every step; with
+    filters.check_labels the step has nothing left to learn from and makes no update."""
+    cfg = RunConfig.parse(make_cfg(recipe={"algorithm": "sft", "steps": 3, "batch_size": 4},
+                                   harness={"filters": {"check_labels": check}},
+                                   perturbations=[{"kind": "label_noise", "at_step": 0, "fraction": 1.0,
+                                                   "noise": "off_by_one"}]))
+    tr = Trainer(cfg)
+    before = {n: p.detach().clone() for n, p in tr.policy.model.named_parameters()}
+    tr.run()
+    rows = step_rows(cfg.run_dir)
+    assert [r["label_ok"] for r in rows] == [0.0, 0.0, 0.0]
+    same = all(torch.equal(p.detach(), before[n]) for n, p in tr.policy.model.named_parameters())
+    assert same is check and all(r["skipped"] == (1.0 if check else 0.0) for r in rows)
+
+
+def test_sft_labels_of_the_task_all_pass_the_check(make_cfg):
+    cfg = RunConfig.parse(make_cfg(recipe={"algorithm": "sft", "steps": 2, "batch_size": 8},
+                                   harness={"filters": {"check_labels": True}}))
+    Trainer(cfg).run()
+    rows = step_rows(cfg.run_dir)
+    assert [r["label_ok"] for r in rows] == [1.0, 1.0] and all(r["skipped"] == 0.0 for r in rows)
+
+
 def test_a_non_finite_loss_on_the_first_step_is_skipped_not_a_crash(make_cfg):
     """Before any backward the parameters have no gradient tensors: a non-finite first loss is
     still one skipped step, and the weights do not move."""

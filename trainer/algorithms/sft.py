@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from harness.filters import labels_verify
 from harness.render import sft_target
 from trainer.logprobs import batch_logprobs
 from trainer.policy import build_batch
@@ -33,17 +34,29 @@ def sft_loss(trainer, prompts: list[list[int]], targets: list[list[int]],
 
 
 def sft_step(trainer, examples) -> dict[str, float]:
-    """One SFT step on `examples` (targets rendered by the harness's answer format)."""
+    """One SFT step on `examples` (targets rendered by the harness's answer format). The labels are
+    checked against the task's verifier (`harness.filters.labels_verify`): the share that pass is
+    logged (`label_ok`), and with `filters.check_labels` the others are not trained on."""
     h = trainer.harness
     fraction, how = trainer.perturber.label_noise()
-    prompts, targets = [], []
+    labels = []
     for ex in examples:
-        prompts.append(trainer.prompt_ids(ex))
         label = ex.solution or ex.answer
         if fraction > 0:
             from trainer.perturb import noisy_label
 
             label = noisy_label(label, ex.uid, fraction, how)
-        targets.append(trainer.target_ids(sft_target(h, label)))
-    loss, stats = sft_loss(trainer, prompts, targets)
-    return trainer.optimise(loss, stats)
+        labels.append(label)
+    ok = labels_verify(trainer.task, h, examples, labels)
+    checked = {"label_ok": sum(ok) / len(ok)} if ok else {}
+    if ok is not None and h.filters.check_labels:
+        examples, labels = [ex for ex, k in zip(examples, ok) if k], [lb for lb, k in zip(labels, ok) if k]
+    prompts = [trainer.prompt_ids(ex) for ex in examples]
+    targets = [trainer.target_ids(sft_target(h, label)) for label in labels]
+    W = trainer.dist.world
+    # data-parallel, every rank joins the token count and the gradient all-reduce, with or without labels left
+    tokens = trainer.dist.sum([float(sum(len(t) for t in targets))])[0] if W > 1 else None
+    if not targets:
+        return trainer.optimise(None, {"entropy": 0.0, "t_logprob": 0.0, "tokens": 0.0, **checked})
+    loss, stats = sft_loss(trainer, prompts, targets, tokens)
+    return trainer.optimise(loss, {**stats, **checked})
