@@ -66,27 +66,42 @@ class Flaky(Storage):
         self.inner.delete_tree(prefix)
 
 
-@pytest.mark.parametrize("kind", ["folder", "arrow"])
-def test_backends_put_get_list_delete(tmp_path, kind):
-    root = tmp_path / "store"
-    s = FolderStorage(root) if kind == "folder" else ArrowStorage(f"file://{root}")
+def check_storage_ops(s: Storage, on_put=None) -> None:
+    """The requests the run mirror and the replica make, on any backend: a put overwrites whole, a
+    listing names only the objects directly under a prefix, a missing object is FileNotFoundError,
+    a delete of one that is not there does nothing. `on_put`: called after the puts (to look at
+    the backend's own side)."""
     s.put("a/b/x.json", b"1")
     s.put("a/b/y.json", b"22")
     s.put("a/b/x.json", b"333")                  # overwritten whole
     assert s.get("a/b/x.json") == b"333"
     assert s.list("a/b") == ["x.json", "y.json"] and s.list("a") == [] and s.list("nothing") == []
-    assert not [p for p in (root / "a" / "b").iterdir() if p.name.startswith(".")]   # no temp file left
+    if on_put is not None:
+        on_put()
     with pytest.raises(FileNotFoundError):
         s.get("a/b/missing")
     c = s.child("a")
     assert c.get("b/y.json") == b"22" and c.list("b") == ["x.json", "y.json"]
+    assert c.uri == join_uri(s.uri, "a")
     s.delete("a/b/x.json")
     s.delete("a/b/x.json")                        # absent: nothing happens
     assert s.list("a/b") == ["y.json"]
     c.delete_tree("b")
     assert s.list("a/b") == []
+    c.delete_tree("b")                            # absent: nothing happens
     with pytest.raises(ValueError, match=r"'\.\.'"):
         s.put("../escape", b"x")
+
+
+@pytest.mark.parametrize("kind", ["folder", "arrow"])
+def test_backends_put_get_list_delete(tmp_path, kind):
+    root = tmp_path / "store"
+    s = FolderStorage(root) if kind == "folder" else ArrowStorage(f"file://{root}")
+
+    def no_temp_file_left() -> None:
+        assert not [p for p in (root / "a" / "b").iterdir() if p.name.startswith(".")]
+
+    check_storage_ops(s, on_put=no_temp_file_left)
     assert isinstance(open_storage(f"file://{root}"), Retrying) and isinstance(open_storage(str(root)).inner, FolderStorage)
     assert join_uri("s3://b/p?endpoint_override=127.0.0.1:9000", "k", "train") == "s3://b/p/k/train?endpoint_override=127.0.0.1:9000"
 
@@ -145,7 +160,13 @@ def _ack(replica, cid):
 
 
 def test_job_and_controller_meet_only_on_storage_and_a_restart_resumes_from_it(tmp_path, monkeypatch, make_cfg):
-    uri = f"file://{tmp_path / 'store' / 'key' / 'train'}"
+    job_and_controller_round_trip(tmp_path, monkeypatch, make_cfg, f"file://{tmp_path / 'store' / 'key' / 'train'}")
+
+
+def job_and_controller_round_trip(tmp_path, monkeypatch, make_cfg, uri: str) -> None:
+    """A real trainer's job (its node's scratch folder) and the controller's replica meet only on
+    the storage at `uri`: rows, a command and its acknowledgement, a checkpoint, retention's delete,
+    the stop; then a job on another node resumes from the newest checkpoint on the storage."""
     scratch = tmp_path / "node-b"
     replica = tmp_path / "ctrl" / "runs" / "train"          # the controller's folder: out_dir/name
     bind(replica, uri)

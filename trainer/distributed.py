@@ -56,6 +56,11 @@ class Dist:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def barrier(self) -> None:
+        """Wait until every rank is here."""
+        if self.enabled:
+            dist.barrier()
+
     def sum(self, values: list[float]) -> list[float]:
         """Each value summed over the ranks (float64; one all-reduce for the list). Every rank
         must call it, with the same number of values."""
