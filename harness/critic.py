@@ -26,9 +26,12 @@ and the environment's tool specs, never from trajectory text):
     turn_cut           calls or answers cut at max_new_tokens          -> sampling.max_new_tokens x1.5
     unknown_tool       calls of a tool the environment has but the harness does not list
                                                                        -> tools.NAME (the env's spec)
-    tool_spec_differs  calls that failed with an error (tool_error, bad_arguments) of a tool the
-                       harness lists with another description or parameters than the
-                       environment's own spec                          -> tools.NAME (the env's spec)
+    tool_spec_differs  a tool the harness lists with another description or parameters than the
+                       environment's own spec, and failed episodes that show it: calls of it that
+                       failed with an error (tool_error, bad_arguments), or, when the system prompt
+                       shows the tool list (its {tools}), episodes that never called it (a wrong
+                       description turns the policy away from the tool)
+                                                                       -> tools.NAME (the env's spec)
     max_turns          episodes ended by the turn limit                -> max_turns x1.5
     max_tool_calls     episodes ended by the call limit                -> max_tool_calls x1.5
     observation_cut    observations whose cut removed the expected answer (or, when the tool's
@@ -191,6 +194,15 @@ class _Tally:
         d[key] = max(d.get(key, 0), n)
 
 
+def _spec_differs(tally: _Tally, uid: str, name: str, kind: str) -> None:
+    """One piece of evidence against the harness's spec of tool `name`: a failing call of it
+    (`kind` "calls") or a failed episode that never called it ("unused")."""
+    tally.hit(Mode.TOOL_SPEC_DIFFERS, uid)
+    d = tally.detail.setdefault(Mode.TOOL_SPEC_DIFFERS, {"calls": 0, "unused": 0, "names": {}})
+    d[kind] += 1
+    d["names"][name] = d["names"].get(name, 0) + 1
+
+
 def diagnose(records: Iterable[Any], harness: AgentHarness,
              available_tools: list[ToolSpec] | None = None) -> tuple[list[Finding], int, int]:
     """The failure modes in the failed episodes of `records`, most frequent first, with the
@@ -202,6 +214,8 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
     env_tools = {t.name for t in available_tools or []}
     env_specs = {t.name: t for t in available_tools or []}
     differs = {t.name for t in harness.tools if t.name in env_specs and t != env_specs[t.name]}
+    # the tools whose different spec the policy reads: the tool list is shown only through {tools}
+    shown_differs = differs if "{tools}" in harness.system_prompt else set()
     tally = _Tally()
     for d in failed:
         uid = str(d.get("uid", "?"))
@@ -224,10 +238,7 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
                 names = tally.detail[Mode.UNKNOWN_TOOL]["names"]
                 names[s["tool"]] = names.get(s["tool"], 0) + 1
             if s.get("tool") in differs and s.get("error") in ("tool_error", "bad_arguments"):
-                tally.hit(Mode.TOOL_SPEC_DIFFERS, uid)
-                tally.add(Mode.TOOL_SPEC_DIFFERS, "calls")
-                names = tally.detail[Mode.TOOL_SPEC_DIFFERS].setdefault("names", {})
-                names[s["tool"]] = names.get(s["tool"], 0) + 1
+                _spec_differs(tally, uid, s["tool"], "calls")
             raw, shown = s.get("raw_observation"), s.get("observation")
             if raw is not None and shown is not None and raw != shown:
                 # the cut matters when it removed the expected answer (when the tool's output held it),
@@ -244,6 +255,9 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
                     tally.add(Mode.OBSERVATION_CUT, "observations")
                     tally.add(Mode.OBSERVATION_CUT, "removed_expected", removed_expected)
                     tally.most(Mode.OBSERVATION_CUT, "longest_raw", len(raw))
+        called = {s.get("tool") for s in steps}
+        for name in sorted(shown_differs - called):
+            _spec_differs(tally, uid, name, "unused")
         end = d.get("end")
         if end == "max_turns":
             tally.hit(Mode.MAX_TURNS, uid)
@@ -286,8 +300,8 @@ def _evidence(mode: Mode, n: int, det: dict[str, Any], h: AgentHarness) -> str:
     if mode is Mode.UNKNOWN_TOOL:
         return f"{det['calls']} calls of tools the environment has but the harness does not list: {sorted(det['names'])}"
     if mode is Mode.TOOL_SPEC_DIFFERS:
-        return (f"{det['calls']} calls failed with an error, of tools the harness describes otherwise than the "
-                f"environment's spec: {sorted(det['names'])}")
+        return (f"{det['calls']} calls failed with an error and {det['unused']} failed episodes never called them, "
+                f"of tools the harness describes otherwise than the environment's spec: {sorted(det['names'])}")
     if mode is Mode.MAX_TURNS:
         return f"ended by max_turns={h.max_turns}"
     if mode is Mode.MAX_TOOL_CALLS:
@@ -331,7 +345,8 @@ def _candidates(f: Finding, h: AgentHarness, available: dict[str, ToolSpec]) -> 
                 for name in sorted(det["names"], key=lambda n: -det["names"][n]) if name in available]
     if f.mode is Mode.TOOL_SPEC_DIFFERS:
         return [(f"tools.{name}", available[name].model_dump(mode="json"),
-                 "calls of it fail and the harness describes it otherwise than the environment")
+                 "calls of it fail or the policy does not use it, and the harness describes it otherwise than "
+                 "the environment")
                 for name in sorted(det["names"], key=lambda n: -det["names"][n]) if name in available]
     if f.mode is Mode.MAX_TURNS:
         return [("max_turns", _grow(h.max_turns, 64), "episodes run out of turns")]

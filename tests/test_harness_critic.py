@@ -185,6 +185,49 @@ def test_a_tool_the_harness_does_not_list_is_added_from_the_environment_spec(env
     assert fixed.tools == env.tool_specs()
 
 
+WRONG = "the number of keys in the table; call it once, before you answer"
+
+
+def test_a_misdescribed_tool_the_policy_stops_using_is_restored_to_the_environment_declaration(env):
+    """A harness whose `get` description differs from the one the environment declares, and failed
+    episodes that answer without ever calling it: the critic proposes the environment's own spec
+    for `get`, before the system-prompt rule, and the edit restores the declared description."""
+    h = apply_edit(env.default_harness(), "tools.get.description", WRONG)
+    exs = [env.episode("train", i, 1) for i in range(4)]
+    trajs = run(env, h, [(ex, ["<answer>12</answer>"]) for ex in exs])
+    crit = critique(trajs, h, env.tool_specs())
+    assert modes(crit) == {"tool_spec_differs": 4, "tool_never_called": 4}
+    f = crit.findings[0]
+    assert f.mode is Mode.TOOL_SPEC_DIFFERS and f.detail == {"calls": 0, "unused": 4, "names": {"get": 4}}
+    assert "4 failed episodes never called them" in f.evidence
+    assert [e.mode for e in crit.edits] == [Mode.TOOL_SPEC_DIFFERS, Mode.TOOL_NEVER_CALLED]
+    e = crit.edits[0]
+    assert e.path == "tools.get" and e.value == env.tool_specs()[0].model_dump(mode="json")
+    fixed = apply_edit(h, e.path, e.value)
+    assert fixed.tools == env.tool_specs() and fixed.version == env.default_harness().version
+    assert "the value stored under a key" in fixed.system_text() and WRONG not in fixed.system_text()
+
+
+def test_no_description_restore_without_a_difference_without_failures_or_when_no_tool_list_is_shown(env):
+    exs = [env.episode("train", i, 1) for i in range(3)]
+    skip = [(ex, ["<answer>12</answer>"]) for ex in exs]
+    # the description matches the environment's declaration: the same failures name only the rule
+    h = env.default_harness()
+    crit = critique(run(env, h, skip), h, env.tool_specs())
+    assert modes(crit) == {"tool_never_called": 3} and all(e.mode is not Mode.TOOL_SPEC_DIFFERS for e in crit.edits)
+    # a differing description, but every episode succeeds: nothing is read
+    wrong = apply_edit(h, "tools.get.description", WRONG)
+    good = run(env, wrong, [(ex, calls(ex) + [f"<answer>{ex.answer}</answer>"]) for ex in exs])
+    assert critique(good, wrong, env.tool_specs()).findings == []
+    # failed episodes that called the tool without an error: the description did not turn the policy away
+    called = run(env, wrong, [(ex, calls(ex) + ["<answer>1</answer>"]) for ex in exs])
+    assert critique(called, wrong, env.tool_specs()).findings == []
+    # a system prompt without {tools} never shows a description: restoring it could change nothing
+    hidden = apply_edit(env.default_harness(system_prompt="Answer."), "tools.get.description", WRONG)
+    crit = critique(run(env, hidden, skip), hidden, env.tool_specs())
+    assert modes(crit) == {"tool_never_called": 3} and [e.text() for e in crit.edits] == ["system_prompt='Answer.\\n{tools}'"]
+
+
 def test_turns_cut_at_max_new_tokens_raise_it(env):
     h = env.default_harness(sampling={"max_new_tokens": 12})
     exs = [env.episode("train", i, 1) for i in range(2)]

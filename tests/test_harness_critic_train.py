@@ -188,6 +188,63 @@ def test_without_a_fault_the_critic_finds_nothing_to_change(tmp_path):
     assert t.critic_round() is None and t.edits == []
 
 
+WRONG_DESCRIPTION = "the number of keys in the table; call it once, before you answer"
+
+
+class DescriptionReadingAgent(GroundedAgent):
+    """The grounded agent, but it calls `get` only when the tool list says `get` returns a key's
+    value; otherwise it answers 0 at once (a policy a wrong description turns away from the tool)."""
+
+    def generate(self, prompt_ids, max_new_tokens, temperature, stop):
+        text = self.tok.decode(prompt_ids)
+        line = re.search(r"- get\(key: string\): (.*)\n", text)
+        if line is None or "value" not in line.group(1):
+            return self.tok.encode("<answer>0</answer>")[:max_new_tokens]
+        return super().generate(prompt_ids, max_new_tokens, temperature, stop)
+
+
+class DescriptionTrainer(AgentTrainer):
+    agent = DescriptionReadingAgent
+
+    def rollout(self, examples, greedy=False, policy=None):
+        agent = self.agent(self.policy.tok, self.policy._max_len())
+        return [run_episode(agent, self.env, ex, self.harness, greedy=greedy) for ex in examples]
+
+
+def test_a_wrong_tool_description_is_restored_to_the_environment_declaration_on_a_measured_gain(tmp_path):
+    t = DescriptionTrainer(config(tmp_path, harness_fault={"tools.get.description": WRONG_DESCRIPTION}), printer=None)
+    assert t.harness.tool("get").description == WRONG_DESCRIPTION
+    t.start()
+    kept = t.critic_round()
+    assert (kept["path"], kept["mode"]) == ("tools.get", "tool_spec_differs")
+    assert (kept["before"], kept["after"], kept["gains"], kept["losses"]) == (0, 16, 16, 0)
+    assert kept["alpha"] == pytest.approx(0.05 / 2) and kept["p_value"] == pytest.approx(2 ** -16)
+    assert t.harness.tools == t.env.tool_specs() and t.harness.version == t.demo_harness.version
+    # the other candidate, the rule to call a tool, was measured on the same episodes and gained nothing
+    [rule] = [e for e in t.edits if not e["kept"]]
+    assert rule["path"] == "system_prompt" and rule["gains"] == 0 and "no gain" in rule["verdict"]
+    assert t.critic_round() is None                  # the next round reads only successes
+    events = read_jsonl(tmp_path / "crit" / "events.jsonl")
+    crit = next(e for e in events if e["event"] == "critique")
+    assert crit["findings"][0].startswith("tool_spec_differs: 12/12")
+
+
+def test_a_description_restore_without_a_gain_is_rejected_and_the_harness_stays(tmp_path):
+    class Skipping(DescriptionReadingAgent):         # never calls the tool, whatever it is told
+        def generate(self, prompt_ids, max_new_tokens, temperature, stop):
+            return self.tok.encode("<answer>0</answer>")[:max_new_tokens]
+
+    class SkippingTrainer(DescriptionTrainer):
+        agent = Skipping
+
+    t = SkippingTrainer(config(tmp_path, harness_fault={"tools.get.description": WRONG_DESCRIPTION}), printer=None)
+    start = t.harness.version
+    t.start()
+    assert t.critic_round() is None and t.harness.version == start
+    restore = next(e for e in t.edits if e["path"] == "tools.get")
+    assert not restore["kept"] and (restore["before"], restore["after"]) == (0, 0) and "no gain" in restore["verdict"]
+
+
 @pytest.mark.parametrize("fault, message", [
     ("max_turns=0", "harness_fault: max_turns=0"),
     ("nonsense", "write PATH=VALUE"),
