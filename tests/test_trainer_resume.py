@@ -160,3 +160,32 @@ def test_latest_checkpoint_is_the_last_written_not_the_highest_step(tmp_path):
     mgr.save({"step": 3, "timeline": "after rollback"}, 3)
     assert mgr.load_latest_good()["timeline"] == "after rollback" and mgr.load_latest_good()["step"] == 3
     assert [m["name"] for m in mgr.manifests()][-1] == "step_0000003"
+
+
+class RankDist:
+    """What a data-parallel rank's Trainer reads of its process group when it loads a checkpoint
+    (no collective runs in load_state)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.world, self.enabled = rank, 2, False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def test_each_data_parallel_rank_resumes_with_its_own_sampling_stream(make_cfg):
+    """A checkpoint holds rank 0's sampling generator: rank 0 takes it as saved, every other rank
+    derives its own from it (deterministically), so the ranks do not sample alike after a resume."""
+    cfg = RunConfig.parse(make_cfg(name="r"))
+    st = Trainer(cfg).state()
+    gens = {}
+    for rank in (0, 1, 1, 2):
+        tr = Trainer(cfg, dist=RankDist(rank))
+        tr.load_state(st)
+        draw = torch.rand(4, generator=tr.gen)
+        assert gens.setdefault(rank, draw).equal(draw)                 # the same rank: the same stream
+    saved = torch.Generator()
+    saved.set_state(st["rng"]["gen"])
+    assert gens[0].equal(torch.rand(4, generator=saved))               # rank 0: the stream as saved
+    assert not gens[1].equal(gens[0]) and not gens[2].equal(gens[0]) and not gens[1].equal(gens[2])

@@ -10,6 +10,7 @@ Train workers (`num_workers > 1`, see `trainer.launch.run_ray_train`).
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import pathlib
 import random
@@ -268,6 +269,11 @@ class Trainer:
         np.random.set_state(st["rng"]["numpy"])
         torch.set_rng_state(st["rng"]["torch"])
         self.gen.set_state(st["rng"]["gen"])
+        if self.dist.rank:
+            # a checkpoint holds rank 0's sampling stream (rank 0 saves it): every other rank derives
+            # its own from it, so data-parallel ranks never sample the same completions after a resume
+            key = bytes(self.gen.get_state().numpy()) + self.dist.rank.to_bytes(4, "little")
+            self.gen.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
 
     def save(self, name: str | None = None) -> str:
         if not self.dist.is_main:
