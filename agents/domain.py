@@ -212,6 +212,11 @@ class Diagnosis(_Strict):
     step: int = 0
 
 
+# a backtest's arms that all stay within this many held-out examples of a bound (none right, or
+# all) have not left it: the rule of three (3/n is the 95% upper bound of a rate none of n showed)
+FLOOR_EXAMPLES = 3
+
+
 class BacktestResult(_Strict):
     metric: str
     candidate: list[float]
@@ -225,14 +230,22 @@ class BacktestResult(_Strict):
     note: str = ""
     signal: str = Field("target", description="the signal that decided (swarm.decisions.decide)")
     cpu_s: float | None = Field(None, description="worker CPU seconds of the backtest's arms")
+    eval_size: int | None = Field(None, description="held-out examples behind each arm's target, when it is a rate")
 
     def measured_nothing(self) -> bool:
         """Every arm, candidate and control, measured the same bound of a rate (all at a held-out
-        accuracy of 0 over a horizon too short to leave the floor, or all at 1): a metric pinned
-        at a bound cannot show a difference, so the zero effect is no evidence against the fix.
-        Equal arms inside the range did measure something: that the change made no difference."""
-        values = {*self.candidate, *self.control}
-        return bool(self.candidate) and bool(self.control) and len(values) == 1 and values <= {0.0, 1.0}
+        accuracy of 0 over a horizon too short to leave the floor, or all at 1), or, with the eval
+        size known, stayed within FLOOR_EXAMPLES examples of it (at most 3 of 200 right: 3/n bounds
+        a rate of which none of n was seen, at 95%): arms that have not left a bound cannot show a
+        difference, so their effect, whatever its sign, is no evidence against the fix. Equal arms
+        inside the range did measure something: that the change made no difference."""
+        values = [*self.candidate, *self.control]
+        if not self.candidate or not self.control:
+            return False
+        if len(set(values)) == 1 and set(values) <= {0.0, 1.0}:
+            return True
+        slack = FLOOR_EXAMPLES / self.eval_size if self.eval_size else 0.0
+        return bool(slack) and (max(values) <= slack or min(values) >= 1.0 - slack)
 
 
 class Outcome(_Strict):

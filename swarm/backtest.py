@@ -277,7 +277,7 @@ def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_
 
 
 def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, seeds: list[int] | tuple[int, ...],
-           cpu_s: float, note: str = "") -> BacktestResult:
+           cpu_s: float, note: str = "", eval_size: int | None = None) -> BacktestResult:
     """The recorded result of a backtest's decision."""
     worst = 0.0
     sig = decision.signal if isinstance(decision, Validated) else (decision.signals[0] if decision.signals else None)
@@ -292,6 +292,6 @@ def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, 
         test=(f"posterior P(gain > minimum effect) ≥ {level:.3f} on the first conclusive of: "
               + ", ".join(s.name for s in decision.signals) + " (swarm.decisions.decide)") if decision.signals else "no signal",
         horizon_steps=horizon, seeds=list(seeds), passed=isinstance(decision, Validated), note="; ".join(notes),
-        signal=sig.name if sig else "none", cpu_s=cpu_s)
+        signal=sig.name if sig else "none", cpu_s=cpu_s, eval_size=eval_size if metric in HELDOUT_METRICS else None)
 
 

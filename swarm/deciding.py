@@ -405,7 +405,8 @@ class Deciding:
             notes.append(f"look {i + 1} over {base * lk.horizon_factor} steps, seed(s) {', '.join(map(str, lk.seeds))}: {dec.reason}; {more}")
         notes += list(after)
         horizon = base * look.horizon_factor
-        res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu, note="; ".join(notes))
+        res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu,
+                     note="; ".join(notes), eval_size=self.goal.swarm.backtest.eval_size)
         iv = self.store.get(iid)
         iv.backtest = res
         iv.outcome.backtest_cpu_s = round(cpu, 3)

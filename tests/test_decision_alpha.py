@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agents.domain import BacktestResult
 from swarm.decisions import (RETRY_DOUBLINGS, ArmScore, Look, Pair, Rejected, Rule, Validated, run_looks, schedule,
                              try_share)
 
@@ -52,10 +53,11 @@ def simulate(rate: float, spread: float, *, effect: float = 0.0, retries: bool =
                 validated += 1
                 break
             # as agents.operators.inconclusive: a positive effect too small to tell, or arms that all
-            # measured the same bound of the rate (BacktestResult.measured_nothing)
-            values = {p.candidate.target for p in pairs} | {p.control.target for p in pairs}
-            same = len(values) == 1 and values <= {0.0, 1.0}
-            inconclusive = isinstance(d, Rejected) and ((d.signals and d.signals[0].effect > 0) or same)
+            # stayed at a bound of the rate (BacktestResult.measured_nothing)
+            at_bound = BacktestResult(metric="heldout_acc", candidate=[p.candidate.target for p in pairs],
+                                      control=[p.control.target for p in pairs], effect=0.0, p_value=1.0, test="",
+                                      horizon_steps=1, seeds=[], passed=False, eval_size=N_EVAL).measured_nothing()
+            inconclusive = isinstance(d, Rejected) and ((d.signals and d.signals[0].effect > 0) or at_bound)
             if not inconclusive:
                 break
     return validated / n

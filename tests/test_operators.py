@@ -474,10 +474,10 @@ def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_howeve
     for a human blocks an identical proposal even when many interventions followed it."""
     from agents.domain import BacktestResult
 
-    def rejected(effect, arms=([0.1], [0.08]), **outcome):
+    def rejected(effect, arms=([0.1], [0.08]), eval_size=None, **outcome):
         h = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.REJECTED)
         bt = BacktestResult(metric="heldout_acc", candidate=arms[0], control=arms[1], effect=effect, p_value=0.3,
-                            test="t", horizon_steps=40, seeds=[0], passed=False)
+                            test="t", horizon_steps=40, seeds=[0], passed=False, eval_size=eval_size)
         return h.model_copy(update={"backtest": bt, "outcome": Outcome(**outcome)})
 
     lr = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning")
@@ -488,6 +488,12 @@ def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_howeve
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.0], [0.0, 0.0]))])) == [lr]
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.05], [0.0, 0.05]))])) == []
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.3, 0.3], [0.3, 0.3]))])) == []   # no difference, measured
+    # every arm within 3 of 200 examples of the floor: none left it, whatever the sign of the effect
+    near = ([0.0, 0.015], [0.015, 0.01])
+    assert lead.arbitrate([lr], ctx(history=[rejected(-0.006, arms=near, eval_size=200)])) == [lr]
+    assert lead.arbitrate([lr], ctx(history=[rejected(-0.006, arms=near)])) == []             # eval size unknown
+    assert lead.arbitrate([lr], ctx(history=[rejected(-0.01, arms=([0.0, 0.02], [0.015, 0.01]), eval_size=200)])) == []
+    assert lead.arbitrate([lr], ctx(history=[rejected(-0.006, arms=([0.99, 1.0], [1.0, 0.985]), eval_size=200)])) == [lr]
     assert lead.arbitrate([lr], ctx(history=[rejected(+0.02, exhausted="x")])) == []        # out of retries
     waiting = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.AWAITING_APPROVAL)
     hist = [waiting] + [iv_(K.RESTART, {}, "crashed_job", status=Status.KEPT) for _ in range(25)]
