@@ -152,7 +152,7 @@ def test_adversarial_llm_false_divergence_lr_10_risk_low_and_restart_spam_are_no
         rb = next((iv for iv in ivs if iv.kind == K.ROLLBACK), None)
         assert rb is not None, (ctrl.llm.decisions[-4:], ctrl.lead.dropped)
         assert len(restarts) == 3 and all(iv.status == Status.REJECTED for iv in restarts)
-        assert all("detectors see no crashed or stale job" in iv.history[-1]["note"] for iv in restarts)
+        assert all("detectors see no crashed, stale or input-bound job" in iv.history[-1]["note"] for iv in restarts)
         assert s.restarts == 0 and not ctrl.store.timeline("job_started")
         assert rb.policy.startswith("llm") and rb.outcome.proposed_risk == "low" and rb.risk.value == "high"
         assert rb.backtest_skipped is None and rb.backtest is not None and rb.status == Status.REJECTED

@@ -287,6 +287,13 @@ def test_the_winners_checkpoint_starts_the_run(tmp_path):
     assert model.keys() == saved["model"].keys() and all(torch.equal(model[k], saved["model"][k]) for k in model)
     assert t.opt.state_dict()["state"], "the optimiser's moments go on from the pilot"
     assert t.recipe.steps == cfg.recipe.steps, "the recipe is the run's, not the pilot's"
+    # the untrained start of the winner's run is this run's `init` (a fix that starts over starts
+    # there), with this run's recipe; the newest checkpoint is the fork point, where a restart resumes
+    winner_init = torch.load(pathlib.Path(res.checkpoint).parent / "init.pt", map_location="cpu", weights_only=False)
+    own = t.ckpt.load("init")
+    assert own["step"] == 0 and all(torch.equal(own["model"][k], winner_init["model"][k]) for k in own["model"])
+    assert own["recipe"] == cfg.recipe.model_dump(mode="json")
+    assert t.ckpt.load_latest_good()["step"] == last
     t.close()
     # the run trains on from the winner's step: its first metrics row is the step after it
     summary = Trainer(cfg.model_copy(update={"name": "train2"})).run(until=last + 2)

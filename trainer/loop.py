@@ -423,6 +423,25 @@ class Trainer:
                            kernels_reason=self._kernel_reason, world=self.dist.world)
             if resumed is None and not self.cfg.fork_from and self.cfg.checkpoint.interval and self.step == 0:
                 self.save(INIT_CHECKPOINT)   # the untrained start: a run that never learnt restarts from it
+            elif resumed is None and self.cfg.fork_from and self.cfg.fork_mode == "full" and self.cfg.checkpoint.interval:
+                self.inherit_init(pathlib.Path(self.cfg.fork_from))
+
+    def inherit_init(self, source: pathlib.Path) -> None:
+        """A run that goes on from another run's checkpoint (`fork_mode: full`: a pilot's winner, a
+        warm start) keeps that run's untrained start, when it kept one, as its own `init`, with this
+        run's recipe and harness (what a full fork trains with): a fix that starts over starts where
+        the weights started, not from the checkpoint it went on from."""
+        if not self.dist.is_main or not (source.parent / f"{INIT_CHECKPOINT}.pt").is_file():
+            return
+        try:
+            st = CheckpointManager(source.parent).load(INIT_CHECKPOINT)
+        except CheckpointError:
+            return
+        harness = self.cfg.harness.model_dump(mode="json")
+        st.update(recipe=self.cfg.recipe.model_dump(mode="json"), harness=harness, shown=harness, faults={})
+        self.ckpt.save(st, int(st["step"]), INIT_CHECKPOINT)
+        self.log.event("checkpoint", self.step, name=INIT_CHECKPOINT, inherited_from=str(source.parent))
+        self.save(None)   # the newest checkpoint is where this run starts: a restart resumes there, not at `init`
 
     def fork(self, path: pathlib.Path) -> None:
         """Start from another run's checkpoint (`fork_mode`): the basis of backtests and warm starts."""
