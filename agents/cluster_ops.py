@@ -26,7 +26,7 @@ class ClusterOps(Operator):
             "throughput. When the job has crashed or hangs (heartbeat stale while RUNNING), restarts it from the "
             "newest good checkpoint. When the worker died of out-of-memory, the restart halves the batch size (the "
             "memory a step needs grows with it; the same config would die again); it edits nothing else. When the "
-            "steps have come to wait on the data pipeline (a slow loader, disk or node: the worker, not the run), "
+            "steps have come to wait on the data pipeline (a slow loader or disk: the worker's input, not the run), "
             "restarts the job from its newest checkpoint, and keeps that restart only if the steps are faster after "
             "it. A throughput drop without that, a corrupt checkpoint the trainer fell back from, a refused command, "
             "skipped steps and resumes are reported, not acted on.")
@@ -55,7 +55,7 @@ class ClusterOps(Operator):
             return [self.intervention(
                 K.RESTART, slow, {}, risk=Risk.LOW,
                 rationale=f"{slow.summary}. The model's share of each step did not grow, the wait for data did: the "
-                          "worker's input (its loader, disk or node) slowed, not the run. A new worker process (on a "
+                          "worker's input (its loader or disk) slowed, not the run. A new worker process (on a "
                           "cluster, wherever Ray places it) resumes from the newest checkpoint; the steps since it "
                           "are trained again.",
                 expected_effect="steps back near "

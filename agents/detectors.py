@@ -341,11 +341,12 @@ def input_shares(ev: Evidence) -> list[tuple[int, float, float]]:
 def input_bound(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The job's steps now wait on the data pipeline: the recent median share of a step spent there
     is at least `input_share`, it was at most `input_share_before` over the trailing rows of the
-    same job segment, and steps got at least `input_slowdown` times longer. A slow loader, a slow
-    disk or network filesystem, a throttled node: the worker, not the run. Contention from other
-    processes on the machine slows the pipeline and the model alike and leaves the share where it
-    was; a share that was high from the segment's start (a job restarted onto the same slowness)
-    is no rise."""
+    same job segment, and steps got at least `input_slowdown` times longer (`t_data` is the slowest
+    rank's). A slow loader, a slow disk or network filesystem: the worker's input, not the run.
+    Contention from other processes on the machine slows the pipeline and the model alike and
+    leaves the share where it was; so does a throttled device, which this does not claim
+    (`throughput_drop` reports it); a share that was high from the segment's start (a job
+    restarted onto the same slowness) is no rise."""
     rows = input_shares(ev)
     if len(rows) < th.recent + th.min_rows:
         return None

@@ -60,16 +60,17 @@ DEPARTURE = frozenset({"lr_drift", "harness_drift", "recipe_drift"})
 JOB_FINDINGS = frozenset({"crashed_job", "stale_heartbeat"})
 # findings that show the job alive on a worker that cannot keep up (its steps wait on the data pipeline)
 SLOW_WORKER = frozenset({"input_bound"})
-# the only findings a restart may answer
-RESTART_FINDINGS = JOB_FINDINGS | SLOW_WORKER
+# the only findings a restart may answer (out of memory comes with a crashed job)
+RESTART_FINDINGS = JOB_FINDINGS | SLOW_WORKER | {"out_of_memory"}
 
 
 def cannot_wait(iv: "Intervention") -> bool:
-    """A job action that may not wait for another fix's window to be judged: a restart (the job is
-    dead or hung, nothing trains) or a rollback out of a divergence (every step trains on from it).
+    """A job action that may not wait for another fix's window to be judged: a restart of a dead or
+    hung job (nothing trains) or a rollback out of a divergence (every step trains on from it). A
+    restart of a job that is only slow (SLOW_WORKER) trains on meanwhile and waits its turn.
     A rollback for anything else (a run that does not learn, a search move from the untrained start)
     throws away the run's progress as much as any fix: it waits its turn like one."""
-    return iv.kind == InterventionKind.RESTART or (iv.kind == InterventionKind.ROLLBACK
+    return (iv.kind == InterventionKind.RESTART and iv.diagnosis.name not in SLOW_WORKER) or (iv.kind == InterventionKind.ROLLBACK
                                                    and iv.diagnosis.name in DIVERGENCE | DEPARTURE | JOB_FINDINGS)
 
 
@@ -271,6 +272,8 @@ class Outcome(_Strict):
     step_left: int | None = Field(None, description="the run's step when it was applied (a rollback's window starts there)")
     baseline: float | None = Field(None, description="the target metric just before applying")
     since_time: float | None = Field(None, description="rows after this time belong to the timeline it created")
+    pace_before: float | None = Field(None, description="a restart of a slow job: the median seconds per training "
+                                      "step over the last rows before it, as the controller read them")
     cpu_at_apply: float | None = Field(None, description="the live run's worker CPU-s when it was applied")
     carried_over: list[str] | None = Field(None, description="later fixes set again after its rollback")
     rollback_skipped: str | None = Field(None, description="why its rollback only set the fields again")

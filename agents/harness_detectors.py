@@ -224,27 +224,36 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
 def labels_fail_check(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """SFT labels the task's own verifier rejects: the mean `label_ok` (the share of a step's labels
     that, written as the harness writes a target and read back as it reads a completion, the
-    task's verifier accepts) over the last `recent` SFT rows is below `label_ok_min`. Labels made
-    from the task's answers pass every time; a data source that corrupts some of them, or writes
-    them in another format, does not. A trainer that does not check its labels (a foreign one, a
-    task verified in a sandbox) gives nothing to read."""
-    rows = [r for r in ev.metrics if r.get("algorithm") == "sft"]
-    steps, ok = column(rows, "label_ok", skip_eval=True, finite=True)
+    task's verifier accepts against the answer it works out from the question) over the last
+    `recent` rows of the current SFT training is below `label_ok_min`. Right labels pass every
+    time; a data source that corrupts some of them, or writes them in another format, does not.
+    With the label check filter on, the finding is reported (info): the step trains on those that
+    pass. A trainer that does not check its labels (a foreign one, a task verified in a sandbox or
+    whose answers only the data holds) gives nothing to read."""
+    if algorithm(ev) != "sft":
+        return None
+    steps, ok = column(current_rows(ev), "label_ok", skip_eval=True, finite=True)
     if len(ok) < th.recent:
         return None
     now = mean_of(ok[-th.recent:])
     if now >= th.label_ok_min:
         return None
-    i = len(ok)
+    # the onset: the first row of the newest run of rows below the bound (within the recent window
+    # at the latest: a passing newest row leaves the mean below it)
+    i = len(ok) - th.recent
     while i > 0 and ok[i - 1] < th.label_ok_min:
         i -= 1
+    while ok[i] >= th.label_ok_min:
+        i += 1
     before = mean_of(ok[max(0, i - th.trailing):i]) if i else None
     filtered = bool(((ev.harness or {}).get("filters") or {}).get("check_labels"))
     return make_diagnosis(
         ev, "labels_fail_check", f"{1 - now:.0%} of recent SFT labels fail the task's own check"
-        + (f" (from {1 - before:.0%} before step {steps[i]})" if before is not None else " since the first checked step"),
-        "warning", {"label_ok_recent": ok[-th.recent:], "label_ok_mean": now, "label_ok_before": before,
-                    "onset_step": steps[i], "filter_on": filtered, "threshold_label_ok": th.label_ok_min})
+        + (f" (from {1 - before:.0%} before step {steps[i]})" if before is not None else " since the first checked step")
+        + ("; the label check filter trains on those that pass" if filtered else ""),
+        "info" if filtered else "warning",
+        {"label_ok_recent": ok[-th.recent:], "label_ok_mean": now, "label_ok_before": before,
+         "onset_step": steps[i], "filter_on": filtered, "threshold_label_ok": th.label_ok_min})
 
 
 def labels_changed(ev: Evidence, th: Thresholds) -> dict[str, Any] | None:

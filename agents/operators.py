@@ -638,7 +638,8 @@ def _same(a: Intervention, b: Intervention) -> bool:
 
 def inconclusive(iv: Intervention) -> bool:
     """Rejected after a backtest that measured a gain too small to tell, or nothing at all (every
-    arm at the same bound of a rate: `BacktestResult.measured_nothing`) — not a loss: the decision model
+    arm at, or within 3 held-out examples of, the same bound of a rate: `BacktestResult.measured_nothing`)
+    — not a loss: the decision model
     backtests the same fix again over a doubled horizon (swarm.decisions.retry_horizon) until it
     runs out of them (then it is refused as `exhausted`, a loss)."""
     return (iv.status == Status.REJECTED and iv.backtest is not None

@@ -55,12 +55,21 @@ def in_pass_band(curriculum: Curriculum, rates: Any) -> Any:
     return (rates >= curriculum.pass_rate_min) & (rates <= curriculum.pass_rate_max)
 
 
-def labels_verify(task: Any, spec: HarnessSpec, examples: list[Any], labels: list[str]) -> list[bool] | None:
-    """For each (example, label): whether the task's own verifier accepts the label written as the
-    harness writes an SFT target (`sft_target`) and read back with its answer parser. None for a
-    task verified in a sandbox (`verify_many`: running code for every label of every step costs
-    more than the step)."""
-    if hasattr(task, "verify_many"):
+def labels_verify(task: Any, spec: HarnessSpec, examples: list[Any], labels: list[str]) -> list[bool | None] | None:
+    """For each (example, label): whether the task's verifier accepts the label written as the
+    harness writes an SFT target (`sft_target`) and read back with its answer parser, checked
+    against the answer the task works out again from the question (`Task.reference`), never the
+    stored one (a source that gets a label wrong may get its stored answer wrong too); None for an
+    example whose answer the task cannot work out. None for the whole batch when the task is
+    verified in a sandbox (`verify_many`: running code for every label of every step costs more
+    than the step) or has no `reference`."""
+    if hasattr(task, "verify_many") or not hasattr(task, "reference"):
         return None
-    targets = [sft_target(spec, label) for label in labels]
-    return [r.verdict == CORRECT for r in verify_all(task, spec, examples, targets, [False] * len(targets))]
+    refs = [task.reference(ex) for ex in examples]
+    idx = [i for i, r in enumerate(refs) if r is not None]
+    targets = [sft_target(spec, labels[i]) for i in idx]
+    verdicts = verify_all(task, spec, [refs[i] for i in idx], targets, [False] * len(idx))
+    out: list[bool | None] = [None] * len(examples)
+    for i, r in zip(idx, verdicts):
+        out[i] = r.verdict == CORRECT
+    return out

@@ -26,7 +26,7 @@ import yaml
 from agents.base import Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
-from agents.domain import JOB_ACTIONS, Intervention, InterventionKind, JobStatus, Status, cannot_wait
+from agents.domain import JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status, cannot_wait
 from agents.evidence import Evidence, collect
 from agents.explorer import Explorer
 from agents.llm import LLMPolicy
@@ -34,7 +34,7 @@ from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCriti
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
 from sandboxes.private import private_dir, write_private
 from swarm.backtest import BacktestRunner, question_chars, run_arms, task_range
-from swarm.deciding import Deciding, in_force
+from swarm.deciding import Deciding, in_force, recent_pace
 from swarm.decisions import PERSIST_WITHIN
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
@@ -489,6 +489,11 @@ class Controller(JobControl, ScriptSteering, Deciding):
                 self.store.transition(iv.id, Status.REJECTED, f"max_restarts={self.goal.swarm.max_restarts} reached")
                 return {}
             if s.job and self.job_status(s.job) not in JobStatus.terminal():
+                if iv.diagnosis.name in SLOW_WORKER:   # alive, only slow: its steps since the newest checkpoint are kept
+                    iv = self.store.get(iv.id)
+                    iv.outcome.pace_before = recent_pace(self.evidence(s.job_status).metrics)
+                    self.store.put(iv)
+                    self.command("checkpoint", f"{iv.id}-pre", name=f"pre-{iv.id}")
                 self.stop_job(s.job)
             if iv.changes:   # in the inbox before the job starts: the new worker reads it before its first step
                 self.send("set_fields", f"{iv.id}-apply", fields=self.trainer_fields(iv.changes))

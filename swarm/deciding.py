@@ -32,6 +32,13 @@ from trainer.runlog import INIT_CHECKPOINT
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
 
 
+def recent_pace(rows: list[dict[str, Any]], n: int = THRESHOLDS.recent) -> float | None:
+    """The median seconds per training step over the last `n` training rows (eval rows excluded);
+    None without one."""
+    times = [float(r["step_time"]) for r in rows if not is_eval_row(r) and isinstance(r.get("step_time"), (int, float))]
+    return statistics.median(times[-n:]) if times and n > 0 else None
+
+
 class Deciding:
     """Backtest and evaluate nodes, and the inputs of plan / decide / judge."""
 
@@ -405,8 +412,10 @@ class Deciding:
             notes.append(f"look {i + 1} over {base * lk.horizon_factor} steps, seed(s) {', '.join(map(str, lk.seeds))}: {dec.reason}; {more}")
         notes += list(after)
         horizon = base * look.horizon_factor
+        # a script's arms are scored on its own eval set, whose size the goal does not state
+        size = None if self.goal.entrypoint is not None else self.goal.swarm.backtest.eval_size
         res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu,
-                     note="; ".join(notes), eval_size=self.goal.swarm.backtest.eval_size)
+                     note="; ".join(notes), eval_size=size)
         iv = self.store.get(iid)
         iv.backtest = res
         iv.outcome.backtest_cpu_s = round(cpu, 3)
@@ -547,16 +556,13 @@ class Deciding:
 
     @staticmethod
     def pace(iv: Intervention, ev: Any, start: int, since: float) -> dict[str, float | None]:
-        """For a restart of a job that was alive but slow: the median seconds per training step its
-        finding measured before it, and over the steps trained since (eval rows excluded); {} for
-        anything else."""
-        before = iv.diagnosis.evidence.get("step_time_recent")
-        if iv.kind != InterventionKind.RESTART or iv.diagnosis.name not in SLOW_WORKER or not isinstance(before, (int, float)):
+        """For a restart of a job that was alive but slow (its diagnosis a SLOW_WORKER finding, which
+        `plan` confirmed): the median seconds per training step the controller read before it
+        (`outcome.pace_before`) and over the steps trained since; {} for anything else."""
+        if iv.kind != InterventionKind.RESTART or iv.diagnosis.name not in SLOW_WORKER or iv.outcome.pace_before is None:
             return {}
-        times = sorted(float(r["step_time"]) for r in ev.metrics
-                       if r.get("step", 0) > start and r.get("time", since) >= since and not is_eval_row(r)
-                       and isinstance(r.get("step_time"), (int, float)))
-        return {"pace_before": float(before), "pace_after": statistics.median(times) if times else None}
+        after = [r for r in ev.metrics if r.get("step", 0) > start and r.get("time", since) >= since]
+        return {"pace_before": iv.outcome.pace_before, "pace_after": recent_pace(after, len(after))}
 
     @contextlib.contextmanager
     def one_safe_point(self, key: str) -> Iterator[None]:

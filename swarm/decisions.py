@@ -134,16 +134,20 @@ def plan(iv: Intervention, facts: Facts) -> Plan:
 def refusals(iv: Intervention, facts: Facts) -> list[Refuse | None]:
     """What disqualifies a proposal before any compute, in order: a change the live trainer would
     refuse; one that changes nothing; a fix backtested more than RETRY_DOUBLINGS times with gains
-    too small to tell, its last look already over the longest retry horizon (a loss); a restart of
-    a job the detectors do not find crashed, stale or input-bound now."""
+    too small to tell, its last look already over the longest retry horizon (a loss); a restart
+    whose diagnosis the detectors do not find now among the findings a restart answers (a crashed,
+    stale or input-bound job, out of memory): what the proposer claims does not restart a job."""
     return [
         Refuse(f"the live trainer would refuse it: {facts.invalid}") if facts.invalid else None,
         Refuse(facts.noop) if facts.noop else None,
         Refuse(f"backtested {facts.tries_without_gain} times without a measured gain, the last over "
                f"{2 ** RETRY_DOUBLINGS}x the horizon (swarm.decisions.retry_horizon): a loss", exhausted=True)
         if facts.tries_without_gain > RETRY_DOUBLINGS else None,
-        Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed, stale or input-bound job now")
-        if iv.kind == K.RESTART and not facts.findings & RESTART_FINDINGS else None,
+        Refuse(f"restart for {iv.diagnosis.name!r}: the detectors see no crashed, stale or input-bound job now"
+               if not facts.findings & RESTART_FINDINGS else
+               f"restart for {iv.diagnosis.name!r}: no such finding now (a restart answers "
+               f"{', '.join(sorted(facts.findings & RESTART_FINDINGS))} only as itself)")
+        if iv.kind == K.RESTART and iv.diagnosis.name not in facts.findings & RESTART_FINDINGS else None,
     ]
 
 

@@ -80,8 +80,11 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     was alive but slow (`pace_before`) is kept when its steps in the window are at least
     RESTART_SPEEDUP times faster than before it; a slow job trains too, so steps alone prove nothing."""
     if window.kind == K.RESTART and window.pace_before is not None:
-        if window.pace_after is None or window.steps < window.window_steps and not window.last_look:
+        if not window.last_look and (window.pace_after is None or window.steps < window.window_steps):
             return Pending(f"the job trained {window.steps} of {window.window_steps} steps after the restart so far")
+        if window.pace_after is None:
+            return RolledBack(f"the job trained no step after the restart ({window.steps} of {window.window_steps})",
+                              undo=False)
         what = f"{window.pace_before:.3g} s per step before the restart, {window.pace_after:.3g} s over {window.steps} steps after"
         if window.pace_after * RESTART_SPEEDUP <= window.pace_before:
             return Kept(f"{what}: faster")

@@ -69,7 +69,7 @@ def test_the_tries_of_a_fix_share_alpha():
     assert shares == sorted(shares, reverse=True) and try_share(RETRY_DOUBLINGS + 3) == shares[-1]
 
 
-@pytest.mark.parametrize("rate", [0.05, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("rate", [0.005, 0.05, 0.3, 0.6, 0.9])   # 0.005: arms near the floor are retried
 @pytest.mark.parametrize("spread", [0.0, 0.025, 0.035])
 def test_a_fix_with_no_effect_is_validated_at_most_alpha_of_the_time(rate, spread):
     """Up to a per-seed difference between the arms with sd 0.05 (SEED_SPREAD: 0.035 per arm; the

@@ -33,6 +33,9 @@ def facts(findings=(), risk=Risk.MEDIUM, **kw):
     (iv(K.RESTART, diagnosis="crashed_job"), facts({"loss_spike"}), Refuse),
     (iv(K.RESTART, diagnosis="input_bound"), facts({"input_bound"}), Skip),      # a slow worker: no field, no weight moved
     (iv(K.RESTART, diagnosis="input_bound"), facts({"throughput_drop"}), Refuse),  # slower steps alone: contention too
+    (iv(K.RESTART, diagnosis="plateau"), facts({"input_bound", "plateau"}), Refuse),   # a restart answers only its own finding
+    (iv(K.RESTART, diagnosis="crashed_job"), facts({"input_bound"}), Refuse),
+    (iv(K.RESTART, {"recipe.batch_size": 32}, diagnosis="out_of_memory"), facts({"crashed_job", "out_of_memory"}), Skip),
     # a divergence rollback skips the backtest only when a divergence is confirmed and the change is not high risk
     (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), facts({"loss_spike"}), Skip),                  # back to the goal's lr
     (iv(K.ROLLBACK, {"recipe.lr": 3e-3}), facts({"nonfinite_loss"}), Skip),
@@ -277,6 +280,9 @@ def test_judge_waits_for_a_later_window_while_inconclusive():
     assert isinstance(judge(Window(K.RESTART, None, 20, 100, look=1, last_look=False), Control(None, None, "dead")), Pending)
     assert isinstance(judge(Window(K.RESTART, None, 20, 100, look=1, last_look=False, pace_before=1.2, pace_after=0.3),
                             Control(None, None, "slow")), Pending)
+    # a restarted slow job that trained no step by the end of the run: no gain, judged
+    got = judge(Window(K.RESTART, None, 0, 100, look=2, last_look=True, pace_before=1.2, pace_after=None), Control(None, None, "slow"))
+    assert isinstance(got, RolledBack) and not got.undo
 
 
 def test_waste():

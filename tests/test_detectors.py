@@ -358,8 +358,13 @@ def test_labels_fail_check_reads_the_share_of_labels_the_task_accepts():
     assert d.severity == "warning" and d.evidence["label_ok_mean"] == pytest.approx(0.6)
     assert d.evidence["onset_step"] == rows[-8]["step"] and d.evidence["label_ok_before"] == pytest.approx(1.0)
     assert d.evidence["filter_on"] is False and "40%" in d.summary
-    on = make_ev(rows, harness={**HARNESS, "filters": {"check_labels": True}})
-    assert fired(on, "labels_fail_check").evidence["filter_on"] is True
+    on = fired(make_ev(rows, harness={**HARNESS, "filters": {"check_labels": True}}), "labels_fail_check")
+    assert on.evidence["filter_on"] is True and on.severity == "info"
+    # a passing newest row with the recent mean still below the bound: the onset is in the window
+    for r, v in zip([r for r in rows if "heldout_acc" not in r][-5:], [0.75, 0.875, 0.75, 0.875, 1.0]):
+        r["label_ok"] = v
+    d = fired(make_ev(rows), "labels_fail_check")
+    assert d.evidence["label_ok_mean"] == pytest.approx(0.85) and d.evidence["onset_step"] <= rows[-2]["step"]
     # wrong from the first checked step: no level before
     for r in rows:
         r["label_ok"] = 0.0
@@ -724,6 +729,14 @@ def test_real_run_slow_worker_is_input_bound(tmp_path):
     d = fired(ev, "input_bound")
     assert d.evidence["data_share_recent"] >= 0.5 and d.evidence["step_time_recent"] >= 0.3
     # the healthy real runs above leave it quiet (test_real_run: only throughput_drop may report)
+
+
+def test_real_run_slow_compute_is_not_input_bound(tmp_path):
+    """A worker whose compute slows (a throttled device) waits no longer on its data: input_bound
+    does not claim it (throughput_drop reports it)."""
+    ev = real_run(tmp_path, [{"kind": "slow_worker", "at_step": 15, "seconds": 0.3, "where": "compute"}])
+    assert DETECTORS["input_bound"](ev, THRESHOLDS, KNOWN) is None
+    assert "throughput_drop" in names(ev)
 
 
 @pytest.mark.parametrize("fault, at_most", [

@@ -225,6 +225,8 @@ def test_generated_solutions_score_correct(name, difficulty):
             res = verdict(task, fmt.render(target), e, fmt)
             assert res.verdict is Verdict.CORRECT and res.reward == 1.0, (e, res)
         assert task.partial_credit(target, e) == 1.0
+        ref = task.reference(e)       # the answer worked out again from the question agrees with the stored one
+        assert ref is None or task.check(target, ref).verdict is Verdict.CORRECT, (e, ref)
         assert e.uid == f"{name}/train/d{difficulty}/{i}" and e.difficulty == difficulty
         assert set(e.question + target) <= set(task.charset), e
 

@@ -134,6 +134,31 @@ def test_sft_checks_its_labels_and_the_filter_trains_only_on_those_the_task_acce
     assert same is check and all(r["skipped"] == (1.0 if check else 0.0) for r in rows)
 
 
+def test_labels_are_checked_against_the_answer_worked_out_from_the_question():
+    """A record whose stored answer is as wrong as its label (what a corrupt data source writes)
+    fails the check: the answer is worked out again from the question. Where the task cannot work
+    it out (a question not in its form), the label is not judged."""
+    import dataclasses
+
+    from harness.filters import labels_verify
+    from harness.spec import HarnessSpec
+    from trainer.tasks.base import make_task
+
+    spec = HarnessSpec()
+    for name, q, right, wrong in (("addition", "12+30", "42", "43"), ("sort", "s:312", "123", "132"),
+                                  ("reverse", "r:312", "213", "231")):
+        task = make_task(name)
+        ex = task.example(Split.TRAIN, 0, 2)
+        ex = dataclasses.replace(ex, question=q, answer=wrong, solution=None)    # the record itself is wrong
+        assert labels_verify(task, spec, [ex, ex], [right, wrong]) == [True, False], name
+        odd = dataclasses.replace(ex, question="=" + q)
+        assert labels_verify(task, spec, [odd], [right]) == [None], name
+    task = make_task("countdown")
+    ex = task.example(Split.TRAIN, 0, 2)
+    assert labels_verify(task, spec, [ex], [ex.solution]) == [True]
+    assert labels_verify(task, spec, [dataclasses.replace(ex, meta={"numbers": [], "target": -1})], [ex.solution]) == [True]
+
+
 def test_sft_labels_of_the_task_all_pass_the_check(make_cfg):
     cfg = RunConfig.parse(make_cfg(recipe={"algorithm": "sft", "steps": 2, "batch_size": 8},
                                    harness={"filters": {"check_labels": True}}))

@@ -175,6 +175,9 @@ class Perturbation(_Strict):
     pool: int = Field(0, ge=0, le=1_000_000, description="duplicates: distinct examples the repeated part of the stream "
                       "is drawn from")
     max_batch_size: int = Field(0, ge=0, description="oom: the largest recipe.batch_size that fits in memory")
+    where: Literal["data", "compute"] = Field("data", description="slow_worker: where a step spends the extra seconds — "
+                                              "waiting on the data pipeline (a slow loader or disk) or in its compute "
+                                              "(a throttled device)")
     once: bool = Field(True, description="kill/stall: only the first time the step is reached (not after a restart); "
                        "slow_worker: only in the process it started in (a restarted job runs on another worker)")
 

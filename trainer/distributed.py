@@ -70,6 +70,15 @@ class Dist:
         dist.all_reduce(t)
         return t.tolist()
 
+    def max(self, values: list[float]) -> list[float]:
+        """Each value's largest over the ranks (one all-reduce for the list). Every rank must call
+        it, with the same number of values."""
+        if not self.enabled:
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
     def mean_grads(self, params: list[torch.nn.Parameter], contributes: bool = True) -> int:
         """Average the gradients over the ranks, in place; returns how many ranks `contributes`
         (had a loss to learn from this step), counted in the same all-reduce, so every rank can

@@ -430,7 +430,8 @@ class Trainer:
         """A run that goes on from another run's checkpoint (`fork_mode: full`: a pilot's winner, a
         warm start) keeps that run's untrained start, when it kept one, as its own `init`, with this
         run's recipe and harness (what a full fork trains with): a fix that starts over starts where
-        the weights started, not from the checkpoint it went on from."""
+        the weights started, not from the checkpoint it went on from. The source's `init` must sit
+        beside the checkpoint (a job with run storage fetches only the checkpoint: no `init` then)."""
         if not self.dist.is_main or not (source.parent / f"{INIT_CHECKPOINT}.pt").is_file():
             return
         try:
@@ -522,6 +523,7 @@ class Trainer:
         t0 = time.perf_counter()
         examples = self.next_examples()
         t_data = time.perf_counter() - t0     # waiting on the data pipeline: an input-bound step shows here
+        self.perturber.slow_compute()
         algo = self.algorithm_now()
         if algo != "sft" and self.step == self.recipe.sft_warmup_steps > 0 and self.recipe.kl_coef > 0:
             # the KL reference is the policy the warm-up produced, not the random start
@@ -536,7 +538,9 @@ class Trainer:
             self.log_samples(rolls)
             stats.update(summarize(rolls))
             stats["t_generate"] = time.perf_counter() - t1
-        stats = self.dist.mean_dict({k: float(v) for k, v in stats.items()})
+        # the slowest rank's wait for data: every rank waits for it at the all-reduce
+        slowest = self.dist.max([t_data])[0]
+        stats = {**self.dist.mean_dict({k: float(v) for k, v in stats.items()}), "t_data": slowest}
         self.step += 1
         row: dict[str, Any] = {"step": self.step, "segment": self.segment, "time": time.time(),
                                "lr": self.lr_at(self.step - 1), "difficulty": self.harness.curriculum.difficulty_at(self.step - 1),

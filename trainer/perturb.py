@@ -212,18 +212,28 @@ class Perturber:
         self.inherited = (float(frac), str(how))
         self.inherited_data = tuple(Perturbation.model_validate(d) for d in faults.get("data") or [])
 
+    def _slow(self, where: str) -> float:
+        return sum(p.seconds for i, p in enumerate(self.items) if p.kind == "slow_worker" and p.where == where
+                   and (i in self.slow_here if p.once else i in self.fired))
+
     def stream(self, task: Any) -> Callable[[int, int], Example]:
         """`draw(index, difficulty)`: how this step's training examples come out of the data pipeline
-        (`draw_example` with the data faults in force). A slow worker's delay is spent here, inside
-        the step's time, as a slow loader or a throttled device spends it."""
-        delay = sum(p.seconds for i, p in enumerate(self.items) if p.kind == "slow_worker"
-                    and (i in self.slow_here if p.once else i in self.fired))
+        (`draw_example` with the data faults in force). A slow worker's delay (`where: data`) is
+        spent here, inside the step's time, as a slow loader or disk spends it."""
+        delay = self._slow("data")
         if delay:
             time.sleep(delay)
         faults = self.data_faults()
         if not faults:
             return lambda index, difficulty: task.example(Split.TRAIN, index, difficulty)
         return lambda index, difficulty: draw_example(task, index, difficulty, faults)
+
+    def slow_compute(self) -> None:
+        """A slow worker's delay (`where: compute`), spent in the step's compute, after its data is
+        in, as a throttled device spends it."""
+        delay = self._slow("compute")
+        if delay:
+            time.sleep(delay)
 
     def out_of_memory(self, step: int, batch_size: int, device: str = "cpu") -> str:
         """The allocator's message when an `oom` fault is in force (from its step on, and at every

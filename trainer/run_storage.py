@@ -411,7 +411,7 @@ def _rank_trainer():
                 return super().apply_command(cmd)
             try:
                 out, err = self._apply_on_every_rank(cmd), None
-            except (ValueError, CheckpointError, KeyError) as e:   # what the loop acknowledges as refused
+            except Exception as e:   # any failure on one rank: the ranks agree first (no rank left in a collective)
                 out, err = None, e
             applied = int(self.dist.sum([err is None])[0])
             if applied not in (0, self.dist.world):
@@ -425,8 +425,8 @@ def _rank_trainer():
             if cmd.cmd == "rollback" and cmd.name:
                 try:   # rank 0 loads it (or says why not); every rank takes the same state or the same error
                     got: Any = self.ckpt.load(cmd.name) if self.dist.is_main else None
-                except CheckpointError as e:
-                    got = str(e)
+                except Exception as e:   # rank 0 must reach the broadcast whatever failed
+                    got = str(e) or type(e).__name__
                 got = self.dist.broadcast(got)
                 if isinstance(got, str):
                     raise CheckpointError(got)
@@ -435,7 +435,11 @@ def _rank_trainer():
                 return {"rolled_back_to": cmd.name, "step": self.step}
             if cmd.cmd == "set_harness" and cmd.harness is None and cmd.version:
                 p = self.run_dir / "harnesses" / f"{cmd.version}.yaml"
-                text = self.dist.broadcast(p.read_text() if self.dist.is_main and p.is_file() else None)
+                try:
+                    mine = p.read_text() if self.dist.is_main and p.is_file() else None
+                except OSError:   # rank 0 must reach the broadcast whatever failed
+                    mine = None
+                text = self.dist.broadcast(mine)
                 if text is None:
                     raise ValueError(f"unknown harness version {cmd.version!r} (none stored under harnesses/)")
                 import yaml

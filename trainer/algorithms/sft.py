@@ -35,8 +35,9 @@ def sft_loss(trainer, prompts: list[list[int]], targets: list[list[int]],
 
 def sft_step(trainer, examples) -> dict[str, float]:
     """One SFT step on `examples` (targets rendered by the harness's answer format). The labels are
-    checked against the task's verifier (`harness.filters.labels_verify`): the share that pass is
-    logged (`label_ok`), and with `filters.check_labels` the others are not trained on."""
+    checked against the answer the task works out from each question (`harness.filters.labels_verify`):
+    the share that pass is logged (`label_ok`), and with `filters.check_labels` the others are not
+    trained on."""
     h = trainer.harness
     fraction, how = trainer.perturber.label_noise()
     labels = []
@@ -48,9 +49,12 @@ def sft_step(trainer, examples) -> dict[str, float]:
             label = noisy_label(label, ex.uid, fraction, how)
         labels.append(label)
     ok = labels_verify(trainer.task, h, examples, labels)
-    checked = {"label_ok": sum(ok) / len(ok)} if ok else {}
-    if ok is not None and h.filters.check_labels:
-        examples, labels = [ex for ex, k in zip(examples, ok) if k], [lb for lb, k in zip(labels, ok) if k]
+    seen = [k for k in ok or [] if k is not None]
+    # every rank logs the same keys (mean_dict): NaN where none of its labels could be checked
+    checked = {"label_ok": sum(seen) / len(seen) if seen else float("nan")} if ok is not None else {}
+    if ok is not None and h.filters.check_labels:   # an example whose answer cannot be worked out stays
+        keep = [k is not False for k in ok]
+        examples, labels = [ex for ex, k in zip(examples, keep) if k], [lb for lb, k in zip(labels, keep) if k]
     prompts = [trainer.prompt_ids(ex) for ex in examples]
     targets = [trainer.target_ids(sft_target(h, label)) for label in labels]
     W = trainer.dist.world

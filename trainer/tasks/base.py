@@ -169,6 +169,14 @@ class Task(abc.ABC):
     def check(self, parsed: str, example: Example) -> VerifyResult:
         """Score a parsed (extracted, stripped) answer against the example."""
 
+    def reference(self, example: Example) -> Example | None:
+        """`example` with its answer worked out again from the problem as the question states it,
+        so that `check` against it does not read the stored answer: what a label is checked
+        against (`harness.filters.labels_verify`), since a data source that gets a label wrong
+        may get the stored answer wrong with it. None (the default) when the task cannot work it
+        out (the stored answer is all there is) or the question is not in the task's form."""
+        return None
+
     def partial_credit(self, parsed: str, example: Example) -> float:
         """Graded credit in [0, 1] for a parsed answer (used when `reward.kind` is `partial`).
         Families with a natural notion of closeness override this; the default is exact."""

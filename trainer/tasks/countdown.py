@@ -200,6 +200,13 @@ class Countdown(Task):
         except ZeroDivisionError:
             return None, VerifyResult(0.0, Verdict.WRONG, parsed, "division by zero")
 
+    def reference(self, example: Example) -> Example | None:
+        nums, sep, target = example.question.partition("->")
+        parts = nums.split()
+        if not (sep and parts and all(x.isascii() and x.isdigit() for x in [*parts, target])):
+            return None
+        return dataclasses.replace(example, meta={**example.meta, "numbers": [int(x) for x in parts], "target": int(target)})
+
     def check(self, parsed: str, example: Example) -> VerifyResult:
         value, failed = self._value(parsed, example)
         if failed is not None:

@@ -9,6 +9,7 @@ of positions that match, over the longer of answer and truth.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import ClassVar
 
@@ -45,6 +46,12 @@ class _DigitSequence(Task):
     def make(self, rng: random.Random, difficulty: int) -> Example:
         digits = "".join(rng.choice("0123456789") for _ in range(difficulty))
         return Example(uid="", question=f"{self.prefix}:{digits}", answer=self._transform(digits))
+
+    def reference(self, example: Example) -> Example | None:
+        head, sep, digits = example.question.partition(":")
+        if head != self.prefix or not sep or not (digits.isascii() and digits.isdigit()):
+            return None
+        return dataclasses.replace(example, answer=self._transform(digits), solution=None)
 
     def check(self, parsed: str, example: Example) -> VerifyResult:
         if not (parsed.isascii() and parsed.isdigit()):
