@@ -125,6 +125,12 @@ class Thresholds:
                      "label_noise_heldout_evals", "not_learning_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name}={getattr(self, name)!r}: must be >= 1")
+        if not self.input_share_before < self.input_share <= 1.0:
+            raise ValueError(f"Thresholds.input_share={self.input_share!r}: must be above input_share_before "
+                             f"({self.input_share_before!r}) and at most 1")
+        if self.input_slowdown <= 1.0 or self.label_ok_min > 1.0:
+            raise ValueError(f"Thresholds: input_slowdown={self.input_slowdown!r} must be above 1 and "
+                             f"label_ok_min={self.label_ok_min!r} at most 1")
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -322,14 +322,17 @@ def throughput_drop(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
 
 def input_shares(ev: Evidence) -> list[tuple[int, float, float]]:
     """(step, seconds, share of them spent waiting on the data pipeline) of the training rows of the
-    newest job segment (a restart or a rollback starts a new one), eval rows excluded (an eval's
+    newest job segment (a restart or a rollback starts a new one) under the newest harness and
+    recipe versions (a filter or a batch size changes the data work), eval rows excluded (an eval's
     time is no step's). Rows without `t_data` (a trainer that does not time its data pipeline, e.g.
     a foreign one) give nothing."""
     rows = current_rows(ev)
-    seg = rows[-1].get("segment") if rows else None
+    # one job segment under one harness and recipe: a changed filter or batch changes the data work
+    key = (lambda r: (r.get("segment"), r.get("harness_version"), r.get("recipe_version")))
+    last = key(rows[-1]) if rows else None
     out = []
     for r in rows:
-        if r.get("segment") != seg or is_eval_row(r):
+        if key(r) != last or is_eval_row(r):
             continue
         dt, wait = to_float(r.get("step_time")), to_float(r.get("t_data"))
         if dt is not None and wait is not None and dt > 0 and math.isfinite(dt) and math.isfinite(wait):

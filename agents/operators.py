@@ -8,9 +8,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 
 | operator      | finding                                   | intervention                                      | risk   |
 |---------------|-------------------------------------------|---------------------------------------------------|--------|
-| ClusterOps    | crashed job, stale heartbeat              | RESTART from the newest good checkpoint           | low    |
-|               | input-bound steps (a slow data pipeline)  | RESTART from the newest good checkpoint           | low    |
-|               | throughput drop                           | none (informational diagnosis)                    |        |
+| ClusterOps    | a crashed, hung, out-of-memory or input-bound job (its table: agents/cluster_ops.py) | RESTART | low / medium |
 | Diagnostics   | non-finite loss, loss spike, grad explosion | ROLLBACK to the last checkpoint before the onset: the lr back to its value before a jump, kept when the harness changed just before the onset, else lowered | medium |
 |               | KL blow-up                                | RECIPE_EDIT kl_coef ×2 (or lr ×0.5 once it is large) | medium |
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |

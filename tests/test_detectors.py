@@ -121,6 +121,10 @@ def test_registry_and_thresholds():
         assert fn.__doc__ and len(fn.__doc__) > 40, f"{name} needs a docstring saying what it looks at and why"
     with pytest.raises(ValueError, match="spike_z"):
         Thresholds(spike_z=-1)
+    with pytest.raises(ValueError, match="input_share"):
+        Thresholds(input_share=0.1)          # not above input_share_before
+    with pytest.raises(ValueError, match="input_slowdown"):
+        Thresholds(input_slowdown=0.9)
     with pytest.raises(ValueError, match="unknown detector"):
         run_detectors(healthy_sft(), names=["nope"])
 
