@@ -214,8 +214,15 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
     env_tools = {t.name for t in available_tools or []}
     env_specs = {t.name: t for t in available_tools or []}
     differs = {t.name for t in harness.tools if t.name in env_specs and t != env_specs[t.name]}
-    # the tools whose different spec the policy reads: the tool list is shown only through {tools}
+    # the tools whose different spec the policy reads (the tool list is shown only through {tools}),
+    # left unused more often in failed episodes than in solved ones (a tool irrelevant to failing is not)
     shown_differs = differs if "{tools}" in harness.system_prompt else set()
+    solved = [d for d in recs if not _failed(d)]
+
+    def unused_share(group: list[dict[str, Any]], name: str) -> float:
+        return sum(name not in {s.get("tool") for s in d.get("steps") or []} for d in group) / max(len(group), 1)
+
+    shown_differs = {n for n in shown_differs if not solved or unused_share(failed, n) > unused_share(solved, n)}
     tally = _Tally()
     for d in failed:
         uid = str(d.get("uid", "?"))

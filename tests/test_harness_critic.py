@@ -219,6 +219,10 @@ def test_no_description_restore_without_a_difference_without_failures_or_when_no
     wrong = apply_edit(h, "tools.get.description", WRONG)
     good = run(env, wrong, [(ex, calls(ex) + [f"<answer>{ex.answer}</answer>"]) for ex in exs])
     assert critique(good, wrong, env.tool_specs()).findings == []
+    # solved episodes leave the tool unused as often as failed ones: not calling it is not why they fail
+    solved = run(env, wrong, [(ex, [f"<answer>{ex.answer}</answer>"]) for ex in exs])
+    crit = critique(run(env, wrong, skip) + solved, wrong, env.tool_specs())
+    assert Mode.TOOL_SPEC_DIFFERS.value not in modes(crit)
     # failed episodes that called the tool without an error: the description did not turn the policy away
     called = run(env, wrong, [(ex, calls(ex) + ["<answer>1</answer>"]) for ex in exs])
     assert critique(called, wrong, env.tool_specs()).findings == []
