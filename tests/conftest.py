@@ -178,3 +178,13 @@ def reap(tmp_path):
             p.kill()
         except psutil.Error:
             pass
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test, the machine's setting given back after it (use with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

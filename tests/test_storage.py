@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-import torch
 import yaml
 
 from sandboxes.errors import SwarmlabError
@@ -24,12 +23,7 @@ from trainer.storage import (ArrowStorage, FolderStorage, RetryPolicy, Retrying,
                              open_storage)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Flaky(Storage):

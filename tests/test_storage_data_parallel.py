@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import torch
 from test_storage import _ack, _until
 
 from harness.spec import HarnessSpec
@@ -26,15 +25,9 @@ from trainer.run_storage import bind, put_checkpoint_file, rank_dir, sync_run
 from trainer.runlog import read_heartbeat, read_jsonl
 from trainer.storage import open_storage
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_two_ranks_resume_from_a_checkpoint_only_on_the_storage(tmp_path, monkeypatch, make_cfg):

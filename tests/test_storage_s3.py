@@ -17,7 +17,6 @@ import socket
 
 import psutil
 import pytest
-import torch
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed (the `test` extra has it: scripts/bootstrap.sh)")
 pafs = pytest.importorskip("pyarrow.fs")
@@ -28,6 +27,8 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 from test_storage import check_storage_ops, job_and_controller_round_trip  # noqa: E402
 
 from trainer.storage import ArrowStorage, RetryPolicy, Retrying, StorageError, open_storage  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 REGION = "us-east-1"
 _buckets = itertools.count()
@@ -87,13 +88,6 @@ def bucket(s3_port):
     """A bucket of this test's own on the module's server: (port, name)."""
     return s3_port, _make_bucket(s3_port)
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_the_server_listens_on_loopback_only(s3_port):
