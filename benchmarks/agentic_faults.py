@@ -214,7 +214,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"`{res['command']}` (commit {res['commit']}, {sum(r.get('wall_s', 0.0) for r in res['results']) / 60:.0f} "
         "min wall over the scenarios, one process, one torch "
         "thread, `nice -n 19` on a shared 2-core machine). Script: `benchmarks/agentic_faults.py`; scenarios: "
-        "`swarmbench/agentic.py`; numbers: `agentic_faults.json`.",
+        f"`swarmbench/agentic.py`; numbers: `{res.get('numbers', 'agentic_faults.json')}`.",
         "",
         res.get("status_note", ""),
         "",
@@ -306,6 +306,8 @@ def main() -> None:
     knobs = {"eval_size": a.eval_size, "horizon": a.horizon, "target_frac": a.target_frac, "floor": a.floor,
              "budget_x": a.budget_x, "critic_every": a.critic_every}
     seeds = parse_seeds(a.seeds)
+    # the code the scenarios run is the code at the start (a later commit does not reach this process)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     t0 = time.perf_counter()
     results = []
     for seed in seeds:
@@ -317,11 +319,11 @@ def main() -> None:
         if a.report_only:
             continue
         print(f"[{time.perf_counter() - t0:6.0f}s] {sc['id']}: {sc['fault']}", flush=True)
-        r = run_scenario(sc, a.out, knobs, lambda line: print(line, flush=True))
+        r = {**run_scenario(sc, a.out, knobs, lambda line: print(line, flush=True)), "commit": commit}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(r, default=str))
         results.append(r)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = ", ".join(sorted({str(r.get("commit", "unrecorded")) for r in results})) or commit   # each scenario's
     shown = [x for k, x in enumerate(sys.argv[1:]) if x not in ("--reading", "--status-note")
              and (k == 0 or sys.argv[k] not in ("--reading", "--status-note"))]   # the report's own text stays out
     res = {"command": "benchmarks/agentic_faults.py " + " ".join(shown), "commit": commit, "seeds": seeds,
@@ -330,6 +332,7 @@ def main() -> None:
     if a.reading:
         res["reading"] = pathlib.Path(a.reading).read_text().strip()
     base = pathlib.Path(a.results)
+    res["numbers"] = base.with_suffix(".json").name
     base.parent.mkdir(parents=True, exist_ok=True)
     base.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
     base.with_suffix(".md").write_text(markdown(res))
