@@ -42,10 +42,6 @@ def right_aligned_match(parsed: str, truth: str) -> float:
 
 class _BinaryArithmetic(Task):
     op: ClassVar[str]
-    # a model that writes left to right works a carry out before the digit it changes only when
-    # the answer comes least significant digit first
-    answer_format = {"reverse_digits": True}
-    answer_format_why = "the answer written least significant digit first, the order its carries are worked out in"
     min_difficulty = 1
     max_difficulty = 12
     charset: ClassVar[str] = "0123456789+*-"  # '-' only ever in a (wrong) negative answer

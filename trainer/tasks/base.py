@@ -108,7 +108,6 @@ class Task(abc.ABC):
     default_difficulty: ClassVar[int] = 3
     unread_options: ClassVar[tuple[str, ...]] = ()
     answer_format: ClassVar[dict[str, Any] | None] = None
-    answer_format_why: ClassVar[str] = "the answers are free text: a delimited answer, not one word"
     template: ClassVar[str | None] = None
     length_probes: ClassVar[int] = 64   # examples per split generated when lengths are measured, not derived
     charset: ClassVar[str] = ""         # every character questions and answers use; "" = free text
