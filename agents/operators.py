@@ -548,23 +548,18 @@ class DataCuration(Operator):
             if iv is not None:
                 out.append(iv)
         if "repeated_examples" in found:
-            d = found["repeated_examples"]
-            out.append(self.intervention(
-                K.DATA_CHANGE, d, {"harness.filters.dedupe": True}, risk=Risk.LOW,
-                rationale=f"{d.summary}. A policy trained on a few questions over and over memorises them instead "
-                          "of the task; the dedupe filter skips every question the run has already trained on, so "
-                          "each step sees new problems again.",
-                expected_effect="sampled questions distinct again at once; held-out accuracy rising where it "
-                                "had stalled"))
+            out.append(self._filter(
+                found["repeated_examples"], "dedupe",
+                "A policy trained on a few questions over and over memorises them instead of the task; the dedupe "
+                "filter skips every question the run has already trained on, so each step sees new problems again.",
+                "sampled questions distinct again at once; held-out accuracy rising where it had stalled"))
         d = found.get("labels_fail_check")
         if d is not None and not d.evidence.get("filter_on") and (_f(d.evidence.get("label_ok_mean")) or 0.0) > 0:
-            out.append(self.intervention(
-                K.DATA_CHANGE, d, {"harness.filters.check_labels": True}, risk=Risk.LOW,
-                rationale=f"{d.summary}. A label the task itself calls wrong teaches a wrong answer; the label check "
-                          "filter trains only on the labels the task's verifier accepts (what it rejects is counted, "
-                          "never read).",
-                expected_effect="the SFT loss on the labels kept falling again; held-out accuracy rising where it had "
-                                "stalled or fallen"))
+            out.append(self._filter(
+                d, "check_labels",
+                "A label the task itself calls wrong teaches a wrong answer; the label check filter trains only on "
+                "the labels the task's verifier accepts (what it rejects is counted, never read).",
+                "the SFT loss on the labels kept falling again; held-out accuracy rising where it had stalled or fallen"))
         if "label_noise" in found:
             d = found["label_noise"]
             changes: dict[str, Any] = {"recipe.algorithm": "distill"}
@@ -576,6 +571,11 @@ class DataCuration(Operator):
                           "verifier accepts, so wrong labels stop pulling it away from right answers.",
                 expected_effect="held-out accuracy rises past its SFT plateau within ~100 steps"))
         return out
+
+    def _filter(self, d: Diagnosis, name: str, why: str, effect: str) -> Intervention:
+        """The data filter `harness.filters.NAME` turned on for finding `d` (low risk: it only skips data)."""
+        return self.intervention(K.DATA_CHANGE, d, {f"harness.filters.{name}": True}, risk=Risk.LOW,
+                                 rationale=f"{d.summary}. {why}", expected_effect=effect)
 
     def _lower(self, d: Diagnosis, ctx: OperatorContext) -> Intervention | None:
         """The curriculum lowered by the levels the stream rose: the difficulty whose questions are
