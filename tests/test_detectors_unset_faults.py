@@ -17,11 +17,18 @@ def timed_rows(wait: float = 0.01) -> list[dict]:
     return rows
 
 
-def test_input_bound_fires_when_steps_come_to_wait_on_the_data_pipeline():
+def slowed_rows(wait: float, **also: float) -> list[dict]:
+    """`timed_rows()` whose last 6 training steps take 1.25 s, `wait` of it on the data pipeline
+    (`also`: other fields of those rows)."""
     rows = timed_rows()
     for r in rows[-6:]:
         if "heldout_acc" not in r:
-            r.update(step_time=1.25, t_data=1.01)      # a loader a second slower per step
+            r.update(step_time=1.25, t_data=wait, **also)
+    return rows
+
+
+def test_input_bound_fires_when_steps_come_to_wait_on_the_data_pipeline():
+    rows = slowed_rows(1.01)      # a loader a second slower per step
     d = fired(make_ev(rows), "input_bound")
     assert d.severity == "warning"
     assert d.evidence["data_share_recent"] > 0.75 and d.evidence["data_share_before"] < 0.1
@@ -31,11 +38,7 @@ def test_input_bound_fires_when_steps_come_to_wait_on_the_data_pipeline():
 
 def test_input_bound_is_quiet_under_contention_a_restart_onto_the_same_slowness_and_without_timings():
     # the machine is contended: the pipeline and the model slow alike, the share stays
-    rows = timed_rows()
-    for r in rows[-6:]:
-        if "heldout_acc" not in r:
-            r.update(step_time=1.25, t_data=0.05)
-    ev = make_ev(rows)
+    ev = make_ev(slowed_rows(0.05))
     assert DETECTORS["input_bound"](ev, THRESHOLDS, KNOWN) is None
     # a new job segment slow from its first step: no rise within the segment
     rows = timed_rows()

@@ -72,22 +72,15 @@ def test_cluster_ops_restarts_crashed_and_hung_jobs_and_only_reports_throughput(
 
 
 def test_cluster_ops_restarts_a_worker_whose_steps_wait_on_the_data_pipeline():
+    from test_detectors_unset_faults import slowed_rows
+
     op = ClusterOps()
-    rows = sft_rows()
-    for r in rows:
-        r["t_data"] = 0.01
-    for r in rows[-6:]:
-        if "heldout_acc" not in r:
-            r.update(step_time=1.25, t_data=1.01, tokens_per_s=1600.0)
-    [iv] = op.builtin(make_ev(rows), ctx())
+    [iv] = op.builtin(make_ev(slowed_rows(1.01, tokens_per_s=1600.0)), ctx())
     check_record(iv, op)
     assert iv.kind == K.RESTART and iv.changes == {} and iv.risk == Risk.LOW and iv.backtest_skipped
     assert iv.diagnosis.name == "input_bound" and "0.25 s" in iv.expected_effect
     # slower steps whose wait for data did not grow (a contended machine): reported, not acted on
-    for r in rows[-6:]:
-        if "heldout_acc" not in r:
-            r["t_data"] = 0.05
-    assert op.builtin(make_ev(rows), ctx()) == []
+    assert op.builtin(make_ev(slowed_rows(0.05, tokens_per_s=1600.0)), ctx()) == []
 
 
 def test_data_curation_filters_labels_the_task_rejects_while_some_pass():
