@@ -8,28 +8,20 @@ CPU budget, whose winner starts the run (issue 32, source `pilot` of swarm/plan.
 
 Successive halving (Jamieson & Talwalkar 2016; ASHA without the asynchrony) over this project's own
 trainer. Every candidate trains `base_steps` steps (rung 0) and is scored on the held-out split at
-the rung's end; the better half (`n // 2`, at least one; ranked as below) goes on from its
+the rung's end; the better half (`n // 2`, at least one) goes on from its
 checkpoint to twice the steps (rung 1: 2·base_steps, rung 2: 4·base_steps, …) until one candidate
-remains, one reaches the target, or the CPU budget is spent. The search is `next_rung(results,
-schedule) -> Promote | Stop`, a pure function of the recorded rung results; `pilot` is the I/O that
-runs what it says and records what came out.
-
-Ranking (`rank`), by predicted cost to the target, since the winner's checkpoint starts the run:
-a result at the target ends the search at once and its candidate wins (the run goes on from a
-checkpoint already there; another pilot run could only add CPU), the one that spent less CPU to
-get there first when several are; the others at a rung are ordered first those whose curve
-(`predict` on the candidate's own rung ends so far) reaches the target, by the worker-CPU still to
-spend from their checkpoint (predicted steps less the steps trained, × the candidate's measured
-CPU per step), then those without a usable prediction (one point, a curve that does not rise, or
-a target more than EXTRAPOLATE_MAX times away); within a group, and for every candidate when the
-target is not held-out accuracy `>=`/`>`, by higher held-out accuracy, then lower mean training
-loss over the rung's last steps, then the candidates' order. At rung 0 each candidate has one
-point, so accuracy and loss rank there unless one is at the target; a cost ranking starts at rung 1.
+remains, one reaches the target, or the CPU budget is spent. The search (`next_rung(results,
+schedule) -> Promote | Stop`), its ranking and the prediction of the winner's cost are pure
+functions of the recorded rung results, in swarm/pilot_search.py (its docstring states the ranking:
+predicted cost to the target, then what was measured beyond its noise, then the plan's prior);
+`pilot` is the I/O that runs what it says and records what came out.
 
 Candidates: model sizes around the plan's (d_model/2 with one layer fewer, the plan's, d_model·1.5
 with one layer more) × learning rates around the plan's (lr/3, lr, lr·3). A field the goal writes
 is never varied (its value is every candidate's) and never chosen by the pilot; `piloted_plan`
 applied to another goal's plan leaves a written field the goal's, whatever the winner's value.
+The prior (the order in which results no measurement tells apart are ranked) puts the plan's own
+values first, then the candidates one field away from them, then two, in the candidates' order.
 
 Budget: `share` (default 0.15) of `budget.worker_cpu_s`. A run is started only while the recorded
 CPU is under it and the run's estimated cost (the candidate's own CPU per step so far, or at rung 0
@@ -48,16 +40,6 @@ the candidates; with one thread the process CPU of a run is that run's (nothing 
 process computes meanwhile). The total
 (`cpu_s`) is the process CPU over the whole pilot, gaps included. CPU per step at one thread is
 what the prediction extrapolates: a run with more threads spends more CPU per step (less wall).
-
-Prediction (what the final report compares with): from the winner's held-out accuracy at its rung
-ends, a curve acc = a + b·log2(steps) through its last two points. Steps to the target: the first
-rung end at the target when one is; else 2**((threshold - a) / b) when b > 0 and that is within
-EXTRAPOLATE_MAX times the winner's steps; else none (the curve does not rise, or rises so little that
-the target is more than three doublings away: too short a pilot to say; measured on the minimal
-addition goal, held-out accuracy 0.00 -> 0.01 from 112 to 224 steps extrapolated to 10^31 steps).
-Worker CPU-s to the target: those steps × the winner's measured CPU per step (its runs' CPU over
-its steps, evaluations included). Only for a held-out accuracy target (`heldout_acc >= x` or
-`> x`); stated as a rough extrapolation, not a bound.
 
 The lr schedule of every pilot run is the live run's (`recipe.steps` = `budget.steps`, warm-up and
 decay as planned), read at the pilot's steps: a rung goes on where the last stopped, and the
@@ -106,18 +88,17 @@ import json
 import math
 import pathlib
 import re
+import statistics
 import tempfile
 import time
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable
 
 from sandboxes.errors import SwarmlabError
+from swarm.pilot_search import LOSS_TAIL, Prediction, Promote, RungResult, Schedule, Stop, next_rung, predict
 
 DEFAULT_SHARE = 0.15
 MIN_BASE_STEPS = 10
-ETA = 2                       # each rung keeps the better 1/ETA and trains ETA times the steps
-LOSS_TAIL = 10                # training rows at the end of a rung whose mean loss breaks ties
 EVAL_SIZE = 100               # held-out examples at each rung's end
-EXTRAPOLATE_MAX = 8           # a prediction reaches at most this many times the winner's steps (3 doublings)
 PILOT_FIELDS = ("model.d_model", "model.n_layers", "recipe.lr")
 
 
@@ -137,187 +118,6 @@ class Candidate:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "fields": dict(self.fields)}
-
-
-@dataclasses.dataclass(frozen=True)
-class RungResult:
-    """One finished run: `candidate` trained to `steps` (rung `rung`), then scored."""
-
-    candidate: str
-    rung: int
-    steps: int
-    heldout: float          # held-out accuracy at the rung's end
-    loss: float             # mean training loss over the rung's last LOSS_TAIL steps (nan: none)
-    cpu_s: float            # process CPU of this run
-    status: str = "completed"
-
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["loss"] = self.loss if math.isfinite(self.loss) else None
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "RungResult":
-        loss = d.get("loss")
-        return cls(str(d["candidate"]), int(d["rung"]), int(d["steps"]), float(d["heldout"]),
-                   float(loss) if loss is not None else math.nan, float(d["cpu_s"]), str(d.get("status", "completed")))
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """What the search needs besides the results: the candidates (in tie-break order), the steps of
-    rung 0, the CPU budget, and the factor between rungs."""
-
-    candidates: tuple[str, ...]
-    base_steps: int
-    budget_cpu_s: float
-    eta: int = ETA
-    threshold: float | None = None   # the goal's held-out accuracy target (None: not a heldout_acc >= / > target)
-    strict: bool = False             # the target is `> threshold`
-
-    def __post_init__(self) -> None:
-        if not self.candidates or len(set(self.candidates)) != len(self.candidates):
-            raise ValueError(f"schedule: candidates={self.candidates!r}: need at least one, each once")
-        if self.base_steps < 1 or self.eta < 2 or not self.budget_cpu_s > 0:
-            raise ValueError(f"schedule: base_steps={self.base_steps}, eta={self.eta}, budget_cpu_s={self.budget_cpu_s}: "
-                             "need base_steps >= 1, eta >= 2, a positive budget")
-
-    def met(self, r: "RungResult") -> bool:
-        """Whether `r` is at the goal's target."""
-        if self.threshold is None:
-            return False
-        return r.heldout > self.threshold if self.strict else r.heldout >= self.threshold
-
-    def rungs(self) -> int:
-        """How many rungs a complete search has (n -> n//eta -> … -> 1)."""
-        n, r = len(self.candidates), 1
-        while n > 1:
-            n, r = max(1, n // self.eta), r + 1
-        return r
-
-    def steps(self, rung: int) -> int:
-        return self.base_steps * self.eta ** rung
-
-    def step_units(self) -> int:
-        """Steps of a complete search in units of base_steps (each rung trains on from the last)."""
-        n, total, prev = len(self.candidates), 0, 0
-        for rung in range(self.rungs()):
-            total += n * (self.eta ** rung - prev)
-            n, prev = max(1, n // self.eta), self.eta ** rung
-        return total
-
-
-@dataclasses.dataclass(frozen=True)
-class Promote:
-    """Run `candidate` to `steps` (rung `rung`) next."""
-
-    rung: int
-    steps: int
-    candidate: str
-    why: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Stop:
-    """The search is over: `winner` (None only when nothing ran) and why."""
-
-    winner: str | None
-    rung: int
-    reason: Literal["one_left", "budget", "target"]
-    why: str
-
-
-def rank(results: Iterable[RungResult], order: tuple[str, ...], history: Iterable[RungResult] = (),
-         schedule: Schedule | None = None) -> list[RungResult]:
-    """Best first, by predicted cost to the target (module docstring, "Ranking"): the results at the
-    target, by the CPU their candidate spent to get there; then those whose curve (`predict` on the
-    candidate's results in `history` up to the result's rung) reaches the target, by the CPU still
-    to spend from their checkpoint; then the rest. Within each group, and for every result when
-    `schedule` names no target: higher held-out accuracy, then lower loss (a non-finite loss is the
-    worst), then the candidates' order."""
-    history = list(history)
-
-    def cost(r: RungResult) -> tuple[int, float]:
-        if schedule is None or schedule.threshold is None:
-            return 2, 0.0
-        own = [x for x in history if x.candidate == r.candidate and x.rung < r.rung] + [r]
-        spent = math.fsum(x.cpu_s for x in own)
-        if schedule.met(r):
-            return 0, spent
-        p = predict(own, r.candidate, schedule.threshold, schedule.strict)
-        return (1, p.worker_cpu_s - spent) if p.worker_cpu_s is not None else (2, 0.0)
-
-    def key(r: RungResult) -> tuple[int, float, float, float, int]:
-        group, cpu = cost(r)
-        return (group, cpu, -r.heldout, r.loss if math.isfinite(r.loss) else math.inf, order.index(r.candidate))
-    return sorted(results, key=key)
-
-
-def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | Stop:
-    """The next run of the successive-halving search, or its end, from the recorded results alone.
-    A result at the target ends the search (its candidate wins: the run goes on from its checkpoint,
-    and any further pilot run could only add CPU); else a rung keeps its better half by `rank`.
-    Results of candidates not promoted to a rung are ignored (they cannot be there in a pilot)."""
-    results = list(results)
-    spent = math.fsum(r.cpu_s for r in results)
-    at_target = [r for r in results if schedule.met(r)]
-    if at_target:
-        best = rank(at_target, schedule.candidates, results, schedule)[0]
-        return Stop(best.candidate, best.rung, "target", f"{best.candidate} is at the target after {best.steps} steps "
-                    f"(held-out {best.heldout:.3f}, rung {best.rung})")
-    alive = list(schedule.candidates)
-    rung = 0
-    while True:
-        done = {r.candidate: r for r in results if r.rung == rung and r.candidate in alive}
-        todo = [c for c in alive if c not in done]
-        if todo:
-            cand, steps = todo[0], schedule.steps(rung)
-            best = alive[0] if rung else (rank(done.values(), schedule.candidates, results, schedule)[0].candidate
-                                          if done else None)
-            if spent >= schedule.budget_cpu_s:
-                return Stop(best, rung, "budget", f"the budget is spent ({spent:.1f} of {schedule.budget_cpu_s:.1f} "
-                            f"CPU-s) with {len(todo)} of {len(alive)} runs of rung {rung} left")
-            est = _estimate(results, cand, steps, rung)
-            if est is not None and spent + est > schedule.budget_cpu_s and best is not None:
-                return Stop(best, rung, "budget", f"the next run ({cand} to {steps} steps, about {est:.1f} CPU-s) would "
-                            f"pass the budget ({spent:.1f} of {schedule.budget_cpu_s:.1f} CPU-s spent)")
-            why = "rung 0: every candidate" if rung == 0 else f"the better {len(alive)} of rung {rung - 1}"
-            return Promote(rung, steps, cand, why)
-        if len(alive) == 1:
-            return Stop(alive[0], rung, "one_left", f"one candidate remains after rung {rung}")
-        ranked = rank(done.values(), schedule.candidates, results, schedule)
-        alive = [r.candidate for r in ranked[: max(1, len(alive) // schedule.eta)]]
-        rung += 1
-
-
-def _estimate(results: list[RungResult], cand: str, steps: int, rung: int) -> float | None:
-    """CPU-s of running `cand` to `steps`: its own CPU per step so far × the steps it has left; at
-    rung 0 the mean of the rung-0 runs so far; None before any run."""
-    own = [r for r in results if r.candidate == cand]
-    if own:
-        last = max(own, key=lambda r: r.steps)
-        per_step = math.fsum(r.cpu_s for r in own) / max(1, last.steps)
-        return per_step * max(0, steps - last.steps)
-    first = [r.cpu_s for r in results if r.rung == 0]
-    return math.fsum(first) / len(first) if rung == 0 and first else None
-
-
-@dataclasses.dataclass(frozen=True)
-class Prediction:
-    """Expected steps and worker CPU-s to the goal's target, extrapolated from the winner's curve
-    (module docstring: the method). None values: not predicted, `why` says why."""
-
-    steps: int | None
-    worker_cpu_s: float | None
-    cpu_per_step: float | None
-    method: str
-    why: str = ""
-
-    def line(self) -> str:
-        if self.steps is None:
-            return f"prediction: none ({self.why})"
-        return (f"prediction: about {self.steps} steps and {self.worker_cpu_s:.0f} worker-CPU-s to the target "
-                f"({self.method}; {self.cpu_per_step:.3f} CPU-s/step at one thread)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,11 +143,12 @@ class PilotResult:
         return self.cpu_s / self.worker_cpu_s
 
     def table(self) -> list[list[str]]:
-        """Rows: candidate, its fields, then per rung `steps: held-out / loss / CPU-s`."""
+        """Rows: candidate, its fields, then per rung `steps: held-out / loss±its standard error / CPU-s`."""
         rows = []
         for c in self.candidates:
             own = sorted((r for r in self.results if r.candidate == c.name), key=lambda r: r.rung)
-            cells = [f"{r.steps}: {r.heldout:.3f} / {r.loss:.3f} / {r.cpu_s:.1f}s" for r in own]
+            cells = [f"{r.steps}: {r.heldout:.3f} / {r.loss:.3f}{f'±{r.loss_se:.3f}' if math.isfinite(r.loss_se) else ''}"
+                     f" / {r.cpu_s:.1f}s" for r in own]
             mark = "*" if c.name == self.winner.name else " "
             rows.append([mark + c.name, *cells])
         return rows
@@ -369,32 +170,6 @@ class PilotResult:
                 "worker_cpu_s": self.worker_cpu_s, "spent_share": self.spent_share,
                 "prediction": dataclasses.asdict(self.prediction), "checkpoint": self.checkpoint,
                 "trained": dict(self.trained)}
-
-
-def predict(results: Iterable[RungResult], winner: str, threshold: float, strict: bool = False) -> Prediction:
-    """Steps and CPU-s to held-out accuracy `threshold` (`> threshold` when `strict`) from the
-    winner's rung ends (module docstring)."""
-    method = "held-out accuracy linear in log2(steps) through the winner's last two rung ends"
-    own = sorted((r for r in results if r.candidate == winner), key=lambda r: r.steps)
-    if not own:
-        return Prediction(None, None, None, method, "the winner has no finished run")
-    per_step = math.fsum(r.cpu_s for r in own) / own[-1].steps
-    reached = next((r for r in own if (r.heldout > threshold if strict else r.heldout >= threshold)), None)
-    if reached is not None:
-        return Prediction(reached.steps, reached.steps * per_step, per_step, "reached in the pilot")
-    if len(own) < 2:
-        return Prediction(None, None, per_step, method, "the winner ran one rung: one point is no curve")
-    (s0, a0), (s1, a1) = (own[-2].steps, own[-2].heldout), (own[-1].steps, own[-1].heldout)
-    b = (a1 - a0) / (math.log2(s1) - math.log2(s0))
-    if b <= 0:
-        return Prediction(None, None, per_step, method, f"held-out accuracy did not rise over the winner's last rungs "
-                          f"({a0:.3f} at {s0} steps, {a1:.3f} at {s1}): too short a pilot to extrapolate")
-    doublings = (threshold - a1) / b
-    if doublings > math.log2(EXTRAPOLATE_MAX):
-        return Prediction(None, None, per_step, method, f"the winner's curve ({a0:.3f} at {s0} steps, {a1:.3f} at {s1}) "
-                          f"reaches {threshold:g} only beyond {EXTRAPOLATE_MAX}x its steps: too far to extrapolate")
-    steps = int(math.ceil(2 ** (math.log2(s1) + doublings)))
-    return Prediction(steps, steps * per_step, per_step, method)
 
 
 # ---- the candidates ---------------------------------------------------------------------------
@@ -422,6 +197,19 @@ def candidates_for(run: dict[str, Any], written: Callable[[str], bool], *,
             name = "-".join(_label(k, v) for k, v in fields.items()) or "as-written"
             out.setdefault(name, Candidate(name, fields))   # a written field collapses its axis
     return tuple(out.values())
+
+
+def prior_order(cands: Iterable[Candidate], run: dict[str, Any]) -> tuple[str, ...]:
+    """The candidates' names, those with `run`'s own values (the plan's) first, then one field away
+    from them, then two, …; the candidates' order within each."""
+    from trainer.config import get_dotted
+
+    def same(a: Any, b: Any) -> bool:   # candidates' lrs are rounded to 3 significant digits
+        return math.isclose(a, b, rel_tol=1e-3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else a == b
+
+    def away(c: Candidate) -> int:
+        return sum(not same(get_dotted(run, f)[1], v) for f, v in c.fields.items())
+    return tuple(c.name for c in sorted(cands, key=away))
 
 
 def _label(field: str, value: Any) -> str:
@@ -457,7 +245,7 @@ def pilot(goal: Any, share: float = DEFAULT_SHARE, *, base_steps: int | None = N
     t = goal.target
     on_acc = t.metric == "heldout_acc" and t.op in (">=", ">")
     probe = Schedule(tuple(c.name for c in cands), 1, budget, threshold=t.threshold if on_acc else None,
-                     strict=t.op == ">")
+                     strict=t.op == ">", eval_size=eval_size, prior=prior_order(cands, base))
     if base_steps is None:
         base_steps = max(MIN_BASE_STEPS, int(share * goal.budget.steps) // probe.step_units())
     if not isinstance(base_steps, int) or base_steps < 1:
@@ -573,9 +361,11 @@ def _run(cfg: Any, step: Promote, schedule: Schedule) -> RungResult:
     rows = [r for r in read_jsonl(cfg.run_dir / "metrics.jsonl")
             if not r.get("final") and start < int(r.get("step", 0)) <= step.steps and "loss" in r]
     losses = [float(r["loss"]) for r in rows[-LOSS_TAIL:] if isinstance(r["loss"], (int, float))]
-    loss = math.fsum(losses) / len(losses) if losses and all(math.isfinite(x) for x in losses) else math.nan
+    finite = bool(losses) and all(math.isfinite(x) for x in losses)
+    loss = math.fsum(losses) / len(losses) if finite else math.nan
+    se = statistics.stdev(losses) / math.sqrt(len(losses)) if finite and len(losses) > 1 else math.nan
     return RungResult(step.candidate, step.rung, int(summary.get("step", step.steps)),
-                      float(summary.get("heldout_acc", 0.0)), loss, cpu, str(summary.get("status", "")))
+                      float(summary.get("heldout_acc", 0.0)), loss, cpu, str(summary.get("status", "")), se)
 
 
 def piloted_plan(plan: Any, result: PilotResult, run: dict[str, Any] | None = None) -> Any:

@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 
 from swarm.cli import app
 from swarm.goal import Goal
-from swarm.pilot import (Candidate, PilotError, Promote, RungResult, Schedule, Stop, candidates_for, next_rung,
-                         pilot, piloted_plan, predict, rank, start_refused)
+from swarm.pilot import Candidate, PilotError, candidates_for, pilot, piloted_plan, prior_order, start_refused
+from swarm.pilot_search import (Promote, RungResult, Schedule, Stop, acc_level, by_measurement, next_rung, predict,
+                                rank)
 from swarm.plan import Source
 from trainer.config import ConfigError, RunConfig, get_dotted
 from trainer.loop import Trainer
@@ -157,6 +158,87 @@ def test_rank_orders_reached_then_predicted_then_the_rest():
     ranked = rank([r for r in rows if r.rung == 1], ABCD, rows, tsched())
     assert [r.candidate for r in ranked] == ["a", "c", "b", "d"]
     assert [r.candidate for r in rank([r for r in rows if r.rung == 1], ABCD)] == ["a", "b", "c", "d"]
+
+
+# ---- differences within the noise: the plan's prior stands -------------------------------------
+
+
+def N(c: str, heldout: float, loss: float, se: float, rung: int = 0) -> RungResult:
+    return RungResult(c, rung, 10 * 2 ** rung, heldout, loss, 1.0, "completed", se)
+
+
+@pytest.mark.parametrize("a, b, n, level", [
+    (0.0, 0.0, 100, True),        # nothing solved by either: no evidence
+    (0.01, 0.0, 100, True),       # one example of 100
+    (0.2, 0.1, 100, True),        # 2 standard errors are 0.101 here
+    (0.4, 0.1, 100, False),
+    (0.2, 0.1, 1000, False),      # the same gap over ten times the examples
+    (0.2, 0.1, None, False),      # the evaluation's size unknown: every difference counts
+    (0.2, 0.2, None, True),
+])
+def test_accuracies_are_level_within_two_standard_errors(a, b, n, level):
+    assert acc_level(a, b, n) is level and acc_level(b, a, n) is level
+
+
+def test_results_the_measurements_cannot_tell_apart_keep_the_prior_order():
+    prior = ("plan", "hi_lr", "small")
+    # held-out 0 everywhere; the higher lr's loss is lower, but within 2 standard errors: the plan's first
+    flat = [N("hi_lr", 0.0, 1.52, 0.01), N("small", 0.0, 1.60, 0.01), N("plan", 0.0, 1.53, 0.01)]
+    assert [r.candidate for r in by_measurement(flat, prior, 100)] == ["plan", "hi_lr", "small"]
+    # the same losses measured ten times as precisely: the lower loss leads, the rest by loss
+    sharp = [dataclasses.replace(r, loss_se=0.001) for r in flat]
+    assert [r.candidate for r in by_measurement(sharp, prior, 100)] == ["hi_lr", "plan", "small"]
+    # accuracy beyond its noise leads whatever the loss
+    acc = [N("hi_lr", 0.05, 1.2, 0.001), N("small", 0.45, 1.9, 0.001), N("plan", 0.3, 1.5, 0.001)]
+    assert [r.candidate for r in by_measurement(acc, prior, 100)][0] == "small"
+    # unknown noise (no eval size, no loss error): the old strict order, accuracy then loss then order
+    strict = [N("hi_lr", 0.2, 1.52, math.nan), N("small", 0.1, 1.0, math.nan), N("plan", 0.2, 1.53, math.nan)]
+    assert [r.candidate for r in by_measurement(strict, prior, None)] == ["hi_lr", "plan", "small"]
+
+
+def test_a_rung_with_no_measured_difference_promotes_the_candidates_nearest_the_plan():
+    cands = ("d64-lr0.009", "d128-lr0.003", "d128-lr0.009", "d64-lr0.003")
+    prior = ("d128-lr0.003", "d128-lr0.009", "d64-lr0.003", "d64-lr0.009")
+    s = Schedule(cands, 10, 100.0, threshold=0.9, eval_size=100, prior=prior)
+    rung0 = [N("d64-lr0.009", 0.0, 1.60, 0.02), N("d128-lr0.003", 0.0, 1.62, 0.02),
+             N("d128-lr0.009", 0.0, 1.61, 0.02), N("d64-lr0.003", 0.0, 1.70, 0.02)]
+    got = next_rung(rung0, s)
+    assert isinstance(got, Promote) and (got.rung, got.candidate) == (1, "d128-lr0.003")
+    assert [r.candidate for r in rank(rung0, cands, rung0, s)][:2] == ["d128-lr0.003", "d128-lr0.009"]
+    # the same table with exact comparisons (the loss errors unknown) promotes the lowest loss
+    exact = [dataclasses.replace(r, loss_se=math.nan) for r in rung0]
+    assert next_rung(exact, s).candidate == "d64-lr0.009"
+    # rung 1 level again: the plan's own values are the last one left, and the stop says why
+    rung1 = [N("d128-lr0.003", 0.02, 1.40, 0.02, rung=1), N("d128-lr0.009", 0.03, 1.38, 0.02, rung=1)]
+    rung2 = [N("d128-lr0.003", 0.1, 1.2, 0.02, rung=2)]
+    stop = next_rung(rung0 + rung1 + rung2, s)
+    assert isinstance(stop, Stop) and stop.winner == "d128-lr0.003" and "measured level with d128-lr0.009" in stop.why
+    # a rung the measurements decide says nothing of the sort
+    rung1_apart = [N("d128-lr0.003", 0.30, 1.40, 0.02, rung=1), N("d128-lr0.009", 0.03, 1.38, 0.02, rung=1)]
+    stop = next_rung(rung0 + rung1_apart + rung2, s)
+    assert stop.winner == "d128-lr0.003" and "level" not in stop.why
+    with pytest.raises(ValueError, match="every candidate once"):
+        Schedule(cands, 10, 100.0, prior=prior[:3])
+
+
+def test_the_prior_puts_the_plans_own_values_first():
+    run = RunConfig().model_dump(mode="json")
+    cands = candidates_for(run, lambda f: False)
+    order = prior_order(cands, run)
+    by = {c.name: c for c in cands}
+    away = [sum(by[n].fields[f] != get_dotted(run, f)[1] for f in by[n].fields) for n in order]
+    # a size moves d_model and n_layers together (two fields): the plan's size at the other lrs comes next
+    assert away == [0, 1, 1, 2, 2, 3, 3, 3, 3]
+    assert sorted(order) == sorted(by)
+
+
+def test_rung_results_keep_their_loss_error_across_the_record():
+    r = N("a", 0.1, 1.5, 0.02)
+    assert RungResult.from_json(r.to_json()) == r
+    nan = RungResult.from_json(N("a", 0.1, math.nan, math.nan).to_json())
+    assert math.isnan(nan.loss) and math.isnan(nan.loss_se)
+    old = {"candidate": "a", "rung": 0, "steps": 10, "heldout": 0.1, "loss": 1.5, "cpu_s": 1.0}   # written before the field
+    assert math.isnan(RungResult.from_json(old).loss_se)
 
 
 # ---- the prediction on tables -----------------------------------------------------------------

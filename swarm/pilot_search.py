@@ -1,0 +1,333 @@
+"""The pilot's search (swarm/pilot.py runs it): successive halving over candidate configs as pure
+functions of the recorded rung results, the ranking, and the prediction of the winner's cost to the
+target.
+
+Ranking (`rank`), by predicted cost to the target, since the winner's checkpoint starts the run:
+a result at the target ends the search at once and its candidate wins (the run goes on from a
+checkpoint already there; another pilot run could only add CPU), the one that spent less CPU to
+get there first when several are; the others at a rung are ordered first those whose curve
+(`predict` on the candidate's own rung ends so far) reaches the target, by the worker-CPU still to
+spend from their checkpoint (predicted steps less the steps trained, × the candidate's measured
+CPU per step), then those without a usable prediction (one point, a curve that does not rise, or
+a target more than EXTRAPOLATE_MAX times away). Those, and every candidate when the target is not
+held-out accuracy `>=`/`>`, are ranked by what was measured (`by_measurement`): held-out accuracy,
+then the mean training loss over the rung's last steps, each only where the difference is beyond
+LEVEL_Z standard errors (a binomial error for accuracy over the evaluation's examples; the loss
+tail's standard error of the mean). Results the measurements cannot tell apart keep the plan's
+prior order: the candidate with the plan's own values first, then those one field away, and so on.
+A difference within the noise is no evidence against the values the plan chose from the task and
+memory, and short runs' training loss in particular favours the higher learning rates (they descend
+faster in the first steps whether or not they reach the target sooner). At rung 0 each candidate
+has one point, so measurements rank there unless one is at the target; a cost ranking starts at
+rung 1.
+
+Prediction (what the final report compares with): from the winner's held-out accuracy at its rung
+ends, a curve acc = a + b·log2(steps) through its last two points. Steps to the target: the first
+rung end at the target when one is; else 2**((threshold - a) / b) when b > 0 and that is within
+EXTRAPOLATE_MAX times the winner's steps; else none (the curve does not rise, or rises so little that
+the target is more than three doublings away: too short a pilot to say; measured on the minimal
+addition goal, held-out accuracy 0.00 -> 0.01 from 112 to 224 steps extrapolated to 10^31 steps).
+Worker CPU-s to the target: those steps × the winner's measured CPU per step (its runs' CPU over
+its steps, evaluations included). Only for a held-out accuracy target (`heldout_acc >= x` or
+`> x`); stated as a rough extrapolation, not a bound.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Literal
+
+ETA = 2                       # each rung keeps the better 1/ETA and trains ETA times the steps
+LOSS_TAIL = 10                # training rows at the end of a rung whose mean loss breaks ties
+EXTRAPOLATE_MAX = 8           # a prediction reaches at most this many times the winner's steps (3 doublings)
+LEVEL_Z = 2.0                 # a measured difference within this many standard errors is no evidence
+
+
+# ---- records ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RungResult:
+    """One finished run: `candidate` trained to `steps` (rung `rung`), then scored."""
+
+    candidate: str
+    rung: int
+    steps: int
+    heldout: float          # held-out accuracy at the rung's end
+    loss: float             # mean training loss over the rung's last LOSS_TAIL steps (nan: none)
+    cpu_s: float            # process CPU of this run
+    status: str = "completed"
+    loss_se: float = math.nan   # standard error of that mean (nan: unknown, so no difference is noise)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("loss", "loss_se"):
+            d[k] = d[k] if math.isfinite(d[k]) else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RungResult":
+        def num(k: str) -> float:
+            return float(d[k]) if d.get(k) is not None else math.nan
+        return cls(str(d["candidate"]), int(d["rung"]), int(d["steps"]), float(d["heldout"]), num("loss"),
+                   float(d["cpu_s"]), str(d.get("status", "completed")), num("loss_se"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What the search needs besides the results: the candidates (in the order they run), the steps
+    of rung 0, the CPU budget, the factor between rungs, the target, the held-out evaluation's size
+    (None: unknown, so every difference counts) and the prior (the candidates nearest the plan's own
+    values first; empty: the candidates' order), which orders results the measurements cannot tell
+    apart."""
+
+    candidates: tuple[str, ...]
+    base_steps: int
+    budget_cpu_s: float
+    eta: int = ETA
+    threshold: float | None = None   # the goal's held-out accuracy target (None: not a heldout_acc >= / > target)
+    strict: bool = False             # the target is `> threshold`
+    eval_size: int | None = None     # held-out examples behind each accuracy
+    prior: tuple[str, ...] = ()      # every candidate once, the plan's own values first
+
+    def __post_init__(self) -> None:
+        if not self.candidates or len(set(self.candidates)) != len(self.candidates):
+            raise ValueError(f"schedule: candidates={self.candidates!r}: need at least one, each once")
+        if self.prior and sorted(self.prior) != sorted(self.candidates):
+            raise ValueError(f"schedule: prior={self.prior!r}: must hold every candidate once")
+        if self.eval_size is not None and self.eval_size < 1:
+            raise ValueError(f"schedule: eval_size={self.eval_size!r}: must be positive")
+        if self.base_steps < 1 or self.eta < 2 or not self.budget_cpu_s > 0:
+            raise ValueError(f"schedule: base_steps={self.base_steps}, eta={self.eta}, budget_cpu_s={self.budget_cpu_s}: "
+                             "need base_steps >= 1, eta >= 2, a positive budget")
+
+    def met(self, r: "RungResult") -> bool:
+        """Whether `r` is at the goal's target."""
+        if self.threshold is None:
+            return False
+        return r.heldout > self.threshold if self.strict else r.heldout >= self.threshold
+
+    def rungs(self) -> int:
+        """How many rungs a complete search has (n -> n//eta -> … -> 1)."""
+        n, r = len(self.candidates), 1
+        while n > 1:
+            n, r = max(1, n // self.eta), r + 1
+        return r
+
+    def steps(self, rung: int) -> int:
+        return self.base_steps * self.eta ** rung
+
+    def preferred(self) -> tuple[str, ...]:
+        """The candidates in the prior's order (the plan's own values first)."""
+        return self.prior or self.candidates
+
+    def step_units(self) -> int:
+        """Steps of a complete search in units of base_steps (each rung trains on from the last)."""
+        n, total, prev = len(self.candidates), 0, 0
+        for rung in range(self.rungs()):
+            total += n * (self.eta ** rung - prev)
+            n, prev = max(1, n // self.eta), self.eta ** rung
+        return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Promote:
+    """Run `candidate` to `steps` (rung `rung`) next."""
+
+    rung: int
+    steps: int
+    candidate: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """The search is over: `winner` (None only when nothing ran) and why."""
+
+    winner: str | None
+    rung: int
+    reason: Literal["one_left", "budget", "target"]
+    why: str
+
+
+def rank(results: Iterable[RungResult], order: tuple[str, ...], history: Iterable[RungResult] = (),
+         schedule: Schedule | None = None) -> list[RungResult]:
+    """Best first, by predicted cost to the target (module docstring, "Ranking"): the results at the
+    target, by the CPU their candidate spent to get there; then those whose curve (`predict` on the
+    candidate's results in `history` up to the result's rung) reaches the target, by the CPU still
+    to spend from their checkpoint; then the rest, by what was measured (`by_measurement`). `order`:
+    the candidates' tie-break order; the schedule's prior replaces it where the schedule has one."""
+    history = list(history)
+    if schedule is not None:
+        order = schedule.preferred()
+
+    def cost(r: RungResult) -> tuple[int, float]:
+        if schedule is None or schedule.threshold is None:
+            return 2, 0.0
+        own = [x for x in history if x.candidate == r.candidate and x.rung < r.rung] + [r]
+        spent = math.fsum(x.cpu_s for x in own)
+        if schedule.met(r):
+            return 0, spent
+        p = predict(own, r.candidate, schedule.threshold, schedule.strict)
+        return (1, p.worker_cpu_s - spent) if p.worker_cpu_s is not None else (2, 0.0)
+
+    groups: dict[int, list[tuple[float, RungResult]]] = {}
+    for r in results:
+        group, cpu = cost(r)
+        groups.setdefault(group, []).append((cpu, r))
+    out: list[RungResult] = []
+    for group in sorted(groups):
+        rows = groups[group]
+        if group < 2:
+            out += [r for _, r in sorted(rows, key=lambda x: (x[0], *_measured(x[1], order)))]
+        else:
+            out += by_measurement([r for _, r in rows], order, schedule.eval_size if schedule else None)
+    return out
+
+
+def _loss(r: RungResult) -> float:
+    return r.loss if math.isfinite(r.loss) else math.inf
+
+
+def _measured(r: RungResult, order: tuple[str, ...]) -> tuple[float, float, int]:
+    return -r.heldout, _loss(r), order.index(r.candidate)
+
+
+def acc_level(a: float, b: float, n: int | None) -> bool:
+    """Whether held-out accuracies `a` and `b`, each over `n` examples, differ by no more than
+    LEVEL_Z standard errors of their difference (n None: only when equal)."""
+    if n is None:
+        return a == b
+    p = (a + b) / 2
+    return abs(a - b) <= LEVEL_Z * math.sqrt(p * (1 - p) * 2 / n)
+
+
+def loss_level(a: RungResult, b: RungResult) -> bool:
+    """Whether two rung results' mean losses differ by no more than LEVEL_Z standard errors of their
+    difference (an unknown error: only when equal)."""
+    se = math.hypot(a.loss_se, b.loss_se)
+    if not (math.isfinite(a.loss) and math.isfinite(b.loss)):
+        return _loss(a) == _loss(b)
+    return abs(a.loss - b.loss) <= (LEVEL_Z * se if math.isfinite(se) else 0.0)
+
+
+def _level_note(ranked: list[RungResult], schedule: Schedule, rung: int) -> str:
+    """What chose the first of a rung's ranking when it had no measured advantage: the prior."""
+    first = ranked[0]
+    if schedule.met(first) or len(ranked) < 2:
+        return ""
+    level = [r.candidate for r in ranked[1:] if not schedule.met(r) and acc_level(r.heldout, first.heldout, schedule.eval_size)
+             and loss_level(r, first)]
+    if not level:
+        return ""
+    return (f"; at rung {rung} it measured level with {', '.join(level)} (held-out and loss within {LEVEL_Z:g} "
+            "standard errors), and the plan's own values come first")
+
+
+def by_measurement(results: Iterable[RungResult], order: tuple[str, ...], eval_size: int | None) -> list[RungResult]:
+    """Best first by what the runs measured: held-out accuracy, then training loss, each only where
+    it tells results apart beyond its noise (`acc_level`, `loss_level`). The results level with the
+    best on accuracy and, among those, level on loss with the lowest come first, in `order` (the
+    prior: with no measured difference the plan's own values stand); the rest follow by accuracy,
+    then loss, then `order`."""
+    measured = sorted(results, key=lambda r: _measured(r, order))
+    if not measured:
+        return []
+    top = [r for r in measured if acc_level(r.heldout, measured[0].heldout, eval_size)]
+    lead = min(top, key=lambda r: (_loss(r), order.index(r.candidate)))
+    level = sorted((r for r in top if loss_level(r, lead)), key=lambda r: order.index(r.candidate))
+    return level + [r for r in measured if r not in level]
+
+
+def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | Stop:
+    """The next run of the successive-halving search, or its end, from the recorded results alone.
+    A result at the target ends the search (its candidate wins: the run goes on from its checkpoint,
+    and any further pilot run could only add CPU); else a rung keeps its better half by `rank`.
+    Results of candidates not promoted to a rung are ignored (they cannot be there in a pilot)."""
+    results = list(results)
+    spent = math.fsum(r.cpu_s for r in results)
+    at_target = [r for r in results if schedule.met(r)]
+    if at_target:
+        best = rank(at_target, schedule.candidates, results, schedule)[0]
+        return Stop(best.candidate, best.rung, "target", f"{best.candidate} is at the target after {best.steps} steps "
+                    f"(held-out {best.heldout:.3f}, rung {best.rung})")
+    alive = list(schedule.candidates)
+    rung, level = 0, ""
+    while True:
+        done = {r.candidate: r for r in results if r.rung == rung and r.candidate in alive}
+        todo = [c for c in alive if c not in done]
+        if todo:
+            cand, steps = todo[0], schedule.steps(rung)
+            best = alive[0] if rung else (rank(done.values(), schedule.candidates, results, schedule)[0].candidate
+                                          if done else None)
+            if spent >= schedule.budget_cpu_s:
+                return Stop(best, rung, "budget", f"the budget is spent ({spent:.1f} of {schedule.budget_cpu_s:.1f} "
+                            f"CPU-s) with {len(todo)} of {len(alive)} runs of rung {rung} left")
+            est = _estimate(results, cand, steps, rung)
+            if est is not None and spent + est > schedule.budget_cpu_s and best is not None:
+                return Stop(best, rung, "budget", f"the next run ({cand} to {steps} steps, about {est:.1f} CPU-s) would "
+                            f"pass the budget ({spent:.1f} of {schedule.budget_cpu_s:.1f} CPU-s spent)")
+            why = "rung 0: every candidate" if rung == 0 else f"the better {len(alive)} of rung {rung - 1}"
+            return Promote(rung, steps, cand, why)
+        if len(alive) == 1:
+            return Stop(alive[0], rung, "one_left", f"one candidate remains after rung {rung}{level}")
+        ranked = rank(done.values(), schedule.candidates, results, schedule)
+        alive = [r.candidate for r in ranked[: max(1, len(alive) // schedule.eta)]]
+        level = _level_note(ranked, schedule, rung)
+        rung += 1
+
+
+def _estimate(results: list[RungResult], cand: str, steps: int, rung: int) -> float | None:
+    """CPU-s of running `cand` to `steps`: its own CPU per step so far × the steps it has left; at
+    rung 0 the mean of the rung-0 runs so far; None before any run."""
+    own = [r for r in results if r.candidate == cand]
+    if own:
+        last = max(own, key=lambda r: r.steps)
+        per_step = math.fsum(r.cpu_s for r in own) / max(1, last.steps)
+        return per_step * max(0, steps - last.steps)
+    first = [r.cpu_s for r in results if r.rung == 0]
+    return math.fsum(first) / len(first) if rung == 0 and first else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Expected steps and worker CPU-s to the goal's target, extrapolated from the winner's curve
+    (module docstring: the method). None values: not predicted, `why` says why."""
+
+    steps: int | None
+    worker_cpu_s: float | None
+    cpu_per_step: float | None
+    method: str
+    why: str = ""
+
+    def line(self) -> str:
+        if self.steps is None:
+            return f"prediction: none ({self.why})"
+        return (f"prediction: about {self.steps} steps and {self.worker_cpu_s:.0f} worker-CPU-s to the target "
+                f"({self.method}; {self.cpu_per_step:.3f} CPU-s/step at one thread)")
+
+
+def predict(results: Iterable[RungResult], winner: str, threshold: float, strict: bool = False) -> Prediction:
+    """Steps and CPU-s to held-out accuracy `threshold` (`> threshold` when `strict`) from the
+    winner's rung ends (module docstring)."""
+    method = "held-out accuracy linear in log2(steps) through the winner's last two rung ends"
+    own = sorted((r for r in results if r.candidate == winner), key=lambda r: r.steps)
+    if not own:
+        return Prediction(None, None, None, method, "the winner has no finished run")
+    per_step = math.fsum(r.cpu_s for r in own) / own[-1].steps
+    reached = next((r for r in own if (r.heldout > threshold if strict else r.heldout >= threshold)), None)
+    if reached is not None:
+        return Prediction(reached.steps, reached.steps * per_step, per_step, "reached in the pilot")
+    if len(own) < 2:
+        return Prediction(None, None, per_step, method, "the winner ran one rung: one point is no curve")
+    (s0, a0), (s1, a1) = (own[-2].steps, own[-2].heldout), (own[-1].steps, own[-1].heldout)
+    b = (a1 - a0) / (math.log2(s1) - math.log2(s0))
+    if b <= 0:
+        return Prediction(None, None, per_step, method, f"held-out accuracy did not rise over the winner's last rungs "
+                          f"({a0:.3f} at {s0} steps, {a1:.3f} at {s1}): too short a pilot to extrapolate")
+    doublings = (threshold - a1) / b
+    if doublings > math.log2(EXTRAPOLATE_MAX):
+        return Prediction(None, None, per_step, method, f"the winner's curve ({a0:.3f} at {s0} steps, {a1:.3f} at {s1}) "
+                          f"reaches {threshold:g} only beyond {EXTRAPOLATE_MAX}x its steps: too far to extrapolate")
+    steps = int(math.ceil(2 ** (math.log2(s1) + doublings)))
+    return Prediction(steps, steps * per_step, per_step, method)
