@@ -53,19 +53,13 @@ def ledger_records(res: dict[str, Any]) -> dict[tuple[str, int], list[dict[str, 
             if r["method"] == "swarm" and isinstance(r.get("intervention_records"), list)}
 
 
-def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    runs = res["runs"]
-    by = {(r["scenario"], r["method"], r["seed"]): r for r in runs}
-    faults = {s["name"]: s.get("faults") or "" for s in res["scenarios"]}
-    sw = [r for r in runs if r["method"] == "swarm"]
-    rows: list[dict[str, Any]] = []
-
-    def row(target: str, measured: str, met: bool | None, note: str = "") -> None:
-        rows.append({"target": target, "measured": measured, "met": met, "note": note})
-
-    fail = [r for r in sw if r["cls"] == "failing"]
+def failing_targets(fail: list[dict[str, Any]], by: dict[tuple[str, str, int], dict[str, Any]],
+                    runs: list[dict[str, Any]], row: Any, where: str) -> None:
+    """The targets on failing runs (`fail`: the swarm's, of one fault origin or all): success, the
+    paired worker-CPU to target against PBT and the oracle, and the compute wasted (reported)."""
+    origin = {r["scenario"]: r.get("origin") for r in fail}
     ok = sum(bool(r.get("reached")) for r in fail)
-    row("success on failing scenarios >= 90%", f"{ok}/{len(fail)} ({100 * ok / len(fail):.0f}%)" if fail else "no runs",
+    row(f"success on failing scenarios >= 90%{where}", f"{ok}/{len(fail)} ({100 * ok / len(fail):.0f}%)" if fail else "no runs",
         bool(fail) and ok / len(fail) >= 0.9)
     c2t = [r["cpu_to_target"] for r in fail if r.get("reached")]
     for other, bound in (("pbt", 0.5), ("oracle", 1.5)):
@@ -89,22 +83,46 @@ def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, A
             bounds.append(b)
             if r.get("sitting_of_row") and r.get("sitting_of_row") == o.get("sitting_of_row"):
                 same.append(b)
-        theirs = [r["cpu_to_target"] for r in runs if r["method"] == other and r["cls"] == "failing" and r.get("reached")]
+        theirs = [r["cpu_to_target"] for r in runs if r["method"] == other and r["cls"] == "failing" and r.get("reached")
+                  and r["scenario"] in origin]
         if not bounds:
-            row(f"median worker-CPU to target <= {bound}x {other}'s (failing)", f"no failing run of both the swarm and {other}", None)
+            row(f"median worker-CPU to target <= {bound}x {other}'s (failing){where}", f"no failing run of both the swarm and {other}", None)
             continue
         up = median(bounds)
         of_reached = (f"; over reached runs only: {median(c2t):.1f} / {median(theirs):.1f} CPU-s = {median(c2t) / median(theirs):.2f}x"
                       if c2t and theirs else "")
         of_reached += (f"; over the {len(same)} pairs measured in one sitting (no scaling between them): <= {median(same):.2f}x"
                        if same and len(same) < len(bounds) else "")
-        row(f"median worker-CPU to target <= {bound}x {other}'s (failing)",
+        row(f"median worker-CPU to target <= {bound}x {other}'s (failing){where}",
             f"paired median <= {up:.2f}x over {len(bounds)} runs ({exact} both reached: exact ratio; "
             f"{sum(1 for r, o in pairs if r.get('reached') and not o.get('reached'))} {other} did not reach: upper bound, "
             f"swarm's C2T / {other}'s CPU spent; {sum(1 for r, _ in pairs if not r.get('reached'))} the swarm did not reach: "
             f"infinite){of_reached}", up <= bound and (not same or median(same) <= bound),
             "met only if it holds over the pairs measured in one sitting too: the others rest on the factors between sittings"
             if same and len(same) < len(bounds) else "")
+    wasted = [float(r.get("wasted_cpu_s") or 0.0) for r in fail]
+    spent = sum(float(r.get("cpu_total") or 0.0) for r in fail)
+    row(f"wasted compute reported{where}", f"{sum(wasted):.0f} of {spent:.0f} worker-CPU-s ({100 * sum(wasted) / spent:.0f}%; "
+        f"median {median(wasted):.1f} a run): rejected, no-effect and rolled-back changes, exploration that found nothing"
+        if fail and spent else "no runs", None)
+
+
+def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    runs = res["runs"]
+    by = {(r["scenario"], r["method"], r["seed"]): r for r in runs}
+    faults = {s["name"]: s.get("faults") or "" for s in res["scenarios"]}
+    sw = [r for r in runs if r["method"] == "swarm"]
+    rows: list[dict[str, Any]] = []
+
+    def row(target: str, measured: str, met: bool | None, note: str = "") -> None:
+        rows.append({"target": target, "measured": measured, "met": met, "note": note})
+
+    fail = [r for r in sw if r["cls"] == "failing"]
+    origins = sorted({r["origin"] for r in fail if r.get("origin")})
+    # generator v5: the failing targets hold in each fault origin; older suites have one group
+    for origin in origins or [None]:
+        group = [r for r in fail if origin is None or r.get("origin") == origin]
+        failing_targets(group, by, runs, row, f" [{origin}]" if origin else "")
     mild = [(r, by.get((r["scenario"], "plain", r["seed"]))) for r in sw if r["cls"] == "mild"]
     ratios = [r["cpu_total"] / p["cpu_total"] for r, p in mild if p and p.get("cpu_total")]
     row("mild scenarios: <= 1.1x plain's worker CPU", f"median {median(ratios):.2f}x over {len(ratios)} runs "

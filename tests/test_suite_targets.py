@@ -92,3 +92,26 @@ def test_a_c2t_target_holds_only_if_it_holds_over_the_pairs_measured_in_one_sitt
     oracle = next(r for r in suite_targets.measure(res, {}) if r["target"].endswith("oracle's (failing)"))
     assert "<= 1.20x over 5 runs" in oracle["measured"] and "2 pairs measured in one sitting" in oracle["measured"]
     assert "<= 1.80x" in oracle["measured"] and not oracle["met"]
+
+
+def test_with_fault_origins_each_failing_target_holds_per_origin():
+    """Generator v5: success, the paired ratios and the wasted compute per origin; one origin's
+    miss is not hidden by another's success."""
+    res = results()
+    res["runs"] = [run("c1", "swarm", 0, "failing", True, 30, 40, origin="config", wasted_cpu_s=10),
+                   run("c1", "oracle", 0, "failing", True, 20, 20, origin="config"),
+                   run("c2", "swarm", 0, "failing", True, 20, 25, origin="config", wasted_cpu_s=0),
+                   run("c2", "oracle", 0, "failing", True, 20, 20, origin="config"),
+                   run("d1", "swarm", 0, "failing", False, None, 100, origin="data", wasted_cpu_s=60),
+                   run("d1", "oracle", 0, "failing", True, 20, 20, origin="data")]
+    rows = {r["target"]: r for r in suite_targets.measure(res, {})}
+    assert rows["success on failing scenarios >= 90% [config]"]["measured"] == "2/2 (100%)"
+    assert rows["success on failing scenarios >= 90% [config]"]["met"]
+    assert rows["success on failing scenarios >= 90% [data]"]["measured"] == "0/1 (0%)"
+    assert not rows["success on failing scenarios >= 90% [data]"]["met"]
+    config = rows["median worker-CPU to target <= 1.5x oracle's (failing) [config]"]
+    assert "<= 1.25x over 2 runs" in config["measured"] and config["met"]      # 30/20 and 20/20
+    assert not rows["median worker-CPU to target <= 1.5x oracle's (failing) [data]"]["met"]
+    assert rows["wasted compute reported [config]"]["measured"].startswith("10 of 65 worker-CPU-s (15%")
+    assert rows["wasted compute reported [data]"]["measured"].startswith("60 of 100")
+    assert not any(t.startswith("success on failing scenarios >= 90%") and "[" not in t for t in rows)
