@@ -62,7 +62,7 @@ trained again. A checkpoint that is missing, corrupt or of another model is one 
 the plan does not train (`run.task` written), the goal writes `fork_from` or `fork_mode`, or a
 PILOT_FIELDS value the run trains differs from the winner's (a user-written size or lr wins).
 A run that goes on from the pilot keeps the winner's untrained start as its `init` checkpoint
-(trainer/loop.py `Trainer.inherit_init`; not under run storage), so a fix that starts over starts
+(trainer/loop.py `Trainer.inherit_init`; with run storage too), so a fix that starts over starts
 from untrained weights.
 
 Before a run (`swarm run`, the controller's plan node: `plan_run`): a goal whose plan fills the

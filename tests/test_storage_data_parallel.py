@@ -1,6 +1,7 @@
-"""A data-parallel run with run storage (`trainer.run_storage.run_data_parallel`) as a real Ray job
+"""A data-parallel run with run storage (`trainer.rank_storage.run_data_parallel`) as a real Ray job
 on a private head (127.0.0.1, token auth on): two Ray Train ranks, each in its own scratch folder,
-resume from a checkpoint that exists only on the storage; rank 0 mirrors the run, and the
+resume from a checkpoint that exists only on the storage — the one rank 0 chose (the newest stored
+is torn: both skip it), which is the only checkpoint rank 1 fetches; rank 0 mirrors the run, and the
 controller's replica sees it resume, obeys its commands (a rollback to a checkpoint and a switch to
 a harness version that only rank 0's folder held reach both ranks: a command one rank applied and
 the other refused would stop the run) and finish. About a minute here, most of it Ray Train's
@@ -21,7 +22,8 @@ from trainer.config import RunConfig
 from trainer.control import send_command
 from trainer.launch import start_head, stop_head, submit_job, wait_job
 from trainer.loop import Trainer
-from trainer.run_storage import bind, put_checkpoint_file, rank_dir, sync_run
+from trainer.rank_storage import rank_dir
+from trainer.run_storage import bind, put_checkpoint_file, sync_run
 from trainer.runlog import read_heartbeat, read_jsonl
 from trainer.storage import open_storage
 
@@ -34,12 +36,15 @@ def test_two_ranks_resume_from_a_checkpoint_only_on_the_storage(tmp_path, monkey
     uri = f"file://{tmp_path / 'store' / 'key' / 'train'}"
     monkeypatch.setenv(run_storage.SCRATCH_ENV, str(tmp_path / "scratch"))   # the head, and so every rank, has it
     recipe = {"batch_size": 8, "schedule": "constant", "warmup_steps": 0, "eval_interval": 0, "eval_size": 4}
-    # step 2 of this run (of 6), trained elsewhere and left on the storage only
+    # steps 2 and 4 of this run (of 6), trained elsewhere and left on the storage only, step 4 torn
     elsewhere = tmp_path / "elsewhere"
     Trainer(RunConfig.parse(make_cfg(name="train", out_dir=str(elsewhere), recipe={**recipe, "steps": 6},
-                                     checkpoint={"interval": 2, "keep_last": 2}))).run(until=2)
-    put_checkpoint_file(elsewhere / "train" / "checkpoints" / "step_0000002.pt", uri)
+                                     checkpoint={"interval": 2, "keep_last": 2}))).run(until=4)
+    for step in (2, 4):
+        put_checkpoint_file(elsewhere / "train" / "checkpoints" / f"step_000000{step}.pt", uri)
     shutil.rmtree(elsewhere)
+    torn = open_storage(uri).get("checkpoints/step_0000004.pt")
+    open_storage(uri).put("checkpoints/step_0000004.pt", torn[: len(torn) // 2])
     stored = open_storage(uri).get("checkpoints/step_0000002.pt")
 
     replica = tmp_path / "ctrl" / "runs" / "train"          # the controller's folder: out_dir/name
@@ -55,13 +60,17 @@ def test_two_ranks_resume_from_a_checkpoint_only_on_the_storage(tmp_path, monkey
     try:
         job = submit_job(head, path, storage_uri=uri)
         _until(lambda: (_ack(replica, pause) or {}).get("status") == "applied", 300, "the queued pause", sync)
-        # paused at the step it resumed from: each rank restored the checkpoint into its own folder
+        # paused at the step it resumed from: rank 0 restored the run into its folder and chose step 2,
+        # rank 1 fetched that checkpoint and no other
         folders = [rank_dir(uri, r) / "train" for r in (0, 1)]
         for d in folders:
             assert (d / "checkpoints" / "step_0000002.pt").read_bytes() == stored, d
+        assert sorted(p.name for p in (folders[1] / "checkpoints").glob("*.pt")) == ["step_0000002.pt"]
+        assert {"init.pt", "step_0000004.pt"} <= {p.name for p in (folders[0] / "checkpoints").glob("*.pt")}
         assert not (folders[1] / "metrics.jsonl").exists() and (folders[0] / "metrics.jsonl").exists()
         resume = [e for e in read_jsonl(replica / "events.jsonl") if e["event"] in ("start", "resume")]
         assert [(e["event"], e["step"], e["world"]) for e in resume] == [("resume", 2, 2)]
+        assert [e["name"] for e in read_jsonl(replica / "events.jsonl") if e["event"] == "checkpoint_corrupt"] == ["step_0000004"]
         # what only rank 0's folder holds, and commands that every rank applies from it: a rollback
         # to a checkpoint saved now, a switch to a harness version stored now
         spec = cfg.harness.model_dump(mode="json")

@@ -97,13 +97,19 @@ class CheckpointManager:
 
     def load_latest_good(self, on_corrupt=None) -> dict[str, Any] | None:
         """The newest checkpoint that verifies; `on_corrupt(name, error)` is called for each one skipped."""
-        for m in reversed(self.manifests()):
+        return self.latest_good(on_corrupt)[1]
+
+    def latest_good(self, on_corrupt=None, manifests: list[dict[str, Any]] | None = None
+                    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """(manifest, state) of the newest checkpoint of `manifests` (default: this folder's, in the
+        order written) that loads and verifies; (None, None) when none does."""
+        for m in reversed(self.manifests() if manifests is None else manifests):
             try:
-                return self.load(m["name"])
+                return m, self.load(m["name"])
             except (CheckpointError, OSError, RuntimeError, EOFError) as e:
                 if on_corrupt:
                     on_corrupt(m["name"], str(e))
-        return None
+        return None, None
 
     def newest_path(self) -> pathlib.Path | None:
         ms = self.manifests()

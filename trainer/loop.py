@@ -431,7 +431,8 @@ class Trainer:
         warm start) keeps that run's untrained start, when it kept one, as its own `init`, with this
         run's recipe and harness (what a full fork trains with): a fix that starts over starts where
         the weights started, not from the checkpoint it went on from. The source's `init` must sit
-        beside the checkpoint (a job with run storage fetches only the checkpoint: no `init` then)."""
+        beside the checkpoint: a job with run storage fetches it there with the checkpoint
+        (`trainer.run_storage.fetch_checkpoint`)."""
         if not self.dist.is_main or not (source.parent / f"{INIT_CHECKPOINT}.pt").is_file():
             return
         try:

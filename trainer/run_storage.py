@@ -33,15 +33,13 @@ newly completed lines, the heartbeat, new checkpoints (and deletions of pruned o
 when it changed — and pulls new commands into the local inbox. A checkpoint is pushed before the
 stream rows read in the same pass, and everything before the index that names it, so an
 acknowledgement the controller sees names a checkpoint already on storage. A fork
-(`$SWARMLAB_FORK_STORAGE`: the source run on storage) fetches its checkpoint first. The scratch
+(`$SWARMLAB_FORK_STORAGE`: the source run on storage) fetches its checkpoint first, and for a full
+fork the source's untrained `init` beside it (`Trainer.inherit_init` keeps it). The scratch
 folder is removed when the job ends.
 
-A data-parallel job (`num_workers > 1`, `run_data_parallel`): the driver keeps no run folder; each
-Ray Train rank (`run_rank`) works in its own folder on its node's scratch (`rank_dir`), restores
-into it what a resumed trainer reads, and, once every rank has, rank 0 runs the mirror. A rollback
-or a switch to a stored harness version takes what rank 0 has, sent by rank 0 (only its folder
-holds what the run wrote since the start); a command applied by some ranks and refused by others
-stops the run.
+A data-parallel job (`num_workers > 1`): `trainer.rank_storage`. Each Ray Train rank works in its
+own folder on its node's scratch; rank 0 restores the run, chooses the checkpoint every rank
+resumes from and runs the mirror; the other ranks fetch that one checkpoint.
 
 The controller (`Replica`): its run folder (`.swarm/runs/train`, an arm's under `backtests/`) holds
 the rows pulled from storage (written by `RunLog`, so rotation and the long-run summary work as for
@@ -76,13 +74,10 @@ import sys
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainer.runlog import SUMMARY, JsonlWriter, Rotation, RunLog, atomic_write_text, rotated_parts
+from trainer.runlog import INIT_CHECKPOINT, SUMMARY, JsonlWriter, Rotation, RunLog, atomic_write_text, rotated_parts
 from trainer.storage import Storage, StorageError, join_uri, open_storage
-
-if TYPE_CHECKING:
-    from trainer.config import RunConfig
 
 STORAGE_ENV = "SWARMLAB_RUN_STORAGE"        # the job's run folder on storage (a URI or a path)
 FORK_ENV = "SWARMLAB_FORK_STORAGE"          # the run on storage whose checkpoint a fork starts from
@@ -197,15 +192,20 @@ class JobMirror:
             (self.dir / "harnesses" / h).write_bytes(data)
             self.pushed_files[f"harnesses/{h}"] = (self.dir / "harnesses" / h).stat().st_mtime
             self.versions[f"harnesses/{h}"] = hashlib.sha256(data).hexdigest()
-        if self.private is not None:
-            try:
-                data = self.store.get("private/perturb.json")
-                self.private.parent.mkdir(parents=True, exist_ok=True)
-                self.private.write_bytes(data)
-            except FileNotFoundError:
-                pass
+        self.restore_private()
         self.pull_commands()
         return {"checkpoints": n}
+
+    def restore_private(self) -> None:
+        """The injected faults' private state, when the run has one (every data-parallel rank reads it)."""
+        if self.private is None:
+            return
+        try:
+            data = self.store.get("private/perturb.json")
+        except FileNotFoundError:
+            return
+        self.private.parent.mkdir(parents=True, exist_ok=True)
+        self.private.write_bytes(data)
 
     def pull_commands(self) -> int:
         """Append commands new on storage to the local inbox, each line whole in one write."""
@@ -322,9 +322,12 @@ def scratch_dir(run_uri: str) -> pathlib.Path:
     return root / hashlib.sha256(run_uri.encode()).hexdigest()[:16]
 
 
-def fetch_checkpoint(source_uri: str, name: str, dest: pathlib.Path, wait_s: float = FORK_WAIT_S) -> pathlib.Path:
+def fetch_checkpoint(source_uri: str, name: str, dest: pathlib.Path, wait_s: float = FORK_WAIT_S,
+                     with_init: bool = False) -> pathlib.Path:
     """Copy checkpoint `name` (.pt and its manifest) of the run at `source_uri` into `dest`,
-    waiting up to `wait_s` for it to appear (a mirror pass behind the acknowledgement)."""
+    waiting up to `wait_s` for it to appear (a mirror pass behind the acknowledgement); `with_init`:
+    the source's untrained start (`init`) too, when it has one, beside it (what a full fork's
+    `Trainer.inherit_init` reads). `init` is written before any other checkpoint: no wait for it."""
     src = open_storage(source_uri)
     deadline = time.time() + wait_s
     while True:
@@ -339,14 +342,27 @@ def fetch_checkpoint(source_uri: str, name: str, dest: pathlib.Path, wait_s: flo
     dest.mkdir(parents=True, exist_ok=True)
     (dest / f"{name}.pt").write_bytes(data)
     (dest / f"{name}.json").write_bytes(manifest)
+    if with_init and name != INIT_CHECKPOINT:
+        try:
+            init = src.get(f"checkpoints/{INIT_CHECKPOINT}.json"), src.get(f"checkpoints/{INIT_CHECKPOINT}.pt")
+        except FileNotFoundError:   # the source kept none (or retention deleted it)
+            init = None
+        if init is not None:
+            (dest / f"{INIT_CHECKPOINT}.pt").write_bytes(init[1])
+            (dest / f"{INIT_CHECKPOINT}.json").write_bytes(init[0])
     return dest / f"{name}.pt"
 
 
 def put_checkpoint_file(path: str | os.PathLike, uri: str) -> str:
     """Put a checkpoint file of this machine (`NAME.pt` and its manifest `NAME.json` beside it) on
-    the storage at `uri` as a run's checkpoint; returns `uri`, the run a fork fetches it from."""
+    the storage at `uri` as a run's checkpoint, and the `init` checkpoint beside it when there is one
+    (a full fork keeps it: `Trainer.inherit_init`); returns `uri`, the run a fork fetches it from."""
     p = pathlib.Path(path)
     store = open_storage(uri)
+    init = p.with_name(f"{INIT_CHECKPOINT}.pt")
+    if p.stem != INIT_CHECKPOINT and init.is_file() and init.with_suffix(".json").is_file():
+        store.put(f"checkpoints/{INIT_CHECKPOINT}.pt", init.read_bytes())
+        store.put(f"checkpoints/{INIT_CHECKPOINT}.json", init.with_suffix(".json").read_bytes())
     store.put(f"checkpoints/{p.stem}.pt", p.read_bytes())
     store.put(f"checkpoints/{p.stem}.json", p.with_suffix(".json").read_bytes())
     return uri
@@ -366,12 +382,15 @@ def main(argv: list[str]) -> int:
         return 2
     fork_src = os.environ.get(FORK_ENV)
     if cfg.num_workers > 1:
+        from trainer.rank_storage import run_data_parallel
+
         return run_data_parallel(cfg, uri, fork_src)
     scratch = scratch_dir(uri)
     upd: dict[str, Any] = {"out_dir": str(scratch)}
     if fork_src and cfg.fork_from:
         name = pathlib.PurePath(cfg.fork_from).stem
-        upd["fork_from"] = str(fetch_checkpoint(fork_src, name, scratch / ".fork"))
+        with_init = cfg.fork_mode == "full" and bool(cfg.checkpoint.interval)
+        upd["fork_from"] = str(fetch_checkpoint(fork_src, name, scratch / ".fork", with_init=with_init))
     cfg = cfg.model_copy(update=upd)
     mirror = JobMirror(cfg.run_dir, open_storage(uri), private=scratch / ".perturb" / f"{cfg.name}.json")
     got = mirror.restore()
@@ -386,137 +405,6 @@ def main(argv: list[str]) -> int:
         mirror.close()
     shutil.rmtree(scratch, ignore_errors=True)
     return rc
-
-
-# ---- data-parallel: each rank on its own node's scratch -----------------------------------------------
-def rank_dir(uri: str, rank: int) -> pathlib.Path:
-    """Ray Train rank `rank`'s local folder for the run stored at `uri`: its node's scratch, one
-    folder per rank, so two ranks that share a node share no folder either."""
-    return scratch_dir(uri) / f"rank{rank}"
-
-
-def _rank_trainer():
-    """The trainer of a data-parallel rank with run storage. A rollback or a `set_harness` by
-    version, which every rank applies, reads what rank 0 has, and rank 0 sends it to the others:
-    only rank 0's folder holds what the run wrote since the ranks restored from the storage. A
-    command that one rank applied and another refused would leave the ranks training different
-    models: the run stops instead (the job fails, and a restart resumes every rank from the storage)."""
-    from trainer.checkpoint import CheckpointError
-    from trainer.control import Command
-    from trainer.loop import Trainer
-
-    class RankTrainer(Trainer):
-        def apply_command(self, cmd: Command) -> Any:
-            if not self.dist.enabled:
-                return super().apply_command(cmd)
-            try:
-                out, err = self._apply_on_every_rank(cmd), None
-            except Exception as e:   # any failure on one rank: the ranks agree first (no rank left in a collective)
-                out, err = None, e
-            applied = int(self.dist.sum([err is None])[0])
-            if applied not in (0, self.dist.world):
-                raise RuntimeError(f"command {cmd.cmd!r} ({cmd.id}) was applied by {applied} of {self.dist.world} "
-                                   f"ranks (rank {self.dist.rank}: {err or 'applied'}): the ranks would diverge")
-            if err is not None:
-                raise err
-            return out
-
-        def _apply_on_every_rank(self, cmd: Command) -> Any:
-            if cmd.cmd == "rollback" and cmd.name:
-                try:   # rank 0 loads it (or says why not); every rank takes the same state or the same error
-                    got: Any = self.ckpt.load(cmd.name) if self.dist.is_main else None
-                except Exception as e:   # rank 0 must reach the broadcast whatever failed
-                    got = str(e) or type(e).__name__
-                got = self.dist.broadcast(got)
-                if isinstance(got, str):
-                    raise CheckpointError(got)
-                self.load_state(got)
-                self.segment += 1
-                return {"rolled_back_to": cmd.name, "step": self.step}
-            if cmd.cmd == "set_harness" and cmd.harness is None and cmd.version:
-                p = self.run_dir / "harnesses" / f"{cmd.version}.yaml"
-                try:
-                    mine = p.read_text() if self.dist.is_main and p.is_file() else None
-                except OSError:   # rank 0 must reach the broadcast whatever failed
-                    mine = None
-                text = self.dist.broadcast(mine)
-                if text is None:
-                    raise ValueError(f"unknown harness version {cmd.version!r} (none stored under harnesses/)")
-                import yaml
-
-                cmd = cmd.model_copy(update={"harness": yaml.safe_load(text)})
-            return super().apply_command(cmd)
-
-    return RankTrainer
-
-
-def run_rank(config: dict[str, Any], uri: str, fork_src: str | None, rank: int) -> dict[str, Any]:
-    """One rank of a data-parallel run with run storage, inside its process group (a Ray Train
-    worker): its run folder is `rank_dir`; every rank restores from the storage what a resumed
-    trainer reads (the checkpoint it resumes from included) and fetches a fork's checkpoint; once
-    all have, rank 0 mirrors its folder to the storage (the other ranks write no run file). Returns
-    the trainer's summary."""
-    from trainer.config import RunConfig
-    from trainer.distributed import Dist
-
-    cfg = RunConfig.model_validate(config)
-    root = rank_dir(uri, rank)
-    shutil.rmtree(root, ignore_errors=True)
-    upd: dict[str, Any] = {"out_dir": str(root)}
-    if fork_src and cfg.fork_from:
-        upd["fork_from"] = str(fetch_checkpoint(fork_src, pathlib.PurePath(cfg.fork_from).stem, root / ".fork"))
-    cfg = cfg.model_copy(update=upd)
-    store = open_storage(uri)
-    mirror = JobMirror(cfg.run_dir, store, private=root / ".perturb" / f"{cfg.name}.json")
-    got = mirror.restore()
-    print(json.dumps({"run_storage": uri.partition("?")[0], "rank": rank, "scratch": str(cfg.run_dir), **got}), flush=True)
-    dist = Dist()
-    dist.barrier()   # every rank has restored before rank 0's mirror may store anything new
-    trainer = _rank_trainer()(cfg, dist=dist)
-    if dist.is_main:
-        mirror.start()
-    try:
-        return trainer.run()
-    finally:
-        if dist.is_main:
-            mirror.close()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def run_data_parallel(cfg: "RunConfig", uri: str, fork_src: str | None) -> int:
-    """The job's side of a data-parallel run with run storage: `cfg.num_workers` Ray Train workers
-    (gloo on CPU), each running `run_rank`; this driver keeps no run folder."""
-    import ray
-    from ray.train import RunConfig as RayRunConfig
-    from ray.train import ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    def loop(config: dict[str, Any]) -> None:
-        import ray.train
-
-        summary = run_rank(config["run"], config["uri"], config["fork"], ray.train.get_context().get_world_rank())
-        ok = summary.get("status", "completed") in ("completed", "stopped_by_command", "target_reached")
-        ray.train.report({**{k: v for k, v in summary.items() if isinstance(v, (int, float))}, "ok": int(ok)})
-
-    ray.init(address="auto", _node_ip_address="127.0.0.1", log_to_driver=False)
-    print(json.dumps({"run_storage": uri.partition("?")[0], "world": cfg.num_workers}), flush=True)
-    ray_dir = scratch_dir(uri) / "ray_train"   # Ray Train's own files (metrics only: no checkpoint goes there)
-    trainer = TorchTrainer(
-        loop, train_loop_config={"run": cfg.model_dump(mode="json"), "uri": uri, "fork": fork_src},
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=False, resources_per_worker={"CPU": 1}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RayRunConfig(name=cfg.name, storage_path=str(ray_dir)),
-    )
-    try:
-        summary = dict(trainer.fit().metrics or {})
-    finally:
-        shutil.rmtree(ray_dir, ignore_errors=True)
-        try:
-            scratch_dir(uri).rmdir()   # gone unless a rank of this node is still in it
-        except OSError:
-            pass
-    print(json.dumps(summary))
-    return 0 if summary.get("ok", 1) else 1
 
 
 # ---- the controller's side ---------------------------------------------------------------------------
