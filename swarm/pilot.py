@@ -21,7 +21,8 @@ with one layer more) × learning rates around the plan's (lr/3, lr, lr·3). A fi
 is never varied (its value is every candidate's) and never chosen by the pilot; `piloted_plan`
 applied to another goal's plan leaves a written field the goal's, whatever the winner's value.
 The prior (the order in which results no measurement tells apart are ranked) puts the plan's own
-values first, then the candidates one field away from them, then two, in the candidates' order.
+values first, then the candidates one axis away from them (the model size, or the lr), then two,
+in the candidates' order.
 
 Budget: `share` (default 0.15) of `budget.worker_cpu_s`. A run is started only while the recorded
 CPU is under it and the run's estimated cost (the candidate's own CPU per step so far, or at rung 0
@@ -100,6 +101,7 @@ DEFAULT_SHARE = 0.15
 MIN_BASE_STEPS = 10
 EVAL_SIZE = 100               # held-out examples at each rung's end
 PILOT_FIELDS = ("model.d_model", "model.n_layers", "recipe.lr")
+AXES = (("model.d_model", "model.n_layers"), ("recipe.lr",))   # what the prior counts a candidate's distance in
 
 
 class PilotError(SwarmlabError, ValueError):
@@ -192,7 +194,7 @@ def candidates_for(run: dict[str, Any], written: Callable[[str], bool], *,
     out: dict[str, Candidate] = {}
     for dm, nl in sizes:
         for x in lrs:
-            fields = {"model.d_model": int(dm), "model.n_layers": int(nl), "recipe.lr": float(f"{x:.3g}")}
+            fields = {"model.d_model": int(dm), "model.n_layers": int(nl), "recipe.lr": _rounded(float(x))}
             fields = {k: v for k, v in fields.items() if not written(k)}
             name = "-".join(_label(k, v) for k, v in fields.items()) or "as-written"
             out.setdefault(name, Candidate(name, fields))   # a written field collapses its axis
@@ -200,16 +202,20 @@ def candidates_for(run: dict[str, Any], written: Callable[[str], bool], *,
 
 
 def prior_order(cands: Iterable[Candidate], run: dict[str, Any]) -> tuple[str, ...]:
-    """The candidates' names, those with `run`'s own values (the plan's) first, then one field away
-    from them, then two, …; the candidates' order within each."""
+    """The candidates' names, those with `run`'s own values (the plan's) first, then one axis away
+    from them (the model size, d_model with n_layers; the lr), then two; the candidates' order
+    within each."""
     from trainer.config import get_dotted
 
-    def same(a: Any, b: Any) -> bool:   # candidates' lrs are rounded to 3 significant digits
-        return math.isclose(a, b, rel_tol=1e-3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else a == b
-
     def away(c: Candidate) -> int:
-        return sum(not same(get_dotted(run, f)[1], v) for f, v in c.fields.items())
+        moved = {f for f, v in c.fields.items() if _rounded(get_dotted(run, f)[1]) != v}
+        return sum(bool(moved & set(axis)) for axis in AXES)
     return tuple(c.name for c in sorted(cands, key=away))
+
+
+def _rounded(x: Any) -> Any:
+    """A candidate's value as `candidates_for` writes it (a float to 3 significant digits)."""
+    return float(f"{x:.3g}") if isinstance(x, float) else x
 
 
 def _label(field: str, value: Any) -> str:
@@ -278,7 +284,9 @@ def pilot(goal: Any, share: float = DEFAULT_SHARE, *, base_steps: int | None = N
         for c in cands:
             config(c, str(root))   # every candidate validated before any compute
         record = root / "pilot.jsonl"
-        key = {"schedule": dataclasses.asdict(schedule), "candidates": [c.to_json() for c in cands],
+        # the prior follows from the candidates and the base config, eval_size is a key of its own
+        sched = {k: v for k, v in dataclasses.asdict(schedule).items() if k not in ("prior", "eval_size")}
+        key = {"schedule": sched, "candidates": [c.to_json() for c in cands],
                "eval_size": eval_size, "base": base, "lr_steps": lr_steps}
         results = _read_record(record, key)
         spent0 = math.fsum(r.cpu_s for r in results)
@@ -309,7 +317,7 @@ def pilot(goal: Any, share: float = DEFAULT_SHARE, *, base_steps: int | None = N
         if tmp is not None:
             tmp.cleanup()
     if on_acc:
-        pred = predict(results, step.winner, t.threshold, strict=t.op == ">")
+        pred = predict(results, step.winner, t.threshold, strict=t.op == ">", eval_size=eval_size)
     else:
         pred = Prediction(None, None, None, "", f"the target is {t.metric} {t.op} {t.threshold:g}; the pilot "
                           "extrapolates held-out accuracy toward a >= target only")

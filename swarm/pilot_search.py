@@ -6,20 +6,25 @@ Ranking (`rank`), by predicted cost to the target, since the winner's checkpoint
 a result at the target ends the search at once and its candidate wins (the run goes on from a
 checkpoint already there; another pilot run could only add CPU), the one that spent less CPU to
 get there first when several are; the others at a rung are ordered first those whose curve
-(`predict` on the candidate's own rung ends so far) reaches the target, by the worker-CPU still to
-spend from their checkpoint (predicted steps less the steps trained, × the candidate's measured
-CPU per step), then those without a usable prediction (one point, a curve that does not rise, or
-a target more than EXTRAPOLATE_MAX times away). Those, and every candidate when the target is not
-held-out accuracy `>=`/`>`, are ranked by what was measured (`by_measurement`): held-out accuracy,
-then the mean training loss over the rung's last steps, each only where the difference is beyond
-LEVEL_Z standard errors (a binomial error for accuracy over the evaluation's examples; the loss
-tail's standard error of the mean). Results the measurements cannot tell apart keep the plan's
-prior order: the candidate with the plan's own values first, then those one field away, and so on.
-A difference within the noise is no evidence against the values the plan chose from the task and
-memory, and short runs' training loss in particular favours the higher learning rates (they descend
-faster in the first steps whether or not they reach the target sooner). At rung 0 each candidate
-has one point, so measurements rank there unless one is at the target; a cost ranking starts at
-rung 1.
+(`predict` on the candidate's own rung ends so far) rises beyond its noise and reaches the target,
+by the worker-CPU still to spend from their checkpoint (predicted steps less the steps trained, ×
+the candidate's measured CPU per step), then those without a usable prediction (one point, a curve
+that does not rise beyond its noise, or a target more than EXTRAPOLATE_MAX times away). Those, and
+every candidate when the target is not held-out accuracy `>=`/`>`, are ranked in tiers by what was
+measured (`tiers`): held-out accuracy, then the mean training loss over the rung's last steps, each
+only where the difference is beyond LEVEL_Z standard errors (a binomial error for accuracy over the
+evaluation's examples; the loss tail's standard error of the mean). A tier is the results level
+with the best left; within it the plan's prior decides: the candidate with the plan's own values
+first, then those one axis away (model size, lr), then two. A difference within the noise is no
+evidence against the values the plan chose from the task and memory, and short runs' training
+loss in particular favours the higher learning rates (they descend faster in the first steps
+whether or not they reach the target sooner). At rung 0 each candidate has one point, so
+measurements rank there unless one is at the target; a cost ranking starts at rung 1.
+
+The noise model is a stated approximation, not a calibration: the loss tail's standard error is
+over consecutive steps of one run (a trend inflates it, the run-to-run spread is not in it), and
+the accuracy test treats two candidates' evaluations as independent although they score the same
+held-out examples.
 
 Prediction (what the final report compares with): from the winner's held-out accuracy at its rung
 ends, a curve acc = a + b·log2(steps) through its last two points. Steps to the target: the first
@@ -154,26 +159,14 @@ def rank(results: Iterable[RungResult], order: tuple[str, ...], history: Iterabl
          schedule: Schedule | None = None) -> list[RungResult]:
     """Best first, by predicted cost to the target (module docstring, "Ranking"): the results at the
     target, by the CPU their candidate spent to get there; then those whose curve (`predict` on the
-    candidate's results in `history` up to the result's rung) reaches the target, by the CPU still
-    to spend from their checkpoint; then the rest, by what was measured (`by_measurement`). `order`:
-    the candidates' tie-break order; the schedule's prior replaces it where the schedule has one."""
+    candidate's results in `history` up to the result's rung) rises beyond its noise and reaches the
+    target, by the CPU still to spend from their checkpoint; then the rest, by what was measured
+    (`tiers`). `order`: the tie-break order without a schedule; with one, its prior."""
     history = list(history)
-    if schedule is not None:
-        order = schedule.preferred()
-
-    def cost(r: RungResult) -> tuple[int, float]:
-        if schedule is None or schedule.threshold is None:
-            return 2, 0.0
-        own = [x for x in history if x.candidate == r.candidate and x.rung < r.rung] + [r]
-        spent = math.fsum(x.cpu_s for x in own)
-        if schedule.met(r):
-            return 0, spent
-        p = predict(own, r.candidate, schedule.threshold, schedule.strict)
-        return (1, p.worker_cpu_s - spent) if p.worker_cpu_s is not None else (2, 0.0)
-
+    order = schedule.preferred() if schedule is not None else order
     groups: dict[int, list[tuple[float, RungResult]]] = {}
     for r in results:
-        group, cpu = cost(r)
+        group, cpu = _cost(r, history, schedule)
         groups.setdefault(group, []).append((cpu, r))
     out: list[RungResult] = []
     for group in sorted(groups):
@@ -181,8 +174,25 @@ def rank(results: Iterable[RungResult], order: tuple[str, ...], history: Iterabl
         if group < 2:
             out += [r for _, r in sorted(rows, key=lambda x: (x[0], *_measured(x[1], order)))]
         else:
-            out += by_measurement([r for _, r in rows], order, schedule.eval_size if schedule else None)
+            out += [r for t in tiers([r for _, r in rows], order, schedule.eval_size if schedule else None) for r in t]
     return out
+
+
+def _cost(r: RungResult, history: list[RungResult], schedule: Schedule | None) -> tuple[int, float]:
+    """(group, CPU) of `r` in `rank`: 0 and the CPU spent at the target; 1 and the CPU still to
+    spend where its curve predicts the target; 2 otherwise."""
+    if schedule is None or schedule.threshold is None:
+        return 2, 0.0
+    own = [x for x in history if x.candidate == r.candidate and x.rung < r.rung] + [r]
+    spent = math.fsum(x.cpu_s for x in own)
+    if schedule.met(r):
+        return 0, spent
+    p = predict(own, r.candidate, schedule.threshold, schedule.strict, schedule.eval_size)
+    return (1, p.worker_cpu_s - spent) if p.worker_cpu_s is not None else (2, 0.0)
+
+
+def _acc(r: RungResult) -> float:
+    return r.heldout if math.isfinite(r.heldout) else -math.inf
 
 
 def _loss(r: RungResult) -> float:
@@ -190,12 +200,15 @@ def _loss(r: RungResult) -> float:
 
 
 def _measured(r: RungResult, order: tuple[str, ...]) -> tuple[float, float, int]:
-    return -r.heldout, _loss(r), order.index(r.candidate)
+    return -_acc(r), _loss(r), order.index(r.candidate)
 
 
 def acc_level(a: float, b: float, n: int | None) -> bool:
     """Whether held-out accuracies `a` and `b`, each over `n` examples, differ by no more than
-    LEVEL_Z standard errors of their difference (n None: only when equal)."""
+    LEVEL_Z standard errors of their difference (n None: only when equal; a non-finite accuracy is
+    level only with another)."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return not (math.isfinite(a) or math.isfinite(b))
     if n is None:
         return a == b
     p = (a + b) / 2
@@ -211,32 +224,38 @@ def loss_level(a: RungResult, b: RungResult) -> bool:
     return abs(a.loss - b.loss) <= (LEVEL_Z * se if math.isfinite(se) else 0.0)
 
 
-def _level_note(ranked: list[RungResult], schedule: Schedule, rung: int) -> str:
-    """What chose the first of a rung's ranking when it had no measured advantage: the prior."""
+def tiers(results: Iterable[RungResult], order: tuple[str, ...], eval_size: int | None) -> list[list[RungResult]]:
+    """The results in tiers, best first, by what the runs measured: held-out accuracy, then training
+    loss, each only where it tells results apart beyond its noise (`acc_level`, `loss_level`). A
+    tier is the results level on accuracy with the best left and, among those, level on loss with
+    the lowest; within a tier, `order` (the prior: with no measured difference, the values nearest
+    the plan's stand). The next tier is taken the same way from what is left."""
+    rest = sorted(results, key=lambda r: _measured(r, order))
+    out: list[list[RungResult]] = []
+    while rest:
+        top = [r for r in rest if acc_level(_acc(r), _acc(rest[0]), eval_size)]
+        lead = min(top, key=lambda r: (_loss(r), order.index(r.candidate)))
+        tier = sorted((r for r in top if loss_level(r, lead)), key=lambda r: order.index(r.candidate))
+        out.append(tier)
+        rest = [r for r in rest if r not in tier]
+    return out
+
+
+def _level_note(ranked: list[RungResult], history: list[RungResult], schedule: Schedule, rung: int) -> str:
+    """Why the first of a rung's ranking came first when no measurement put it there: the tier it
+    shared with others (`tiers`), ordered by the prior. Empty when a measurement or a predicted cost
+    decided."""
     first = ranked[0]
-    if schedule.met(first) or len(ranked) < 2:
+    if _cost(first, history, schedule)[0] < 2:
         return ""
-    level = [r.candidate for r in ranked[1:] if not schedule.met(r) and acc_level(r.heldout, first.heldout, schedule.eval_size)
-             and loss_level(r, first)]
+    rest = [r for r in ranked if _cost(r, history, schedule)[0] == 2]
+    tier = next(t for t in tiers(rest, schedule.preferred(), schedule.eval_size) if first in t)
+    level = [r.candidate for r in tier if r is not first]
     if not level:
         return ""
+    whose = "the plan's own values" if first.candidate == schedule.preferred()[0] else "the values nearest the plan's"
     return (f"; at rung {rung} it measured level with {', '.join(level)} (held-out and loss within {LEVEL_Z:g} "
-            "standard errors), and the plan's own values come first")
-
-
-def by_measurement(results: Iterable[RungResult], order: tuple[str, ...], eval_size: int | None) -> list[RungResult]:
-    """Best first by what the runs measured: held-out accuracy, then training loss, each only where
-    it tells results apart beyond its noise (`acc_level`, `loss_level`). The results level with the
-    best on accuracy and, among those, level on loss with the lowest come first, in `order` (the
-    prior: with no measured difference the plan's own values stand); the rest follow by accuracy,
-    then loss, then `order`."""
-    measured = sorted(results, key=lambda r: _measured(r, order))
-    if not measured:
-        return []
-    top = [r for r in measured if acc_level(r.heldout, measured[0].heldout, eval_size)]
-    lead = min(top, key=lambda r: (_loss(r), order.index(r.candidate)))
-    level = sorted((r for r in top if loss_level(r, lead)), key=lambda r: order.index(r.candidate))
-    return level + [r for r in measured if r not in level]
+            f"standard errors) and holds {whose}")
 
 
 def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | Stop:
@@ -273,7 +292,7 @@ def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | St
             return Stop(alive[0], rung, "one_left", f"one candidate remains after rung {rung}{level}")
         ranked = rank(done.values(), schedule.candidates, results, schedule)
         alive = [r.candidate for r in ranked[: max(1, len(alive) // schedule.eta)]]
-        level = _level_note(ranked, schedule, rung)
+        level = _level_note(ranked, results, schedule, rung)
         rung += 1
 
 
@@ -307,9 +326,11 @@ class Prediction:
                 f"({self.method}; {self.cpu_per_step:.3f} CPU-s/step at one thread)")
 
 
-def predict(results: Iterable[RungResult], winner: str, threshold: float, strict: bool = False) -> Prediction:
+def predict(results: Iterable[RungResult], winner: str, threshold: float, strict: bool = False,
+            eval_size: int | None = None) -> Prediction:
     """Steps and CPU-s to held-out accuracy `threshold` (`> threshold` when `strict`) from the
-    winner's rung ends (module docstring)."""
+    winner's rung ends (module docstring); with `eval_size`, a rise within the noise of two
+    accuracies over that many examples (`acc_level`) is no curve."""
     method = "held-out accuracy linear in log2(steps) through the winner's last two rung ends"
     own = sorted((r for r in results if r.candidate == winner), key=lambda r: r.steps)
     if not own:
@@ -322,9 +343,10 @@ def predict(results: Iterable[RungResult], winner: str, threshold: float, strict
         return Prediction(None, None, per_step, method, "the winner ran one rung: one point is no curve")
     (s0, a0), (s1, a1) = (own[-2].steps, own[-2].heldout), (own[-1].steps, own[-1].heldout)
     b = (a1 - a0) / (math.log2(s1) - math.log2(s0))
-    if b <= 0:
-        return Prediction(None, None, per_step, method, f"held-out accuracy did not rise over the winner's last rungs "
-                          f"({a0:.3f} at {s0} steps, {a1:.3f} at {s1}): too short a pilot to extrapolate")
+    if b <= 0 or acc_level(a0, a1, eval_size):
+        return Prediction(None, None, per_step, method, f"held-out accuracy did not rise {'' if b <= 0 else 'beyond its noise '}"
+                          f"over the winner's last rungs ({a0:.3f} at {s0} steps, {a1:.3f} at {s1}): too short a pilot "
+                          "to extrapolate")
     doublings = (threshold - a1) / b
     if doublings > math.log2(EXTRAPOLATE_MAX):
         return Prediction(None, None, per_step, method, f"the winner's curve ({a0:.3f} at {s0} steps, {a1:.3f} at {s1}) "

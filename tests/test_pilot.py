@@ -5,6 +5,7 @@ writes is untouched, its CPU stays within its share plus one run, and a second s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import pathlib
 
@@ -16,8 +17,8 @@ from typer.testing import CliRunner
 from swarm.cli import app
 from swarm.goal import Goal
 from swarm.pilot import Candidate, PilotError, candidates_for, pilot, piloted_plan, prior_order, start_refused
-from swarm.pilot_search import (Promote, RungResult, Schedule, Stop, acc_level, by_measurement, next_rung, predict,
-                                rank)
+from swarm.pilot_search import (Promote, RungResult, Schedule, Stop, acc_level, next_rung, predict, rank,
+                                tiers)
 from swarm.plan import Source
 from trainer.config import ConfigError, RunConfig, get_dotted
 from trainer.loop import Trainer
@@ -180,6 +181,10 @@ def test_accuracies_are_level_within_two_standard_errors(a, b, n, level):
     assert acc_level(a, b, n) is level and acc_level(b, a, n) is level
 
 
+def by_measurement(results, order, n):
+    return [r for t in tiers(results, order, n) for r in t]
+
+
 def test_results_the_measurements_cannot_tell_apart_keep_the_prior_order():
     prior = ("plan", "hi_lr", "small")
     # held-out 0 everywhere; the higher lr's loss is lower, but within 2 standard errors: the plan's first
@@ -194,6 +199,39 @@ def test_results_the_measurements_cannot_tell_apart_keep_the_prior_order():
     # unknown noise (no eval size, no loss error): the old strict order, accuracy then loss then order
     strict = [N("hi_lr", 0.2, 1.52, math.nan), N("small", 0.1, 1.0, math.nan), N("plan", 0.2, 1.53, math.nan)]
     assert [r.candidate for r in by_measurement(strict, prior, None)] == ["hi_lr", "plan", "small"]
+
+
+def test_the_tiers_below_the_first_keep_the_prior_too():
+    """a leads beyond the noise; x and plan are 0.01 apart where 2 standard errors are 0.028: the
+    plan's values come before x, so a rung keeping two keeps a and plan."""
+    prior = ("plan", "x", "a", "z")
+    rows = [N("a", 0.0, 1.00, 0.01), N("plan", 0.0, 1.20, 0.01), N("x", 0.0, 1.19, 0.01), N("z", 0.0, 2.0, 0.01)]
+    assert [[r.candidate for r in t] for t in tiers(rows, prior, 100)] == [["a"], ["plan", "x"], ["z"]]
+    # a held-out accuracy that is not a number is the worst, never an error
+    nan = rows + [N("w", math.nan, 0.5, 0.01)]
+    assert [r.candidate for r in by_measurement(nan, prior + ("w",), 100)][-1] == "w"
+
+
+def test_a_rise_within_the_noise_is_no_curve():
+    """0.78 -> 0.84 over 100 examples is within two standard errors (~0.10): no prediction, so
+    it does not jump ahead of a candidate level with it; over 1000 examples it is a curve."""
+    rows = [R("x", 0, .78, cpu=2), R("x", 1, .84, cpu=2)]
+    assert predict(rows, "x", 0.9, eval_size=100).steps is None
+    assert "beyond its noise" in predict(rows, "x", 0.9, eval_size=100).why
+    assert predict(rows, "x", 0.9, eval_size=1000).steps is not None
+    s = Schedule(("x", "plan"), 10, 100.0, threshold=0.9, eval_size=100, prior=("plan", "x"))
+    table = [N("x", .78, 1.0, .01), N("plan", .86, 1.0, .01), N("x", .84, 1.0, .01, rung=1),
+             N("plan", .84, 1.0, .01, rung=1)]
+    stop = next_rung(table, s)
+    assert stop.winner == "plan" and "holds the plan's own values" in stop.why
+
+
+def test_the_stop_names_the_plan_only_when_the_winner_holds_its_values():
+    s = Schedule(("x", "y", "plan", "z"), 10, 100.0, eval_size=100, prior=("plan", "x", "y", "z"))
+    table = [N("x", .5, 1.0, .01), N("y", .5, 1.0, .01), N("plan", .1, 1.0, .01), N("z", .1, 1.0, .01),
+             N("x", .6, 1.0, .01, rung=1), N("y", .6, 1.0, .01, rung=1), N("x", .7, 1.0, .01, rung=2)]
+    stop = next_rung(table, s)
+    assert stop.winner == "x" and "level with y" in stop.why and "nearest the plan's" in stop.why
 
 
 def test_a_rung_with_no_measured_difference_promotes_the_candidates_nearest_the_plan():
@@ -226,9 +264,14 @@ def test_the_prior_puts_the_plans_own_values_first():
     cands = candidates_for(run, lambda f: False)
     order = prior_order(cands, run)
     by = {c.name: c for c in cands}
-    away = [sum(by[n].fields[f] != get_dotted(run, f)[1] for f in by[n].fields) for n in order]
-    # a size moves d_model and n_layers together (two fields): the plan's size at the other lrs comes next
-    assert away == [0, 1, 1, 2, 2, 3, 3, 3, 3]
+    size = {n: (by[n].fields["model.d_model"], by[n].fields["model.n_layers"]) for n in order}
+    plan_size = (run["model"]["d_model"], run["model"]["n_layers"])
+    away = [(size[n] != plan_size) + (by[n].fields["recipe.lr"] != run["recipe"]["lr"]) for n in order]
+    assert away == [0, 1, 1, 1, 1, 2, 2, 2, 2]
+    # an lr the candidates round (to 3 significant digits) is still the plan's own
+    odd = {**run, "recipe": {**run["recipe"], "lr": 0.0012345}}
+    first = {c.name: c for c in candidates_for(odd, lambda f: False)}[prior_order(candidates_for(odd, lambda f: False), odd)[0]]
+    assert first.fields["recipe.lr"] == 0.00123 and first.fields["model.d_model"] == run["model"]["d_model"]
     assert sorted(order) == sorted(by)
 
 
@@ -317,6 +360,10 @@ def test_a_tiny_pilot_on_the_minimal_addition_goal(tmp_path):
     assert plan.get("threads").source is Source.PILOT and run["threads"] == 1
     lines = "\n".join(res.lines())
     assert res.winner.name in lines and "prediction:" in lines and "held-out / loss / CPU-s" in lines
+    # the record's head holds the schedule as older pilots wrote it (the prior follows from the
+    # candidates and the base config): a pilot killed under older code resumes
+    head = json.loads((tmp_path / "p" / "pilot.jsonl").read_text().splitlines()[0])
+    assert set(head["schedule"]) == {"candidates", "base_steps", "budget_cpu_s", "eta", "threshold", "strict"}
     # a second start in the same folder resumes from the record: nothing runs again
     again: list = []
     res2 = pilot(goal, share=0.5, base_steps=3, sizes=[(16, 2), (32, 2)], lrs=[3e-3, 1e-2], eval_size=16,
