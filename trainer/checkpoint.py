@@ -3,15 +3,19 @@
 A checkpoint is `CKPT_DIR/<name>.pt` (torch.save of the full training state) plus a manifest
 `CKPT_DIR/<name>.json` holding its SHA-256, step and kind. Both are written to a temp file,
 fsync'd and renamed, the manifest last: a checkpoint without a manifest was never complete.
-Loading verifies the checksum; `load_latest_good` walks back from the newest (the last written:
+Loading verifies the checksum; `latest_good` walks back from the newest (the last written:
 after a rollback, a later checkpoint of the abandoned timeline is older) to the first checkpoint
-that verifies, so a corrupt file costs progress, never the run.
+that verifies, so a corrupt file costs progress, never the run. `choose_resume` is that walk over
+one listing, as a `ResumeChoice` that names what it picked and what it skipped: where a trainer
+starts (`Trainer._start`), and what rank 0 of a data-parallel run sends the other ranks
+(`trainer.distributed.agree_resume`).
 
 Periodic checkpoints (`step_000050`) are pruned to the newest `keep_last`; named ones (saved on a
 command, `name=…`) are kept until deleted.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -83,16 +87,19 @@ class CheckpointManager:
             for suffix in (".json", ".pt"):
                 (self.dir / f"{m['name']}{suffix}").unlink(missing_ok=True)
 
-    def load(self, name: str) -> dict[str, Any]:
+    def load(self, name: str, sha256: str | None = None) -> dict[str, Any]:
+        """The state saved as `name`, its weights' hash checked against `sha256` (default: its
+        manifest's; another rank's data-parallel start passes the hash rank 0 read)."""
         mpath, ppath = self.dir / f"{name}.json", self.dir / f"{name}.pt"
         if not mpath.exists() or not ppath.exists():
             known = ", ".join(m["name"] for m in self.manifests()) or "none"
             raise CheckpointError(f"no checkpoint named {name!r} (known: {known})")
-        manifest = json.loads(mpath.read_text())
+        expected = sha256 or json.loads(mpath.read_text())["sha256"]
         data = ppath.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
-        if digest != manifest["sha256"]:
-            raise CheckpointError(f"checkpoint {name!r} is corrupt: sha256 {digest[:12]} != manifest {manifest['sha256'][:12]}")
+        if digest != expected:
+            whose = "manifest" if sha256 is None else "expected"
+            raise CheckpointError(f"checkpoint {name!r} is corrupt: sha256 {digest[:12]} != {whose} {expected[:12]}")
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
     def load_latest_good(self, on_corrupt=None) -> dict[str, Any] | None:
@@ -114,3 +121,24 @@ class CheckpointManager:
     def newest_path(self) -> pathlib.Path | None:
         ms = self.manifests()
         return self.dir / f"{ms[-1]['name']}.pt" if ms else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeChoice:
+    """Where a trainer starts, as one walk of its checkpoints decided it (rank 0's, data-parallel)."""
+
+    name: str | None                              # the checkpoint to load; None: none verifies, or none exists
+    sha256: str                                   # its weights' hash ("" when name is None)
+    listing: tuple[dict[str, Any], ...]           # the manifests listed, oldest first (empty: a fresh run, or a fork)
+    skipped: tuple[tuple[str, str], ...] = ()     # newer checkpoints that did not verify: (name, why)
+
+
+def choose_resume(ckpt: CheckpointManager) -> tuple[ResumeChoice, dict[str, Any] | None]:
+    """The newest checkpoint in `ckpt` that loads and verifies, with its state
+    (`CheckpointManager.latest_good` over one listing), naming what it picks and what it skipped."""
+    listing = ckpt.manifests()
+    skipped: list[tuple[str, str]] = []
+    m, state = ckpt.latest_good(lambda name, why: skipped.append((name, why)), listing)
+    if m is None:
+        return ResumeChoice(None, "", tuple(listing), tuple(skipped)), None
+    return ResumeChoice(m["name"], m["sha256"], tuple(listing), tuple(skipped)), state

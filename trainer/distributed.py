@@ -9,6 +9,16 @@ own: a rank whose shard holds fewer tokens would otherwise weigh each of them mo
 therefore ask `sum` for the global counts and scale by `world` (see `algorithms.core.aggregate`);
 `tests/test_dp_gradients.py` checks the equality for SFT and GRPO on two gloo ranks.
 
+Where a data-parallel run starts is rank 0's decision (`agree_resume`, called by `Trainer._start`):
+rank 0 walks its checkpoints (`trainer.checkpoint.choose_resume`, the single-process walk) and
+broadcasts its choice (the name, its weights' hash, the manifests it listed); every other rank
+loads that checkpoint by name, its hash checked against rank 0's, and never lists the folder
+itself. So a newest file that one rank would read torn (NFS while it is written) or a checkpoint
+that lands between two ranks' listings cannot start the ranks from different steps, whether the
+ranks share the run folder or each fetches the choice into its own (`trainer.rank_storage`). A
+rank that cannot take the choice makes every rank raise `ResumeError` (`Dist.agree`): none is
+left waiting in a collective, and the job's restart chooses again.
+
 `init_gloo` starts a process group on one host without Ray (tests, a plain multi-process run):
 torch's TCPStore would listen on every interface, so the store's socket is bound here, to the
 host given, and handed over.
@@ -17,10 +27,18 @@ from __future__ import annotations
 
 import datetime
 import socket
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from sandboxes.errors import SwarmlabError
+from trainer.checkpoint import CheckpointManager, ResumeChoice, choose_resume
+
+
+class ResumeError(SwarmlabError, RuntimeError):
+    """A rank of a data-parallel run could not take its part of the start (the checkpoint rank 0
+    chose, a fork's checkpoint, the run restored from storage): every rank raises it, with the count."""
 
 
 def init_gloo(rank: int, world: int, port: int, host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:
@@ -60,6 +78,14 @@ class Dist:
         """Wait until every rank is here."""
         if self.enabled:
             dist.barrier()
+
+    def agree(self, err: BaseException | None, what: str) -> None:
+        """Every rank returns, or every rank raises `ResumeError`: the failure (`err`) of one is
+        counted in an all-reduce. Every rank must call it."""
+        ok = int(self.sum([err is None])[0])
+        if ok != self.world:
+            why = f"{type(err).__name__}: {err}" if err is not None else "done here"
+            raise ResumeError(f"{what} failed on {self.world - ok} of {self.world} ranks (rank {self.rank}: {why})") from err
 
     def sum(self, values: list[float]) -> list[float]:
         """Each value summed over the ranks (float64; one all-reduce for the list). Every rank
@@ -111,3 +137,36 @@ class Dist:
         dist.all_reduce(t)
         t /= self.world
         return dict(zip(keys, t.tolist()))
+
+
+def agree_resume(ckpt: CheckpointManager, dist: Dist,
+                 fetch: Callable[[ResumeChoice], None] | None = None) -> tuple[ResumeChoice, dict[str, Any] | None]:
+    """Where this rank starts, and the state it loads (None: no checkpoint verifies): in one process,
+    the newest checkpoint of `ckpt` that verifies (`choose_resume`); data-parallel, the one rank 0
+    chose in its `ckpt`, which every other rank loads from its own `ckpt` folder by name, its hash
+    checked against rank 0's, after `fetch(choice)` (when the ranks share no folder: put the chosen
+    checkpoint there). A rank that fails its part makes every rank raise `ResumeError`. Every rank
+    must call it."""
+    if not dist.enabled:
+        return choose_resume(ckpt)
+    choice: Any = None
+    state, err = None, None
+    if dist.is_main:
+        try:
+            choice, state = choose_resume(ckpt)
+        except Exception as e:   # rank 0 must reach the broadcast whatever failed
+            err = e
+    got = dist.broadcast(choice if err is None else f"{type(err).__name__}: {err}")
+    if isinstance(got, str):
+        raise ResumeError(f"rank 0 could not choose a checkpoint in {ckpt.dir}: {got}") from err
+    choice = got
+    if not dist.is_main:
+        try:
+            if fetch is not None:
+                fetch(choice)
+            if choice.name is not None:
+                state = ckpt.load(choice.name, sha256=choice.sha256)
+        except Exception as e:   # counted below, on every rank
+            err = e
+    dist.agree(err, f"resuming from checkpoint {choice.name!r}")
+    return choice, state

@@ -461,7 +461,9 @@ def wait_job(head: RayHead, job_id: str, timeout: float = 3600.0, poll: float = 
 
 
 def run_ray_train(cfg: RunConfig) -> dict[str, Any]:
-    """Run the loop data-parallel on `cfg.num_workers` Ray Train workers (gloo on CPU).
+    """Run the loop data-parallel on `cfg.num_workers` Ray Train workers (gloo on CPU), every
+    rank on the run folder at `cfg.run_dir` (one machine, or a shared mount); every rank resumes
+    from the checkpoint rank 0 chooses there (`Trainer._start`: `trainer.distributed.agree_resume`).
     Must be called inside a Ray driver (e.g. the job entrypoint, or after ray.init)."""
     from ray.train import RunConfig as RayRunConfig
     from ray.train import ScalingConfig

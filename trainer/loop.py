@@ -3,6 +3,7 @@ commands and perturbations handled between steps (the "safe points").
 
     trainer = Trainer(RunConfig.from_yaml("run.yaml"))
     summary = trainer.run()            # resumes from the newest good checkpoint if there is one
+                                       # (data-parallel: the one rank 0 chose, on every rank)
 
 Run it directly (`swarm train CONFIG`), as a Ray job (`trainer.launch`), or data-parallel on Ray
 Train workers (`num_workers > 1`, see `trainer.launch.run_ray_train`).
@@ -28,10 +29,10 @@ from trainer.algorithms.core import ADVANTAGES, LOSSES
 from trainer.algorithms.distill import distill_step
 from trainer.algorithms.grpo import grpo_step
 from trainer.algorithms.sft import sft_step
-from trainer.checkpoint import CheckpointError, CheckpointManager
+from trainer.checkpoint import CheckpointError, CheckpointManager, ResumeChoice
 from trainer.config import ConfigError, RunConfig, set_dotted
 from trainer.control import Command, CommandInbox
-from trainer.distributed import Dist
+from trainer.distributed import Dist, agree_resume
 from trainer.logprobs import batch_logprobs, select_backend
 from trainer.perturb import Perturber, check_overrides
 from trainer.policy import Batch, Policy
@@ -398,18 +399,22 @@ class Trainer:
         raise ValueError(f"unknown command {cmd.cmd!r}")
 
     # ---- the loop ---------------------------------------------------------------------------
+    def choose_start(self) -> tuple[ResumeChoice, dict[str, Any] | None]:
+        """Where this run starts (`trainer.distributed.agree_resume`): the newest checkpoint that
+        verifies, and its state; data-parallel, rank 0's choice, which every rank loads."""
+        return agree_resume(self.ckpt, self.dist)
+
     def _start(self) -> None:
         resumed = None
-        if self.ckpt.manifests():
-            def corrupt(name: str, err: str) -> None:
-                if self.log:
-                    self.log.event("checkpoint_corrupt", self.step, name=name, error=err)
-            st = self.ckpt.load_latest_good(on_corrupt=corrupt)
-            if st is not None:
-                self.load_state(st)
-                self.segment += 1
-                resumed = self.step
-        elif self.cfg.fork_from:
+        choice, st = self.choose_start()
+        for name, err in choice.skipped:
+            if self.log:
+                self.log.event("checkpoint_corrupt", self.step, name=name, error=err)
+        if st is not None:
+            self.load_state(st)
+            self.segment += 1
+            resumed = self.step
+        elif not choice.listing and self.cfg.fork_from:
             self.fork(pathlib.Path(self.cfg.fork_from))
         if self.ref_state is None and (self.recipe.algorithm == "grpo" or self.recipe.kl_coef > 0):
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())

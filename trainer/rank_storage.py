@@ -7,16 +7,15 @@ The driver (`run_data_parallel`) keeps no run folder; each rank (`run_rank`) res
 folder (`rank_dir`) what its trainer reads, then rank 0 runs the mirror (`trainer.run_storage`).
 
 Resume (`restore_rank`): rank 0 restores the run as a single-process job does (every checkpoint,
-the command log and inbox, stored harnesses), loads the newest checkpoint that verifies there
-(`choose_resume`: the trainer's own walk, newest first, a corrupt or torn one skipped) and
-broadcasts its choice: the name, the hash of its weights, and the manifests it listed. Every
-other rank fetches that checkpoint by name, checks its hash, and nothing else of the run but the
-faults' private state: it never lists the storage, so a checkpoint that lands after rank 0 listed,
-or a newest file that one rank would read torn, cannot make it resume elsewhere. Each trainer
-starts through `AgreedCheckpoints`, which shows it rank 0's listing and hands it the chosen state,
-so every rank takes the same branch of `Trainer._start` and loads the same step. A rank that fails
-its part (a fetch, a hash that changed since rank 0 chose) makes every rank raise `ResumeError`:
-none is left waiting in a collective, and the job's restart tries again.
+the command log and inbox, stored harnesses), then the ranks agree where they start as every
+data-parallel run does (`trainer.distributed.agree_resume`): rank 0 loads the newest checkpoint
+that verifies in its folder and broadcasts its choice; every other rank fetches that checkpoint
+by name (`fetch_chosen`, its hash checked) and nothing else of the run but the faults' private
+state. It never lists the storage, so a checkpoint that lands after rank 0 listed, or a newest
+file that one rank would read torn, cannot make it resume elsewhere. Each trainer starts from
+that agreement (`RankTrainer.choose_start`); a rank that fails its part (a fetch, a hash that
+changed since rank 0 chose) makes every rank raise `ResumeError`: none is left waiting in a
+collective, and the job's restart tries again.
 
 Commands (`RankTrainer`): a rollback or a switch to a stored harness version reads what rank 0 has
 (only its folder holds what the run wrote since the start, and the other ranks hold one
@@ -35,39 +34,13 @@ import pathlib
 import shutil
 from typing import Any
 
-from sandboxes.errors import SwarmlabError
-from trainer.checkpoint import CheckpointError, CheckpointManager
+from trainer.checkpoint import CheckpointError, CheckpointManager, ResumeChoice
 from trainer.config import RunConfig
 from trainer.control import Command
-from trainer.distributed import Dist
+from trainer.distributed import Dist, ResumeError, agree_resume
 from trainer.loop import Trainer
 from trainer.run_storage import JobMirror, fetch_checkpoint, scratch_dir
 from trainer.storage import Storage, open_storage
-
-
-class ResumeError(SwarmlabError, RuntimeError):
-    """A rank could not take the checkpoint rank 0 chose (every rank raises it, with the count)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ResumeChoice:
-    """Where every rank of a data-parallel run starts, as rank 0 decided it."""
-
-    name: str | None                              # the checkpoint to load; None: none verifies, or none exists
-    sha256: str                                   # its weights' hash ("" when name is None)
-    listing: tuple[dict[str, Any], ...]           # rank 0's manifests, oldest first: what each trainer's start sees
-    skipped: tuple[tuple[str, str], ...] = ()     # newer checkpoints that did not verify: (name, why)
-
-
-def choose_resume(ckpt: CheckpointManager) -> tuple[ResumeChoice, dict[str, Any] | None]:
-    """The newest checkpoint in `ckpt` that loads and verifies, with its state
-    (`CheckpointManager.latest_good` over one listing), naming what it picks and what it skipped."""
-    listing = ckpt.manifests()
-    skipped: list[tuple[str, str]] = []
-    m, state = ckpt.latest_good(lambda name, why: skipped.append((name, why)), listing)
-    if m is None:
-        return ResumeChoice(None, "", tuple(listing), tuple(skipped)), None
-    return ResumeChoice(m["name"], m["sha256"], tuple(listing), tuple(skipped)), state
 
 
 def fetch_chosen(store: Storage, ckpt_dir: pathlib.Path, choice: ResumeChoice) -> None:
@@ -85,18 +58,10 @@ def fetch_chosen(store: Storage, ckpt_dir: pathlib.Path, choice: ResumeChoice) -
     (ckpt_dir / f"{choice.name}.json").write_text(json.dumps(manifest))
 
 
-def _agree(dist: Dist, err: BaseException | None, what: str) -> None:
-    """Every rank returns, or every rank raises: the failure of one is counted in an all-reduce."""
-    ok = int(dist.sum([err is None])[0])
-    if ok != dist.world:
-        why = f"{type(err).__name__}: {err}" if err is not None else "done here"
-        raise ResumeError(f"{what} failed on {dist.world - ok} of {dist.world} ranks (rank {dist.rank}: {why})") from err
-
-
 @dataclasses.dataclass
 class Restored:
     """A rank's folder, ready for its trainer: rank 0's mirror (None on the other ranks), the
-    choice, and on rank 0 the chosen checkpoint's state, already loaded while choosing."""
+    choice every rank agreed on, and the chosen checkpoint's state (None: none to resume from)."""
 
     choice: ResumeChoice
     state: dict[str, Any] | None
@@ -105,53 +70,27 @@ class Restored:
 
 def restore_rank(run_dir: pathlib.Path, store: Storage, dist: Dist, keep_last: int,
                  private: pathlib.Path | None = None) -> Restored:
-    """Start `run_dir` afresh for this rank (see the module docstring): rank 0 restores the run and
-    chooses, every other rank fetches the choice. Every rank must call it."""
-    mirror, choice, state, err = None, None, None, None
+    """Start `run_dir` afresh for this rank (see the module docstring): rank 0 restores the run,
+    then the ranks agree where they start (`agree_resume`), each other rank fetching the choice
+    into its emptied folder. Every rank must call it."""
+    mirror, err = None, None
     if dist.is_main:
         try:
             mirror = JobMirror(run_dir, store, private=private)
             mirror.restore()
-            choice, state = choose_resume(CheckpointManager(run_dir / "checkpoints", keep_last))
-        except Exception as e:   # rank 0 must reach the broadcast whatever failed
-            err = e
-    got = dist.broadcast(choice if err is None else f"{type(err).__name__}: {err}")
-    if isinstance(got, str):
-        raise ResumeError(f"rank 0 could not restore the run from {store.uri}: {got}") from err
-    choice = got
-    if not dist.is_main:
-        try:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            (run_dir / "checkpoints").mkdir(parents=True)
-            JobMirror(run_dir, store, private=private).restore_private()
-            if choice.name is not None:
-                fetch_chosen(store, run_dir / "checkpoints", choice)
         except Exception as e:   # counted below, on every rank
             err = e
-    _agree(dist, err, f"resuming from checkpoint {choice.name!r}")
+    dist.agree(err, f"restoring the run from {store.uri}")
+
+    def fetch(choice: ResumeChoice) -> None:   # on every rank but rank 0
+        shutil.rmtree(run_dir, ignore_errors=True)
+        (run_dir / "checkpoints").mkdir(parents=True)
+        JobMirror(run_dir, store, private=private).restore_private()
+        if choice.name is not None:
+            fetch_chosen(store, run_dir / "checkpoints", choice)
+
+    choice, state = agree_resume(CheckpointManager(run_dir / "checkpoints", keep_last), dist, fetch)
     return Restored(choice, state, mirror)
-
-
-class AgreedCheckpoints(CheckpointManager):
-    """A rank's checkpoints while its trainer starts: `manifests()` is rank 0's listing and
-    `load_latest_good` hands over the chosen checkpoint (rank 0's state, loaded while choosing; the
-    one fetched elsewhere), so `Trainer._start` takes the same branch and step on every rank."""
-
-    def __init__(self, ckpt_dir: pathlib.Path, keep_last: int, restored: Restored) -> None:
-        super().__init__(ckpt_dir, keep_last)
-        self.choice, self._state = restored.choice, restored.state
-
-    def manifests(self) -> list[dict[str, Any]]:
-        return [dict(m) for m in self.choice.listing]
-
-    def load_latest_good(self, on_corrupt=None) -> dict[str, Any] | None:
-        for name, why in self.choice.skipped:
-            if on_corrupt:
-                on_corrupt(name, why)
-        if self.choice.name is None:
-            return None
-        state, self._state = self._state, None
-        return state if state is not None else self.load(self.choice.name)
 
 
 def rank_dir(uri: str, rank: int) -> pathlib.Path:
@@ -170,14 +109,14 @@ class RankTrainer(Trainer):
 
     def __init__(self, cfg: RunConfig, dist: Dist, restored: Restored | None = None) -> None:
         super().__init__(cfg, dist=dist)
-        if restored is not None:
-            self.ckpt = AgreedCheckpoints(self.ckpt.dir, self.ckpt.keep_last, restored)
+        self.restored = restored
 
-    def _start(self) -> None:
-        try:
-            super()._start()
-        finally:   # from here on, the rank's own folder: what it saves, prunes, rolls back to
-            self.ckpt = CheckpointManager(self.ckpt.dir, self.ckpt.keep_last)
+    def choose_start(self) -> tuple[ResumeChoice, dict[str, Any] | None]:
+        if self.restored is None:
+            return super().choose_start()
+        restored, self.restored = self.restored, None
+        state, restored.state = restored.state, None   # kept nowhere past the start
+        return restored.choice, state
 
     def apply_command(self, cmd: Command) -> Any:
         if not self.dist.enabled:
@@ -242,7 +181,7 @@ def run_rank(config: dict[str, Any], uri: str, fork_src: str | None, rank: int) 
             cfg = cfg.model_copy(update={"fork_from": str(path)})
         except Exception as e:   # counted on every rank
             err = e
-        _agree(dist, err, "fetching the fork's checkpoint")
+        dist.agree(err, "fetching the fork's checkpoint")
     print(json.dumps({"run_storage": uri.partition("?")[0], "rank": rank, "scratch": str(cfg.run_dir),
                       "resume": restored.choice.name, "skipped": [n for n, _ in restored.choice.skipped]}), flush=True)
     trainer = RankTrainer(cfg, dist, restored)
