@@ -53,14 +53,21 @@ def ledger_records(res: dict[str, Any]) -> dict[tuple[str, int], list[dict[str, 
             if r["method"] == "swarm" and isinstance(r.get("intervention_records"), list)}
 
 
+PER_ORIGIN = 8   # failing scenarios each fault origin needs (issue 35's targets)
+
+
 def failing_targets(fail: list[dict[str, Any]], by: dict[tuple[str, str, int], dict[str, Any]],
-                    runs: list[dict[str, Any]], row: Any, where: str) -> None:
+                    runs: list[dict[str, Any]], row: Any, where: str, per_origin: int = 0) -> None:
     """The targets on failing runs (`fail`: the swarm's, of one fault origin or all): success, the
-    paired worker-CPU to target against PBT and the oracle, and the compute wasted (reported)."""
-    origin = {r["scenario"]: r.get("origin") for r in fail}
+    paired worker-CPU to target against PBT and the oracle, and the compute wasted (reported).
+    `per_origin`: the failing scenarios the group needs for its success target to count."""
+    scenarios = {r["scenario"] for r in fail}
     ok = sum(bool(r.get("reached")) for r in fail)
-    row(f"success on failing scenarios >= 90%{where}", f"{ok}/{len(fail)} ({100 * ok / len(fail):.0f}%)" if fail else "no runs",
-        bool(fail) and ok / len(fail) >= 0.9)
+    short = len(scenarios) < per_origin
+    row(f"success on failing scenarios >= 90%{where}",
+        (f"{ok}/{len(fail)} ({100 * ok / len(fail):.0f}%) over {len(scenarios)} scenarios" if fail else "no runs"),
+        bool(fail) and ok / len(fail) >= 0.9 and not short,
+        f"fewer than the {per_origin} failing scenarios an origin needs" if short else "")
     c2t = [r["cpu_to_target"] for r in fail if r.get("reached")]
     for other, bound in (("pbt", 0.5), ("oracle", 1.5)):
         # paired over every failing run both methods have: a run that did not reach the target has an
@@ -84,7 +91,7 @@ def failing_targets(fail: list[dict[str, Any]], by: dict[tuple[str, str, int], d
             if r.get("sitting_of_row") and r.get("sitting_of_row") == o.get("sitting_of_row"):
                 same.append(b)
         theirs = [r["cpu_to_target"] for r in runs if r["method"] == other and r["cls"] == "failing" and r.get("reached")
-                  and r["scenario"] in origin]
+                  and r["scenario"] in scenarios]
         if not bounds:
             row(f"median worker-CPU to target <= {bound}x {other}'s (failing){where}", f"no failing run of both the swarm and {other}", None)
             continue
@@ -100,17 +107,31 @@ def failing_targets(fail: list[dict[str, Any]], by: dict[tuple[str, str, int], d
             f"infinite){of_reached}", up <= bound and (not same or median(same) <= bound),
             "met only if it holds over the pairs measured in one sitting too: the others rest on the factors between sittings"
             if same and len(same) < len(bounds) else "")
-    wasted = [float(r.get("wasted_cpu_s") or 0.0) for r in fail]
-    spent = sum(float(r.get("cpu_total") or 0.0) for r in fail)
+    have = [r for r in fail if isinstance(r.get("wasted_cpu_s"), (int, float))]
+    wasted = [float(r["wasted_cpu_s"]) for r in have]
+    spent = sum(float(r.get("cpu_total") or 0.0) for r in have)
     row(f"wasted compute reported{where}", f"{sum(wasted):.0f} of {spent:.0f} worker-CPU-s ({100 * sum(wasted) / spent:.0f}%; "
-        f"median {median(wasted):.1f} a run): rejected, no-effect and rolled-back changes, exploration that found nothing"
-        if fail and spent else "no runs", None)
+        f"median {median(wasted):.1f} a run, over the {len(have)} of {len(fail)} runs that record it): rejected, no-effect "
+        "and rolled-back changes, exploration that found nothing" if have and spent else
+        (f"not recorded by any of {len(fail)} runs" if fail else "no runs"), None)
+
+
+CRASHES = ("kill", "oom", "stall")   # fault mechanisms that end or hang the job: each may take one restart
+
+
+def crashes_of(scenario: dict[str, Any]) -> int:
+    """The injected faults of a scenario that end or hang its job: from its fault mechanisms where
+    the results name them, else from the faults' text (results written before they did)."""
+    if isinstance(scenario.get("mechanisms"), list):
+        return sum(m in CRASHES for m in scenario["mechanisms"])
+    text = scenario.get("faults") or ""
+    return text.count("SIGKILL") + text.count("hang ") + text.count("out of memory")
 
 
 def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     runs = res["runs"]
     by = {(r["scenario"], r["method"], r["seed"]): r for r in runs}
-    faults = {s["name"]: s.get("faults") or "" for s in res["scenarios"]}
+    scenarios = {s["name"]: s for s in res["scenarios"]}
     sw = [r for r in runs if r["method"] == "swarm"]
     rows: list[dict[str, Any]] = []
 
@@ -118,11 +139,14 @@ def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, A
         rows.append({"target": target, "measured": measured, "met": met, "note": note})
 
     fail = [r for r in sw if r["cls"] == "failing"]
-    origins = sorted({r["origin"] for r in fail if r.get("origin")})
-    # generator v5: the failing targets hold in each fault origin; older suites have one group
-    for origin in origins or [None]:
-        group = [r for r in fail if origin is None or r.get("origin") == origin]
-        failing_targets(group, by, runs, row, f" [{origin}]" if origin else "")
+    # generator v5: the failing targets hold in each fault origin; a suite without origins is one
+    # group, and a run without one among runs with one is a group of its own, never dropped
+    if any(r.get("origin") for r in fail):
+        for origin in sorted({r.get("origin") or "unknown" for r in fail}):
+            group = [r for r in fail if (r.get("origin") or "unknown") == origin]
+            failing_targets(group, by, runs, row, f" [{origin}]", per_origin=PER_ORIGIN)
+    else:
+        failing_targets(fail, by, runs, row, "")
     mild = [(r, by.get((r["scenario"], "plain", r["seed"]))) for r in sw if r["cls"] == "mild"]
     ratios = [r["cpu_total"] / p["cpu_total"] for r, p in mild if p and p.get("cpu_total")]
     row("mild scenarios: <= 1.1x plain's worker CPU", f"median {median(ratios):.2f}x over {len(ratios)} runs "
@@ -151,7 +175,7 @@ def measure(res: dict[str, Any], records: dict[tuple[str, int], list[dict[str, A
         + ("" if have else ": no swarm run's records to read"), (retries == 0) if have else None)
     over = []
     for r in sw:
-        crashes = faults.get(r["scenario"], "").count("SIGKILL") + faults.get(r["scenario"], "").count("hang ")
+        crashes = crashes_of(scenarios.get(r["scenario"]) or {})
         if (r.get("restarts") or 0) > crashes:
             over.append(f"{r['scenario']} s{r['seed']}: {r['restarts']} restarts, {crashes} injected")
     row("restarts <= 1 per injected crash or stall", f"{len(over)} runs over" + (f": {'; '.join(over)}" if over else ""),

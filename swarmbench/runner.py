@@ -620,6 +620,7 @@ class Bench:
             f = self.cal_factor(c, speeds) if c else 1.0
             out.append({"name": s.name, "path": s.path, "hash": s.content_hash, "family": s.family,
                         "faults": "; ".join(f"{f.get('what')} @ step {f.get('at_step')}" for f in s.faults) or "none",
+                        "mechanisms": [f.get("mechanism") or f.get("name") for f in s.faults],
                         "fix_in_space": s.fix_in_space, "cls": c.cls if c else None, "target": c.target if c else None,
                         "budget": c.scaled(f)[0] if c else None,
                         "healthy_cpu_to_target": c.healthy_cpu_to_target * f if c and c.healthy_cpu_to_target else None,
