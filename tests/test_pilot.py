@@ -428,6 +428,15 @@ def test_the_winners_checkpoint_starts_the_run(tmp_path):
     summary = Trainer(cfg.model_copy(update={"name": "train2"})).run(until=last + 2)
     rows = [r["step"] for r in read_jsonl(tmp_path / "runs" / "train2" / "metrics.jsonl") if not r.get("final")]
     assert rows == [last + 1, last + 2] and summary["step"] == last + 2
+    # a source whose `init` does not verify: the run goes on without one, and says so
+    init_pt = pathlib.Path(res.checkpoint).parent / "init.pt"
+    init_pt.write_bytes(init_pt.read_bytes()[:-10])
+    t3 = Trainer(cfg.model_copy(update={"name": "train3"}))
+    t3._start()
+    assert "init" not in {m["name"] for m in t3.ckpt.manifests()}
+    events = read_jsonl(tmp_path / "runs" / "train3" / "events.jsonl")
+    assert any(e["event"] == "checkpoint_corrupt" and e.get("name") == "init" for e in events), events
+    t3.close()
 
     other = cfg.model_copy(update={"name": "other", "model": cfg.model.model_copy(update={"d_model": 48})})
     with pytest.raises(ConfigError, match="does not fit this run's model"):

@@ -244,6 +244,12 @@ class RunConfig(_Strict):
     def run_dir(self) -> pathlib.Path:
         return pathlib.Path(self.out_dir) / self.name
 
+    @property
+    def keeps_fork_init(self) -> bool:
+        """A full fork with checkpoints on keeps its source's untrained `init` as its own
+        (`trainer.loop.Trainer.inherit_init`; a job with run storage fetches it with the checkpoint)."""
+        return bool(self.fork_from) and self.fork_mode == "full" and bool(self.checkpoint.interval)
+
     @classmethod
     def from_yaml(cls, path: str | pathlib.Path) -> "RunConfig":
         return cls.parse(load_yaml(path, "config file") or {})

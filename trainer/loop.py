@@ -428,7 +428,7 @@ class Trainer:
                            kernels_reason=self._kernel_reason, world=self.dist.world)
             if resumed is None and not self.cfg.fork_from and self.cfg.checkpoint.interval and self.step == 0:
                 self.save(INIT_CHECKPOINT)   # the untrained start: a run that never learnt restarts from it
-            elif resumed is None and self.cfg.fork_from and self.cfg.fork_mode == "full" and self.cfg.checkpoint.interval:
+            elif resumed is None and self.cfg.keeps_fork_init:
                 self.inherit_init(pathlib.Path(self.cfg.fork_from))
 
     def inherit_init(self, source: pathlib.Path) -> None:
@@ -442,7 +442,9 @@ class Trainer:
             return
         try:
             st = CheckpointManager(source.parent).load(INIT_CHECKPOINT)
-        except CheckpointError:
+        except CheckpointError as e:   # the run goes on without one: a fix that starts over has no untrained start
+            self.log.event("checkpoint_corrupt", self.step, name=INIT_CHECKPOINT, error=str(e),
+                           inherited_from=str(source.parent))
             return
         harness = self.cfg.harness.model_dump(mode="json")
         st.update(recipe=self.cfg.recipe.model_dump(mode="json"), harness=harness, shown=harness, faults={})

@@ -176,7 +176,7 @@ def run_rank(config: dict[str, Any], uri: str, fork_src: str | None, rank: int) 
     if fork_src and cfg.fork_from and not restored.choice.listing:   # `Trainer._start` forks only then
         err = None
         try:
-            with_init = dist.is_main and cfg.fork_mode == "full" and bool(cfg.checkpoint.interval)
+            with_init = dist.is_main and cfg.keeps_fork_init
             path = fetch_checkpoint(fork_src, pathlib.PurePath(cfg.fork_from).stem, root / ".fork", with_init=with_init)
             cfg = cfg.model_copy(update={"fork_from": str(path)})
         except Exception as e:   # counted on every rank

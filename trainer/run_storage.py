@@ -389,8 +389,7 @@ def main(argv: list[str]) -> int:
     upd: dict[str, Any] = {"out_dir": str(scratch)}
     if fork_src and cfg.fork_from:
         name = pathlib.PurePath(cfg.fork_from).stem
-        with_init = cfg.fork_mode == "full" and bool(cfg.checkpoint.interval)
-        upd["fork_from"] = str(fetch_checkpoint(fork_src, name, scratch / ".fork", with_init=with_init))
+        upd["fork_from"] = str(fetch_checkpoint(fork_src, name, scratch / ".fork", with_init=cfg.keeps_fork_init))
     cfg = cfg.model_copy(update=upd)
     mirror = JobMirror(cfg.run_dir, open_storage(uri), private=scratch / ".perturb" / f"{cfg.name}.json")
     got = mirror.restore()
