@@ -171,9 +171,10 @@ def N(c: str, heldout: float, loss: float, se: float, rung: int = 0) -> RungResu
 @pytest.mark.parametrize("a, b, n, level", [
     (0.0, 0.0, 100, True),        # nothing solved by either: no evidence
     (0.01, 0.0, 100, True),       # one example of 100
-    (0.2, 0.1, 100, True),        # 2 standard errors are 0.101 here
+    (0.2, 0.1, 100, True),        # 2 standard errors are 0.20 here (binomial 0.10, 4x the variance between seeds)
     (0.4, 0.1, 100, False),
     (0.2, 0.1, 1000, False),      # the same gap over ten times the examples
+    (0.65, 0.48, 100, True),      # seeds of one sort candidate at 84 steps ranged 0.48-0.76 (pilot_noise.md)
     (0.2, 0.1, None, False),      # the evaluation's size unknown: every difference counts
     (0.2, 0.2, None, True),
 ])
@@ -188,13 +189,16 @@ def by_measurement(results, order, n):
 def test_results_the_measurements_cannot_tell_apart_keep_the_prior_order():
     prior = ("plan", "hi_lr", "small")
     # held-out 0 everywhere; the higher lr's loss is lower, but within 2 standard errors: the plan's first
-    flat = [N("hi_lr", 0.0, 1.52, 0.01), N("small", 0.0, 1.60, 0.01), N("plan", 0.0, 1.53, 0.01)]
+    flat = [N("hi_lr", 0.0, 1.52, 0.01), N("small", 0.0, 2.00, 0.01), N("plan", 0.0, 1.53, 0.01)]
     assert [r.candidate for r in by_measurement(flat, prior, 100)] == ["plan", "hi_lr", "small"]
-    # the same losses measured ten times as precisely: the lower loss leads, the rest by loss
-    sharp = [dataclasses.replace(r, loss_se=0.001) for r in flat]
-    assert [r.candidate for r in by_measurement(sharp, prior, 100)] == ["hi_lr", "plan", "small"]
+    # however precisely one run measured them: seeds move a loss by more (LOSS_SPREAD)
+    sharp = [dataclasses.replace(r, loss_se=0.0001) for r in flat]
+    assert [r.candidate for r in by_measurement(sharp, prior, 100)] == ["plan", "hi_lr", "small"]
+    # a lower loss beyond that leads
+    apart = [N("hi_lr", 0.0, 1.20, 0.01), N("small", 0.0, 2.00, 0.01), N("plan", 0.0, 1.53, 0.01)]
+    assert [r.candidate for r in by_measurement(apart, prior, 100)] == ["hi_lr", "plan", "small"]
     # accuracy beyond its noise leads whatever the loss
-    acc = [N("hi_lr", 0.05, 1.2, 0.001), N("small", 0.45, 1.9, 0.001), N("plan", 0.3, 1.5, 0.001)]
+    acc = [N("hi_lr", 0.05, 1.2, 0.001), N("small", 0.65, 1.9, 0.001), N("plan", 0.3, 1.5, 0.001)]
     assert [r.candidate for r in by_measurement(acc, prior, 100)][0] == "small"
     # unknown noise (no eval size, no loss error): the old strict order, accuracy then loss then order
     strict = [N("hi_lr", 0.2, 1.52, math.nan), N("small", 0.1, 1.0, math.nan), N("plan", 0.2, 1.53, math.nan)]
@@ -213,12 +217,14 @@ def test_the_tiers_below_the_first_keep_the_prior_too():
 
 
 def test_a_rise_within_the_noise_is_no_curve():
-    """0.78 -> 0.84 over 100 examples is within two standard errors (~0.10): no prediction, so
-    it does not jump ahead of a candidate level with it; over 1000 examples it is a curve."""
+    """0.78 -> 0.84 over 100 examples is within two standard errors (~0.21 with the spread between
+    seeds): no prediction, so it does not jump ahead of a candidate level with it; 0.70 -> 0.84
+    over 1000 examples (~0.08) is a curve."""
     rows = [R("x", 0, .78, cpu=2), R("x", 1, .84, cpu=2)]
     assert predict(rows, "x", 0.9, eval_size=100).steps is None
     assert "beyond its noise" in predict(rows, "x", 0.9, eval_size=100).why
-    assert predict(rows, "x", 0.9, eval_size=1000).steps is not None
+    assert predict(rows, "x", 0.9, eval_size=1000).steps is None
+    assert predict([R("x", 0, .70, cpu=2), R("x", 1, .84, cpu=2)], "x", 0.9, eval_size=1000).steps is not None
     s = Schedule(("x", "plan"), 10, 100.0, threshold=0.9, eval_size=100, prior=("plan", "x"))
     table = [N("x", .78, 1.0, .01), N("plan", .86, 1.0, .01), N("x", .84, 1.0, .01, rung=1),
              N("plan", .84, 1.0, .01, rung=1)]
