@@ -430,6 +430,19 @@ def test_the_winners_checkpoint_starts_the_run(tmp_path):
     assert own["recipe"] == cfg.recipe.model_dump(mode="json")
     assert t.ckpt.load_latest_good()["step"] == last
     t.close()
+    # restarted before a checkpoint of its own: it goes on from the fork again, not from the
+    # untrained start it keeps for fixes that start over
+    again = Trainer(cfg)
+    again._start()
+    assert again.step == last and all(torch.equal(again.policy.model.state_dict()[k], saved["model"][k]) for k in model)
+    again.close()
+    # and when none of its own checkpoints verifies, it goes on from the fork, not from random weights
+    for pt in (tmp_path / "runs" / "train" / "checkpoints").glob("*.pt"):
+        pt.write_bytes(pt.read_bytes()[:-10])
+    torn = Trainer(cfg)
+    torn._start()
+    assert torn.step == last and all(torch.equal(torn.policy.model.state_dict()[k], saved["model"][k]) for k in model)
+    torn.close()
     # the run trains on from the winner's step: its first metrics row is the step after it
     summary = Trainer(cfg.model_copy(update={"name": "train2"})).run(until=last + 2)
     rows = [r["step"] for r in read_jsonl(tmp_path / "runs" / "train2" / "metrics.jsonl") if not r.get("final")]

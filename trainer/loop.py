@@ -414,7 +414,7 @@ class Trainer:
             self.load_state(st)
             self.segment += 1
             resumed = self.step
-        elif not choice.listing and self.cfg.fork_from:
+        elif self.cfg.fork_from:   # none of its own verifies (or it has none): where it started
             self.fork(pathlib.Path(self.cfg.fork_from))
         if self.ref_state is None and (self.recipe.algorithm == "grpo" or self.recipe.kl_coef > 0):
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())

@@ -173,7 +173,7 @@ def run_rank(config: dict[str, Any], uri: str, fork_src: str | None, rank: int) 
     dist = Dist()
     restored = restore_rank(cfg.run_dir, open_storage(uri), dist, cfg.checkpoint.keep_last,
                             private=root / ".perturb" / f"{cfg.name}.json")
-    if fork_src and cfg.fork_from and not restored.choice.listing:   # `Trainer._start` forks only then
+    if fork_src and cfg.fork_from and restored.choice.name is None:   # `Trainer._start` forks only then
         err = None
         try:
             with_init = dist.is_main and cfg.keeps_fork_init
