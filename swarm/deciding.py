@@ -22,12 +22,12 @@ from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, Int
 from agents.evidence import is_eval_row
 from agents.operators import config_fields, eval_series, inconclusive, never_learnt, progress_since, rollback_stake
 from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for, start_over
-from swarm.decisions import (BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, assign_risk, corroborated_by, outlook,
-                             persistence, plan, rate_var, retry_horizon, run_looks, schedule, try_share, smaller_step,
-                             worth_verifying)
+from swarm.decisions import (BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
+                             corroborated_by, outlook, persistence, plan, rate_var, retry_horizon, run_looks, schedule,
+                             smaller_step, try_share, worth_verifying)
 from swarm.judging import Control, Kept, Pending, RolledBack, Window, judge, restart_hold, wasted
 from trainer.config import get_dotted
-from trainer.runlog import INIT_CHECKPOINT
+from trainer.runlog import INIT_CHECKPOINT, read_heartbeat
 
 FORK_TRIES = 3   # ticks on which a backtest's fork checkpoint is asked for before the proposal is dropped
 
@@ -89,9 +89,15 @@ class Deciding:
         return {**config_fields("recipe", self.ws.current_recipe()), **config_fields("harness", self.ws.current_harness())}
 
     def verify_steps(self) -> int:
-        """Training steps a backtest's arms cost: a candidate and a control per seed, over the horizon."""
+        """Live training steps a backtest's arms cost: a candidate and a control per seed over the
+        horizon, each arm-step at what this run's finished backtests measured it to cost in steps of
+        the live job's current process (swarm.decisions.arm_step_cost: an arm's start, fork and
+        evaluation included; the heartbeat's CPU over the steps since the process started)."""
         bt = self.goal.swarm.backtest
-        return 2 * len(bt.seeds) * bt.horizon_steps
+        hb = read_heartbeat(self.run_dir) or {}
+        steps = int(hb.get("step") or 0) - int(hb.get("since_step") or hb.get("step") or 0)   # this segment's
+        cost = arm_step_cost([iv.backtest for iv in self.store.list()], float(hb.get("cpu_s") or 0.0), steps)
+        return round(2 * len(bt.seeds) * bt.horizon_steps * cost)
 
     def too_far_back(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:
         """Why a departure's rollback goes only as far as its edit now (None: it rolls back): the

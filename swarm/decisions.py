@@ -49,6 +49,7 @@ The statistical rule (`decide`, and `judge` with the same posterior):
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Union
 
@@ -275,6 +276,19 @@ def corroborated_by(diagnosis: Any, findings: list[Any]) -> str | None:
         if d.name in DEPARTURE and isinstance(since, (int, float)) and isinstance(onset, (int, float)) and since <= onset:
             return d.name
     return None
+
+
+def arm_step_cost(backtests: list[Any], live_cpu_s: float, live_step: int) -> float:
+    """What one training step of a backtest arm costs in steps of the live job, measured on this
+    run: the median over its finished backtests of their worker CPU per arm-step (`cpu_s` over 2 ×
+    seeds × horizon), divided by the live job's CPU per step. An arm pays its start, its fork and
+    its closing evaluation on top of its steps, which counting its steps alone leaves out. 1.0
+    (never less) until a backtest and the live job have both been measured."""
+    per = [b.cpu_s / (2 * len(b.seeds) * b.horizon_steps) for b in backtests
+           if b is not None and b.cpu_s and b.seeds and b.horizon_steps]
+    if not per or live_cpu_s <= 0 or live_step <= 0:
+        return 1.0
+    return max(1.0, statistics.median(per) / (live_cpu_s / live_step))
 
 
 def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,

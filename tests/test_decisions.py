@@ -453,3 +453,20 @@ def test_a_fix_retried_after_inconclusive_gains_gets_a_longer_horizon(before, wa
     from swarm.decisions import retry_horizon
 
     assert retry_horizon(40, before) == want
+
+
+def test_an_arm_step_costs_what_this_runs_backtests_measured_in_live_steps():
+    """Verifying a fix costs its arms' steps, each at what the run's finished backtests paid per
+    arm-step (start, fork and evaluation included) over the live job's CPU per step; never less
+    than one live step, and one until both are measured."""
+    from types import SimpleNamespace as B
+
+    from swarm.decisions import arm_step_cost
+
+    bts = [B(cpu_s=45.0, seeds=[0], horizon_steps=60), B(cpu_s=90.0, seeds=[0, 1], horizon_steps=60), None,
+           B(cpu_s=None, seeds=[0], horizon_steps=60)]
+    # 45 / 120 = 0.375 CPU-s an arm-step, both measured; the live job 0.176 a step: 2.13 live steps
+    assert arm_step_cost(bts, live_cpu_s=17.6, live_step=100) == pytest.approx(0.375 / 0.176)
+    assert arm_step_cost(bts, live_cpu_s=100.0, live_step=100) == 1.0          # arms cheaper: never below one
+    assert arm_step_cost([], live_cpu_s=17.6, live_step=100) == 1.0
+    assert arm_step_cost(bts, live_cpu_s=0.0, live_step=0) == 1.0

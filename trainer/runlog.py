@@ -444,8 +444,12 @@ class RunLog:
         self.events.write({"time": time.time(), "step": step, "event": kind, **data})
 
     def heartbeat(self, step: int, state: str, **data: Any) -> None:
+        """The process's liveness: its step and state, its CPU so far (`cpu_s`) and the step it
+        started at (`since_step`: its CPU per step is cpu_s / (step - since_step))."""
+        if getattr(self, "_since_step", None) is None:
+            self._since_step = step
         row = {"time": time.time(), "pid": os.getpid(), "step": step, "state": state,
-               "cpu_s": process_cpu_seconds(), **data}
+               "cpu_s": process_cpu_seconds(), "since_step": self._since_step, **data}
         atomic_write_text(self.dir / "heartbeat.json", json.dumps(_clean(row)), durable=False)
 
     def close(self) -> None:
