@@ -7,10 +7,8 @@ from the same checkpoint, on the same data?
 For each seed, two arms fork the live run's checkpoint with `fork_mode: state` (weights,
 optimiser, data cursor, the run's current recipe and harness, and the data faults it trains
 under — the trainer's fork carries them; the controller never hands any fault to an arm): the
-control keeps them, the candidate applies the intervention's changes. Both train with the same
-seed (hence the same data and sampling stream) on the same amount of data, and end with a held-out
-eval: the control `horizon_steps`, the candidate as many steps as train on what those do
-(`equal_compute_horizon`: fewer when the change enlarges the batch or the GRPO group).
+control keeps them, the candidate applies the intervention's changes. Both train `horizon_steps`
+with the same seed (hence the same data and sampling stream) and end with a held-out eval.
 A rollback's candidate forks the checkpoint it rolls back to.
 
 Also here: `check_change` (the validation the live trainer applies to a change, run before any
@@ -32,7 +30,6 @@ from agents.domain import BacktestResult, Intervention, JobStatus
 from harness import changes as hc
 from swarm.decisions import RETRY_DOUBLINGS, ArmScore, Decision, Pair, Rule, Validated, retry_horizon
 from swarm.jobs import Jobs
-from trainer.config import Recipe
 from trainer.run_storage import release, sync_run
 from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
 
@@ -45,37 +42,6 @@ def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: i
     return {**cfg, "name": name, "out_dir": out_dir, "seed": seed, "fork_from": ckpt, "fork_mode": "state",
             "fork_overrides": overrides, "checkpoint": {"interval": 0, "keep_last": 1}, "samples_per_step": 1,
             "perturbations": []}
-
-
-# recipe fields whose product is the examples (SFT) or completions (GRPO, distill) a step trains on:
-# what a step costs, to first order
-STEP_SIZE_FIELDS = {"sft": ("recipe.batch_size",), "grpo": ("recipe.batch_size", "recipe.group_size"),
-                    "distill": ("recipe.batch_size", "recipe.group_size")}
-
-
-def step_size(recipe: dict[str, Any], changes: dict[str, Any] | None = None) -> float | None:
-    """What one step trains on (examples, or completions sampled) under `recipe` with `changes`
-    applied; None when the recipe does not say."""
-    algo = (changes or {}).get("recipe.algorithm", recipe.get("algorithm") or "sft")
-    size = 1.0
-    for f in STEP_SIZE_FIELDS.get(algo, ("recipe.batch_size",)):
-        v = (changes or {}).get(f, recipe.get(f.split(".", 1)[1], Recipe.model_fields[f.split(".", 1)[1]].default))
-        if not isinstance(v, (int, float)) or v <= 0:
-            return None
-        size *= float(v)
-    return size
-
-
-def equal_compute_horizon(base: dict[str, Any], changes: dict[str, Any], horizon: int) -> int:
-    """The candidate arm's steps that train on what the control's `horizon` steps do, when the
-    change alters what a step trains on (`step_size`: the batch, the GRPO group): arms compared at
-    equal steps would credit a larger batch with the extra examples it was given, and a smaller
-    one would pay for the ones it was not. Otherwise `horizon`."""
-    recipe = base.get("recipe") or {}
-    before, after = step_size(recipe), step_size(recipe, changes)
-    if before is None or after is None or before == after:
-        return horizon
-    return max(1, round(horizon * before / after))
 
 
 def rollback_horizon(horizon: int, start: int, live: int) -> int:
@@ -270,8 +236,7 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
         for arm, changes in (("candidate", iv.changes), ("control", {})):
             name = f"bt-{iv.id}{label}-{arm}-s{seed}"
             fork, at = (candidate_ckpt, candidate_step) if arm == "candidate" and candidate_ckpt else (ckpt, step)
-            steps = equal_compute_horizon(base_config, changes, horizon)
-            cfg = arm_config(base_config, name, str(workdir), fork, seed, at or 0, steps, eval_size, changes)
+            cfg = arm_config(base_config, name, str(workdir), fork, seed, at or 0, horizon, eval_size, changes)
             path = config_dir / f"{name}.yaml"
             left = leftover_arm(workdir / name, path)   # after a controller restart: reuse, don't rerun
             if left is None:
