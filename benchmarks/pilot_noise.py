@@ -2,10 +2,10 @@
 candidate's held-out accuracy and of its mean training loss over the rung's last steps, against
 what one run measures of its own noise (the binomial error of its accuracy; the standard error of
 its loss tail). The pilot's ranking (swarm/pilot_search.py) adds the spread beyond those to its
-`acc_level` / `loss_level` tests; this is where PILOT_ACC_SPREAD and PILOT_LOSS_SPREAD come from.
+`acc_level` / `loss_level` tests; this is where ACC_OVERDISPERSION and LOSS_SPREAD come from.
 
     python benchmarks/pilot_noise.py --goals addition sort --candidates d128-L3-lr0.003 d192-L4-lr0.003 \
-        --steps 112 84 --seeds 4 [--workdir DIR] [--out benchmarks/results/pilot_noise]
+        --steps 112 84 --seeds 5 [--workdir DIR] [--out benchmarks/results/pilot_noise]
 
 For each goal (examples/goals/minimal/<goal>.yaml) the pilot runs once (`swarm.pilot.pilot`, seed
 0, its own schedule) to write each candidate's config; then each named candidate trains again from

@@ -26,9 +26,13 @@ binomial error and loss-tail standard error leave out how much the same candidat
 another initialisation and data order. Measured (benchmarks/results/pilot_noise.md: two
 candidates on two tasks, five seeds each), held-out accuracy near 0.65 on sort varied between
 seeds with 2.4 and 5.8 times its binomial variance (standard deviations 0.07 and 0.11 over 100
-examples, where one run's binomial error is 0.05), and the loss-tail mean by 2.8–7.1% of the loss
-beyond one run's standard error, 2–4 times that error; so accuracy's variance here is the binomial
-one times ACC_OVERDISPERSION (4) and the loss's has LOSS_SPREAD (3.5%) of each loss added. On that
+examples, where one run's binomial error is 0.05; with five seeds each ratio is uncertain by a
+factor of several), while addition's accuracies near 0 varied no more than binomially (0.2 and 0.7
+times); the loss-tail mean varied by 2.8–7.1% of the loss beyond one run's standard error (0.7 to
+3.6 times that error). So accuracy's variance between two candidates is the binomial one times
+ACC_OVERDISPERSION (4, from the two rows where accuracy moved) and the loss's has LOSS_SPREAD
+(3.5%, the median of four) of each loss added. A rise of one run's accuracy between two rungs is
+tested against the binomial error alone (`predict`): it is the same run on the same examples. On that
 measurement, one seed's sort pilot that kept d_model 192 for its 0.64 against d_model 128's 0.48
 compared two candidates whose five-seed means are 0.64 and 0.66. The accuracy test treats two candidates'
 evaluations as independent although they score the same held-out examples (a paired test would
@@ -55,7 +59,8 @@ LOSS_TAIL = 10                # training rows at the end of a rung whose mean lo
 EXTRAPOLATE_MAX = 8           # a prediction reaches at most this many times the winner's steps (3 doublings)
 LEVEL_Z = 2.0                 # a measured difference within this many standard errors is no evidence
 # the spread between seeds that one run's own error leaves out (benchmarks/results/pilot_noise.md):
-ACC_OVERDISPERSION = 4.0      # held-out accuracy's variance between seeds ÷ its binomial variance (measured 2.4, 5.8)
+ACC_OVERDISPERSION = 4.0      # held-out accuracy's variance between seeds ÷ its binomial variance (measured 2.4 and
+                              # 5.8 where accuracy moved, 0.2 and 0.7 near 0)
 LOSS_SPREAD = 0.035           # the loss-tail mean's spread between seeds beyond its standard error, a share of the
                               # loss (measured 0.028-0.071, median 0.035)
 
@@ -215,17 +220,18 @@ def _measured(r: RungResult, order: tuple[str, ...]) -> tuple[float, float, int]
     return -_acc(r), _loss(r), order.index(r.candidate)
 
 
-def acc_level(a: float, b: float, n: int | None) -> bool:
+def acc_level(a: float, b: float, n: int | None, between_seeds: bool = True) -> bool:
     """Whether held-out accuracies `a` and `b`, each over `n` examples, differ by no more than
     LEVEL_Z standard errors of their difference: binomial, times ACC_OVERDISPERSION for what
-    differs between seeds (n None: only when equal; a non-finite accuracy is level only with
-    another)."""
+    differs between seeds when they are two runs' (`between_seeds`; not for two evaluations of
+    one run) (n None: only when equal; a non-finite accuracy is level only with another)."""
     if not (math.isfinite(a) and math.isfinite(b)):
         return not (math.isfinite(a) or math.isfinite(b))
     if n is None:
         return a == b
     p = (a + b) / 2
-    return abs(a - b) <= LEVEL_Z * math.sqrt(ACC_OVERDISPERSION * p * (1 - p) * 2 / n)
+    phi = ACC_OVERDISPERSION if between_seeds else 1.0
+    return abs(a - b) <= LEVEL_Z * math.sqrt(phi * p * (1 - p) * 2 / n)
 
 
 def loss_level(a: RungResult, b: RungResult) -> bool:
@@ -295,11 +301,11 @@ def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | St
                                           if done else None)
             if spent >= schedule.budget_cpu_s:
                 return Stop(best, rung, "budget", f"the budget is spent ({spent:.1f} of {schedule.budget_cpu_s:.1f} "
-                            f"CPU-s) with {len(todo)} of {len(alive)} runs of rung {rung} left")
+                            f"CPU-s) with {len(todo)} of {len(alive)} runs of rung {rung} left{level}")
             est = _estimate(results, cand, steps, rung)
             if est is not None and spent + est > schedule.budget_cpu_s and best is not None:
                 return Stop(best, rung, "budget", f"the next run ({cand} to {steps} steps, about {est:.1f} CPU-s) would "
-                            f"pass the budget ({spent:.1f} of {schedule.budget_cpu_s:.1f} CPU-s spent)")
+                            f"pass the budget ({spent:.1f} of {schedule.budget_cpu_s:.1f} CPU-s spent){level}")
             why = "rung 0: every candidate" if rung == 0 else f"the better {len(alive)} of rung {rung - 1}"
             return Promote(rung, steps, cand, why)
         if len(alive) == 1:
@@ -343,8 +349,9 @@ class Prediction:
 def predict(results: Iterable[RungResult], winner: str, threshold: float, strict: bool = False,
             eval_size: int | None = None) -> Prediction:
     """Steps and CPU-s to held-out accuracy `threshold` (`> threshold` when `strict`) from the
-    winner's rung ends (module docstring); with `eval_size`, a rise within the noise of two
-    accuracies over that many examples (`acc_level`) is no curve."""
+    winner's rung ends (module docstring); with `eval_size`, a rise within the binomial noise of
+    two accuracies over that many examples (`acc_level` of one run: no spread between seeds) is no
+    curve."""
     method = "held-out accuracy linear in log2(steps) through the winner's last two rung ends"
     own = sorted((r for r in results if r.candidate == winner), key=lambda r: r.steps)
     if not own:
@@ -357,7 +364,7 @@ def predict(results: Iterable[RungResult], winner: str, threshold: float, strict
         return Prediction(None, None, per_step, method, "the winner ran one rung: one point is no curve")
     (s0, a0), (s1, a1) = (own[-2].steps, own[-2].heldout), (own[-1].steps, own[-1].heldout)
     b = (a1 - a0) / (math.log2(s1) - math.log2(s0))
-    if b <= 0 or acc_level(a0, a1, eval_size):
+    if b <= 0 or acc_level(a0, a1, eval_size, between_seeds=False):
         return Prediction(None, None, per_step, method, f"held-out accuracy did not rise {'' if b <= 0 else 'beyond its noise '}"
                           f"over the winner's last rungs ({a0:.3f} at {s0} steps, {a1:.3f} at {s1}): too short a pilot "
                           "to extrapolate")

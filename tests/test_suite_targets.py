@@ -59,7 +59,7 @@ def test_each_target_is_measured_from_the_runs_and_the_records(tmp_path):
     assert rows["healthy runs: no applied intervention on >= 95%"]["measured"] == "0/1"
     assert rows["zero interventions kept without a measured gain"]["measured"].startswith("1 of 2 kept")
     assert rows["zero retries of a refused change"]["measured"].startswith("1 ")
-    assert "f1 s0: 2 restarts, 1 injected" in rows["restarts <= 1 per injected crash or stall"]["measured"]
+    assert "f1 s0: 2 restarts, 1 injected" in rows["restarts <= 1 per injected crash, stall or slow worker"]["measured"]
     # without any swarm run's records the targets read from them are not measured, not met
     bare = {r["target"]: r for r in suite_targets.measure(results(), {})}
     for t in ("zero interventions kept without a measured gain", "zero retries of a refused change"):
@@ -128,8 +128,10 @@ def test_crashes_are_counted_from_the_fault_mechanisms():
     """An out-of-memory fault ends the job like a kill: each may take one restart. Results that name
     the mechanisms are read by them; older ones by the faults' text."""
     assert suite_targets.crashes_of({"mechanisms": ["kill", "oom", "label_noise"], "faults": "SIGKILL @ step 80"}) == 2
+    assert suite_targets.crashes_of({"mechanisms": ["slow_worker", "corrupt_checkpoint"]}) == 1   # a restart fixes it
+    assert suite_targets.crashes_of({"faults": "every step 0.2 s slower @ step 60"}) == 1
     assert suite_targets.crashes_of({"faults": "SIGKILL @ step 80; out of memory while recipe.batch_size > 32 @ step 90"}) == 2
     res = results()
     res["scenarios"][0] = {"name": "f1", "faults": "x", "mechanisms": ["kill", "oom"]}
     rows = {r["target"]: r for r in suite_targets.measure(res, {})}
-    assert rows["restarts <= 1 per injected crash or stall"]["measured"] == "0 runs over"
+    assert rows["restarts <= 1 per injected crash, stall or slow worker"]["measured"] == "0 runs over"

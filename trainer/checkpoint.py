@@ -111,9 +111,9 @@ class CheckpointManager:
         """(manifest, state) of the newest checkpoint of `manifests` (default: this folder's, in the
         order written) that loads and verifies; (None, None) when none does."""
         for m in reversed(self.manifests() if manifests is None else manifests):
-            try:
-                return m, self.load(m["name"])
-            except (CheckpointError, OSError, RuntimeError, EOFError) as e:
+            try:   # against the hash listed: a file written again since the listing is not what was chosen
+                return m, self.load(m["name"], sha256=m.get("sha256"))
+            except (CheckpointError, OSError, RuntimeError, EOFError, ValueError) as e:
                 if on_corrupt:
                     on_corrupt(m["name"], str(e))
         return None, None
