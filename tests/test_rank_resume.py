@@ -20,7 +20,8 @@ On a shared folder (no run storage: `trainer.launch.run_ray_train`, a plain `Tra
 - the newest checkpoint torn for rank 0 only: both resume from the one before it;
 - a newer checkpoint that only rank 1 lists: both resume from rank 0's newest;
 - the newest checkpoint torn for rank 1 only: both raise `ResumeError`;
-- one real shared folder, with checkpoints and without: both start at the same step.
+- one real shared folder, with checkpoints and without: both start at the same step;
+- a fresh fork whose source reads torn on rank 1 only: both raise `ResumeError`.
 
 The workers run this file as a script: `python tests/test_rank_resume.py RANK WORLD PORT SPEC OUT`.
 About a minute (three pairs of processes importing torch).
@@ -133,6 +134,8 @@ def _worker(rank: int, world: int, port: int, spec: str, out: str) -> None:
     res = {name: run_scenario(s["cfg"], uris[rank], pathlib.Path(out) / f"rank{rank}" / name / "train", dist)
            for name, uris in s.get("storage", {}).items()}
     res.update({name: start_shared(s["cfg"], pathlib.Path(views[rank]), dist) for name, views in s.get("shared", {}).items()})
+    res.update({name: start_shared({**s["cfg"], "fork_from": forks[rank][1], "fork_mode": "full"}, pathlib.Path(forks[rank][0]), dist)
+                for name, forks in s.get("shared_fork", {}).items()})
     if "fork" in s:
         res["fork"] = fork_rank(s["fork"], rank)
     pathlib.Path(out).mkdir(parents=True, exist_ok=True)
@@ -262,6 +265,12 @@ def test_on_a_shared_folder_every_rank_resumes_from_rank_0s_choice(tmp_path, mak
     digest = {n: weights_digest(torch.load(src / f"{n}.pt", weights_only=False)["model"]) for n in CKPTS}
     v = tmp_path / "views"
     (v / "empty").mkdir(parents=True)
+    torn_dir = tmp_path / "torn_src"
+    torn_dir.mkdir()
+    for suffix in (".pt", ".json"):
+        shutil.copy(src / f"step_0000002{suffix}", torn_dir / f"step_0000002{suffix}")
+    _tear(torn_dir / "step_0000002.pt")
+    torn_src = str(torn_dir / "step_0000002.pt")
     r0, r1 = _run_ranks(tmp_path, {"cfg": RunConfig.parse(cfg).model_dump(mode="json"), "shared": {
         # step 3 half-written as rank 0 reads it, whole as rank 1 does (NFS while it is written)
         "torn_for_rank_0": [_view(v / "a0", src, CKPTS[:4], torn="step_0000003"), _view(v / "a1", src, CKPTS[:4])],
@@ -270,7 +279,9 @@ def test_on_a_shared_folder_every_rank_resumes_from_rank_0s_choice(tmp_path, mak
         # the checkpoint rank 0 chose reads torn on rank 1
         "torn_for_rank_1": [_view(v / "c0", src, CKPTS[:4]), _view(v / "c1", src, CKPTS[:4], torn="step_0000003")],
         "one_folder": [_view(v / "d", src, CKPTS[:3])] * 2,
-        "one_empty_folder": [str(v / "empty")] * 2}})
+        "one_empty_folder": [str(v / "empty")] * 2},
+        # a fresh fork whose source reads torn on rank 1 only
+        "shared_fork": {"fork_torn_for_rank_1": [[str(v / "f0"), str(src / "step_0000002.pt")], [str(v / "f1"), torn_src]]}})
 
     a0, a1 = r0["torn_for_rank_0"], r1["torn_for_rank_0"]
     assert a0["step"] == a1["step"] == 2, (a0, a1)
@@ -289,6 +300,10 @@ def test_on_a_shared_folder_every_rank_resumes_from_rank_0s_choice(tmp_path, mak
 
     d0, d1 = r0["one_folder"], r1["one_folder"]
     assert d0["step"] == d1["step"] == 2 and d0["weights"] == d1["weights"] == digest["step_0000002"]
+
+    f0, f1 = r0["fork_torn_for_rank_1"], r1["fork_torn_for_rank_1"]
+    for f in (f0, f1):   # the rank whose fork failed does not leave the other waiting in a collective
+        assert "error" in f and "loading the start state failed on 1 of 2 ranks" in f["error"], f
 
     e0, e1 = r0["one_empty_folder"], r1["one_empty_folder"]
     assert e0["step"] == e1["step"] == 0 and e0["segment"] == e1["segment"] == 0

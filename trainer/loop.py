@@ -410,12 +410,20 @@ class Trainer:
         for name, err in choice.skipped:
             if self.log:
                 self.log.event("checkpoint_corrupt", self.step, name=name, error=err)
-        if st is not None:
-            self.load_state(st)
-            self.segment += 1
-            resumed = self.step
-        elif self.cfg.fork_from:   # none of its own verifies (or it has none): where it started
-            self.fork(pathlib.Path(self.cfg.fork_from))
+        err = None
+        try:
+            if st is not None:
+                self.load_state(st)
+                self.segment += 1
+                resumed = self.step
+            elif self.cfg.fork_from:   # none of its own verifies (or it has none): where it started
+                self.fork(pathlib.Path(self.cfg.fork_from))
+        except Exception as e:
+            if not self.dist.enabled:
+                raise
+            err = e   # every rank learns of it below, none waits in a collective for this one
+        if self.dist.enabled:
+            self.dist.agree(err, "loading the start state")
         if self.ref_state is None and (self.recipe.algorithm == "grpo" or self.recipe.kl_coef > 0):
             self.ref_state = copy.deepcopy(self.policy.model.state_dict())
         if self.log:
