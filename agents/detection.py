@@ -324,6 +324,8 @@ def spike_onset(steps: list[int], vals: list[float], th: Thresholds, z_thr: floa
         if len(base) < th.min_rows:
             continue
         med, mad = median_of(base), mad_of(base)
+        if ratio > 0 and med <= 0:
+            continue   # a multiple of nothing: from a baseline of zeros (no gradient at all) any value "spikes"
         scale = max(1.4826 * mad, 1e-3 * abs(med), 1e-12)
         z = (v - med) / scale
         if z >= z_thr and v >= ratio * med and v - med >= abs_min:

@@ -188,6 +188,9 @@ def test_grad_norm_after_zero_gradients_is_no_explosion():
         r["grad_norm"] = 0.0   # all-agreeing groups: no advantage, no gradient
     rows[-1]["grad_norm"] = 0.02
     assert DETECTORS["grad_norm_explosion"](make_ev(rows, samples(rows, group=4)), THRESHOLDS, KNOWN) is None
+    for r in rows[-12:]:   # a fix makes the groups disagree: the policy learns, its gradient is no explosion
+        r["grad_norm"] = 5.0
+    assert DETECTORS["grad_norm_explosion"](make_ev(rows, samples(rows, group=4)), THRESHOLDS, KNOWN) is None
 
 
 def test_plateau_on_evals_and_on_loss():
