@@ -9,6 +9,8 @@ For each example goal (`examples/steer/goal_*.yaml`) and seed:
       is, only to read its held-out evaluations; no command is ever sent. It stops at the first
       evaluation that meets the target (the swarm stops there too), at the end of its `--max_steps`,
       or when it has spent the goal's `budget.worker_cpu_s`.
+  (c) healthy (optional): the plain arm with the fault's flag (FAULTS) left out, so the script's own
+      default applies: the check that the target is within the script's reach without the fault.
 The seed is the script's `--seed` (appended to its arguments: model init and data order). Each run
 has a wall-clock cap (--cap-s); a run still going at the cap is stopped and counts as not reached.
 
@@ -22,7 +24,7 @@ Measurements
   steps                the live run's optimizer steps (swarm: the summary's; plain: the last row)
 
     python benchmarks/steer_examples.py [--goals lr_too_high short_completions] [--seeds 0 1 2]
-        [--cap-s 900] [--arms swarm plain] [--parallel 1] [--src head|worktree] [--fresh]
+        [--cap-s 900] [--arms swarm plain healthy] [--parallel 1] [--src head|worktree] [--fresh]
 
 The code under test is a snapshot of git HEAD (`git archive`, as swarm_vs_train.py), unless
 `--src worktree`. Results merge into benchmarks/results/steer_examples.json (keyed by goal, seed,
@@ -57,13 +59,29 @@ RESULTS = HERE / "results"
 GOALS_DIR = ROOT / "examples" / "steer"
 GOALS = ["lr_too_high", "short_completions"]
 POLL_S = 0.5
+# the flag of each example goal that holds its fault (the healthy arm leaves it out)
+FAULTS = {"lr_too_high": "--learning_rate", "short_completions": "--max_completion_length"}
 
 
-def load_goal(name: str, seed: int, src: pathlib.Path, cwd: pathlib.Path) -> dict[str, Any]:
+def without_flag(args: list[str], flag: str) -> list[str]:
+    """`args` with every `flag VALUE` pair left out."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == flag:
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def load_goal(name: str, seed: int, src: pathlib.Path, cwd: pathlib.Path, healthy: bool = False) -> dict[str, Any]:
     """The example goal, its script taken from the code under test and run in `cwd` (its ./runs
-    there), with `--seed SEED` appended (the last flag wins)."""
+    there), with `--seed SEED` appended (the last flag wins); `healthy`: without its fault's flag."""
     data = yaml.safe_load((GOALS_DIR / f"goal_{name}.yaml").read_text())
     ep = data["run"]["entrypoint"]
+    if healthy:
+        ep["args"] = without_flag(list(ep.get("args", [])), FAULTS[name])
     ep["script"] = str(src / ep["script"])
     ep["cwd"] = str(cwd)
     ep["args"] = [*ep.get("args", []), "--seed", str(seed)]
@@ -109,9 +127,11 @@ def met(value: float, op: str, threshold: float) -> bool:
     return value >= threshold if op == ">=" else value > threshold if op == ">" else value <= threshold if op == "<=" else value < threshold
 
 
-def run_plain(name: str, seed: int, cap_s: float, work: pathlib.Path, src: pathlib.Path) -> dict[str, Any]:
-    d = fresh_dir(work / f"plain-{name}-s{seed}")
-    goal = load_goal(name, seed, src, d)
+def run_plain(name: str, seed: int, cap_s: float, work: pathlib.Path, src: pathlib.Path,
+              healthy: bool = False) -> dict[str, Any]:
+    arm = "healthy" if healthy else "plain"
+    d = fresh_dir(work / f"{arm}-{name}-s{seed}")
+    goal = load_goal(name, seed, src, d, healthy=healthy)
     ep, t = goal["run"]["entrypoint"], goal["target"]
     budget = float((goal.get("budget") or {}).get("worker_cpu_s") or float("inf"))
     run_dir = d / "run"
@@ -152,7 +172,7 @@ def run_plain(name: str, seed: int, cap_s: float, work: pathlib.Path, src: pathl
             pass
     status = "target reached" if reached else "killed at cap" if capped else "budget spent" if spent else "finished its max_steps"
     return {
-        "goal": name, "seed": seed, "arm": "plain", "rc": os.waitstatus_to_exitcode(st), "capped": capped, "reached": reached,
+        "goal": name, "seed": seed, "arm": arm, "rc": os.waitstatus_to_exitcode(st), "capped": capped, "reached": reached,
         "status": status, "wall_s": wall, "steps": steps, "final_metric": vals[-1] if vals else None,
         "best_metric": max(vals) if vals else None, "seconds_to_target": (hit["time"] - t0) if reached else None,
         "worker_cpu_s": cpu, "worker_cpu_s_to_target": cpu if reached else None,
@@ -199,6 +219,17 @@ def write_md(res: dict[str, Any]) -> None:
         L.append("| " + " | ".join([g, str(seed), fmt(s and s["worker_cpu_s"]), fmt(s and s["wall_s"]), fmt(s and s.get("backtests")),
                                     fmt(s and s.get("reason")), fmt(s and s.get("final_metric"), 3),
                                     fmt(p and p["worker_cpu_s"]), fmt(p and p["wall_s"])]) + " |")
+    healthy = [k for k in keys if (k[0], k[1], "healthy") in by]
+    if healthy:
+        L += ["", f"Healthy: the plain script with the fault's flag left out (the script's own default: "
+              + ", ".join(f"{g} without `{FAULTS[g]}`" for g in dict.fromkeys(g for g, _ in healthy)) + "), stopped as plain is.", "",
+              "| goal | seed | healthy reached? | healthy worker-CPU-s to target | healthy steps | healthy best held-out | healthy ended |",
+              "|---|---|---|---|---|---|---|"]
+        for g, seed in healthy:
+            h = by[(g, seed, "healthy")]
+            L.append("| " + " | ".join([g, str(seed), fmt(h["reached"]) + (" (capped)" if h["capped"] else ""),
+                                        fmt(h["worker_cpu_s_to_target"]), fmt(h["steps"]), fmt(h.get("best_metric"), 3),
+                                        h.get("status") or "—"]) + " |")
     failed = [r for r in runs if r.get("log_tail")]
     if failed:
         L += ["", "## Runs that ended with an error", ""]
@@ -212,7 +243,8 @@ def main() -> None:
     ap.add_argument("--goals", nargs="+", default=GOALS, help="example goals: examples/steer/goal_NAME.yaml")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--cap-s", type=float, default=900.0, help="wall-clock cap per run (seconds)")
-    ap.add_argument("--arms", nargs="+", default=["swarm", "plain"], choices=["swarm", "plain"])
+    ap.add_argument("--arms", nargs="+", default=["swarm", "plain"], choices=["swarm", "plain", "healthy"],
+                    help="healthy: the plain script without the goal's fault")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time")
     ap.add_argument("--src", choices=["head", "worktree"], default="head", help="snapshot of git HEAD (default) or the working tree")
     ap.add_argument("--fresh", action="store_true", help="start a new results file instead of merging")
@@ -244,7 +276,8 @@ def main() -> None:
         g, s, arm = t
         log(f"start {arm} {g} seed {s}")
         try:
-            row = (run_swarm if arm == "swarm" else run_plain)(g, s, a.cap_s, work, src)
+            row = (run_swarm(g, s, a.cap_s, work, src) if arm == "swarm"
+                   else run_plain(g, s, a.cap_s, work, src, healthy=arm == "healthy"))
         except Exception:   # one broken run is a row, not the end of the benchmark
             import traceback
 

@@ -65,5 +65,20 @@ def test_grpo_completion_length_is_hot_and_the_run_folder_has_what_trl_logs(tmp_
     assert all(r["completions/max_length"] <= 2 for r in rows[1:]), [r["completions/max_length"] for r in rows]
     assert all("reward_mean" in r and "response_len" in r and "truncation_rate" in r for r in rows)
     samples = read_jsonl(run / "samples.jsonl")
-    assert samples and all(s["prompt"].endswith("=") and "digits_right" in s["rewards"] for s in samples)
+    assert samples and all(s["prompt"].endswith("=") and "exact" in s["rewards"] for s in samples)
     assert all(len(s["completion"].split()) <= 2 for s in samples if s["step"] >= 2)
+
+
+def test_grpo_example_reward_counts_only_finished_answers():
+    """The example's verifiable reward: a completion cut off at the length limit earns nothing,
+    however right its first characters (what makes a too-small limit a fault the reward shows)."""
+    mod = example()
+    tok = mod.char_tokenizer()
+    ids = lambda text, end: tok(text)["input_ids"] + ([tok.eos_token_id] if end else [])   # noqa: E731
+    got = mod.exact(["1 4 8 3", "1 4 8", "1 4 8 3", "1 4 8 4"], ["1483"] * 4,
+                    completion_ids=[ids("1483", True), ids("148", False), ids("1483", False), ids("1484", True)])
+    assert got == [1.0, 0.0, 0.0, 0.0]
+    assert mod.chars_right(["1 4 8", "1 4 8 3 0 0", "1 4 8 3"], ["1483"] * 3) == [0.75, 4 / 6, 1.0]
+    held, train = mod.problems(4, 64, seed=2), mod.problems(4, 256, seed=1)
+    assert all(a == p[:-1][::-1] for p, a in zip(held["prompt"], held["answer"]))
+    assert not set(mod.problems(4, 64, seed=2, exclude=frozenset(train["prompt"]))["prompt"]) & set(train["prompt"])

@@ -2,18 +2,33 @@
 dependency of the swarm itself: it comes with the `test` and `bench` extras (`pip install -e .[test]`,
 which scripts/bootstrap.sh runs).
 
-The policy is a tiny Qwen2 built from a config (random weights, nothing downloaded). The tokenizer
-is character-level and built here with the `tokenizers` library. The task is to answer "a+b=" with
-the sum. The reward is verifiable and graded: each correct leading digit earns a share of the
-reward, so a random policy already sees some variance within a group. An exact match scores 1.
-It runs on a CPU in seconds per few steps. The completion length (`max_completion_length`) and the
-sampling temperature are hot settings here: TRL keeps them on the trainer and reads them at each
-generation, so `SwarmCallback` changes them at a step end. `num_generations` and the rest are
-restart settings (trl #2941).
+The task: write a string of digits backwards ("3841=" → "1483", then the end token). The policy
+is a tiny Qwen2 built from a config (random weights, nothing downloaded). The tokenizer is
+character-level and built here with the `tokenizers` library.
 
-    .venv/bin/python examples/steer/grpo_trl.py --output_dir /tmp/grpo-add --max_steps 40
-    .venv/bin/python -m trainer.steer.relaunch --run-dir /tmp/grpo-add/swarm -- \\
-        .venv/bin/python examples/steer/grpo_trl.py --output_dir /tmp/grpo-add --max_steps 40
+A random policy never writes a whole answer, so every group would score the same and GRPO would
+have no signal. The script therefore starts with a supervised warm-up on generated demonstrations
+(`--warmup_sft_steps`, plain teacher forcing, a few CPU-seconds). On this task the warm-up does
+most of the learning: after its 100 steps the policy's sampled answers are exactly right on about
+0.6-0.8 of held-out prompts (the share depends on the seed: the loss drops sharply between steps
+60 and 120). GRPO then trains on two verifiable rewards, weighted alike: `chars_right` (the share
+of answer characters in place, so a group rarely scores all alike) and `exact` (a finished
+completion, one that ends with the end token, that is the answer). The held-out metric is TRL's
+own evaluation: `eval_accuracy`, the held-out mean of `exact`, over `--num_generations_eval`
+samples per prompt at the training temperature (`--temperature`, 1.0). The warm-up runs only on a
+fresh start; a resumed run (`--resume_from_checkpoint`) has its weights from the checkpoint.
+
+A completion is cut off at `--max_completion_length` tokens. An answer needs `--length` digits and
+the end token, so a smaller limit leaves every answer unfinished: `exact` and the held-out
+accuracy are 0 (`chars_right` still scores the cut-off characters), and TRL logs the cut-off share
+(`completions/clipped_ratio`, train and eval). The limit and the sampling temperature are hot
+settings here: TRL keeps them on the trainer and reads them at each generation, so
+`SwarmCallback` changes them at a step end. `num_generations` and the rest are restart settings
+(trl #2941). It runs on a CPU at a few steps per second.
+
+    .venv/bin/python examples/steer/grpo_trl.py --output_dir /tmp/grpo-rev --max_steps 200
+    .venv/bin/python -m trainer.steer.relaunch --run-dir /tmp/grpo-rev/swarm -- \\
+        .venv/bin/python examples/steer/grpo_trl.py --output_dir /tmp/grpo-rev --max_steps 200
 
 Every `GRPOConfig` field is a flag (`HfArgumentParser`; when a flag is given twice, the last one
 wins). `--resume_from_checkpoint PATH` resumes. The run folder is `--run_dir`, else
@@ -35,19 +50,24 @@ from trl import GRPOConfig, GRPOTrainer
 from trainer.steer import steer
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
-CHARS = "0123456789+="
+CHARS = "0123456789="
+EOS_ID = SPECIALS.index("<eos>")
 
 
 @dataclasses.dataclass
 class ScriptArguments:
     run_dir: str | None = dataclasses.field(default=None, metadata={"help": "the swarm's run folder (default: "
                                             "$SWARMLAB_RUN_DIR, else <output_dir>/swarm)"})
-    digits: int = dataclasses.field(default=1, metadata={"help": "digits per operand"})
-    train_size: int = dataclasses.field(default=256, metadata={"help": "training prompts"})
-    eval_size: int = dataclasses.field(default=64, metadata={"help": "held-out prompts (evaluated every --eval_steps "
-                                                                    "when --eval_strategy steps; 0: no eval set)"})
-    d_model: int = dataclasses.field(default=32, metadata={"help": "hidden size of the tiny Qwen2"})
-    n_layers: int = dataclasses.field(default=1, metadata={"help": "decoder layers"})
+    length: int = dataclasses.field(default=4, metadata={"help": "digits per string"})
+    train_size: int = dataclasses.field(default=2048, metadata={"help": "training prompts"})
+    eval_size: int = dataclasses.field(default=128, metadata={"help": "held-out prompts, none in the training set "
+                                                                     "(evaluated every --eval_steps when "
+                                                                     "--eval_strategy steps; 0: no eval set)"})
+    d_model: int = dataclasses.field(default=64, metadata={"help": "hidden size of the tiny Qwen2"})
+    n_layers: int = dataclasses.field(default=2, metadata={"help": "decoder layers"})
+    warmup_sft_steps: int = dataclasses.field(default=100, metadata={"help": "supervised steps on demonstrations "
+                                                                           "before GRPO (fresh starts only)"})
+    warmup_sft_lr: float = dataclasses.field(default=3e-3, metadata={"help": "learning rate of the warm-up"})
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
@@ -70,28 +90,57 @@ def tiny_policy(tok: PreTrainedTokenizerFast, d_model: int, n_layers: int, seed:
     return model
 
 
-def problems(digits: int, n: int, seed: int) -> Dataset:
-    rng = np.random.default_rng(seed)
-    a, b = rng.integers(0, 10 ** digits, size=(2, n))
-    return Dataset.from_dict({"prompt": [f"{x}+{y}=" for x, y in zip(a, b)], "answer": [str(x + y) for x, y in zip(a, b)]})
+def problems(length: int, n: int, seed: int, exclude: frozenset[str] = frozenset()) -> Dataset:
+    """`n` distinct prompts "s=" (none in `exclude`), s a string of `length` digits, each with s reversed."""
+    if n + len(exclude) > 10 ** length:
+        raise ValueError(f"{n} strings (+{len(exclude)} held apart) do not fit in the {10 ** length} strings of "
+                         f"{length} digits")
+    rng, seen, out = np.random.default_rng(seed), set(exclude), []
+    while len(out) < n:
+        s = "".join(str(d) for d in rng.integers(0, 10, size=length))
+        if s + "=" not in seen:
+            seen.add(s + "=")
+            out.append(s)
+    return Dataset.from_dict({"prompt": [s + "=" for s in out], "answer": [s[::-1] for s in out]})
 
 
-def digits_right(completions: list[str], answer: list[str], **kwargs) -> list[float]:
-    """Leading characters right over the longer of answer and completion (1.0: exact)."""
+def finished(ids: list[int]) -> bool:
+    return bool(ids) and ids[-1] == EOS_ID
+
+
+def chars_right(completions: list[str], answer: list[str], **kwargs) -> list[float]:
+    """The share of answer characters in place, over the longer of answer and completion. A partly
+    right answer earns part of the reward, so a group of samples rarely scores all alike; a
+    completion that runs on past the answer loses."""
     out = []
     for c, want in zip(completions, answer):
         c = c.replace(" ", "")   # the character tokenizer decodes with a space between tokens
-        n = 0
-        while n < min(len(c), len(want)) and c[n] == want[n]:
-            n += 1
-        out.append(n / max(len(want), len(c)))
+        out.append(sum(a == b for a, b in zip(c, want)) / max(len(want), len(c)))
     return out
 
 
-def exact(completions: list[str], answer: list[str], **kwargs) -> list[float]:
-    """1.0 when the completion is the answer exactly. Weighted 0 in training (the graded reward
-    trains); its held-out mean is the script's accuracy."""
-    return [float(c.replace(" ", "") == want) for c, want in zip(completions, answer)]
+def exact(completions: list[str], answer: list[str], completion_ids: list[list[int]], **kwargs) -> list[float]:
+    """1.0 for a finished completion that is the answer exactly, else 0: a cut-off completion is
+    not an answer, however right its first characters. Its held-out mean is the script's accuracy."""
+    return [float(finished(ids) and c.replace(" ", "") == want) for c, want, ids in zip(completions, answer, completion_ids)]
+
+
+def warm_up(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerFast, data: Dataset, steps: int, lr: float,
+            batch: int, seed: int) -> None:
+    """Teacher forcing on prompt + answer + end token, the loss on the answer and the end token."""
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        rows = data.select(rng.integers(0, len(data), size=batch))
+        prompts = [tok(p)["input_ids"] for p in rows["prompt"]]
+        answers = [tok(a)["input_ids"] + [EOS_ID] for a in rows["answer"]]
+        ids = torch.tensor([p + a for p, a in zip(prompts, answers)])                          # (B, T): one length
+        labels = torch.tensor([[-100] * len(p) + a for p, a in zip(prompts, answers)])         # (B, T)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
 
 
 class EvalAccuracy(TrainerCallback):
@@ -106,21 +155,23 @@ class EvalAccuracy(TrainerCallback):
 
 def parser() -> HfArgumentParser:
     p = HfArgumentParser((ScriptArguments, GRPOConfig))
-    p.set_defaults(output_dir="runs/steer-grpo", max_steps=40, per_device_train_batch_size=8, num_generations=4,
-                   max_completion_length=4, learning_rate=1e-3, logging_steps=1, save_strategy="steps", save_steps=20,
+    p.set_defaults(output_dir="runs/steer-grpo", max_steps=200, per_device_train_batch_size=32, num_generations=8,
+                   max_completion_length=8, learning_rate=5e-4, logging_steps=1, save_strategy="steps", save_steps=50,
                    report_to="none", use_cpu=True, bf16=False, activation_checkpointing=False, use_vllm=False,
-                   disable_tqdm=True, dataloader_num_workers=0, log_completions=False, reward_weights=[1.0, 0.0],
-                   per_device_eval_batch_size=64, eval_steps=20)
+                   disable_tqdm=True, dataloader_num_workers=0, log_completions=False, reward_weights=[1.0, 1.0],
+                   per_device_eval_batch_size=64, num_generations_eval=4, eval_strategy="steps", eval_steps=25)
     return p
 
 
 def build(script: ScriptArguments, args: GRPOConfig) -> GRPOTrainer:
     tok = char_tokenizer()
-    held = problems(script.digits, script.eval_size, seed=2) if script.eval_size else None
-    trainer = GRPOTrainer(model=tiny_policy(tok, script.d_model, script.n_layers, args.seed),
-                          reward_funcs=[digits_right, exact], args=args,
-                          train_dataset=problems(script.digits, script.train_size, seed=1), eval_dataset=held,
-                          processing_class=tok, callbacks=[EvalAccuracy()])
+    train = problems(script.length, script.train_size, seed=1)
+    held = problems(script.length, script.eval_size, seed=2, exclude=frozenset(train["prompt"])) if script.eval_size else None
+    model = tiny_policy(tok, script.d_model, script.n_layers, args.seed)
+    if not args.resume_from_checkpoint:
+        warm_up(model, tok, train, script.warmup_sft_steps, script.warmup_sft_lr, batch=64, seed=args.seed)
+    trainer = GRPOTrainer(model=model, reward_funcs=[chars_right, exact], args=args, train_dataset=train,
+                          eval_dataset=held, processing_class=tok, callbacks=[EvalAccuracy()])
     steer(trainer, script.run_dir)   # the one line a user adds
     return trainer
 
