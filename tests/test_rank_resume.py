@@ -41,6 +41,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -343,3 +344,30 @@ def test_a_full_fork_on_ranks_with_run_storage_keeps_the_source_init(tmp_path, m
 
 if __name__ == "__main__":
     _worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+
+
+def test_a_rank_reads_the_chosen_checkpoint_again_before_its_failure_counts(tmp_path, monkeypatch):
+    """Rank 0 verified the file, so a failed read on another rank may be a stale view of it: it is
+    read LOAD_TRIES times, with a doubling wait, before the failure makes every rank raise."""
+    from trainer.checkpoint import CheckpointError, CheckpointManager, choose_resume
+    from trainer.distributed import LOAD_BACKOFF_S, LOAD_TRIES, load_chosen
+
+    ckpt = CheckpointManager(tmp_path)
+    ckpt.save({"step": 7, "w": torch.ones(2)}, 7)
+    choice, _ = choose_resume(ckpt)
+    real, calls, sleeps = ckpt.load, [], []
+
+    def stale_twice(name, sha256=None):
+        calls.append(name)
+        if len(calls) < 3:
+            raise CheckpointError(f"checkpoint {name!r} is corrupt")
+        return real(name, sha256=sha256)
+
+    monkeypatch.setattr(ckpt, "load", stale_twice)
+    assert load_chosen(ckpt, choice, sleep=sleeps.append)["step"] == 7
+    assert sleeps == [LOAD_BACKOFF_S, 2 * LOAD_BACKOFF_S] and LOAD_TRIES == 3
+    monkeypatch.setattr(ckpt, "load", lambda name, sha256=None: (_ for _ in ()).throw(CheckpointError("torn")))
+    sleeps.clear()
+    with pytest.raises(CheckpointError, match="torn"):
+        load_chosen(ckpt, choice, sleep=sleeps.append)
+    assert len(sleeps) == LOAD_TRIES - 1

@@ -11,9 +11,9 @@ therefore ask `sum` for the global counts and scale by `world` (see `algorithms.
 
 Where a data-parallel run starts is rank 0's decision (`agree_resume`, called by `Trainer._start`):
 rank 0 walks its checkpoints (`trainer.checkpoint.choose_resume`, the single-process walk) and
-broadcasts its choice (the name, its weights' hash, the manifests it listed); every other rank
-loads that checkpoint by name, its hash checked against rank 0's, and never lists the folder
-itself. So a newest file that one rank would read torn (NFS while it is written) or a checkpoint
+broadcasts its choice (the name, its file's hash, the manifests it listed); every other rank
+loads that checkpoint by name (`load_chosen`: read up to three times), its hash checked against
+rank 0's, and never lists the folder itself. So a newest file that one rank would read torn (NFS while it is written) or a checkpoint
 that lands between two ranks' listings cannot start the ranks from different steps, whether the
 ranks share the run folder or each fetches the choice into its own (`trainer.rank_storage`). A
 rank that cannot take the choice makes every rank raise `ResumeError` (`Dist.agree`): none is
@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from sandboxes.errors import SwarmlabError
-from trainer.checkpoint import CheckpointManager, ResumeChoice, choose_resume
+from trainer.checkpoint import CheckpointError, CheckpointManager, ResumeChoice, choose_resume
 
 
 class ResumeError(SwarmlabError, RuntimeError):
@@ -165,8 +166,28 @@ def agree_resume(ckpt: CheckpointManager, dist: Dist,
             if fetch is not None:
                 fetch(choice)
             if choice.name is not None:
-                state = ckpt.load(choice.name, sha256=choice.sha256)
+                state = load_chosen(ckpt, choice)
         except Exception as e:   # counted below, on every rank
             err = e
     dist.agree(err, f"resuming from checkpoint {choice.name!r}")
     return choice, state
+
+
+LOAD_TRIES = 3          # reads of the chosen checkpoint by a rank > 0 before its failure counts
+LOAD_BACKOFF_S = 0.2    # the wait before the second read, doubled before each next one
+
+
+def load_chosen(ckpt: CheckpointManager, choice: ResumeChoice,
+                sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """The state of the checkpoint rank 0 chose, read from this rank's `ckpt` with its hash checked,
+    tried LOAD_TRIES times: rank 0 verified that file, so a read that fails here may be a stale
+    view of it (a network filesystem's cache while it settles) rather than a bad file, and one
+    failed read should not fail every rank. A file that stays wrong raises its last error."""
+    for attempt in range(LOAD_TRIES):
+        try:
+            return ckpt.load(choice.name, sha256=choice.sha256)
+        except (CheckpointError, OSError, RuntimeError, EOFError) as e:
+            if attempt == LOAD_TRIES - 1:
+                raise
+            sleep(LOAD_BACKOFF_S * 2 ** attempt)
+    raise AssertionError("unreachable")
