@@ -424,6 +424,7 @@ class RunLog:
         for row in _rows_after(run_dir / "metrics.jsonl", self.history.position if self.history.n else None):
             self.history.add(row)
         self._unsaved = 0
+        self._since_step: int | None = None   # the step of this process's first heartbeat
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl", rotation, on_rotate=self.write_summary, on_row=self._metric)
         self.samples = JsonlWriter(run_dir / "samples.jsonl", rotation)
         self.events = JsonlWriter(run_dir / "events.jsonl", rotation)
@@ -446,7 +447,7 @@ class RunLog:
     def heartbeat(self, step: int, state: str, **data: Any) -> None:
         """The process's liveness: its step and state, its CPU so far (`cpu_s`) and the step it
         started at (`since_step`: its CPU per step is cpu_s / (step - since_step))."""
-        if getattr(self, "_since_step", None) is None:
+        if self._since_step is None:
             self._since_step = step
         row = {"time": time.time(), "pid": os.getpid(), "step": step, "state": state,
                "cpu_s": process_cpu_seconds(), "since_step": self._since_step, **data}
