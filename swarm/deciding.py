@@ -24,7 +24,7 @@ from agents.operators import config_fields, eval_series, inconclusive, never_lea
 from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for, start_over
 from swarm.decisions import (BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
                              corroborated_by, outlook, persistence, plan, rate_var, retry_horizon, run_looks, schedule,
-                             smaller_step, try_share, worth_verifying)
+                             segment_steps, smaller_step, try_share, worth_verifying)
 from swarm.judging import Control, Kept, Pending, RolledBack, Window, judge, restart_hold, wasted
 from trainer.config import get_dotted
 from trainer.runlog import INIT_CHECKPOINT, read_heartbeat
@@ -95,8 +95,7 @@ class Deciding:
         evaluation included; the heartbeat's CPU over the steps since the process started)."""
         bt = self.goal.swarm.backtest
         hb = read_heartbeat(self.run_dir) or {}
-        steps = int(hb.get("step") or 0) - int(hb.get("since_step") or hb.get("step") or 0)   # this segment's
-        cost = arm_step_cost([iv.backtest for iv in self.store.list()], float(hb.get("cpu_s") or 0.0), steps)
+        cost = arm_step_cost([iv.backtest for iv in self.store.list()], float(hb.get("cpu_s") or 0.0), segment_steps(hb))
         return round(2 * len(bt.seeds) * bt.horizon_steps * cost)
 
     def too_far_back(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:

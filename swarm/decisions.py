@@ -291,6 +291,13 @@ def arm_step_cost(backtests: list[Any], live_cpu_s: float, live_step: int) -> fl
     return max(1.0, statistics.median(per) / (live_cpu_s / live_step))
 
 
+def segment_steps(heartbeat: dict[str, Any]) -> int:
+    """Steps the live job's current process has trained, from its heartbeat (`step - since_step`;
+    0 when the heartbeat does not say where it started). A process that started at step 0 names 0."""
+    step, since = heartbeat.get("step"), heartbeat.get("since_step")
+    return max(0, int(step) - int(since)) if isinstance(step, int) and isinstance(since, int) else 0
+
+
 def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,
                     next_eval_in: int | None = None, held_for: tuple[int, int] | None = None,
                     corroborated: str | None = None, steps_left: int | None = None) -> str | None:

@@ -470,3 +470,12 @@ def test_an_arm_step_costs_what_this_runs_backtests_measured_in_live_steps():
     assert arm_step_cost(bts, live_cpu_s=100.0, live_step=100) == 1.0          # arms cheaper: never below one
     assert arm_step_cost([], live_cpu_s=17.6, live_step=100) == 1.0
     assert arm_step_cost(bts, live_cpu_s=0.0, live_step=0) == 1.0
+
+
+def test_the_live_segment_counts_from_the_step_its_process_started_at_zero_included():
+    from swarm.decisions import segment_steps
+
+    assert segment_steps({"step": 120, "since_step": 0}) == 120       # a fresh run: 0 is a start, not "unknown"
+    assert segment_steps({"step": 300, "since_step": 224}) == 76      # a run that went on from a pilot's step
+    assert segment_steps({"step": 120}) == 0                          # a heartbeat that does not say
+
