@@ -38,6 +38,16 @@ compared two candidates whose five-seed means are 0.64 and 0.66. The accuracy te
 evaluations as independent although they score the same held-out examples (a paired test would
 be sharper).
 
+The plan's values first (`_prior_first`): with a held-out accuracy target, the candidate with the
+plan's own values trains its rung 0 and then its rung 1 before any other candidate runs. When its
+curve (`predict`) then reaches the target for less CPU than the other candidates' runs of a
+complete search would cost (their steps at its CPU per step, at most what is left of the budget),
+it wins with stop `on_course`: whatever the search found, its cost alone would be more than the
+plan's values still need, so no alternative can pay for it. Otherwise the search goes on as above,
+those two results among its own (a rung-1 result counts once the candidate is promoted there). On a
+task the plan's values learn quickly, the pilot is then two short runs of the run's own config, not
+every candidate's rung 0.
+
 Prediction (what the final report compares with): from the winner's held-out accuracy at its rung
 ends, a curve acc = a + b·log2(steps) through its last two points. Steps to the target: the first
 rung end at the target when one is; else 2**((threshold - a) / b) when b > 0 and that is within
@@ -168,7 +178,7 @@ class Stop:
 
     winner: str | None
     rung: int
-    reason: Literal["one_left", "budget", "target"]
+    reason: Literal["one_left", "budget", "target", "on_course"]
     why: str
 
 
@@ -290,6 +300,9 @@ def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | St
         best = rank(at_target, schedule.candidates, results, schedule)[0]
         return Stop(best.candidate, best.rung, "target", f"{best.candidate} is at the target after {best.steps} steps "
                     f"(held-out {best.heldout:.3f}, rung {best.rung})")
+    first = _prior_first(results, schedule, spent)
+    if first is not None:
+        return first
     alive = list(schedule.candidates)
     rung, level = 0, ""
     while True:
@@ -314,6 +327,35 @@ def next_rung(results: Iterable[RungResult], schedule: Schedule) -> Promote | St
         alive = [r.candidate for r in ranked[: max(1, len(alive) // schedule.eta)]]
         level = _level_note(ranked, results, schedule, rung)
         rung += 1
+
+
+def _prior_first(results: list[RungResult], schedule: Schedule, spent: float) -> Promote | Stop | None:
+    """The plan's own values train first (module docstring, "The plan's values first"): their rung 0,
+    then their rung 1, before any other candidate; then they win without a search when their curve
+    predicts the target for less CPU than the rest of the search would cost. None once another
+    candidate has run, without a held-out accuracy target, or when the plan's values do not win so."""
+    mine = schedule.preferred()[0]
+    if schedule.threshold is None or len(schedule.candidates) < 2 or any(r.candidate != mine for r in results):
+        return None
+    own = sorted(results, key=lambda r: r.rung)
+    if len(own) < 2:   # rung 0, then rung 1: a curve needs two points
+        rung = len(own)
+        est = _estimate(results, mine, schedule.steps(rung), rung)
+        if rung and est is not None and spent + est > schedule.budget_cpu_s:
+            return None
+        return Promote(rung, schedule.steps(rung), mine, f"the plan's own values first (rung {rung}: a curve needs two points)")
+    p = predict(own, mine, schedule.threshold, schedule.strict, schedule.eval_size)
+    if p.worker_cpu_s is None or p.cpu_per_step is None:
+        return None
+    still = p.worker_cpu_s - spent
+    others = schedule.step_units() - schedule.eta ** (schedule.rungs() - 1)   # a complete search's steps but its winner's
+    search = min(schedule.budget_cpu_s - spent, others * schedule.base_steps * p.cpu_per_step)
+    if still > search:
+        return None
+    return Stop(mine, own[-1].rung, "on_course", f"{mine} (the plan's own values) is on course: its curve predicts the "
+                f"target at about {p.steps} steps, {max(0.0, still):.1f} more CPU-s, no more than the rest of the "
+                f"search would cost (about {search:.1f} CPU-s at its CPU per step), so no other candidate can "
+                "pay for the search")
 
 
 def _estimate(results: list[RungResult], cand: str, steps: int, rung: int) -> float | None:

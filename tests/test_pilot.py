@@ -154,6 +154,47 @@ def test_a_result_at_the_target_wins(results, schedule, want):
         assert (got.rung, got.candidate) == (want.rung, want.candidate)
 
 
+# ---- the plan's own values first ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("results, schedule, want", [
+    # with a held-out target the plan's values (the prior's first) train rung 0, then rung 1, first
+    ([], tsched(), Promote(0, 10, "a", "")),
+    ([], dataclasses.replace(tsched(), prior=("c", "a", "b", "d")), Promote(0, 10, "c", "")),
+    ([R("a", 0, .3)], tsched(), Promote(1, 20, "a", "")),
+    # on course: +0.2 a doubling, one more doubling to 0.9 (40 steps at 0.1 CPU-s a step: 2 CPU-s still),
+    # less than the other candidates' runs of a complete search (4 base runs' steps at 0.1: 4 CPU-s)
+    ([R("a", 0, .5), R("a", 1, .7)], tsched(), Stop("a", 1, "on_course", "")),
+    # two doublings to go (6 CPU-s still): the search could pay for itself, it goes on at rung 0
+    ([R("a", 0, .3), R("a", 1, .5)], tsched(), Promote(0, 10, "b", "")),
+    # a flat curve predicts nothing: the search
+    ([R("a", 0, .3), R("a", 1, .3)], tsched(), Promote(0, 10, "b", "")),
+    # without a held-out target (no prediction) the candidates run in their order
+    ([R("a", 0, .3)], sched(), Promote(0, 10, "b", "")),
+    # once another candidate ran (a record written before), the search as it was
+    ([R("b", 0, .3), R("a", 0, .3)], tsched(), Promote(0, 10, "c", "")),
+    # the plan's values' rung 1 would pass the budget: the search decides (here: the budget stop)
+    ([R("a", 0, .3, cpu=60)], tsched(), Stop("a", 0, "budget", "")),
+])
+def test_the_plans_values_train_first_and_win_when_no_search_can_pay(results, schedule, want):
+    got = next_rung(results, schedule)
+    assert type(got) is type(want), got
+    if isinstance(want, Stop):
+        assert (got.winner, got.rung, got.reason) == (want.winner, want.rung, want.reason), got
+    else:
+        assert (got.rung, got.steps, got.candidate) == (want.rung, want.steps, want.candidate), got
+
+
+def test_the_plans_values_rung_1_counts_in_the_search_that_follows():
+    # a's curve is too flat to predict (+0.05 a doubling): the others' rung 0, then rung 1 for the
+    # better half (a and c), where a's result is there already
+    rows = [R("a", 0, .4), R("a", 1, .45), R("b", 0, .3), R("c", 0, .35), R("d", 0, .1)]
+    got = next_rung(rows, tsched())
+    assert isinstance(got, Promote) and (got.rung, got.candidate) == (1, "c"), got
+    got = next_rung(rows + [R("c", 1, .5)], tsched())
+    assert isinstance(got, Promote) and (got.rung, got.candidate) == (2, "c"), got
+
+
 def test_rank_orders_reached_then_predicted_then_the_rest():
     rows = RUNG0 + [R("b", 1, .6, cpu=4), R("c", 1, .5, cpu=1), R("a", 1, .95, cpu=9), R("d", 1, .2)]
     ranked = rank([r for r in rows if r.rung == 1], ABCD, rows, tsched())
