@@ -534,7 +534,8 @@ class DataCuration(Operator):
             "switches to distillation on the policy's own verified successes; a stream that repeats a small pool "
             "of questions gets the dedupe filter; a stream that draws harder problems than the curriculum asks "
             "for gets a curriculum lowered by as many levels as its questions' lengths say it rose; SFT labels the "
-            "task's own verifier rejects get the label check filter, which trains only on those it accepts.")
+            "task's own verifier rejects get the label check filter, which trains only on those it accepts, or, when none "
+            "passes, distillation, which reads no label.")
     tools = frozenset({K.DATA_CHANGE, K.DISTILL})
     detectors = ("too_hard_curriculum", "label_noise", "labels_fail_check", "repeated_examples", "harder_data")
 
@@ -554,23 +555,33 @@ class DataCuration(Operator):
                 "filter skips every question the run has already trained on, so each step sees new problems again.",
                 "sampled questions distinct again at once; held-out accuracy rising where it had stalled"))
         d = found.get("labels_fail_check")
-        if d is not None and not d.evidence.get("filter_on") and (_f(d.evidence.get("label_ok_mean")) or 0.0) > 0:
+        passing = (_f(d.evidence.get("label_ok_mean")) or 0.0) if d is not None else None
+        if d is not None and not d.evidence.get("filter_on") and passing > 0:
             out.append(self._filter(
                 d, "check_labels",
                 "A label the task itself calls wrong teaches a wrong answer; the label check filter trains only on "
                 "the labels the task's verifier accepts (what it rejects is counted, never read).",
                 "the SFT loss on the labels kept falling again; held-out accuracy rising where it had stalled or fallen"))
-        if "label_noise" in found:
-            d = found["label_noise"]
-            changes: dict[str, Any] = {"recipe.algorithm": "distill"}
-            if (_f(ctx.get("recipe.group_size")) or 8) < 2:
-                changes["recipe.group_size"] = 4
-            out.append(self.intervention(
-                K.DISTILL, d, changes, risk=Risk.MEDIUM,
-                rationale=f"{d.summary}. Distillation trains only on the policy's own answers that the task's "
-                          "verifier accepts, so wrong labels stop pulling it away from right answers.",
-                expected_effect="held-out accuracy rises past its SFT plateau within ~100 steps"))
+        elif d is not None and passing == 0 and max((_f(r.get("heldout_acc")) or 0.0 for r in ev.evals), default=0.0) > 0:
+            # no label passes: a filter would leave nothing to train on, so train without the labels,
+            # on what the policy answers right (it did on the held-out split)
+            out.append(self._distill(d, ctx, "None of the recent labels passes the task's own check, so a filter would "
+                                     "leave nothing to train on; distillation trains without the labels"))
+        if "label_noise" in found and not (out and out[-1].kind == K.DISTILL):
+            out.append(self._distill(found["label_noise"], ctx, "Distillation"))
         return out
+
+    def _distill(self, d: Diagnosis, ctx: OperatorContext, lead: str) -> Intervention:
+        """The recipe switched to distillation for finding `d`: the policy's own answers the task's
+        verifier accepts as targets, no label read (medium risk: the objective changes)."""
+        changes: dict[str, Any] = {"recipe.algorithm": "distill"}
+        if (_f(ctx.get("recipe.group_size")) or 8) < 2:
+            changes["recipe.group_size"] = 4
+        return self.intervention(
+            K.DISTILL, d, changes, risk=Risk.MEDIUM,
+            rationale=f"{d.summary}. {lead} trains only on the policy's own answers that the task's verifier "
+                      "accepts, so wrong labels stop pulling it away from right answers.",
+            expected_effect="held-out accuracy rises past its SFT plateau within ~100 steps")
 
     def _filter(self, d: Diagnosis, name: str, why: str, effect: str) -> Intervention:
         """The data filter `harness.filters.NAME` turned on for finding `d` (low risk: it only skips data)."""

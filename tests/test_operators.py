@@ -95,12 +95,31 @@ def test_data_curation_filters_labels_the_task_rejects_while_some_pass():
     iv = ivs[0]
     check_record(iv, op)
     assert iv.kind == K.DATA_CHANGE and iv.changes == {"harness.filters.check_labels": True} and iv.risk == Risk.LOW
-    # the filter already on, or no label left to train on: nothing to propose (the finding is reported)
+    # the filter already on: nothing more to propose (the finding is reported)
     on = make_ev(rows, harness={**HARNESS, "filters": {"check_labels": True}})
     assert not [iv for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check"]
+
+
+def test_data_curation_trains_without_labels_when_none_passes_the_check():
+    op = DataCuration()
+    rows = sft_rows()
+    for r in rows:
+        r["label_ok"] = 1.0
     for r in rows[-8:]:
-        r["label_ok"] = 0.0
-    assert not [iv for iv in op.builtin(make_ev(rows), ctx()) if iv.diagnosis.name == "labels_fail_check"]
+        r["label_ok"] = 0.0   # every label in another format, say: a filter would keep nothing
+    evals = [{"step": 40, "heldout_acc": 0.3}, {"step": 60, "heldout_acc": 0.0}]
+    ivs = [iv for iv in op.builtin(make_ev(rows, evals=evals), ctx()) if iv.diagnosis.name == "labels_fail_check"]
+    assert len(ivs) == 1
+    iv = ivs[0]
+    check_record(iv, op)
+    assert iv.kind == K.DISTILL and iv.changes["recipe.algorithm"] == "distill" and iv.risk == Risk.MEDIUM
+    assert "nothing to train on" in iv.rationale
+    # with the filter on as well, none passes it: the same
+    on = make_ev(rows, evals=evals, harness={**HARNESS, "filters": {"check_labels": True}})
+    assert [iv.kind for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check"] == [K.DISTILL]
+    # a policy that never answered a held-out question right has nothing of its own to train on
+    never = [{"step": 40, "heldout_acc": 0.0}, {"step": 60, "heldout_acc": 0.0}]
+    assert not [iv for iv in op.builtin(make_ev(rows, evals=never), ctx()) if iv.diagnosis.name == "labels_fail_check"]
 
 
 def test_cluster_ops_restarts_a_worker_that_ran_out_of_memory_with_half_the_batch():
