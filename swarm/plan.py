@@ -12,7 +12,8 @@ replace one). The rest is chosen, in this order of sources:
   highest difficulty give `harness.sampling.max_new_tokens` and `model.max_seq_len` (a curriculum
   or an intervention may raise the difficulty later, and a cut-off answer is never right); its
   alphabet gives `model.charset`; its difficulty range and default the curriculum; a family whose
-  answers are free text brings its answer format, template and prompt-length filter;
+  answers are free text brings its answer format, template and prompt-length filter, and arithmetic
+  its answers written lowest digit first (`reverse_digits`, the order the carry is worked out in);
 - `default`: RunConfig's own default;
 - `pilot`: a short successive-halving pilot over model size × lr (swarm/pilot.py, `swarm plan
   --pilot`) whose winner replaces `default` choices through `Plan.choose`, with its evidence, and
@@ -208,7 +209,7 @@ def make_plan(understood: Understood, run: dict[str, Any], goal: str = "") -> Pl
         choices.append(Choice("harness.answer", get_dotted(run, "harness.answer")[1], Source.USER, "written in the goal"))
     elif answer_fmt:
         answer = {**defaults["harness"]["answer"], **user_or(
-            "harness.answer", answer_fmt, Source.TASK, "the answers are free text: a delimited answer, not one word")}
+            "harness.answer", answer_fmt, Source.TASK, task.answer_format_why)}
     else:
         answer = user_or("harness.answer", defaults["harness"]["answer"], Source.DEFAULT, "the answer is one word")
     template = user_or("harness.template", task.template or defaults["harness"]["template"],

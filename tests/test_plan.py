@@ -183,6 +183,21 @@ def test_the_sources_of_a_minimal_goal():
     assert free.get("harness.answer").source is Source.TASK and free.get("model.charset").source is Source.DEFAULT
 
 
+def test_arithmetic_answers_are_planned_lowest_digit_first_unless_the_goal_writes_the_answer():
+    p = goal("a policy that adds 3-digit numbers")
+    c = p.plan().get("harness.answer")
+    assert c.source is Source.TASK and c.value["reverse_digits"] is True and "carry" in c.why
+    cfg = p.run_config("r", "/tmp")
+    assert cfg.harness.answer.reverse_digits and cfg.harness.answer.render("123") == "321\n"
+    # what the task's verifier reads back is the answer in its usual order
+    assert cfg.harness.answer.extract(cfg.harness.answer.render("123")) == "123"
+    written = goal("a policy that adds 3-digit numbers", {"harness": {"answer": {"reverse_digits": False}}})
+    assert written.plan().get("harness.answer").source is Source.USER
+    assert not written.run_config("r", "/tmp").harness.answer.reverse_digits
+    # a family whose answer is not a number worked out digit by digit keeps the one-word default
+    assert goal("a policy that sorts lists of 5 digits").plan().get("harness.answer").source is Source.DEFAULT
+
+
 def test_the_plan_is_json_and_reads_back_equal():
     for sentence in ("a policy that sorts lists of 5 digits", "countdown with 4 numbers"):
         p = goal(sentence, {"recipe": {"lr": 0.01}}).plan()

@@ -48,6 +48,12 @@ class _BinaryArithmetic(Task):
     words = ("number", "numbers", "integer", "integers", "digit", "digits", "arithmetic")
     difficulty_patterns = (r"(\d+)[- ]digits?\b", r"\bof (\d+) digits\b") + Task.difficulty_patterns
     difficulty_label = "{d} digits"
+    # a sum's or product's digits are worked out lowest first (the carry moves up): written in that
+    # order, each digit a left-to-right decoder writes follows from the question and the digits
+    # before it (Lee et al. 2023, "Teaching Arithmetic to Small Transformers": reversed output)
+    answer_format = {"reverse_digits": True}
+    answer_format_why = ("the answer's digits are worked out lowest first (the carry): written in that order, each "
+                         "follows from the question and the digits before it")
 
     def _apply(self, a: int, b: int) -> int:
         raise NotImplementedError

@@ -104,10 +104,12 @@ class Task(abc.ABC):
     difficulty_label: ClassVar[str] = "difficulty {d}"
     # Facts a plan is made from (swarm/plan.py): the difficulty when the goal states none; the
     # options its words never set (said so in the plan); an answer format when the one-word default
-    # cannot hold the answer (AnswerFormat fields) and the prompt template that goes with it.
+    # does not suit the answer (AnswerFormat fields), why (`answer_format_why`), and the prompt
+    # template that goes with it.
     default_difficulty: ClassVar[int] = 3
     unread_options: ClassVar[tuple[str, ...]] = ()
     answer_format: ClassVar[dict[str, Any] | None] = None
+    answer_format_why: ClassVar[str] = "the answers are free text: a delimited answer, not one word"
     template: ClassVar[str | None] = None
     length_probes: ClassVar[int] = 64   # examples per split generated when lengths are measured, not derived
     charset: ClassVar[str] = ""         # every character questions and answers use; "" = free text
