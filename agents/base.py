@@ -102,6 +102,21 @@ class OperatorContext(BaseModel):
         ok = [c for c in self.checkpoints if isinstance(c.get("step"), int) and c["step"] <= step and c.get("name")]
         return max(ok, key=lambda c: c["step"]) if ok else None
 
+    def answering_before(self, onset: Any, evals: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The newest checkpoint before step `onset` (every step from it on learnt what went wrong)
+        whose weights answered held-out questions right (the last of `evals` at or before it above
+        0). None when the checkpoints kept hold none."""
+        if not isinstance(onset, int):
+            return None
+        seen = sorted((r["step"], r.get("heldout_acc")) for r in evals if isinstance(r.get("step"), int))
+        for c in sorted(self.checkpoints, key=lambda c: -c["step"] if isinstance(c.get("step"), int) else 1):
+            step = c.get("step")
+            if isinstance(step, int) and step < onset and c.get("name"):
+                before = [acc for s, acc in seen if s <= step]
+                if before and isinstance(before[-1], (int, float)) and before[-1] > 0:
+                    return c
+        return None
+
 
 @runtime_checkable
 class LLMPolicyLike(Protocol):

@@ -536,7 +536,7 @@ class DataCuration(Operator):
             "for gets a curriculum lowered by as many levels as its questions' lengths say it rose; SFT labels the "
             "task's own verifier rejects get the label check filter, which trains only on those it accepts, or, when none "
             "passes, distillation, which reads no label.")
-    tools = frozenset({K.DATA_CHANGE, K.DISTILL})
+    tools = frozenset({K.DATA_CHANGE, K.DISTILL, K.ROLLBACK})
     detectors = ("too_hard_curriculum", "label_noise", "labels_fail_check", "repeated_examples", "harder_data")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
@@ -566,22 +566,29 @@ class DataCuration(Operator):
             # no label passes: a filter would leave nothing to train on, so train without the labels,
             # on what the policy answers right (it did on the held-out split)
             out.append(self._distill(d, ctx, "None of the recent labels passes the task's own check, so a filter would "
-                                     "leave nothing to train on; distillation trains without the labels"))
-        if "label_noise" in found and not (out and out[-1].kind == K.DISTILL):
+                                     "leave nothing to train on; distillation trains without the labels",
+                                     ctx.answering_before(d.evidence.get("onset_step"), ev.evals)))
+        if "label_noise" in found and not any(iv.changes.get("recipe.algorithm") == "distill" for iv in out):
             out.append(self._distill(found["label_noise"], ctx, "Distillation"))
         return out
 
-    def _distill(self, d: Diagnosis, ctx: OperatorContext, lead: str) -> Intervention:
+    def _distill(self, d: Diagnosis, ctx: OperatorContext, lead: str,
+                 ckpt: dict[str, Any] | None = None) -> Intervention:
         """The recipe switched to distillation for finding `d`: the policy's own answers the task's
-        verifier accepts as targets, no label read (medium risk: the objective changes)."""
+        verifier accepts as targets, no label read (medium risk: the objective changes); from
+        checkpoint `ckpt` when the weights since it learnt from what the finding names."""
         changes: dict[str, Any] = {"recipe.algorithm": "distill"}
         if (_f(ctx.get("recipe.group_size")) or 8) < 2:
             changes["recipe.group_size"] = 4
+        why = (f"{d.summary}. {lead} trains only on the policy's own answers that the task's verifier accepts, so "
+               "wrong labels stop pulling it away from right answers")
+        effect = "held-out accuracy rises past its SFT plateau within ~100 steps"
+        if ckpt is None:
+            return self.intervention(K.DISTILL, d, changes, risk=Risk.MEDIUM, rationale=why + ".", expected_effect=effect)
         return self.intervention(
-            K.DISTILL, d, changes, risk=Risk.MEDIUM,
-            rationale=f"{d.summary}. {lead} trains only on the policy's own answers that the task's verifier "
-                      "accepts, so wrong labels stop pulling it away from right answers.",
-            expected_effect="held-out accuracy rises past its SFT plateau within ~100 steps")
+            K.ROLLBACK, d, changes, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
+            rationale=f"{why}; the run rolls back to checkpoint {ckpt['name']} (step {ckpt['step']}, before the "
+                      "labels went wrong), since the steps after it learnt them.", expected_effect=effect)
 
     def _filter(self, d: Diagnosis, name: str, why: str, effect: str) -> Intervention:
         """The data filter `harness.filters.NAME` turned on for finding `d` (low risk: it only skips data)."""

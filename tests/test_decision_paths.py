@@ -491,3 +491,34 @@ def test_labels_the_task_rejects_get_the_label_check_filter_measured_before_it_i
     assert iv.status in Status.judged() and f"effect {bt.effect:+.3f}" in h[iv.status.value]["note"], iv.history
     rows = [r for r in read_jsonl(ws / ".swarm" / "runs" / "train" / "metrics.jsonl") if "label_ok" in r]
     assert rows and all(0.2 <= r["label_ok"] <= 0.8 for r in rows[-5:])
+
+
+@pytest.mark.slow
+def test_labels_none_of_which_passes_the_check_get_distillation_measured_before_it_is_applied(tmp_path):
+    """The data pipeline writes every reference answer in another format from step 30, after the
+    policy has learnt to answer some held-out questions: no label passes the task's own check, so
+    data curation proposes distillation (no label read) rather than a filter that would keep none,
+    from the newest checkpoint before the onset whose weights answered right, and the controller
+    backtests it (a new value: no shortcut) and records its decision. Whether it is kept is the
+    decision model's: on this 1-layer model at 0.2 held-out, 40 steps of distillation showed no gain
+    (measured: rejected, effect -0.05)."""
+    goal = merge(REVERSE_TOO_HARD, {"target": {"threshold": 0.995}, "approval": {"auto": ["low", "medium"]},
+                                    "run": {"checkpoint": {"interval": 10, "keep_last": 40}},   # outlives the reaction
+                                    "perturbations": [{"kind": "data_format", "at_step": 30, "style": "answer_prefix"}]})
+
+    class Ctrl(StopWhen):
+        done = staticmethod(lambda c: any(iv.diagnosis.name == "labels_fail_check" and iv.status in Status.judged()
+                                          for iv in c.store.list()))
+
+    ws = tmp_path / "ws"
+    summary, ivs, tl = run(Ctrl, ws, goal)
+    mine = [x for x in ivs if x.diagnosis.name == "labels_fail_check"]
+    assert mine, [(x.diagnosis.name, x.kind.value, x.status.value) for x in ivs]
+    iv = mine[0]
+    assert iv.operator == "data_curation" and iv.changes["recipe.algorithm"] == "distill"
+    # from the newest checkpoint before the onset whose weights answered right (held-out 0.2 at step 30)
+    assert iv.kind == K.ROLLBACK and rollback_target(iv) == "step_0000030" < f"step_{iv.diagnosis.evidence['onset_step']:07d}"
+    assert iv.diagnosis.evidence["label_ok_mean"] == 0.0 and iv.backtest_skipped is None
+    assert iv.backtest is not None and iv.status in Status.judged(), iv.history
+    rows = [r for r in read_jsonl(ws / ".swarm" / "runs" / "train" / "metrics.jsonl") if "label_ok" in r]
+    assert rows and all(r["label_ok"] == 1.0 for r in rows if r["step"] < 30)

@@ -112,11 +112,18 @@ def test_data_curation_trains_without_labels_when_none_passes_the_check():
     assert len(ivs) == 1
     iv = ivs[0]
     check_record(iv, op)
-    assert iv.kind == K.DISTILL and iv.changes["recipe.algorithm"] == "distill" and iv.risk == Risk.MEDIUM
+    assert iv.changes["recipe.algorithm"] == "distill" and iv.risk == Risk.MEDIUM
     assert "nothing to train on" in iv.rationale
+    # the steps since the onset (53) learnt the wrong labels: from the newest checkpoint before it
+    assert iv.kind == K.ROLLBACK and rollback_target(iv) == "step_0000048"
+    # no checkpoint before the onset, or none whose weights answered right: from where the run is
+    for kept, seen in (([55], evals), ([20], [{"step": 10, "heldout_acc": 0.0}] + evals)):
+        c = ctx(checkpoints=[{"name": f"step_{s:07d}", "step": s} for s in kept])
+        assert [iv.kind for iv in op.builtin(make_ev(rows, evals=seen), c)
+                if iv.diagnosis.name == "labels_fail_check"] == [K.DISTILL]
     # with the filter on as well, none passes it: the same
     on = make_ev(rows, evals=evals, harness={**HARNESS, "filters": {"check_labels": True}})
-    assert [iv.kind for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check"] == [K.DISTILL]
+    assert [iv.kind for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check"] == [K.ROLLBACK]
     # a policy that never answered a held-out question right has nothing of its own to train on
     never = [{"step": 40, "heldout_acc": 0.0}, {"step": 60, "heldout_acc": 0.0}]
     assert not [iv for iv in op.builtin(make_ev(rows, evals=never), ctx()) if iv.diagnosis.name == "labels_fail_check"]
