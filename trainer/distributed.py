@@ -19,6 +19,17 @@ ranks share the run folder or each fetches the choice into its own (`trainer.ran
 rank that cannot take the choice makes every rank raise `ResumeError` (`Dist.agree`): none is
 left waiting in a collective, and the job's restart chooses again.
 
+Control commands are read by rank 0 alone too (`Trainer.handle_commands` broadcasts its inbox),
+and so is what a command names. A rollback (`agree_checkpoint`) is a resume in the middle of the
+run: rank 0 loads the named checkpoint, verified against its manifest's hash, and sends its name,
+hash and manifest; every other rank loads it by name with that hash (`load_chosen`, after
+fetching it when the ranks share no folder). A harness version is read and validated by rank 0,
+which sends the spec itself, and a checkpoint command is rank 0's save (`Dist.on_main`). A rank
+that cannot take its part makes every rank raise `CommandError` with the same message before any
+rank changed its state: the command is refused and the run goes on from where it was, on every
+rank. A command that some ranks applied and others refused would leave them training different
+models: every rank raises `DivergedError` instead, and the run stops (`Trainer.apply_agreed`).
+
 `init_gloo` starts a process group on one host without Ray (tests, a plain multi-process run):
 torch's TCPStore would listen on every interface, so the store's socket is bound here, to the
 host given, and handed over.
@@ -40,6 +51,17 @@ from trainer.checkpoint import CheckpointError, CheckpointManager, ResumeChoice,
 class ResumeError(SwarmlabError, RuntimeError):
     """A rank of a data-parallel run could not take its part of the start (the checkpoint rank 0
     chose, a fork's checkpoint, the run restored from storage): every rank raises it, with the count."""
+
+
+class CommandError(SwarmlabError, RuntimeError):
+    """A control command of a data-parallel run that some rank could not take its part of (rank 0
+    could not read what it names, another rank could not load it): every rank raises it, with the
+    same message, before any rank changed its state; the command is refused."""
+
+
+class DivergedError(SwarmlabError, RuntimeError):
+    """A control command that some ranks of a data-parallel run applied and others did not: their
+    models would differ from here on, so every rank raises it and the run stops."""
 
 
 def init_gloo(rank: int, world: int, port: int, host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:
@@ -80,13 +102,47 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
-    def agree(self, err: BaseException | None, what: str) -> None:
-        """Every rank returns, or every rank raises `ResumeError`: the failure (`err`) of one is
-        counted in an all-reduce. Every rank must call it."""
+    def agree(self, err: BaseException | None, what: str, raising: type[Exception] = ResumeError,
+              tell: bool = False) -> None:
+        """Every rank returns, or every rank raises `raising`: the failure (`err`) of one is counted
+        in an all-reduce. The message names this rank's error, or with `tell` every failing rank's
+        (`why_failed`: the same message on every rank). Every rank must call it, with the same `tell`."""
         ok = int(self.sum([err is None])[0])
-        if ok != self.world:
-            why = f"{type(err).__name__}: {err}" if err is not None else "done here"
-            raise ResumeError(f"{what} failed on {self.world - ok} of {self.world} ranks (rank {self.rank}: {why})") from err
+        if ok == self.world:
+            return
+        if tell:
+            why = self.why_failed(err)
+        else:
+            why = f"rank {self.rank}: " + (f"{type(err).__name__}: {err}" if err is not None else "done here")
+        raise raising(f"{what} failed on {self.world - ok} of {self.world} ranks ({why})") from err
+
+    def why_failed(self, err: BaseException | None) -> str:
+        """Each failing rank's error (`rank R: Type: message`, `; `-joined), the same text on every
+        rank (one all-gather). Every rank must call it."""
+        mine = None if err is None else f"{type(err).__name__}: {err}"
+        whys = [mine]
+        if self.enabled:
+            whys = [None] * self.world
+            dist.all_gather_object(whys, mine)
+        return "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w is not None)
+
+    def on_main(self, work: Callable[[], Any]) -> Any:
+        """What `work()` returns on rank 0, on every rank: rank 0 alone calls it (reads a file the
+        run wrote, saves a checkpoint) and broadcasts the result (which must pickle). Where it
+        raises, rank 0 broadcasts its message instead and every rank raises `CommandError` with it,
+        so none is left waiting. In one process: `work()`. Every rank must call it."""
+        if not self.enabled:
+            return work()
+        got, why, err = None, None, None
+        if self.is_main:
+            try:
+                got = work()
+            except Exception as e:   # rank 0 must reach the broadcast whatever failed
+                why, err = str(e) or type(e).__name__, e
+        got, why = self.broadcast((got, why))
+        if why is not None:
+            raise CommandError(why) from err
+        return got
 
     def sum(self, values: list[float]) -> list[float]:
         """Each value summed over the ranks (float64; one all-reduce for the list). Every rank
@@ -178,16 +234,57 @@ LOAD_BACKOFF_S = 0.2    # the wait before the second read, doubled before each n
 
 
 def load_chosen(ckpt: CheckpointManager, choice: ResumeChoice,
-                sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+                sleep: Callable[[float], None] = time.sleep,
+                fetch: Callable[[ResumeChoice], None] | None = None) -> dict[str, Any]:
     """The state of the checkpoint rank 0 chose, read from this rank's `ckpt` with its hash checked,
     tried LOAD_TRIES times: rank 0 verified that file, so a read that fails here may be a stale
-    view of it (a network filesystem's cache while it settles) rather than a bad file, and one
-    failed read should not fail every rank. A file that stays wrong raises its last error."""
+    view of it (a network filesystem's cache while it settles, a storage a mirror pass behind)
+    rather than a bad file, and one failed read should not fail every rank. `fetch(choice)` puts it
+    in `ckpt` before each read (the ranks share no folder). A file that stays wrong raises its last
+    error."""
     for attempt in range(LOAD_TRIES):
         try:
+            if fetch is not None:
+                fetch(choice)
             return ckpt.load(choice.name, sha256=choice.sha256)
         except (CheckpointError, OSError, RuntimeError, EOFError) as e:
             if attempt == LOAD_TRIES - 1:
                 raise
             sleep(LOAD_BACKOFF_S * 2 ** attempt)
     raise AssertionError("unreachable")
+
+
+def agree_checkpoint(ckpt: CheckpointManager, name: str, dist: Dist,
+                     publish: Callable[[ResumeChoice], None] | None = None,
+                     fetch: Callable[[ResumeChoice], None] | None = None) -> dict[str, Any]:
+    """The state saved as `name` in `ckpt`, for a rollback: in one process, `ckpt.load(name)`;
+    data-parallel, rank 0 loads it, verified against the hash its manifest lists, calls
+    `publish(choice)` (put it where the others fetch it) and sends its name, hash and manifest;
+    every other rank loads it by name from its own `ckpt` with that hash (`load_chosen`, with
+    `fetch`). Rank 0's failure makes every rank raise `CommandError` with its message, another
+    rank's makes every rank raise it naming each failing rank's error: no rank has changed its
+    state then. Every rank must call it."""
+    if not dist.enabled:
+        return ckpt.load(name)
+    mine: dict[str, Any] = {}
+
+    def verify() -> ResumeChoice:   # rank 0
+        listed = next((m for m in ckpt.manifests() if m.get("name") == name), None)
+        if listed is None:
+            ckpt.load(name)   # raises what one process would: no such checkpoint (and the known ones)
+            raise CheckpointError(f"checkpoint {name!r} is not among the manifests listed (written since?)")
+        mine["state"] = ckpt.load(name, sha256=listed["sha256"])
+        choice = ResumeChoice(name, listed["sha256"], (listed,))
+        if publish is not None:
+            publish(choice)
+        return choice
+
+    choice = dist.on_main(verify)
+    err = None
+    if not dist.is_main:
+        try:
+            mine["state"] = load_chosen(ckpt, choice, fetch=fetch)
+        except Exception as e:   # counted below, on every rank
+            err = e
+    dist.agree(err, f"rolling back to checkpoint {name!r}", raising=CommandError, tell=True)
+    return mine["state"]

@@ -6,7 +6,10 @@ commands and perturbations handled between steps (the "safe points").
                                        # (data-parallel: the one rank 0 chose, on every rank)
 
 Run it directly (`swarm train CONFIG`), as a Ray job (`trainer.launch`), or data-parallel on Ray
-Train workers (`num_workers > 1`, see `trainer.launch.run_ray_train`).
+Train workers (`num_workers > 1`, see `trainer.launch.run_ray_train`). Data-parallel, rank 0 reads
+the control commands and what they name (a checkpoint to roll back to, a stored harness version)
+and every rank applies each command or every rank refuses it (`apply_agreed`,
+`trainer.distributed`).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from trainer.algorithms.sft import sft_step
 from trainer.checkpoint import CheckpointError, CheckpointManager, ResumeChoice
 from trainer.config import ConfigError, RunConfig, set_dotted
 from trainer.control import Command, CommandInbox
-from trainer.distributed import Dist, agree_resume
+from trainer.distributed import CommandError, DivergedError, Dist, agree_checkpoint, agree_resume
 from trainer.logprobs import batch_logprobs, select_backend
 from trainer.perturb import Perturber, check_overrides
 from trainer.policy import Batch, Policy
@@ -45,6 +48,10 @@ STEPS: dict[str, Callable] = {"sft": sft_step, "grpo": grpo_step, "distill": dis
 HEARTBEAT_EVERY_S = 0.5   # while running, the heartbeat is rewritten at most this often (state changes always)
 
 ERROR_CHARS = 500   # of an exception's message kept in the 'error' event that records why the job died
+
+# a command that raises one of these is refused (acknowledged with the reason) and the run goes on;
+# any other error ends the run
+REFUSED = (ValueError, CheckpointError, KeyError, CommandError)
 
 
 class StopRun(Exception):
@@ -337,14 +344,60 @@ class Trainer:
                 continue
             cmd = Command.model_validate(c)
             try:
-                result = self.apply_command(cmd)
+                result = self.apply_agreed(cmd)
                 ok = True
-            except (ValueError, CheckpointError, KeyError) as e:
+            except REFUSED as e:
                 result, ok = str(e), False
+            except DivergedError as e:   # the run stops; the command's sender learns why
+                if self.inbox:
+                    self.inbox.ack(cmd.id, cmd.cmd, self.step, False, str(e))
+                raise
             if self.inbox:
                 self.inbox.ack(cmd.id, cmd.cmd, self.step, ok, result)
             if ok and cmd.cmd == "stop":
                 raise StopRun("stopped_by_command")
+
+    def apply_agreed(self, cmd: Command) -> Any:
+        """`apply_command`, with one outcome on every rank of a data-parallel run: the ranks count,
+        in one all-reduce, who applied it and who refused it (`REFUSED`). Applied everywhere: its
+        result. Refused everywhere: each rank raises its error (one message where rank 0 read or did
+        the command's part: `read_checkpoint`, `read_harness`, a checkpoint's save). An error on
+        every rank that is no refusal: each raises its own, and the run ends as one process's would.
+        Anything else would leave the ranks on different models: every rank raises `DivergedError`,
+        and the run stops."""
+        if not self.dist.enabled:
+            return self.apply_command(cmd)
+        try:
+            out, err = self.apply_command(cmd), None
+        except Exception as e:   # counted below, on every rank: none is left waiting in a collective
+            out, err = None, e
+        applied, refused = (int(n) for n in self.dist.sum([err is None, isinstance(err, REFUSED)]))
+        if applied == self.dist.world:
+            return out
+        if refused == self.dist.world or applied + refused == 0:
+            raise err
+        raise DivergedError(f"command {cmd.cmd!r} ({cmd.id}) was applied by {applied} of {self.dist.world} ranks "
+                            f"({self.dist.why_failed(err)}): the ranks would train different models, "
+                            f"the run stops") from err
+
+    def read_checkpoint(self, name: str) -> dict[str, Any]:
+        """The state saved as `name`, for a rollback; data-parallel, the one rank 0 verified, which
+        every rank loads by name with its hash checked (`agree_checkpoint`)."""
+        return agree_checkpoint(self.ckpt, name, self.dist)
+
+    def read_harness(self, version: str) -> HarnessSpec:
+        """The harness stored as `version` under harnesses/; data-parallel, rank 0's, read and
+        validated there and sent to every rank (`Dist.on_main`): no other rank reads a file."""
+
+        def read() -> HarnessSpec:
+            p = self.run_dir / "harnesses" / f"{version}.yaml"
+            if not p.is_file():
+                raise ValueError(f"unknown harness version {version!r} (none stored under harnesses/)")
+            import yaml
+
+            return HarnessSpec.model_validate(yaml.safe_load(p.read_text()))
+
+        return self.dist.on_main(read)
 
     def apply_command(self, cmd: Command) -> Any:
         if cmd.cmd == "set_recipe":
@@ -367,24 +420,19 @@ class Trainer:
             if cmd.harness is not None:
                 spec = HarnessSpec.model_validate(cmd.harness)
             elif cmd.version:
-                p = self.run_dir / "harnesses" / f"{cmd.version}.yaml"
-                if not p.is_file():
-                    raise ValueError(f"unknown harness version {cmd.version!r} (none stored under harnesses/)")
-                import yaml
-
-                spec = HarnessSpec.model_validate(yaml.safe_load(p.read_text()))
+                spec = self.read_harness(cmd.version)
             else:
                 raise ValueError("set_harness needs 'version' or 'harness'")
             self.task.check_difficulty(spec.curriculum.start)
             self.harness = self.shown = spec
             self.store_harness()
             return {"harness_version": spec.version}
-        if cmd.cmd == "checkpoint":
-            return {"checkpoint": self.save(cmd.name)}
+        if cmd.cmd == "checkpoint":   # rank 0 saves; data-parallel, every rank learns its name or why not
+            return {"checkpoint": self.dist.on_main(lambda: self.save(cmd.name))}
         if cmd.cmd == "rollback":
             if not cmd.name:
                 raise ValueError("rollback needs 'name' (a checkpoint name)")
-            st = self.ckpt.load(cmd.name)
+            st = self.read_checkpoint(cmd.name)
             self.load_state(st)
             self.segment += 1
             return {"rolled_back_to": cmd.name, "step": self.step}

@@ -17,10 +17,15 @@ that agreement (`RankTrainer.choose_start`); a rank that fails its part (a fetch
 changed since rank 0 chose) makes every rank raise `ResumeError`: none is left waiting in a
 collective, and the job's restart tries again.
 
-Commands (`RankTrainer`): a rollback or a switch to a stored harness version reads what rank 0 has
-(only its folder holds what the run wrote since the start, and the other ranks hold one
-checkpoint) and rank 0 sends it to the others; a command applied by some ranks and refused by
-others stops the run rather than let the ranks train different models.
+Commands (`RankTrainer`): rank 0 reads what a command names, as every data-parallel run does
+(`Trainer.apply_agreed`): only its folder holds what the run wrote since the start, and the other
+ranks hold one checkpoint. A harness version comes from rank 0 as a spec. A rollback is a resume in
+the middle of the run (`trainer.distributed.agree_checkpoint`): rank 0 verifies the checkpoint and
+makes sure it is on the storage (a mirror pass, for one saved since the last), and every other
+rank fetches that checkpoint by name, its hash checked (`fetch_chosen`, the fetch and the read
+tried as `load_chosen` tries them). A rank that cannot take its part makes every rank refuse the
+command; a command applied by some ranks and refused by others stops the run rather than let the
+ranks train different models.
 
 Tested in tests/test_rank_resume.py (the choice on two gloo ranks, hand-built storage) and
 tests/test_storage_data_parallel.py (a real Ray job, `-m slow`).
@@ -36,8 +41,7 @@ from typing import Any
 
 from trainer.checkpoint import CheckpointError, CheckpointManager, ResumeChoice
 from trainer.config import RunConfig
-from trainer.control import Command
-from trainer.distributed import Dist, ResumeError, agree_resume
+from trainer.distributed import Dist, ResumeError, agree_checkpoint, agree_resume
 from trainer.loop import Trainer
 from trainer.run_storage import JobMirror, fetch_checkpoint, scratch_dir
 from trainer.storage import Storage, open_storage
@@ -51,7 +55,7 @@ def fetch_chosen(store: Storage, ckpt_dir: pathlib.Path, choice: ResumeChoice) -
     digest = hashlib.sha256(data).hexdigest()
     if digest != choice.sha256:
         raise ResumeError(f"checkpoint {choice.name!r} on the storage has sha256 {digest[:12]}, not the "
-                          f"{choice.sha256[:12]} rank 0 resumes from (written again since rank 0 chose?)")
+                          f"{choice.sha256[:12]} rank 0 chose (written again since?)")
     manifest = next(m for m in choice.listing if m["name"] == choice.name)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (ckpt_dir / f"{choice.name}.pt").write_bytes(data)
@@ -61,11 +65,13 @@ def fetch_chosen(store: Storage, ckpt_dir: pathlib.Path, choice: ResumeChoice) -
 @dataclasses.dataclass
 class Restored:
     """A rank's folder, ready for its trainer: rank 0's mirror (None on the other ranks), the
-    choice every rank agreed on, and the chosen checkpoint's state (None: none to resume from)."""
+    choice every rank agreed on, the chosen checkpoint's state (None: none to resume from), and the
+    run's storage (where the other ranks fetch a checkpoint to roll back to)."""
 
     choice: ResumeChoice
     state: dict[str, Any] | None
     mirror: JobMirror | None
+    store: Storage | None = None
 
 
 def restore_rank(run_dir: pathlib.Path, store: Storage, dist: Dist, keep_last: int,
@@ -90,7 +96,7 @@ def restore_rank(run_dir: pathlib.Path, store: Storage, dist: Dist, keep_last: i
             fetch_chosen(store, run_dir / "checkpoints", choice)
 
     choice, state = agree_resume(CheckpointManager(run_dir / "checkpoints", keep_last), dist, fetch)
-    return Restored(choice, state, mirror)
+    return Restored(choice, state, mirror, store)
 
 
 def rank_dir(uri: str, rank: int) -> pathlib.Path:
@@ -101,15 +107,15 @@ def rank_dir(uri: str, rank: int) -> pathlib.Path:
 
 class RankTrainer(Trainer):
     """The trainer of a data-parallel rank with run storage. It starts from the checkpoint rank 0
-    chose (`restored`), then goes on with its own folder's checkpoints. A rollback or a
-    `set_harness` by version, which every rank applies, reads what rank 0 has, and rank 0 sends it
-    to the others. A command that one rank applied and another refused would leave the ranks
-    training different models: the run stops instead (the job fails, and a restart resumes every
-    rank from the storage)."""
+    chose (`restored`), then goes on with its own folder's checkpoints. A rollback, which every rank
+    applies, loads the checkpoint rank 0 verified: rank 0 puts it on the storage if its mirror has
+    not yet, every other rank fetches it into its folder (`agree_checkpoint`)."""
 
     def __init__(self, cfg: RunConfig, dist: Dist, restored: Restored | None = None) -> None:
         super().__init__(cfg, dist=dist)
         self.restored = restored
+        self.store = restored.store if restored is not None else None
+        self.mirror = restored.mirror if restored is not None else None
 
     def choose_start(self) -> tuple[ResumeChoice, dict[str, Any] | None]:
         if self.restored is None:
@@ -118,46 +124,23 @@ class RankTrainer(Trainer):
         state, restored.state = restored.state, None   # kept nowhere past the start
         return restored.choice, state
 
-    def apply_command(self, cmd: Command) -> Any:
-        if not self.dist.enabled:
-            return super().apply_command(cmd)
-        try:
-            out, err = self._apply_on_every_rank(cmd), None
-        except Exception as e:   # any failure on one rank: the ranks agree first (no rank left in a collective)
-            out, err = None, e
-        applied = int(self.dist.sum([err is None])[0])
-        if applied not in (0, self.dist.world):
-            raise RuntimeError(f"command {cmd.cmd!r} ({cmd.id}) was applied by {applied} of {self.dist.world} "
-                               f"ranks (rank {self.dist.rank}: {err or 'applied'}): the ranks would diverge")
-        if err is not None:
-            raise err
-        return out
+    def read_checkpoint(self, name: str) -> dict[str, Any]:
+        store = self.store
+        if store is None or not self.dist.enabled:
+            return super().read_checkpoint(name)
+        return agree_checkpoint(self.ckpt, name, self.dist, publish=self._publish,
+                                fetch=lambda choice: fetch_chosen(store, self.ckpt.dir, choice))
 
-    def _apply_on_every_rank(self, cmd: Command) -> Any:
-        if cmd.cmd == "rollback" and cmd.name:
-            try:   # rank 0 loads it (or says why not); every rank takes the same state or the same error
-                got: Any = self.ckpt.load(cmd.name) if self.dist.is_main else None
-            except Exception as e:   # rank 0 must reach the broadcast whatever failed
-                got = str(e) or type(e).__name__
-            got = self.dist.broadcast(got)
-            if isinstance(got, str):
-                raise CheckpointError(got)
-            self.load_state(got)
-            self.segment += 1
-            return {"rolled_back_to": cmd.name, "step": self.step}
-        if cmd.cmd == "set_harness" and cmd.harness is None and cmd.version:
-            p = self.run_dir / "harnesses" / f"{cmd.version}.yaml"
-            try:
-                mine = p.read_text() if self.dist.is_main and p.is_file() else None
-            except OSError:   # rank 0 must reach the broadcast whatever failed
-                mine = None
-            text = self.dist.broadcast(mine)
-            if text is None:
-                raise ValueError(f"unknown harness version {cmd.version!r} (none stored under harnesses/)")
-            import yaml
-
-            cmd = cmd.model_copy(update={"harness": yaml.safe_load(text)})
-        return super().apply_command(cmd)
+    def _publish(self, choice: ResumeChoice) -> None:
+        """Rank 0: the checkpoint rank 0 verified is on the storage before the others fetch it (one
+        saved since the mirror's last pass, a rollback to a `checkpoint` command of the same batch,
+        is not yet)."""
+        if self.mirror is None:
+            return
+        self.mirror.sync()
+        if self.mirror.pushed_ckpts.get(choice.name) != choice.sha256:
+            raise CheckpointError(f"checkpoint {choice.name!r} is not on the run's storage ({self.store.uri}) "
+                                  f"as rank 0 verified it")
 
 
 def run_rank(config: dict[str, Any], uri: str, fork_src: str | None, rank: int) -> dict[str, Any]:
