@@ -43,14 +43,26 @@ rounds periodic: before every N-th GRPO step, so a fault that arrives mid-run me
 
 The run writes the trainer's run format (`trainer.runlog.RunLog`) under OUT/NAME: metrics.jsonl
 (`algorithm` "eval", "sft" every `log_every` steps or "grpo" every step; held-out fields on eval
-rows; `drift` = calls that could not be merged into their trajectory's row; a last `final` row),
-samples.jsonl (trajectories as text), events.jsonl (start, end), heartbeat.json and config.yaml
-(this config, resolved). Progress is printed one line per logged step.
+rows; `drift` = calls that could not be merged into their trajectory's row; `segment` = resumes and
+rollbacks so far; a last `final` row), samples.jsonl (trajectories as text), events.jsonl (start or
+resume, checkpoint, harness_change, end), heartbeat.json, config.yaml (this config, resolved) and
+harnesses/<version>.yaml (each harness the run used). Progress is printed one line per logged step.
+
+Checkpoints, resume and fork (`trainer.agent_state`): every `checkpoint.interval` steps of the
+warm-up and the GRPO stages, at the end and on a `stop`, the whole state (weights, optimiser, the
+stage and the step within it, the harness as a full spec, RNGs, data cursor, the critic's verdicts)
+goes into RUN_DIR/checkpoints through `trainer.checkpoint.CheckpointManager`. A run started again
+goes on from its newest checkpoint that verifies to the same end; `fork_from` starts a new run
+from another run's checkpoint, with `fork_overrides`. The control inbox (`trainer.agent_control`,
+on `trainer.control.CommandInbox`) is read at the end of each of those steps: set_recipe,
+set_fields, set_harness, checkpoint, rollback, pause, resume, stop.
 
 Deviations: the learning-rate schedule is constant per stage after a linear warm-up; no
-checkpoints, control inbox or data-parallel workers (`trainer.loop.Trainer` has those for
-single-turn tasks; its optimiser step is tied to them, so the few lines of `optimise` are here);
-the policy's calls are batched across the episodes of a step (`trainer.agent_batching`).
+data-parallel workers; the optimiser step is its own few lines (`optimise`), not
+`trainer.loop.Trainer`'s, which is tied to its data-parallel workers; the policy's calls are batched
+across the episodes of a step (`trainer.agent_batching`). Critic rounds and distillation take no
+checkpoint and read no command: a run stopped inside them goes on from the checkpoint before them
+and runs them again.
 """
 from __future__ import annotations
 
@@ -67,11 +79,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.agent import AgentHarness, apply_edit, check_edit
+from trainer import agent_state
 from trainer.agent_batching import BatchedGenerator
 from trainer.agent_coevolve import CriticStages, DemoGenerator
+from trainer.agent_control import AgentControl, Rewound, StopRun
 from trainer.agent_rollout import Trajectory, demonstration, run_episode, summarize
+from trainer.agent_state import field_key
 from trainer.algorithms.agent_grpo import (Call, Row, agent_grpo_loss, episodes_from_records, group_advantages,
                                            merge_calls, row_logprobs, sft_rows_loss, trajectory_calls)
+from trainer.checkpoint import CheckpointManager
 from trainer.config import ConfigError, ModelConfig, parse_config
 from trainer.envs import make_env
 from trainer.envs.base import AgentEnv
@@ -135,6 +151,12 @@ class CriticStage(_Strict):
                        "of a stage (before its steps 0, N, 2N, ...), besides the pass after GRPO; 0 = only that pass")
 
 
+class CheckpointStage(_Strict):
+    interval: int = Field(0, ge=0, description="save a checkpoint every N steps of the warm-up and GRPO stages, and "
+                          "at the end (0 = off: only on a `checkpoint` or `stop` command)")
+    keep_last: int = Field(3, ge=1, description="retention: the newest N periodic checkpoints are kept")
+
+
 class AgentTrainConfig(_Strict):
     name: str = Field("agent", pattern=r"^[A-Za-z0-9_.-]+$", description="the run's folder under out_dir")
     out_dir: str = Field("runs", description="the run writes to OUT_DIR/NAME")
@@ -177,6 +199,12 @@ class AgentTrainConfig(_Strict):
     log_every: int = Field(10, ge=1, description="SFT: print and write a metrics row every N steps")
     samples_per_step: int = Field(2, ge=0, le=1024, description="trajectories written to samples.jsonl per GRPO step")
     threads: int = Field(0, ge=0, le=256, description="torch intra-op threads (0 = torch default)")
+    checkpoint: CheckpointStage = Field(default_factory=CheckpointStage, description="periodic checkpoints")
+    fork_from: str | None = Field(None, description="start from this checkpoint file (.pt) of another agent run, "
+                                  "verified by its hash (when this run has no checkpoint of its own that verifies)")
+    fork_overrides: dict[str, Any] = Field(default_factory=dict, description="dotted fields set after the fork: "
+                                           "harness.<path> edits and the recipe fields read at every step "
+                                           "(trainer/agent_state.py RECIPE_FIELDS)")
 
     @model_validator(mode="after")
     def _check(self) -> "AgentTrainConfig":
@@ -190,6 +218,11 @@ class AgentTrainConfig(_Strict):
             if self.harness_fault_step < self.sft.steps:
                 raise ValueError(f"harness_fault_step={self.harness_fault_step} is inside the warm-up "
                                  f"(sft.steps={self.sft.steps}): a harness change happens after it")
+        bad = [why for why in map(field_key, self.fork_overrides) if why is not None]
+        if bad:
+            raise ValueError(f"fork_overrides: {bad[0]}")
+        if self.fork_overrides and not self.fork_from:
+            raise ValueError(f"fork_overrides={self.fork_overrides!r} needs fork_from")
         return self
 
     @property
@@ -254,8 +287,14 @@ class AgentTrainer(CriticStages):
         self.rng = torch.Generator().manual_seed(cfg.seed * 1000 + 29)
         self.step = 0
         self.cursor = 0
+        self.stage, self.stage_step, self.segment = "warmup", 0, 0   # where the run is (a checkpoint holds it)
+        self.progress: dict[str, Any] = {}        # the co-evolution's numbers so far
+        self.heldout_start = 0.0
         self.ref_policy: Policy | None = None
         self.log: RunLog | None = None
+        self.ckpt: CheckpointManager | None = None
+        self.control: AgentControl | None = None
+        self.until: int | None = None             # tests: end as if killed at this step (`run(until=…)`)
         self.history: list[dict[str, Any]] = []
         self._check_demonstrations()
 
@@ -470,36 +509,60 @@ class AgentTrainer(CriticStages):
             self.printer(f"[{row['algorithm']} {self.step:4d}] {shown} ({row['step_time']:.2f}s)")
 
     def start(self) -> None:
-        """Open the run's log, write the resolved config and the untrained policy's held-out eval."""
+        """Open the run's log, checkpoints and control inbox, write the resolved config, and start:
+        from the run's newest checkpoint that verifies, else from `fork_from`, else from scratch
+        with the untrained policy's held-out eval (`trainer.agent_state.begin`)."""
         cfg = self.cfg
         self.t_start = time.time()
         self.log = RunLog(cfg.run_dir)
         atomic_write_text(cfg.run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        self.ckpt = CheckpointManager(cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last)
+        self.control = AgentControl(self)
+        how = agent_state.begin(self)
+        agent_state.store_harness(self)
+        if how == "resume":
+            return
         self.log.event("start", self.step, params=sum(p.numel() for p in self.params), env=cfg.env,
-                       harness_version=self.harness.version, kernels=self.backend)
-        ev = self.evaluate()
-        self.heldout_start = ev["heldout_acc"]
-        self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev})
+                       harness_version=self.harness.version, kernels=self.backend,
+                       **({"fork_from": cfg.fork_from, "stage": self.stage} if how == "fork" else {}))
+        if how == "start":
+            ev = self.evaluate()
+            self.heldout_start = ev["heldout_acc"]
+            self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev})
+
+    def enter(self, stage: str) -> int:
+        """Begin `stage`, or go on in it (a resume, a rollback): the index of its next step."""
+        if self.stage != stage:
+            self.stage, self.stage_step = stage, 0
+        return self.stage_step
+
+    def step_end(self, done: int) -> None:
+        """After an optimiser step (`done` steps of the stage done): a checkpoint when due and the
+        control inbox (`trainer.agent_control`)."""
+        self.stage_step = done
+        if self.control:
+            self.control.step_end()
 
     def row_base(self, algorithm: str) -> dict[str, Any]:
-        """The fields every metrics row starts with."""
-        return {"step": self.step, "time": time.time(), "algorithm": algorithm,
+        """The fields every metrics row starts with (`segment` counts resumes and rollbacks)."""
+        return {"step": self.step, "segment": self.segment, "time": time.time(), "algorithm": algorithm,
                 "harness_version": self.harness.version, "difficulty": self.cfg.difficulty}
 
     def warm_up(self) -> float:
         """The SFT stage; returns held-out success after it."""
-        cfg = self.cfg
-        for i in range(cfg.sft.steps):
+        steps = self.cfg.sft.steps
+        for i in range(self.enter("warmup"), steps):
             t0 = time.perf_counter()
             stats = self.sft_step(i)
             self.step += 1
-            last = i == cfg.sft.steps - 1
-            if (i + 1) % cfg.log_every == 0 or last:
-                row = {**self.row_base("sft"), **stats, "lr": self._lr(cfg.sft.lr, cfg.sft.warmup_steps, i)}
+            last = i == steps - 1
+            if (i + 1) % self.cfg.log_every == 0 or last:
+                row = {**self.row_base("sft"), **stats, "lr": self._lr(self.cfg.sft.lr, self.cfg.sft.warmup_steps, i)}
                 if last:
                     row.update(self.evaluate())
                 row["step_time"] = time.perf_counter() - t0
                 self.write_row(row)
+            self.step_end(i + 1)
         self.heldout_warm = self.last_heldout()
         return self.heldout_warm
 
@@ -519,81 +582,121 @@ class AgentTrainer(CriticStages):
             kept += 1
         return kept
 
-    def reinforce(self, steps: int | None = None, periodic: bool = False) -> float:
+    def reinforce(self, steps: int | None = None, periodic: bool = False, stage: str = "grpo") -> float:
         """The GRPO stage (`grpo.steps`, or `steps`); with `periodic` and `critic.every`, critic
         rounds before every `critic.every`-th step. Returns held-out success after it."""
-        cfg = self.cfg
-        steps = cfg.grpo.steps if steps is None else steps
-        if cfg.grpo.kl_coef > 0:   # the KL reference is the policy the warm-up produced
+        steps = self.cfg.grpo.steps if steps is None else steps
+        first = self.enter(stage)
+        if self.cfg.grpo.kl_coef > 0 and (first == 0 or self.ref_policy is None):
+            # the KL reference is the policy the warm-up produced (a resume restores it)
             self.ref_policy = Policy(self.policy.cfg, self.policy.tok, copy.deepcopy(self.policy.model))
             self.ref_policy.model.requires_grad_(False)
         for g in self.opt.param_groups:
-            g["lr"] = cfg.grpo.lr
-        for i in range(steps):
-            if periodic and self.critic_due(i, cfg.critic.every):
+            g["lr"] = self.cfg.grpo.lr
+        for i in range(first, steps):
+            if periodic and self.critic_due(i, self.cfg.critic.every):
                 self.critic_rounds()
             t0 = time.perf_counter()
             stats = self.grpo_step(i)
             self.step += 1
-            row = {**self.row_base("grpo"), **stats, "lr": self._lr(cfg.grpo.lr, cfg.grpo.warmup_steps, i)}
-            if (cfg.eval_every and (i + 1) % cfg.eval_every == 0) or i == steps - 1:
+            row = {**self.row_base("grpo"), **stats, "lr": self._lr(self.cfg.grpo.lr, self.cfg.grpo.warmup_steps, i)}
+            if (self.cfg.eval_every and (i + 1) % self.cfg.eval_every == 0) or i == steps - 1:
                 row.update(self.evaluate())
             row["step_time"] = time.perf_counter() - t0
             self.write_row(row)
+            self.step_end(i + 1)
         return self.last_heldout()
 
     def coevolve(self) -> dict[str, Any]:
         """Warm-up and GRPO under the starting harness; critic rounds; GRPO under the improved
-        harness; distillation; held-out success under both harnesses at each point."""
+        harness; distillation; held-out success under both harnesses at each point. Goes on from
+        the stage the run is in (`stage`: a resume or a rollback)."""
         c = self.cfg.critic
-        self.start()
-        self.warm_up()
-        before = self.reinforce(periodic=True)
-        self.critic_rounds()
-        out: dict[str, Any] = {"heldout_acc_before_critic": before, "edits_kept": [e for e in self.edits if e["kept"]],
-                               "edits_rejected": [e for e in self.edits if not e["kept"]],
-                               "start_harness": self.start_harness.version, "harness": self.harness.version}
-        if self.harness.version == self.start_harness.version:
-            return out
-        ev = self.evaluate()
-        self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev})
-        out["heldout_acc_after_edit"] = ev["heldout_acc"]
-        out["heldout_acc_after_grpo"] = self.reinforce(c.grpo_steps, periodic=True) if c.grpo_steps else ev["heldout_acc"]
-        if c.distill_steps:
-            out["start_harness_acc_before_distill"] = self.evaluate(harness=self.start_harness)["heldout_acc"]
-            out.update(self.distill())
-            out["start_harness_acc_after_distill"] = self.evaluate(harness=self.start_harness)["heldout_acc"]
+        out = self.progress
+        if self.stage == "warmup":
+            self.warm_up()
+        if self.stage in ("warmup", "grpo"):
+            out["heldout_acc_before_critic"] = self.reinforce(periodic=True)
+            self.critic_rounds()
+            out.update({"edits_kept": [e for e in self.edits if e["kept"]],
+                        "edits_rejected": [e for e in self.edits if not e["kept"]],
+                        "start_harness": self.start_harness.version, "harness": self.harness.version})
+            if self.harness.version == self.start_harness.version:
+                self.stage = "done"
+                return out
             ev = self.evaluate()
-            out["heldout_acc_after_distill"] = ev["heldout_acc"]
-            self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev,
-                            "start_harness_acc": out["start_harness_acc_after_distill"]})
+            self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev})
+            out["heldout_acc_after_edit"] = ev["heldout_acc"]
+            self.stage, self.stage_step = "grpo_critic", 0
+        if self.stage == "grpo_critic":
+            out["heldout_acc_after_grpo"] = (self.reinforce(c.grpo_steps, periodic=True, stage="grpo_critic")
+                                             if c.grpo_steps else out["heldout_acc_after_edit"])
+            self.stage = "done"
+            if c.distill_steps:
+                out["start_harness_acc_before_distill"] = self.evaluate(harness=self.start_harness)["heldout_acc"]
+                out.update(self.distill())
+                out["start_harness_acc_after_distill"] = self.evaluate(harness=self.start_harness)["heldout_acc"]
+                ev = self.evaluate()
+                out["heldout_acc_after_distill"] = ev["heldout_acc"]
+                self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev,
+                                "start_harness_acc": out["start_harness_acc_after_distill"]})
         return out
 
     def last_heldout(self) -> float:
         return next((r["heldout_acc"] for r in reversed(self.history) if "heldout_acc" in r), 0.0)
 
-    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def finish(self, extra: dict[str, Any] | None = None, status: str = "completed") -> dict[str, Any]:
         """Close the run; the summary (with `extra`, the co-evolution's numbers) is the `end` event."""
         assert self.log is not None, "start() opens the log"
         final = self.last_heldout()
-        summary = {"status": "completed", "steps": self.step, "run_dir": str(self.cfg.run_dir),
+        summary = {"status": status, "steps": self.step, "run_dir": str(self.cfg.run_dir),
                    "heldout_acc_start": self.heldout_start, "heldout_acc_warm": getattr(self, "heldout_warm", final),
                    "heldout_acc": final, "wall_s": time.time() - self.t_start, **(extra or {})}
         self.log.metrics.write({**self.row_base("eval"), "final": True, "heldout_acc": final})
         self.log.event("end", self.step, **{k: v for k, v in summary.items() if k != "steps"})
-        self.log.heartbeat(self.step, "completed")
-        self.log.close()
+        self.log.heartbeat(self.step, status)
+        self.close()
         return summary
 
-    def run(self) -> dict[str, Any]:
+    def close(self) -> None:
+        if self.control:
+            self.control.close()
+        if self.log:
+            self.log.close()
+
+    def train(self) -> dict[str, Any]:
+        """Warm-up and GRPO, from the stage the run is in."""
+        if self.stage == "warmup":
+            self.warm_up()
+        if self.stage in ("warmup", "grpo"):
+            self.reinforce()
+        self.stage = "done"
+        return {}
+
+    def run(self, until: int | None = None) -> dict[str, Any]:
         """Untrained eval, warm-up, GRPO (and with `critic.enabled` the critic, GRPO under the
-        improved harness and distillation); returns held-out success at each point and the wall time."""
-        if self.cfg.critic.enabled:
-            return self.finish(self.coevolve())
+        improved harness and distillation); returns held-out success at each point and the wall
+        time. Starts where `start` says (a resume goes on to the same end); a `stop` command ends
+        it early with a checkpoint. `until` (tests) ends it at that step as if the process were
+        killed there: no checkpoint, no `end` event."""
+        self.until = until
         self.start()
-        self.warm_up()
-        self.reinforce()
-        return self.finish()
+        status = "completed"
+        while True:
+            try:
+                extra = self.coevolve() if self.cfg.critic.enabled else self.train()
+                break
+            except Rewound:
+                continue
+            except StopRun as e:
+                if e.status == "interrupted":
+                    self.close()
+                    return {"status": e.status, "steps": self.step, "run_dir": str(self.cfg.run_dir)}
+                status, extra = e.status, dict(self.progress)
+                break
+        if self.cfg.checkpoint.interval or status != "completed":
+            agent_state.save(self)
+        return self.finish(extra, status)
 
 
 def main(argv: list[str] | None = None) -> int:
