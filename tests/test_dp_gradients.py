@@ -21,11 +21,8 @@ from __future__ import annotations
 import collections
 import copy
 import json
-import os
 import pathlib
 import random
-import socket
-import subprocess
 import sys
 import zlib
 from typing import Any
@@ -37,6 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script by the workers
     sys.path.insert(0, str(REPO))
 
+import gloo_ranks  # noqa: E402
 from trainer.config import RunConfig  # noqa: E402
 from trainer.distributed import Dist, init_gloo  # noqa: E402
 from trainer.tasks.base import Split  # noqa: E402
@@ -171,12 +169,6 @@ def _worker(rank: int, world: int, port: int, spec: str, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _close(a: list[torch.Tensor], b: list[torch.Tensor], what: str, rtol: float = 1e-4, atol: float = 1e-6) -> None:
     assert len(a) == len(b), what
     for i, (x, y) in enumerate(zip(a, b)):
@@ -185,20 +177,10 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor], what: str, rtol: float 
 
 def test_two_ranks_take_the_single_process_step(tmp_path):
     names = list(SCENARIOS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO)}
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), "2", str(port), json.dumps(names), str(tmp_path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs = gloo_ranks.start(__file__, [json.dumps(names), str(tmp_path)])
     torch.set_num_threads(1)
     single = {n: run_scenario(n, tmp_path / "single" / "runs") for n in names}   # meanwhile, one process
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("a rank hung (an all-reduce one rank never joined?)") from None
-        assert p.returncode == 0, err[-3000:]
+    gloo_ranks.wait(procs, timeout=240)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     for r in ranks:
         assert r["listening"] and set(r["listening"]) == {"127.0.0.1"}, r["listening"]

@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 from typing import Any
 
@@ -45,7 +44,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script by the workers
     sys.path.insert(0, str(REPO))
 
-from test_rank_resume import CKPTS, _free_port, _store, _tear, _train_elsewhere, _view, weights_digest  # noqa: E402
+import gloo_ranks  # noqa: E402
+from test_rank_resume import CKPTS, _store, _tear, _train_elsewhere, _view, weights_digest  # noqa: E402
 
 from harness.spec import HarnessSpec  # noqa: E402
 from trainer.config import RunConfig  # noqa: E402
@@ -168,18 +168,7 @@ def _run_ranks(tmp: pathlib.Path, spec: dict[str, Any]) -> tuple[dict[str, Any],
     """Run the workers on `spec` (two gloo ranks on loopback); their results, rank 0's first."""
     path = tmp / "spec.json"
     path.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO)}
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), "2", str(port), str(path), str(tmp / "out")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=150)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("a rank hung (a collective one rank never joined?)") from None
-        assert p.returncode == 0, err[-3000:]
+    gloo_ranks.wait(gloo_ranks.start(__file__, [str(path), str(tmp / "out")]), timeout=150)
     r0, r1 = (json.loads((tmp / "out" / f"rank{r}.json").read_text()) for r in (0, 1))
     return r0, r1
 

@@ -33,11 +33,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import pathlib
 import shutil
-import socket
-import subprocess
 import sys
 from typing import Any
 
@@ -48,6 +45,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script by the workers
     sys.path.insert(0, str(REPO))
 
+import gloo_ranks  # noqa: E402
 from trainer.config import RunConfig  # noqa: E402
 from trainer.distributed import Dist, init_gloo  # noqa: E402
 from trainer.storage import FolderStorage  # noqa: E402
@@ -148,18 +146,7 @@ def _run_ranks(tmp_path: pathlib.Path, spec: dict[str, Any], **env: str) -> tupl
     """Run the workers on `spec` (two gloo ranks on loopback); their results, rank 0's first."""
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO), **env}
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), "2", str(port), str(path), str(tmp_path / "out")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("a rank hung (a collective one rank never joined?)") from None
-        assert p.returncode == 0, err[-3000:]
+    gloo_ranks.wait(gloo_ranks.start(__file__, [str(path), str(tmp_path / "out")], **env), timeout=300)
     r0, r1 = (json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in (0, 1))
     return r0, r1
 
@@ -183,12 +170,6 @@ def _tear(path: pathlib.Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2:] = b"\0" * (len(data) - len(data) // 2)
     path.write_bytes(bytes(data))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _store(root: pathlib.Path, src: pathlib.Path, names: list[str]) -> FolderStorage:
