@@ -195,6 +195,21 @@ def test_the_plans_values_rung_1_counts_in_the_search_that_follows():
     assert isinstance(got, Promote) and (got.rung, got.candidate) == (2, "c"), got
 
 
+def test_a_curve_ranks_candidates_only_beyond_the_spread_between_seeds():
+    # one run's rise from 0.44 to 0.64 over 100 examples is beyond its binomial error but within what
+    # differs between seeds: the search keeps the plan's values (level with it) rather than extrapolate
+    sch = Schedule(("small", "plan", "big"), 21, 270.0, threshold=0.9, eval_size=100, prior=("plan", "small", "big"))
+    rows = [RungResult("plan", 0, 21, .33, .78, 2.9), RungResult("plan", 1, 42, .46, .27, 1.3),
+            RungResult("small", 0, 21, .03, 1.6, .4), RungResult("big", 0, 21, .34, .49, 3.4),
+            RungResult("big", 1, 42, .44, .25, 3.1), RungResult("plan", 2, 84, .48, .19, 2.6),
+            RungResult("big", 2, 84, .64, .19, 6.5)]
+    ranked = rank([r for r in rows if r.rung == 2], sch.candidates, rows, sch)
+    assert [r.candidate for r in ranked] == ["plan", "big"]
+    # the winner's own prediction for the report still reads its rise against the binomial error
+    assert predict(rows, "big", 0.9, eval_size=100).steps is not None
+    assert predict(rows, "big", 0.9, eval_size=100, between_seeds=True).steps is None
+
+
 def test_rank_orders_reached_then_predicted_then_the_rest():
     rows = RUNG0 + [R("b", 1, .6, cpu=4), R("c", 1, .5, cpu=1), R("a", 1, .95, cpu=9), R("d", 1, .2)]
     ranked = rank([r for r in rows if r.rung == 1], ABCD, rows, tsched())
