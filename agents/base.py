@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -108,12 +109,14 @@ class OperatorContext(BaseModel):
         0). None when the checkpoints kept hold none."""
         if not isinstance(onset, int):
             return None
-        seen = sorted((r["step"], r.get("heldout_acc")) for r in evals if isinstance(r.get("step"), int))
+        seen = sorted(((r["step"], float(r["heldout_acc"])) for r in evals if isinstance(r.get("step"), int)
+                       and isinstance(r.get("heldout_acc"), (int, float)) and math.isfinite(r["heldout_acc"])),
+                      key=lambda x: x[0])
         for c in sorted(self.checkpoints, key=lambda c: -c["step"] if isinstance(c.get("step"), int) else 1):
             step = c.get("step")
             if isinstance(step, int) and step < onset and c.get("name"):
                 before = [acc for s, acc in seen if s <= step]
-                if before and isinstance(before[-1], (int, float)) and before[-1] > 0:
+                if before and before[-1] > 0:
                     return c
         return None
 

@@ -21,6 +21,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 | DataCuration  | too-hard curriculum                       | DATA_CHANGE curriculum back to the eval difficulty | low   |
 |               | label noise                               | DISTILL (SFT on the policy's verified successes)  | medium |
 |               | SFT labels the task's verifier rejects (some pass) | DATA_CHANGE filters.check_labels on        | low    |
+|               | SFT labels the task's verifier rejects (none passes) | ROLLBACK to before the onset with DISTILL's change (DISTILL without such a checkpoint) | medium |
 
 Values in `changes` come from the controller's context (goal, known recipe/harness, checkpoints)
 and from metric numbers, never from sample text. The risk column is the operators' own view; the
@@ -565,14 +566,16 @@ class DataCuration(Operator):
         elif d is not None and passing == 0 and max((_f(r.get("heldout_acc")) or 0.0 for r in ev.evals), default=0.0) > 0:
             # no label passes: a filter would leave nothing to train on, so train without the labels,
             # on what the policy answers right (it did on the held-out split)
+            # from before the onset only when a passing stretch was seen before it: a window that fails
+            # throughout shows no onset (its first row is not where the labels went wrong)
+            before = d.evidence.get("onset_step") if d.evidence.get("label_ok_before") is not None else None
             out.append(self._distill(d, ctx, "None of the recent labels passes the task's own check, so a filter would "
-                                     "leave nothing to train on; distillation trains without the labels",
-                                     ctx.answering_before(d.evidence.get("onset_step"), ev.evals)))
+                                     "leave nothing to train on. ", ctx.answering_before(before, ev.evals)))
         if "label_noise" in found and not any(iv.changes.get("recipe.algorithm") == "distill" for iv in out):
-            out.append(self._distill(found["label_noise"], ctx, "Distillation"))
+            out.append(self._distill(found["label_noise"], ctx))
         return out
 
-    def _distill(self, d: Diagnosis, ctx: OperatorContext, lead: str,
+    def _distill(self, d: Diagnosis, ctx: OperatorContext, lead: str = "",
                  ckpt: dict[str, Any] | None = None) -> Intervention:
         """The recipe switched to distillation for finding `d`: the policy's own answers the task's
         verifier accepts as targets, no label read (medium risk: the objective changes); from
@@ -580,8 +583,8 @@ class DataCuration(Operator):
         changes: dict[str, Any] = {"recipe.algorithm": "distill"}
         if (_f(ctx.get("recipe.group_size")) or 8) < 2:
             changes["recipe.group_size"] = 4
-        why = (f"{d.summary}. {lead} trains only on the policy's own answers that the task's verifier accepts, so "
-               "wrong labels stop pulling it away from right answers")
+        why = (f"{d.summary}. {lead}Distillation trains only on the policy's own answers that the task's verifier "
+               "accepts, so wrong labels stop pulling it away from right answers")
         effect = "held-out accuracy rises past its SFT plateau within ~100 steps"
         if ckpt is None:
             return self.intervention(K.DISTILL, d, changes, risk=Risk.MEDIUM, rationale=why + ".", expected_effect=effect)

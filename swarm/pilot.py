@@ -12,7 +12,7 @@ the rung's end; the better half (`n // 2`, at least one) goes on from its
 checkpoint to twice the steps (rung 1: 2·base_steps, rung 2: 4·base_steps, …) until one candidate
 remains, one reaches the target, or the CPU budget is spent. With a held-out accuracy target the
 plan's own values go first, to rung 1, and win without a search (stop `on_course`) when their curve
-reaches the target for less CPU than the other candidates' runs would cost. The search (`next_rung(results,
+reaches the target for less CPU than the other candidates' runs are expected to cost. The search (`next_rung(results,
 schedule) -> Promote | Stop`), its ranking and the prediction of the winner's cost are pure
 functions of the recorded rung results, in swarm/pilot_search.py (its docstring states the ranking:
 predicted cost to the target, then what was measured beyond its noise, then the plan's prior);

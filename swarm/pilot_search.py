@@ -45,10 +45,12 @@ be sharper).
 
 The plan's values first (`_prior_first`): with a held-out accuracy target, the candidate with the
 plan's own values trains its rung 0 and then its rung 1 before any other candidate runs. When its
-curve (`predict`) then reaches the target for less CPU than the other candidates' runs of a
-complete search would cost (their steps at its CPU per step, at most what is left of the budget),
-it wins with stop `on_course`: whatever the search found, its cost alone would be more than the
-plan's values still need, so no alternative can pay for it. Otherwise the search goes on as above,
+curve (`predict`, beyond the spread between seeds) then reaches the target for less CPU than the
+other candidates' runs of a complete search would cost, it wins with stop `on_course`. This is an
+expected-cost rule, not a bound: the other candidates' runs are priced at the plan's values' CPU
+per step (the grid's smaller sizes cost less a step, its larger ones more, about evenly around
+it), and a search can end sooner than complete (a result at the target). A search expected to cost
+more than the plan's values still need is not worth starting. Otherwise the search goes on as above,
 those two results among its own (a rung-1 result counts once the candidate is promoted there). On a
 task the plan's values learn quickly, the pilot is then two short runs of the run's own config, not
 every candidate's rung 0.
@@ -359,8 +361,7 @@ def _prior_first(results: list[RungResult], schedule: Schedule, spent: float) ->
         return None
     return Stop(mine, own[-1].rung, "on_course", f"{mine} (the plan's own values) is on course: its curve predicts the "
                 f"target at about {p.steps} steps, {max(0.0, still):.1f} more CPU-s, no more than the rest of the "
-                f"search would cost (about {search:.1f} CPU-s at its CPU per step), so no other candidate can "
-                "pay for the search")
+                f"search is expected to cost (about {search:.1f} CPU-s at its CPU per step)")
 
 
 def _estimate(results: list[RungResult], cand: str, steps: int, rung: int) -> float | None:

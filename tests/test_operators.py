@@ -100,6 +100,14 @@ def test_data_curation_filters_labels_the_task_rejects_while_some_pass():
     assert not [iv for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check"]
 
 
+def test_the_checkpoint_before_an_onset_whose_weights_answered_right():
+    c = ctx(checkpoints=[{"name": f"step_{s:07d}", "step": s} for s in (10, 30, 50)])
+    evals = [{"step": 10, "heldout_acc": None}, {"step": 10, "heldout_acc": 0.5}, {"step": 30, "heldout_acc": 0.0},
+             {"step": 40, "heldout_acc": float("nan")}]
+    assert c.answering_before(45, evals)["name"] == "step_0000010"   # 30 answered nothing; 50 is after the onset
+    assert c.answering_before(5, evals) is None and c.answering_before(None, evals) is None
+
+
 def test_data_curation_trains_without_labels_when_none_passes_the_check():
     op = DataCuration()
     rows = sft_rows()
@@ -121,6 +129,13 @@ def test_data_curation_trains_without_labels_when_none_passes_the_check():
         c = ctx(checkpoints=[{"name": f"step_{s:07d}", "step": s} for s in kept])
         assert [iv.kind for iv in op.builtin(make_ev(rows, evals=seen), c)
                 if iv.diagnosis.name == "labels_fail_check"] == [K.DISTILL]
+    # a window that fails throughout shows no onset (nothing passed before it in view): from where the run is
+    for r in rows:
+        r["label_ok"] = 0.0
+    assert [iv.kind for iv in op.builtin(make_ev(rows, evals=evals), ctx())
+            if iv.diagnosis.name == "labels_fail_check"] == [K.DISTILL]
+    for r in rows[:-8]:
+        r["label_ok"] = 1.0
     # with the filter on as well, none passes it: the same
     on = make_ev(rows, evals=evals, harness={**HARNESS, "filters": {"check_labels": True}})
     assert [iv.kind for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check"] == [K.ROLLBACK]

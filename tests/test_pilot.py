@@ -185,6 +185,17 @@ def test_the_plans_values_train_first_and_win_when_no_search_can_pay(results, sc
         assert (got.rung, got.steps, got.candidate) == (want.rung, want.steps, want.candidate), got
 
 
+def test_the_plans_values_are_on_course_only_beyond_the_spread_between_seeds():
+    nine = tuple(f"c{i}" for i in range(9))
+    sch = Schedule(nine, 10, 100.0, threshold=0.9, eval_size=100, prior=("c4", *nine[:4], *nine[5:]))
+    # 0.5 -> 0.7 over 100 examples: beyond one run's binomial error, within the spread between seeds
+    got = next_rung([R("c4", 0, .5), R("c4", 1, .7)], sch)
+    assert isinstance(got, Promote) and (got.rung, got.candidate) == (0, "c0"), got
+    # 0.3 -> 0.8: beyond it, and one doubling from the target at 0.1 CPU-s a step: on course
+    got = next_rung([R("c4", 0, .3), R("c4", 1, .8)], sch)
+    assert isinstance(got, Stop) and (got.winner, got.reason) == ("c4", "on_course"), got
+
+
 def test_the_plans_values_rung_1_counts_in_the_search_that_follows():
     # a's curve is too flat to predict (+0.05 a doubling): the others' rung 0, then rung 1 for the
     # better half (a and c), where a's result is there already

@@ -1,5 +1,5 @@
 """Control commands on a data-parallel run (trainer/loop.py `Trainer.apply_agreed`,
-trainer/distributed.py `agree_checkpoint`, `Dist.read_on_main`): rank 0 reads what a command names
+trainer/distributed.py `agree_checkpoint`, `Dist.on_main`): rank 0 reads what a command names
 and every rank applies the command, or every rank refuses it. Two gloo ranks on loopback, each a
 process shown its own view of the run (as in tests/test_rank_resume.py, whose helpers these are),
 each command written to rank 0's inbox and handled by both ranks at the same safe point.
