@@ -166,8 +166,11 @@ def test_set_recipe_changes_a_field_read_each_step_and_refuses_others(tmp_path):
         {"cmd": "set_recipe", "id": "lr", "fields": {"grpo.lr": 1e-4}},
         {"cmd": "set_recipe", "id": "steps", "fields": {"grpo.steps": 9}},
         {"cmd": "set_fields", "id": "loss", "fields": {"recipe.grpo.loss": "nope"}},
-        {"cmd": "set_recipe", "id": "temp", "fields": {"grpo.temperature": 0.5}}]})
+        {"cmd": "set_recipe", "id": "temp", "fields": {"grpo.temperature": 0.5}},
+        {"cmd": "set_fields", "id": "long", "fields": {"harness.sampling.max_new_tokens": 300}}]})
     log = {a["id"]: a for a in acks(tmp_path / "s")}
+    # a harness field set on its own is held to the policy's length as a whole harness is
+    assert log["long"]["status"] == "rejected" and "below the policy's 256 tokens" in log["long"]["reason"]
     assert log["lr"]["status"] == "applied" and log["temp"]["status"] == "applied"
     assert log["steps"]["status"] == "rejected" and "'grpo.steps' is not" in log["steps"]["reason"]
     assert log["loss"]["status"] == "rejected" and "unknown loss 'nope'" in log["loss"]["reason"]
@@ -259,6 +262,10 @@ def test_fork_from_starts_from_the_source_checkpoint_with_its_overrides(tmp_path
     assert fork.cfg.grpo.lr == 1e-4 and fork.harness.max_turns == 3 and fork.cursor == source["cursor"]
     [start] = events(tmp_path / "f", "start")
     assert start["fork_from"] == str(src) and start["harness_version"] == fork.harness.version
+    # config.yaml says what trains: the checkpoint's recipe fields with the overrides
+    import yaml
+    written = yaml.safe_load((tmp_path / "f" / "config.yaml").read_text())
+    assert written["grpo"]["lr"] == 1e-4 and written["fork_overrides"] == {"grpo.lr": 1e-4, "harness.max_turns": 3}
     fork.close()
     # without overrides a fork goes on as its source did: the same episodes, samples and weights
     tr = AgentTrainer(config(tmp_path, "g", fork_from=str(src)), printer=None)

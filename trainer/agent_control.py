@@ -125,7 +125,7 @@ class AgentControl:
             fields = dict(cmd.fields)
             if cmd.cmd == "set_recipe" and any(k.startswith("harness.") for k in fields):
                 raise ValueError("set_recipe changes recipe fields only; harness fields go through set_fields")
-            cfg, harness = changed(tr.cfg, tr.harness, fields)
+            cfg, harness = changed(tr.cfg, tr.harness, fields, tr.policy._max_len())
             tr.cfg = cfg
             out = {"set": dict(fields), **self.set_harness_to(harness, cmd)}
             return {**out, **self.durable()}
@@ -168,7 +168,11 @@ class AgentControl:
         p = pathlib.Path(self.tr.cfg.run_dir) / "harnesses" / f"{version}.yaml"
         if not version.isalnum() or not p.is_file():
             raise ValueError(f"unknown harness version {version!r} (none stored under harnesses/)")
-        h = checked_harness(yaml.safe_load(p.read_text()), self.tr.policy._max_len())
+        try:
+            spec = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"harnesses/{version}.yaml does not parse: {str(e).splitlines()[0]}") from None
+        h = checked_harness(spec, self.tr.policy._max_len())
         if h.version != version:
             raise ValueError(f"harnesses/{version}.yaml holds harness version {h.version}, not {version}")
         return h

@@ -14,8 +14,9 @@ A checkpoint is the whole state a run goes on from, taken at the end of an optim
 
 `begin` decides where a run starts: the newest checkpoint of its own that verifies (a torn newer
 one is skipped and recorded as `checkpoint_corrupt`), logged as `resume`; else `fork_from` (another
-run's checkpoint file, verified by its hash): the whole state, this config's stage lengths, then
-`fork_overrides`; else from scratch. A fork keeps the source's data cursor and sampling stream, so
+run's checkpoint file, verified by its hash): the whole state, its recipe fields included (unlike
+`trainer.loop`'s `fork_mode: full`, which takes the recipe from the run's config), this config's
+stage lengths, then `fork_overrides`, the one way to change them; else from scratch. A fork keeps the source's data cursor and sampling stream, so
 arms forked from one checkpoint see the same episodes and a fork without overrides continues as
 the source did: the paired comparison a backtest wants.
 
@@ -66,9 +67,10 @@ def recipe_values(cfg: Any) -> dict[str, Any]:
     return {k: get_dotted(data, k)[1] for k in RECIPE_FIELDS}
 
 
-def changed(cfg: Any, harness: AgentHarness, fields: dict[str, Any]) -> tuple[Any, AgentHarness]:
-    """The config and harness with dotted `fields` set, in order, all validated before either is
-    used; a ValueError names the key and the value."""
+def changed(cfg: Any, harness: AgentHarness, fields: dict[str, Any], max_len: int | None = None) -> tuple[Any, AgentHarness]:
+    """The config and harness with dotted `fields` set (the recipe fields, then the harness edits),
+    all validated before either is used, the harness within a policy of `max_len` tokens; a
+    ValueError names the key and the value."""
     data = cfg.model_dump(mode="json")
     edits: list[tuple[str, Any]] = []
     for key, value in fields.items():
@@ -86,6 +88,9 @@ def changed(cfg: Any, harness: AgentHarness, fields: dict[str, Any]) -> tuple[An
         harness = apply_edit(harness, "sampling.temperature", new_cfg.grpo.temperature)
     for path, value in edits:
         harness = apply_edit(harness, path, value)
+    if max_len is not None and harness.sampling.max_new_tokens >= max_len:
+        raise ValueError(f"invalid harness: sampling.max_new_tokens={harness.sampling.max_new_tokens} must be below "
+                         f"the policy's {max_len} tokens")
     return new_cfg, harness
 
 
@@ -177,7 +182,7 @@ def fork(tr: "AgentTrainer", path: pathlib.Path) -> None:
     tr.segment = 0
     if tr.cfg.fork_overrides:
         try:
-            tr.cfg, tr.harness = changed(tr.cfg, tr.harness, tr.cfg.fork_overrides)
+            tr.cfg, tr.harness = changed(tr.cfg, tr.harness, tr.cfg.fork_overrides, tr.policy._max_len())
         except ValueError as e:
             raise ConfigError(f"fork_overrides: {e}") from None
 

@@ -515,10 +515,11 @@ class AgentTrainer(CriticStages):
         cfg = self.cfg
         self.t_start = time.time()
         self.log = RunLog(cfg.run_dir)
-        atomic_write_text(cfg.run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         self.ckpt = CheckpointManager(cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last)
         self.control = AgentControl(self)
         how = agent_state.begin(self)
+        # what trains: a resume or a fork takes the recipe fields of its checkpoint (and overrides)
+        atomic_write_text(cfg.run_dir / "config.yaml", yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
         agent_state.store_harness(self)
         if how == "resume":
             return
