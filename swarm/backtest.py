@@ -37,11 +37,12 @@ from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
 def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: int, step: int,
                horizon: int, eval_size: int, changes: dict[str, Any]) -> dict[str, Any]:
     cfg = {k: v for k, v in base.items() if k not in ("perturbations", "fork_from", "fork_mode", "fork_overrides")}
-    overrides = {"recipe.steps": step + horizon, "recipe.eval_interval": horizon, "recipe.eval_size": eval_size,
-                 "recipe.stop_at_heldout": None, **changes}
+    # the arm stops after `horizon` steps (`stop_step`) on the run's own lr schedule (`recipe.steps`
+    # stays the run's): a schedule over the horizon alone would anneal both arms to their minimum lr
+    overrides = {"recipe.eval_interval": horizon, "recipe.eval_size": eval_size, "recipe.stop_at_heldout": None, **changes}
     return {**cfg, "name": name, "out_dir": out_dir, "seed": seed, "fork_from": ckpt, "fork_mode": "state",
-            "fork_overrides": overrides, "checkpoint": {"interval": 0, "keep_last": 1}, "samples_per_step": 1,
-            "perturbations": []}
+            "fork_overrides": overrides, "stop_step": step + horizon, "checkpoint": {"interval": 0, "keep_last": 1},
+            "samples_per_step": 1, "perturbations": []}
 
 
 def rollback_horizon(horizon: int, start: int, live: int) -> int:

@@ -624,3 +624,33 @@ def test_a_fix_whose_longer_backtests_ran_out_is_refused_as_a_loss(tmp_path):
     (ep,) = [e for e in ctrl.knowledge.memory.episodes() if e.id.endswith(again.id)]
     assert ep.outcome == "rejected" and ep.lost()
     close(ctrl)
+
+
+def test_a_backtest_arm_trains_a_stretch_of_the_runs_own_lr_schedule(tmp_path):
+    """An arm forked at step 20 of a run whose cosine schedule spans 200 steps stops after its
+    horizon (`stop_step`) with a final evaluation, at the learning rates the run itself would have
+    had there: a schedule over the horizon alone would anneal it to its minimum."""
+    import math
+
+    from swarm.backtest import arm_config
+    from trainer.config import RunConfig
+    from trainer.loop import Trainer
+    from trainer.runlog import read_jsonl
+
+    base = {"name": "live", "out_dir": str(tmp_path / "runs"), "task": {"name": "addition"},
+            "model": {"kind": "builtin", "d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 24},
+            "harness": {"curriculum": {"start": 1}, "sampling": {"max_new_tokens": 4}},
+            "recipe": {"algorithm": "sft", "steps": 200, "schedule": "cosine", "warmup_steps": 5, "lr": 0.01,
+                       "batch_size": 4, "eval_interval": 0, "eval_size": 10},
+            "checkpoint": {"interval": 20, "keep_last": 2}, "samples_per_step": 0, "threads": 1}
+    live = Trainer(RunConfig.parse(base))
+    live.run(until=20)
+    ckpt = tmp_path / "runs" / "live" / "checkpoints" / "step_0000020.pt"
+    cfg = RunConfig.parse(arm_config(base, "bt-x-candidate-s0", str(tmp_path / "arms"), str(ckpt), 0, 20, 5, 10, {}))
+    arm = Trainer(cfg)
+    summary = arm.run()
+    rows = read_jsonl(tmp_path / "arms" / "bt-x-candidate-s0" / "metrics.jsonl")
+    lrs = [r["lr"] for r in rows if "loss" in r]
+    assert summary["step"] == 25 and "heldout_acc" in summary
+    assert len(lrs) == 5 and all(math.isclose(a, live.lr_at(s)) for a, s in zip(lrs, range(20, 25)))
+    assert min(lrs) > 0.9 * 0.01   # early in the run's schedule, near its peak

@@ -539,7 +539,8 @@ class Trainer:
             self.apply_overrides(self.cfg.fork_overrides, silent=True)
 
     def run(self, until: int | None = None) -> dict[str, Any]:
-        """Train to `recipe.steps` (or stop early at step `until`, for tests). Returns a summary."""
+        """Train to `recipe.steps`, or to `stop_step` (the schedule still over `recipe.steps`), or stop
+        early at step `until` (tests). Returns a summary."""
         self._start()
         status = "completed"
         t_start = time.time()
@@ -551,7 +552,8 @@ class Trainer:
                         self.log.heartbeat(self.step, "paused")
                     time.sleep(0.2)
                     self.handle_commands()
-                if self.step >= self.recipe.steps or (until is not None and self.step >= until):
+                if (self.step >= self.recipe.steps or (until is not None and self.step >= until)
+                        or (self.cfg.stop_step is not None and self.step >= self.cfg.stop_step)):
                     break
                 self.perturber.before_step(self.step, self)
                 self.train_one_step()
