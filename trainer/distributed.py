@@ -126,6 +126,15 @@ class Dist:
             dist.all_gather_object(whys, mine)
         return "; ".join(f"rank {r}: {w}" for r, w in enumerate(whys) if w is not None)
 
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj` (which must pickle), by rank, on every rank; `[obj]` in one process.
+        Every rank must call it."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def on_main(self, work: Callable[[], Any]) -> Any:
         """What `work()` returns on rank 0, on every rank: rank 0 alone calls it (reads a file the
         run wrote, saves a checkpoint) and broadcasts the result (which must pickle). Where it

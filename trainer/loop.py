@@ -253,15 +253,25 @@ class Trainer:
         return heldout_row(summarize(rolls))
 
     # ---- state ------------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
+    def rng_state(self) -> dict[str, Any]:
+        """This process's random streams: Python's, numpy's, torch's and the sampling generator."""
+        return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                "gen": self.gen.get_state()}
+
+    def ranks_rng(self) -> list[dict[str, Any]] | None:
+        """Every rank's random streams, for a checkpoint (data-parallel; None in one process).
+        Every rank must call it."""
+        return self.dist.gather(self.rng_state()) if self.dist.enabled else None
+
+    def state(self, ranks_rng: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         return {
             "model": self.policy.model.state_dict(), "opt": self.opt.state_dict(),
             "step": self.step, "cursor": self.cursor, "segment": self.segment, "seen": list(self.seen),
             "recipe": self.recipe.model_dump(mode="json"), "harness": self.harness.model_dump(mode="json"),
             "shown": self.shown.model_dump(mode="json"), "ref": self.ref_state,
             "faults": self.perturber.carried(),   # the data faults in force: carried into state forks only
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(), "gen": self.gen.get_state()},
+            "rng": self.rng_state(),
+            **({"ranks_rng": ranks_rng} if ranks_rng is not None else {}),
         }
 
     def load_state(self, st: dict[str, Any]) -> None:
@@ -273,20 +283,24 @@ class Trainer:
         self.harness = HarnessSpec.model_validate(st["harness"])
         self.shown = HarnessSpec.model_validate(st.get("shown", st["harness"]))
         self.ref_state, self.ref_policy = st["ref"], None
-        random.setstate(st["rng"]["python"])
-        np.random.set_state(st["rng"]["numpy"])
-        torch.set_rng_state(st["rng"]["torch"])
-        self.gen.set_state(st["rng"]["gen"])
-        if self.dist.rank:
-            # a checkpoint holds rank 0's sampling stream (rank 0 saves it): every other rank derives
-            # its own from it, so data-parallel ranks never sample the same completions after a resume
+        ranks = st.get("ranks_rng")
+        mine = ranks[self.dist.rank] if isinstance(ranks, list) and len(ranks) == self.dist.world else st["rng"]
+        random.setstate(mine["python"])
+        np.random.set_state(mine["numpy"])
+        torch.set_rng_state(mine["torch"])
+        self.gen.set_state(mine["gen"])
+        if self.dist.rank and mine is st["rng"]:
+            # a checkpoint with rank 0's streams only (one process wrote it, or another world size):
+            # every other rank derives its own from them, so ranks never sample the same completions
             key = bytes(self.gen.get_state().numpy()) + self.dist.rank.to_bytes(4, "little")
             self.gen.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
 
-    def save(self, name: str | None = None) -> str:
+    def save(self, name: str | None = None, ranks_rng: list[dict[str, Any]] | None = None) -> str:
+        """A checkpoint of the state now (rank 0 writes it; `ranks_rng`: every rank's random streams,
+        which `ranks_rng()` gathers on every rank first, so a resume continues each rank's own)."""
         if not self.dist.is_main:
             return name or ""
-        path = self.ckpt.save(self.state(), self.step, name)
+        path = self.ckpt.save(self.state(ranks_rng), self.step, name)
         self.log.event("checkpoint", self.step, name=path.stem)
         return path.stem
 
@@ -428,7 +442,8 @@ class Trainer:
             self.store_harness()
             return {"harness_version": spec.version}
         if cmd.cmd == "checkpoint":   # rank 0 saves; data-parallel, every rank learns its name or why not
-            return {"checkpoint": self.dist.on_main(lambda: self.save(cmd.name))}
+            rngs = self.ranks_rng()
+            return {"checkpoint": self.dist.on_main(lambda: self.save(cmd.name, rngs))}
         if cmd.cmd == "rollback":
             if not cmd.name:
                 raise ValueError("rollback needs 'name' (a checkpoint name)")
@@ -570,9 +585,11 @@ class Trainer:
                 self.log.heartbeat(self.step, "failed")
             raise
         final = self.evaluate() if status in ("completed", "stopped_by_command", "target_reached") and self.recipe.steps else {}
+        last = until is None or status != "completed"
+        rngs = self.ranks_rng() if last else None
         if self.dist.is_main:
-            if until is None or status != "completed":
-                self.save(None)
+            if last:
+                self.save(None, rngs)
             if final:
                 self.log.metrics.write({"step": self.step, "segment": self.segment, "time": time.time(), "final": True, **final})
             self.log.event("end", self.step, status=status, wall_s=time.time() - t_start, **final)
@@ -622,6 +639,8 @@ class Trainer:
         dt = time.perf_counter() - t0
         row["step_time"] = dt
         row["tokens_per_s"] = stats.get("tokens", 0.0) * self.dist.world / max(dt, 1e-9)
+        due = bool(self.cfg.checkpoint.interval) and self.step % self.cfg.checkpoint.interval == 0
+        rngs = self.ranks_rng() if due else None
         if self.dist.is_main:
             self.log.metrics.write(row)
             now = time.monotonic()
@@ -631,8 +650,8 @@ class Trainer:
             if self._beat_at is None or now - self._beat_at >= HEARTBEAT_EVERY_S:
                 self.log.heartbeat(self.step, "running")
                 self._beat_at = now
-            if self.cfg.checkpoint.interval and self.step % self.cfg.checkpoint.interval == 0:
-                self.save(None)
+            if due:
+                self.save(None, rngs)
         if self.on_step:
             self.on_step(row)
 
