@@ -364,7 +364,10 @@ def validate(goal: str = typer.Argument(..., help="goal file (YAML)")) -> None:
     """Check a goal file as `swarm run` does before it creates anything; prints "ok" or one error line."""
     from swarm.plan import validated_lines
 
-    for line in validated_lines(_load_goal(goal)):   # the task as understood, the plan's fields by source
+    g = _load_goal(goal)
+    lines = validated_lines(g) if g.agent is None else [   # the task as understood, the plan's fields by source
+        f"ok: agent run on {g.agent.get('env', 'lookup')}, target {g.target.metric} {g.target.op} {g.target.threshold:g}"]
+    for line in lines:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -386,6 +389,8 @@ def plan_cmd(
     from swarm.plan import validated_lines
 
     g = _load_goal(goal)
+    if g.agent is not None:
+        fail("swarm plan: this goal drives the agent trainer (run.agent): its config is written, nothing is planned")
     pilot_share = g.pilot.share if pilot_share is None else pilot_share
     if not 0 < pilot_share <= 1:
         fail(f"--pilot-share={pilot_share:g}: must be in (0, 1], a share of budget.worker_cpu_s")

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from agents.agent_critic import AgentHarnessCritic
 from agents.base import Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
@@ -33,6 +34,8 @@ from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
 from sandboxes.private import private_dir, write_private
+from swarm.agent_run import AgentSteering, agent_jobs, job_config
+from swarm.agent_run import task_name as agent_task
 from swarm.backtest import BacktestRunner, question_chars, run_arms, task_range
 from swarm.deciding import Deciding, in_force, recent_pace
 from swarm.decisions import PERSIST_WITHIN
@@ -95,7 +98,7 @@ class Memo:
     question_chars: dict[int, float] | None = None   # the task's, measured once at first need
 
 
-class Controller(JobControl, ScriptSteering, Deciding):
+class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
     def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None,
                  backtest_runner: BacktestRunner = run_arms) -> None:
         self.dir = pathlib.Path(workspace).resolve()
@@ -111,14 +114,17 @@ class Controller(JobControl, ScriptSteering, Deciding):
         private_dir(self.private)
         self.runs = self.sdir / "runs"
         self.script = goal.entrypoint    # the user's own script (swarm/script_run.py), else None
+        self.agent = goal.agent          # the agent trainer's config (swarm/agent_run.py), else None
         reserve = dict(job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,
                        run_key=run_key(self.private)) if jobs == "ray" else {}
-        self.jobs: Jobs = (script_jobs(self.script, self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head,
+        self.jobs: Jobs = (agent_jobs(self.sdir / "logs", jobs) if self.agent else
+                           script_jobs(self.script, self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head,
                                        **reserve) if self.script else
                            ProcessJobs(self.sdir / "logs") if jobs == "process" else
                            RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head,
                                    storage=goal.swarm.storage, **reserve))
-        self.operators = [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic(), Explorer()]
+        self.operators = ([ClusterOps(), AgentHarnessCritic()] if self.agent else
+                          [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic(), Explorer()])
         self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)
         self.llm = None
         if goal.llm.model:
@@ -131,9 +137,10 @@ class Controller(JobControl, ScriptSteering, Deciding):
         self.tick, self.memo = Tick(), Memo(looks=self.store.last_look())
         self.state_job: str | None = None       # the live job's handle (commands wait on it)
 
-        if not self.script:
+        if not self.script and not self.agent:
             adopt_recorded(goal, self.sdir)   # a restarted run trains the plan it recorded (the pilot's winner)
-        task = task_name(self.script) if self.script else goal.run_config("train", "runs").task.name
+        task = (task_name(self.script) if self.script else agent_task(goal) if self.agent else
+                goal.run_config("train", "runs").task.name)
         self.knowledge = Knowledge(self.ws, goal.memory, task=task, timeline=self.store.log)
         self.windows = self.sdir / "windows"     # the evidence view each intervention was proposed on
         private_dir(self.windows)
@@ -141,6 +148,10 @@ class Controller(JobControl, ScriptSteering, Deciding):
         self.config = {"configurable": {"thread_id": RUN_ID}, "recursion_limit": RECURSION_LIMIT}
         if self.script:   # no task, recipe or harness of ours: the run declares its settings
             self.base_cfg, self.task_range = {"recipe": {}, "harness": {}}, (0, 0)
+            return
+        if self.agent:    # the agent trainer's job config; its harness and recipe live in the run
+            job = job_config(goal, self.runs)
+            self.base_cfg, self.task_range = {"recipe": {"eval_size": job["eval_size"]}, "harness": {}, "job": job}, (0, 0)
             return
         self.base_cfg = self.start_config()
         self.task_range = task_range(self.base_cfg)   # the task's difficulties: what a curriculum may ask for
@@ -160,7 +171,7 @@ class Controller(JobControl, ScriptSteering, Deciding):
         if (d / ".swarm" / "graph.db").exists():
             raise ValueError(f"workspace {str(d)!r} already holds a run; use `swarm resume --workspace {d}`")
         goal = resolved(goal, pathlib.Path.cwd()) if goal.entrypoint else goal   # a resume runs it from anywhere
-        cfg = None if goal.entrypoint else goal.run_config("train", "runs")   # a script run's files stay empty
+        cfg = None if goal.entrypoint or goal.agent else goal.run_config("train", "runs")   # their files stay empty
         Workspace.init(d, yaml.safe_dump(goal.public(), sort_keys=False), cfg.recipe.model_dump(mode="json") if cfg else {},
                        cfg.harness.model_dump(mode="json") if cfg else {})
 
@@ -214,6 +225,8 @@ class Controller(JobControl, ScriptSteering, Deciding):
         cfg = self.base_cfg
         if self.script:
             return self.script_context()
+        if self.agent:
+            return self.agent_context()
         return OperatorContext(
             goal=self.goal.goal, start_harness=cfg["harness"], target=self.goal.target, recipe=self.ws.current_recipe(), harness=self.ws.current_harness(),
             eval_difficulty=cfg["harness"]["curriculum"].get("end") or cfg["harness"]["curriculum"]["start"],
@@ -227,7 +240,7 @@ class Controller(JobControl, ScriptSteering, Deciding):
         if s.plan:
             return {}
         t0 = time.time()
-        rec = None if self.script else plan_run(self.goal, self.sdir, self.store.log,   # memory, else the pilot
+        rec = None if self.script or self.agent else plan_run(self.goal, self.sdir, self.store.log,   # memory, else the pilot
                                                  recall=lambda g: recall_plan(self.knowledge, g))
         if rec is not None and rec["plan"]["applied"]:   # the plan fills fields: it is the run's first PR
             self.base_cfg = self.start_config()
@@ -273,7 +286,7 @@ class Controller(JobControl, ScriptSteering, Deciding):
             done = "stopped_by_user"
         elif status == JobStatus.SUCCEEDED:
             done = "target_met" if self.goal.target.met(value) else "steps_exhausted"
-        elif self.script and value is not None and self.goal.target.met(value):
+        elif (self.script or self.agent) and value is not None and self.goal.target.met(value):
             # this project's trainer stops itself at the target (`stop_at_heldout`); a user's script
             # does not know it, so the controller ends the run there (`node_finish` stops the job)
             done = "target_met"
@@ -298,11 +311,12 @@ class Controller(JobControl, ScriptSteering, Deciding):
         ctx = self.context(ev)
         # the task's own question lengths: measured once, when the run has sampled questions to hold
         # against them (once even when the task yields none)
-        if not self.script and self.memo.question_chars is None and ev.questions:
+        if not self.script and not self.agent and self.memo.question_chars is None and ev.questions:
             self.memo.question_chars = question_chars(self.base_cfg)
         if self.memo.question_chars:
             ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars})
-        findings = run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s))   # once: the operators reuse them
+        findings = (self.agent_findings(ev, self.known(ctx, s)) if self.agent else
+                    run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s)))   # once: the operators reuse them
         self.tick.findings = findings
         ctx.with_findings(findings)
         self.log_findings(findings)
@@ -451,7 +465,7 @@ class Controller(JobControl, ScriptSteering, Deciding):
 
     def open_pr(self, iv: Intervention) -> None:
         md, pngs = intervention_report(iv, metrics_history(self.run_dir), tail_jsonl(self.run_dir / "samples.jsonl", 200))
-        iv.branch = self.ws.open_pr(pr_view(iv) if self.script else iv, md, pngs)
+        iv.branch = self.ws.open_pr(pr_view(iv) if self.script or self.agent else iv, md, pngs)
         self.store.put(iv)
         self.knowledge.record_report(iv.id, md, kind=iv.kind.value, diagnosis=iv.diagnosis.name, status=iv.status.value)
 

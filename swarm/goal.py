@@ -28,6 +28,14 @@ The script must exist. `metric` must be an evaluation metric that the Trainer lo
 The target must read the name SwarmCallback writes for it (`trainer.steer.metrics.run_name`).
 Faults go in the script's own arguments, not in `perturbations:`.
 
+A goal may drive the agent trainer (multi-turn, tool-using policies, docs/agent-training.md): `run:`
+then holds only `agent:`, AgentTrainConfig's fields, validated as the trainer validates them
+(swarm/agent_run.py); the target reads `heldout_acc`; a harness fault goes in
+`run.agent.harness_fault`:
+
+    run:
+      agent: {env: lookup, difficulty: 1, sft: {steps: 300}, grpo: {steps: 400}}
+
 A goal may be as short as its sentence, a target and a budget:
 
     goal: a policy that sorts lists of 5 digits with >= 90% held-out exact match
@@ -226,6 +234,12 @@ class Goal(_Setting):
         return Entrypoint.model_validate(self.run["entrypoint"])
 
     @property
+    def agent(self) -> dict[str, Any] | None:
+        """The agent run this goal drives (`run.agent`: AgentTrainConfig fields, swarm/agent_run.py),
+        None for any other goal."""
+        return self.run["agent"] if isinstance(self.run.get("agent"), dict) else None
+
+    @property
     def understood(self) -> Any:
         """`swarm.words.Understood | Refused` for this goal."""
         from swarm.words import understand
@@ -265,6 +279,9 @@ class Goal(_Setting):
         if "entrypoint" in self.run:
             raise ConfigError("invalid goal: run.entrypoint: this goal runs a script, not the project's trainer; "
                               "it has no trainer config (swarm/script_run.py, docs/steering.md)")
+        if "agent" in self.run:
+            raise ConfigError("invalid goal: run.agent: this goal runs the agent trainer; its config is "
+                              "run.agent (swarm/agent_run.py, docs/agent-training.md)")
         data = {**self.planned_run(), "name": name, "out_dir": out_dir}
         data.pop("perturbations", None)
         if with_perturbations:
@@ -275,6 +292,10 @@ class Goal(_Setting):
         """The goal as operators, prompts, reports and memory may see it: no perturbations."""
         d = self.model_dump(mode="json")
         d.pop("perturbations", None)
+        if self.agent is not None:   # an agent run's faults are its perturbations
+            from swarm.agent_run import public_run
+
+            d["run"] = public_run(d["run"])
         return d
 
     @classmethod
@@ -283,7 +304,8 @@ class Goal(_Setting):
         from swarm.words import Refused
 
         goal = cls.parse(load_yaml(path, "goal file"))
-        if goal.entrypoint is None and isinstance(goal.understood, Refused):   # a script's task is its own
+        if goal.entrypoint is None and "agent" not in goal.run and isinstance(goal.understood, Refused):
+            # a script's task is its own, an agent run's its environment
             raise ConfigError(goal.understood.line)
         return goal
 
@@ -297,6 +319,12 @@ class Goal(_Setting):
             raise ConfigError(format_validation_error(e).replace("invalid config", "invalid goal")) from None
         if "entrypoint" in goal.run:
             _check_script_goal(goal)
+            return goal
+        if "agent" in goal.run:
+            from swarm.agent_run import check_agent_goal
+
+            check_agent_goal(goal)
+            _check_paths(goal)
             return goal
         _check_target(goal.target)
         if "perturbations" in goal.run:   # run_config() would drop them: a fault that never fires
