@@ -654,3 +654,12 @@ def test_a_backtest_arm_trains_a_stretch_of_the_runs_own_lr_schedule(tmp_path):
     assert summary["step"] == 25 and "heldout_acc" in summary
     assert len(lrs) == 5 and all(math.isclose(a, live.lr_at(s)) for a, s in zip(lrs, range(20, 25)))
     assert min(lrs) > 0.9 * 0.01   # early in the run's schedule, near its peak
+    # a stretch past the run's last step trains the whole horizon at the schedule's last lr
+    late = {**base, "name": "late", "recipe": {**base["recipe"], "steps": 24}}
+    Trainer(RunConfig.parse(late)).run(until=20)
+    ckpt = tmp_path / "runs" / "late" / "checkpoints" / "step_0000020.pt"
+    cfg = RunConfig.parse(arm_config(late, "bt-y-control-s0", str(tmp_path / "arms"), str(ckpt), 0, 20, 10, 10, {}))
+    summary = Trainer(cfg).run()
+    rows = read_jsonl(tmp_path / "arms" / "bt-y-control-s0" / "metrics.jsonl")
+    lrs = [r["lr"] for r in rows if "loss" in r]
+    assert summary["step"] == 30 and len(lrs) == 10 and math.isclose(lrs[-1], 0.01 * 0.1)

@@ -129,10 +129,12 @@ def test_data_curation_trains_without_labels_when_none_passes_the_check():
         c = ctx(checkpoints=[{"name": f"step_{s:07d}", "step": s} for s in kept])
         assert [iv.kind for iv in op.builtin(make_ev(rows, evals=seen), c)
                 if iv.diagnosis.name == "labels_fail_check"] == [K.DISTILL]
-    # a window that fails throughout shows no onset (nothing passed before it in view): from where the run is
-    for r in rows:
-        r["label_ok"] = 0.0
-    assert [iv.kind for iv in op.builtin(make_ev(rows, evals=evals), ctx())
+    # a window that fails throughout (steps 101-160, checkpoints before and inside it) shows no onset:
+    # its first row is not where the labels went wrong, so from where the run is
+    late = [{**r, "step": r["step"] + 100, "label_ok": 0.0} for r in rows]
+    kept = ctx(checkpoints=[{"name": f"step_{s:07d}", "step": s} for s in (2, 100, 120)])
+    seen = [{"step": 90, "heldout_acc": 0.3}, {"step": 150, "heldout_acc": 0.0}]
+    assert [iv.kind for iv in op.builtin(make_ev(late, evals=seen), kept)
             if iv.diagnosis.name == "labels_fail_check"] == [K.DISTILL]
     for r in rows[:-8]:
         r["label_ok"] = 1.0

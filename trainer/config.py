@@ -225,9 +225,9 @@ class RunConfig(_Strict):
         "full", description="full: weights, optimiser, step, data cursor and RNG, recipe/harness from this config; "
         "state: the same but recipe/harness from the checkpoint; weights: weights only")
     fork_overrides: dict[str, Any] = Field(default_factory=dict, description="dotted recipe.*/harness.* fields set after the fork")
-    stop_step: int | None = Field(None, ge=0, description="end the run at this step, with its final evaluation, while the "
-                                  "lr schedule still runs over recipe.steps (a backtest arm: a stretch of the run's own "
-                                  "schedule)")
+    stop_step: int | None = Field(None, ge=0, description="end the run at this step instead of recipe.steps, with its final "
+                                  "evaluation, while the lr schedule still runs over recipe.steps (its last lr held "
+                                  "beyond it): a backtest arm trains a stretch of the run's own schedule")
     samples_per_step: int = Field(4, ge=0, le=SAMPLES_MAX, description="rollouts written to samples.jsonl per step "
                                   f"(at most {SAMPLES_MAX}, and never more than the step's rollouts)")
     num_workers: int = Field(1, ge=1, le=64, description=">1: data-parallel over Ray Train workers (gloo on CPU)")

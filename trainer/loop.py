@@ -554,8 +554,8 @@ class Trainer:
             self.apply_overrides(self.cfg.fork_overrides, silent=True)
 
     def run(self, until: int | None = None) -> dict[str, Any]:
-        """Train to `recipe.steps`, or to `stop_step` (the schedule still over `recipe.steps`), or stop
-        early at step `until` (tests). Returns a summary."""
+        """Train to `recipe.steps`, or to `stop_step` when set (the schedule still over `recipe.steps`,
+        its last lr held beyond it), or stop early at step `until` (tests). Returns a summary."""
         self._start()
         status = "completed"
         t_start = time.time()
@@ -567,8 +567,8 @@ class Trainer:
                         self.log.heartbeat(self.step, "paused")
                     time.sleep(0.2)
                     self.handle_commands()
-                if (self.step >= self.recipe.steps or (until is not None and self.step >= until)
-                        or (self.cfg.stop_step is not None and self.step >= self.cfg.stop_step)):
+                end = self.recipe.steps if self.cfg.stop_step is None else self.cfg.stop_step   # past recipe.steps
+                if self.step >= end or (until is not None and self.step >= until):               # the lr holds its last
                     break
                 self.perturber.before_step(self.step, self)
                 self.train_one_step()
@@ -584,7 +584,9 @@ class Trainer:
                 self.log.event("error", self.step, error=type(e).__name__, message=str(e)[:ERROR_CHARS])
                 self.log.heartbeat(self.step, "failed")
             raise
-        final = self.evaluate() if status in ("completed", "stopped_by_command", "target_reached") and self.recipe.steps else {}
+        # every rank evaluates its shard of the held-out split: the run's final numbers are over all of it
+        final = (self.dist.mean_dict(self.evaluate())
+                 if status in ("completed", "stopped_by_command", "target_reached") and self.recipe.steps else {})
         last = until is None or status != "completed"
         rngs = self.ranks_rng() if last else None
         if self.dist.is_main:
