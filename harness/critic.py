@@ -14,7 +14,8 @@ the measured outcome is `judge_edit` here, a pure function.
     verdict = judge_edit(edit, paired_test(before, after), alpha=0.05)     # Kept | Rejected
 
 Records are dicts in the shape of `trainer.agent_rollout.Trajectory.to_dict()` (or objects with a
-`to_dict`): steps (action, finish, text, tool, arguments, observation, raw_observation, error),
+`to_dict`), or its small `record()` (texts capped; `raw_chars`, the length of a capped
+raw_observation): steps (action, finish, text, tool, arguments, observation, raw_observation, error),
 messages (role, turn, ids, cut), end, answer, expected, result.verdict, tool_calls, context_edits.
 Only failed episodes (verdict not "correct") are read.
 
@@ -261,7 +262,7 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
                     tally.hit(Mode.OBSERVATION_CUT, uid)
                     tally.add(Mode.OBSERVATION_CUT, "observations")
                     tally.add(Mode.OBSERVATION_CUT, "removed_expected", removed_expected)
-                    tally.most(Mode.OBSERVATION_CUT, "longest_raw", len(raw))
+                    tally.most(Mode.OBSERVATION_CUT, "longest_raw", int(s.get("raw_chars") or len(raw)))
         called = {s.get("tool") for s in steps}
         for name in sorted(shown_differs - called):
             _spec_differs(tally, uid, name, "unused")

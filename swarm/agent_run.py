@@ -26,7 +26,9 @@ in `swarm.controller`, `swarm.goal` and the Controller's mixins (this one first)
   local process, with checkpoints on (`checkpoint.interval` CHECKPOINT_EVERY unless the goal sets
   one); a restart resumes from the run's newest checkpoint;
 - diagnosis: only the job detectors (crash, hang, trainer notices) of the single-turn set run (the
-  others are calibrated on single-turn runs), and the agent detectors (`agents.agent_critic`); the
+  others are calibrated on single-turn runs), and the agent detectors (`agents.agent_critic`: harness
+  limits from the metrics rows; parser, observation-cut and tool-spec faults from the step-level
+  records in samples.jsonl, read under the live harness the evidence is given here); the
   operators are ClusterOps and the `AgentHarnessCritic`, which turns a finding into the HarnessCritic's
   typed edit of the live harness (read from RUN_DIR/harnesses/<version>.yaml);
 - proposals: kinds harness_edit, recipe_edit and restart with fields the trainer's set_fields takes
@@ -187,13 +189,15 @@ class AgentSteering:
                                episodes=self.tick.recall[1], min_difficulty=0)
 
     def agent_findings(self, ev: Any, known: Any) -> list[Any]:
-        """The job detectors of the single-turn set and the agent detectors."""
+        """The job detectors of the single-turn set and the agent detectors (the step detectors read
+        the samples' step-level records under the live harness, which the evidence carries here)."""
         from agents.agent_critic import run_agent_detectors
         from agents.detection import run_detectors
         from agents.detectors import TRAINER_NOTICES
         from agents.domain import JOB_FINDINGS
 
-        return run_detectors(ev, sorted(JOB_FINDINGS) + list(TRAINER_NOTICES), known=known) + run_agent_detectors(ev)
+        agent_ev = ev.model_copy(update={"harness": self.live_harness() or None})
+        return run_detectors(ev, sorted(JOB_FINDINGS) + list(TRAINER_NOTICES), known=known) + run_agent_detectors(agent_ev)
 
     # ---- Deciding's inputs ----------------------------------------------------------------------
     def write_job_config(self) -> pathlib.Path:

@@ -23,6 +23,8 @@ one training row).
 Each `Step` also keeps the tool's output before the harness cut it (`raw_observation`, when it was
 cut) and the `Trajectory` the verifier's reference answer (`expected`): what a HarnessCritic
 (`harness/critic.py`) needs to tell a cut that removed the answer from one that did not.
+`Trajectory.record()` is the same without token ids and messages, its texts capped: what a run's
+samples.jsonl holds for the swarm's agent detectors (agents/agent_critic.py).
 
 Ends (`EndReason`): answered, no_answer (a final turn without a parsable answer), max_turns,
 max_tool_calls (a call past the limit is not run), context_full (the context policy could not fit
@@ -46,6 +48,12 @@ from harness.tools import Malformed, ToolCall
 from trainer.envs.base import AgentEnv, ToolResult, error_text
 from trainer.tasks.base import Example, VerifyResult
 from trainer.tokenizer import Tokenizer
+
+
+# step-level records in a run's samples (`Trajectory.record`): kept small, whatever the harness allows
+RECORD_TEXT_CHARS = 256      # a policy turn, an observation as shown
+RECORD_RAW_CHARS = 1024      # a tool's output before the harness cut it
+RECORD_STEPS = 16            # policy calls per trajectory
 
 
 class Generator(Protocol):
@@ -117,6 +125,30 @@ class Trajectory:
         d["end"] = self.end.value
         d["result"] = {**dataclasses.asdict(self.result), "verdict": self.result.verdict.value}
         return d
+
+    def record(self, text_chars: int = RECORD_TEXT_CHARS, raw_chars: int = RECORD_RAW_CHARS,
+               steps: int = RECORD_STEPS) -> dict[str, Any]:
+        """The trajectory as a small step-level record: `to_dict` without token ids and messages,
+        each step's text and observation capped at `text_chars`, the tool's output before the
+        harness cut it at `raw_chars` (its length in `raw_chars`), the first `steps` steps
+        (`steps_total` counts them all). What a run's samples.jsonl holds for a HarnessCritic
+        (`harness.critic.diagnose` reads it like a `to_dict`)."""
+        def cap(s: str | None, n: int) -> str | None:
+            return s if s is None or len(s) <= n else s[:n]
+
+        return {
+            "uid": self.uid, "harness_version": self.harness_version, "end": self.end.value,
+            "answer": cap(self.answer, 64),
+            "expected": cap(self.expected, 64), "reward": self.reward, "result": {"verdict": self.result.verdict.value},
+            "tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "observations_cut": self.observations_cut,
+            "context_edits": self.context_edits, "steps_total": len(self.steps),
+            "steps": [{"turn": s.turn, "action": s.action, "finish": s.finish, "text": cap(s.text, text_chars),
+                       "tool": s.tool, "arguments": s.arguments if len(repr(s.arguments)) <= text_chars else None,
+                       "observation": cap(s.observation, text_chars),
+                       "raw_observation": cap(s.raw_observation, raw_chars), "error": s.error,
+                       **({"raw_chars": len(s.raw_observation)} if s.raw_observation is not None else {})}
+                      for s in self.steps[:steps]],
+        }
 
 
 # ---- the built-in policy in the Generator shape --------------------------------------------

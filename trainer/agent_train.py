@@ -469,10 +469,11 @@ class AgentTrainer(CriticStages):
         if not self.log:
             return
         tok = self.policy.tok
+        tools = [spec.model_dump(mode="json") for spec in self.env.tool_specs()]   # the environment's own specs
         for t in trajs[: self.cfg.samples_per_step]:
-            self.log.samples.write({"step": self.step, "uid": t.uid, "transcript": tok.decode(t.ids),
+            self.log.samples.write({"step": self.step, "transcript": tok.decode(t.ids), **t.record(), "env_tools": tools,
                                     "policy_text": tok.decode([x for x, m in zip(t.ids, t.mask) if m]),
-                                    "reward": t.reward, "end": t.end.value, "turns": len(t.steps)})
+                                    "turns": len(t.steps)})
 
     # ---- evaluation ---------------------------------------------------------------------
     def rollout_under(self, harness: AgentHarness, examples: list[Example], greedy: bool = False) -> list[Trajectory]:
