@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from agents.domain import Intervention, JobStatus
-from swarm.backtest import arm_score
+from swarm.backtest import arm_running, arm_score, leftover_arm
 from swarm.decisions import ArmScore, Pair, Rule
 from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
 
@@ -85,21 +85,31 @@ def run_agent_arms(iv: Intervention, *, live: Mapping[str, Any], checkpoint: str
         raise FileNotFoundError(f"{checkpoint}: the live run's checkpoint is not there")
     workdir.mkdir(parents=True, exist_ok=True)
     config_dir.mkdir(parents=True, exist_ok=True)
-    handles: dict[tuple[str, int], tuple[str, pathlib.Path]] = {}
+    handles: dict[tuple[str, int], tuple[Any, pathlib.Path]] = {}   # a job handle, or a leftover arm
     for seed in seeds:
         for arm, changes in (("candidate", iv.changes), ("control", {})):
             name = f"bt-{iv.id}{label}-{arm}-s{seed}"
             cfg = arm_config(live, name=name, out_dir=str(workdir), checkpoint=checkpoint, stage=stage,
                              stage_step=stage_step, horizon=horizon, seed=seed, eval_size=eval_size, changes=changes)
-            shutil.rmtree(workdir / name, ignore_errors=True)   # a partial arm's files would mix in
             path = config_dir / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-            handles[(arm, seed)] = (jobs.start(name, path), workdir / name)
+            left = leftover_arm(workdir / name, path)   # after a controller restart: reuse, don't rerun
+            if left is None:
+                shutil.rmtree(workdir / name, ignore_errors=True)   # a partial arm's files would mix in
+                path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+                left = jobs.start(name, path)
+            handles[(arm, seed)] = (left, workdir / name)
+
+    def done(h: Any) -> bool:
+        return jobs.status(h) in JobStatus.terminal() if isinstance(h, str) else not (h and arm_running(h))
+
     deadline = time.time() + timeout_s
-    while not all(jobs.status(h) in JobStatus.terminal() for h, _ in handles.values()):
+    while not all(done(h) for h, _ in handles.values()):
         if time.time() > deadline:
             for h, _ in handles.values():
-                jobs.stop(h)
+                if isinstance(h, str):
+                    jobs.stop(h)
+                elif h:
+                    h.kill()
             break
         time.sleep(0.5)
     cpu = sum(float((read_heartbeat(d) or {}).get("cpu_s") or 0.0) for _, d in handles.values())

@@ -91,7 +91,10 @@ def check_agent_goal(goal: Any) -> None:
     try:
         cfg = AgentTrainConfig.parse({**data, "name": "check", "out_dir": "/tmp"})
     except ConfigError as e:
-        raise ConfigError(str(e).splitlines()[0].replace("invalid config: ", "invalid goal: run.agent.")) from None
+        line = str(e).splitlines()[0]
+        if "<config>=" in line:   # a rule across fields: its own message, not the whole config
+            raise ConfigError(f"invalid goal: run.agent: {line.rsplit(': ', 1)[-1]}") from None
+        raise ConfigError(line.replace("invalid config: ", "invalid goal: run.agent.")) from None
     try:
         AgentTrainer(cfg, printer=None)   # builds the environment, the harness and its fault; checks the expert
     except ConfigError as e:
@@ -224,8 +227,8 @@ class AgentSteering:
         if not live:
             return "the agent run has stored no harness yet"
         cfg = AgentTrainConfig.parse({**self.base_cfg["job"], **self.recipe_now()})
-        try:
-            changed(cfg, AgentHarness.model_validate(live), dict(iv.changes))
+        try:   # within the policy's context, as the live trainer's inbox checks (built-in model: max_seq_len)
+            changed(cfg, AgentHarness.model_validate(live), dict(iv.changes), cfg.model.max_seq_len)
         except (ValueError, ConfigError) as e:
             return str(e).splitlines()[0]
         return None

@@ -200,12 +200,13 @@ def leftover_arm(run_dir: pathlib.Path, cfg_path: pathlib.Path) -> psutil.Proces
     """An arm a previous controller started (arms outlive a killed controller): its process while
     it still runs here, False when it finished (its files hold the result), None otherwise."""
     for p in psutil.process_iter(["cmdline"]):
-        if str(cfg_path) in (p.info.get("cmdline") or []) and _running(p):
+        if str(cfg_path) in (p.info.get("cmdline") or []) and arm_running(p):
             return p
     return False if (read_heartbeat(run_dir) or {}).get("state") == "completed" else None
 
 
-def _running(p: psutil.Process) -> bool:
+def arm_running(p: psutil.Process) -> bool:
+    """Whether an arm's process (a leftover of a killed controller) still runs."""
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -247,7 +248,7 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
             handles[(arm, seed)] = (left, workdir / name)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        states = {k: (jobs.status(h) if isinstance(h, str) else (JobStatus.RUNNING if h and _running(h) else JobStatus.SUCCEEDED))
+        states = {k: (jobs.status(h) if isinstance(h, str) else (JobStatus.RUNNING if h and arm_running(h) else JobStatus.SUCCEEDED))
                   for k, (h, _) in handles.items()}
         for _, d in handles.values():
             sync_run(d)   # an arm on run storage: its replica here (its heartbeat, rows) brought up to date

@@ -40,7 +40,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from agents.domain import Intervention
-from swarm.backtest import _running, arm_score, leftover_arm
+from swarm.backtest import arm_running, arm_score, leftover_arm
 from swarm.decisions import ArmScore, Pair, Rule
 from trainer.runlog import HELDOUT_METRICS, iter_jsonl, read_heartbeat, read_jsonl
 from trainer.steer.fork import STOP_AT_ENV, fork_argv, seed_fork
@@ -145,7 +145,7 @@ def run_script_arms(iv: Intervention, *, argv: Sequence[str], cwd: str | os.Path
     def alive(p: Any) -> bool:
         if isinstance(p, subprocess.Popen):
             return p.poll() is None
-        return bool(p) and _running(p)
+        return bool(p) and arm_running(p)
 
     deadline = time.time() + timeout_s
     while any(alive(p) for p, _ in procs.values()):

@@ -66,11 +66,15 @@ def test_a_goal_with_an_agent_run_validates_as_the_agent_trainer_would():
     ({"run": {"agent": TINY, "task": "add"}}, "invalid goal: run.task: a goal that drives the agent trainer"),
     ({"target": {"metric": "heldout_turns", "threshold": 0.5}}, "invalid goal: target.metric='heldout_turns'"),
     ({"perturbations": [{"shortcut": "lr_spike", "at_step": 3}]}, "invalid goal: perturbations: an agent run"),
+    # a rule across fields: its own message, not the whole config with the controller's placeholders
+    ({"run": {"agent": {**TINY, "harness_fault_step": 2}}},
+     "invalid goal: run.agent: harness_fault_step=2 needs a harness_fault to apply"),
 ])
 def test_a_bad_agent_goal_is_one_line_naming_the_field(change, line):
     with pytest.raises(ConfigError) as e:
         Goal.parse({**goal_data(), **change})
     assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+    assert "/tmp" not in str(e.value) and len(str(e.value)) < 300, str(e.value)
 
 
 def test_swarm_validate_prints_ok_or_one_line_and_exits_2(tmp_path):
@@ -202,6 +206,8 @@ def test_a_harness_edit_is_applied_through_the_inbox_and_undone_by_setting_the_o
         assert ctrl.values_in_force(["harness.max_turns"]) == {"harness.max_turns": 4}
         bad = iv.model_copy(update={"changes": {"harness.max_turns": 0}})
         assert "max_turns=0" in ctrl.validity(bad)
+        long = iv.model_copy(update={"changes": {"harness.sampling.max_new_tokens": 300}})   # the policy: 256
+        assert "below the policy's" in ctrl.validity(long)   # what the live trainer's inbox refuses
         other = Intervention(kind=InterventionKind.RECIPE_EDIT, changes={"recipe.lr": 0.1}, diagnosis=d, rationale="r",
                              operator="diagnostics", policy="builtin")
         assert ctrl.prepare(other, s) is None         # a field the agent trainer has not: dropped, logged once

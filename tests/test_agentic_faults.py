@@ -105,7 +105,10 @@ def test_a_drift_fault_changes_the_harness_at_its_step_and_not_before(tmp_path):
     assert t.harness.tool_syntax.kind == "json" and t.start_harness.version == t.harness.version
     changes = [e for e in read_jsonl(tmp_path / "crit" / "events.jsonl") if e["event"] == "harness_change"]
     assert len(changes) == 1 and changes[0]["step"] == 2 and changes[0]["harness_before"] == healthy
-    assert changes[0]["applied"] == ["tool_syntax.kind"]
+    # the event shows the change a live config change leaves, never the fault it came from
+    assert changes[0]["harness_version"] == t.harness.version and not {"edits", "source", "applied"} & set(changes[0])
+    shown = (tmp_path / "crit" / "config.yaml").read_text()
+    assert "harness_fault" not in shown
 
 
 @pytest.mark.parametrize("i,every,due", [(0, 0, False), (3, 0, False), (0, 2, True), (1, 2, False), (4, 2, True),

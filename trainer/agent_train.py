@@ -45,7 +45,8 @@ The run writes the trainer's run format (`trainer.runlog.RunLog`) under OUT/NAME
 (`algorithm` "eval", "sft" every `log_every` steps or "grpo" every step; held-out fields on eval
 rows; `drift` = calls that could not be merged into their trajectory's row; `segment` = resumes and
 rollbacks so far; a last `final` row), samples.jsonl (trajectories as text), events.jsonl (start or
-resume, checkpoint, harness_change, end), heartbeat.json, config.yaml (this config, resolved) and
+resume, checkpoint, harness_change, end), heartbeat.json, config.yaml (this config, resolved, its
+harness faults left out) and
 harnesses/<version>.yaml (each harness the run used). Progress is printed one line per logged step.
 
 Checkpoints, resume and fork (`trainer.agent_state`): every `checkpoint.interval` steps of the
@@ -387,18 +388,17 @@ class AgentTrainer(CriticStages):
             return False
         self.change_pending = False
         before = self.harness.version
-        applied = []
         for path, value in cfg.harness_fault.items():
             if check_edit(self.harness, path, value) is None:
                 self.harness = apply_edit(self.harness, path, value)
-                applied.append(path)
             if check_edit(self.start_harness, path, value) is None:
                 self.start_harness = apply_edit(self.start_harness, path, value)
+        # what a live config change leaves to see: the harness before and after (stored under
+        # harnesses/), never the fault it came from (a controller's operators read the events)
         if self.log:
-            self.log.event("harness_change", self.step, source="harness_fault_step", edits=cfg.harness_fault,
-                           applied=applied, harness_before=before, harness_version=self.harness.version)
+            self.log.event("harness_change", self.step, harness_before=before, harness_version=self.harness.version)
         if self.printer:
-            self.printer(f"[harness {self.step:4d}] changed {before} -> {self.harness.version}: {cfg.harness_fault}")
+            self.printer(f"[harness {self.step:4d}] changed {before} -> {self.harness.version}")
         return self.harness.version != before
 
     def grpo_step(self, i: int) -> dict[str, float]:
@@ -520,7 +520,8 @@ class AgentTrainer(CriticStages):
         self.control = AgentControl(self)
         how = agent_state.begin(self)
         # what trains: a resume or a fork takes the recipe fields of its checkpoint (and overrides)
-        atomic_write_text(cfg.run_dir / "config.yaml", yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
+        shown = self.cfg.model_dump(mode="json", exclude={"harness_fault", "harness_fault_step"})   # faults: never shown
+        atomic_write_text(cfg.run_dir / "config.yaml", yaml.safe_dump(shown, sort_keys=False))
         agent_state.store_harness(self)
         if how == "resume":
             return
