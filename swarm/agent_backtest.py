@@ -25,14 +25,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pathlib
-import shutil
-import time
 from typing import Any, Mapping, Sequence
 
-import yaml
-
-from agents.domain import Intervention, JobStatus
-from swarm.backtest import arm_running, arm_score, leftover_arm
+from agents.domain import Intervention
+from swarm.backtest import arm_score, start_arm, wait_arms
 from swarm.decisions import ArmScore, Pair, Rule
 from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
 
@@ -91,27 +87,8 @@ def run_agent_arms(iv: Intervention, *, live: Mapping[str, Any], checkpoint: str
             name = f"bt-{iv.id}{label}-{arm}-s{seed}"
             cfg = arm_config(live, name=name, out_dir=str(workdir), checkpoint=checkpoint, stage=stage,
                              stage_step=stage_step, horizon=horizon, seed=seed, eval_size=eval_size, changes=changes)
-            path = config_dir / f"{name}.yaml"
-            left = leftover_arm(workdir / name, path)   # after a controller restart: reuse, don't rerun
-            if left is None:
-                shutil.rmtree(workdir / name, ignore_errors=True)   # a partial arm's files would mix in
-                path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-                left = jobs.start(name, path)
-            handles[(arm, seed)] = (left, workdir / name)
-
-    def done(h: Any) -> bool:
-        return jobs.status(h) in JobStatus.terminal() if isinstance(h, str) else not (h and arm_running(h))
-
-    deadline = time.time() + timeout_s
-    while not all(done(h) for h, _ in handles.values()):
-        if time.time() > deadline:
-            for h, _ in handles.values():
-                if isinstance(h, str):
-                    jobs.stop(h)
-                elif h:
-                    h.kill()
-            break
-        time.sleep(0.5)
+            handles[(arm, seed)] = (start_arm(jobs, name, cfg, workdir, config_dir), workdir / name)
+    wait_arms(jobs, handles.values(), timeout_s)
     cpu = sum(float((read_heartbeat(d) or {}).get("cpu_s") or 0.0) for _, d in handles.values())
     pairs = [Pair(seed, score(handles[("candidate", seed)][1]), score(handles[("control", seed)][1])) for seed in seeds]
     return pairs, cpu

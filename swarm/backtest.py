@@ -21,7 +21,7 @@ import pathlib
 import shutil
 import statistics
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import psutil
 import yaml
@@ -205,6 +205,42 @@ def leftover_arm(run_dir: pathlib.Path, cfg_path: pathlib.Path) -> psutil.Proces
     return False if (read_heartbeat(run_dir) or {}).get("state") == "completed" else None
 
 
+def start_arm(jobs: Jobs, name: str, cfg: dict[str, Any], workdir: pathlib.Path, config_dir: pathlib.Path) -> Any:
+    """The arm `name` with job config `cfg`: a leftover a killed controller started (reused, never
+    run twice), else a new job; its handle (a job id, a process, or False for a finished leftover)."""
+    path = config_dir / f"{name}.yaml"
+    left = leftover_arm(workdir / name, path)
+    if left is None:
+        shutil.rmtree(workdir / name, ignore_errors=True)   # a partial arm's files would mix in
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        left = jobs.start(name, path)
+    return left
+
+
+def wait_arms(jobs: Jobs, handles: Iterable[tuple[Any, pathlib.Path]], timeout_s: float,
+              sync: Callable[[pathlib.Path], Any] | None = None) -> None:
+    """Until every arm (`start_arm`'s handle, its run folder) ended, `sync` called on each folder per
+    pass; those still running after `timeout_s` are stopped."""
+    handles = list(handles)
+
+    def done(h: Any) -> bool:
+        return jobs.status(h) in JobStatus.terminal() if isinstance(h, str) else not (h and arm_running(h))
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for _, d in handles:
+            if sync is not None:
+                sync(d)
+        if all(done(h) for h, _ in handles):
+            return
+        time.sleep(0.5)
+    for h, _ in handles:
+        if isinstance(h, str):
+            jobs.stop(h)
+        elif h:
+            h.kill()
+
+
 def arm_running(p: psutil.Process) -> bool:
     """Whether an arm's process (a leftover of a killed controller) still runs."""
     try:
@@ -239,28 +275,8 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
             name = f"bt-{iv.id}{label}-{arm}-s{seed}"
             fork, at = (candidate_ckpt, candidate_step) if arm == "candidate" and candidate_ckpt else (ckpt, step)
             cfg = arm_config(base_config, name, str(workdir), fork, seed, at or 0, horizon, eval_size, changes)
-            path = config_dir / f"{name}.yaml"
-            left = leftover_arm(workdir / name, path)   # after a controller restart: reuse, don't rerun
-            if left is None:
-                shutil.rmtree(workdir / name, ignore_errors=True)   # a partial arm's files would mix in
-                path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-                left = jobs.start(name, path)
-            handles[(arm, seed)] = (left, workdir / name)
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        states = {k: (jobs.status(h) if isinstance(h, str) else (JobStatus.RUNNING if h and arm_running(h) else JobStatus.SUCCEEDED))
-                  for k, (h, _) in handles.items()}
-        for _, d in handles.values():
-            sync_run(d)   # an arm on run storage: its replica here (its heartbeat, rows) brought up to date
-        if all(s in JobStatus.terminal() for s in states.values()):
-            break
-        time.sleep(0.5)
-    else:
-        for h, _ in handles.values():
-            if isinstance(h, str):
-                jobs.stop(h)
-            elif h:
-                h.kill()
+            handles[(arm, seed)] = (start_arm(jobs, name, cfg, workdir, config_dir), workdir / name)
+    wait_arms(jobs, handles.values(), timeout_s, sync=sync_run)
     cpu = sum(float((read_heartbeat(d) or {}).get("cpu_s") or 0.0) for _, d in handles.values())
     pairs = [Pair(seed, arm_score(handles[("candidate", seed)][1], metric), arm_score(handles[("control", seed)][1], metric))
              for seed in seeds]
