@@ -425,7 +425,8 @@ def run(
     goal: str = typer.Argument(..., help="goal file (YAML)"),
     workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
-    jobs: str = typer.Option("ray", help="ray (Ray Jobs on a private loopback head or --address) | process"),
+    jobs: Optional[str] = typer.Option(None, help="ray (Ray Jobs on a private loopback head or --address) | process; "
+                                       "default ray, process for a goal that drives the agent trainer"),
     address: Optional[str] = typer.Option(None, help="Ray dashboard address of an existing cluster"),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -440,7 +441,7 @@ def run(
     g = _load_goal(goal)
     if no_pilot:   # recorded in the goal the run saves, so a resumed run does not pilot either
         g = g.model_copy(update={"pilot": g.pilot.model_copy(update={"enabled": False})})
-    if jobs not in ("ray", "process"):
+    if jobs not in (None, "ray", "process"):
         fail(f"--jobs={jobs!r}: must be 'ray' or 'process'")
     _run_controller(lambda: _create(workspace, g, jobs=jobs, ray_address=address), summary, json_out, goal=g,
                     quiet=quiet, tensorboard=tensorboard, notify=notify)
@@ -489,7 +490,8 @@ def demo(
 def resume(
     workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
-    jobs: str = typer.Option("ray", help="ray | process (as the run was started)"),
+    jobs: Optional[str] = typer.Option(None, help="ray | process (as the run was started; default ray, process for a "
+                                       "goal that drives the agent trainer)"),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),

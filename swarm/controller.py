@@ -99,7 +99,7 @@ class Memo:
 
 
 class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
-    def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str = "ray", ray_address: str | None = None,
+    def __init__(self, workspace: str | pathlib.Path, goal: Goal, jobs: str | None = "ray", ray_address: str | None = None,
                  backtest_runner: BacktestRunner = run_arms) -> None:
         self.dir = pathlib.Path(workspace).resolve()
         self.sdir = self.dir / ".swarm"
@@ -115,6 +115,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         self.runs = self.sdir / "runs"
         self.script = goal.entrypoint    # the user's own script (swarm/script_run.py), else None
         self.agent = goal.agent          # the agent trainer's config (swarm/agent_run.py), else None
+        jobs = jobs or ("process" if self.agent else "ray")   # not chosen: an agent run's jobs are local processes
         reserve = dict(job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,
                        run_key=run_key(self.private)) if jobs == "ray" else {}
         self.jobs: Jobs = (agent_jobs(self.sdir / "logs", jobs) if self.agent else

@@ -184,6 +184,23 @@ def controller(tmp_path, monkeypatch, agent: dict, **swarm):
     return Controller.create(tmp_path / "ws", g, jobs="process")
 
 
+def test_an_agent_goal_runs_its_jobs_as_local_processes_unless_told_otherwise(tmp_path, monkeypatch):
+    from swarm.agent_run import AgentJobs
+    from swarm.controller import Controller
+
+    monkeypatch.chdir(tmp_path)
+    g = Goal.parse({**goal_data(), "memory": {"library": str(tmp_path / "lib"), "backend": "memory", "seed_skills": False}})
+    ctrl = Controller.create(tmp_path / "ws", g, jobs=None)   # `swarm run` without --jobs
+    try:
+        assert isinstance(ctrl.jobs, AgentJobs)
+    finally:
+        ctrl.jobs.close()
+        ctrl._conn.close()
+        ctrl.knowledge.close()
+    with pytest.raises(ConfigError, match="use --jobs process"):
+        Controller.create(tmp_path / "ws2", g, jobs="ray")
+
+
 def test_a_harness_edit_is_applied_through_the_inbox_and_undone_by_setting_the_old_value(tmp_path, monkeypatch):
     from swarm.graph import SwarmState
 
