@@ -38,8 +38,10 @@ def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: i
                horizon: int, eval_size: int, changes: dict[str, Any]) -> dict[str, Any]:
     cfg = {k: v for k, v in base.items() if k not in ("perturbations", "fork_from", "fork_mode", "fork_overrides")}
     # the arm stops after `horizon` steps (`stop_step`) on the run's own lr schedule (`recipe.steps`
-    # stays the run's): a schedule over the horizon alone would anneal both arms to their minimum lr
-    overrides = {"recipe.eval_interval": horizon, "recipe.eval_size": eval_size, "recipe.stop_at_heldout": None, **changes}
+    # stays the run's): a schedule over the horizon alone would anneal both arms to their minimum lr.
+    # It is scored by its final evaluation alone (periodic ones would fall on steps that are multiples
+    # of the interval, inside the arm or on its last step a second time)
+    overrides = {"recipe.eval_interval": 0, "recipe.eval_size": eval_size, "recipe.stop_at_heldout": None, **changes}
     return {**cfg, "name": name, "out_dir": out_dir, "seed": seed, "fork_from": ckpt, "fork_mode": "state",
             "fork_overrides": overrides, "stop_step": step + horizon, "checkpoint": {"interval": 0, "keep_last": 1},
             "samples_per_step": 1, "perturbations": []}

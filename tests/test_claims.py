@@ -652,6 +652,7 @@ def test_a_backtest_arm_trains_a_stretch_of_the_runs_own_lr_schedule(tmp_path):
     rows = read_jsonl(tmp_path / "arms" / "bt-x-candidate-s0" / "metrics.jsonl")
     lrs = [r["lr"] for r in rows if "loss" in r]
     assert summary["step"] == 25 and "heldout_acc" in summary
+    assert [r["step"] for r in rows if "heldout_acc" in r] == [25]   # one evaluation, at its end
     assert len(lrs) == 5 and all(math.isclose(a, live.lr_at(s)) for a, s in zip(lrs, range(20, 25)))
     assert min(lrs) > 0.9 * 0.01   # early in the run's schedule, near its peak
     # a stretch past the run's last step trains the whole horizon at the schedule's last lr
