@@ -109,6 +109,9 @@ def test_a_drift_fault_changes_the_harness_at_its_step_and_not_before(tmp_path):
     assert changes[0]["harness_version"] == t.harness.version and not {"edits", "source", "applied"} & set(changes[0])
     shown = (tmp_path / "crit" / "config.yaml").read_text()
     assert "harness_fault" not in shown
+    # every harness a metrics row names is stored: a controller reads the harness in force from it
+    stored = {p.stem for p in (tmp_path / "crit" / "harnesses").glob("*.yaml")}
+    assert set(versions.values()) <= stored
 
 
 @pytest.mark.parametrize("i,every,due", [(0, 0, False), (3, 0, False), (0, 2, True), (1, 2, False), (4, 2, True),

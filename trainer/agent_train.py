@@ -396,6 +396,7 @@ class AgentTrainer(CriticStages):
         # what a live config change leaves to see: the harness before and after (stored under
         # harnesses/), never the fault it came from (a controller's operators read the events)
         if self.log:
+            agent_state.store_harness(self)
             self.log.event("harness_change", self.step, harness_before=before, harness_version=self.harness.version)
         if self.printer:
             self.printer(f"[harness {self.step:4d}] changed {before} -> {self.harness.version}")
@@ -487,14 +488,16 @@ class AgentTrainer(CriticStages):
     @torch.no_grad()
     def evaluate(self, n: int | None = None, harness: AgentHarness | None = None) -> dict[str, float]:
         """Greedy held-out success and the rollout summary, as `heldout_*` fields (under `harness`,
-        by default the current one)."""
+        by default the current one), and `eval_cpu_s`: this process's CPU seconds spent on it (what
+        a cost accounting that leaves evaluations out subtracts)."""
+        c0 = time.process_time()
         n = n or self.cfg.eval_size
         exs = [self.env.episode(Split.HELDOUT, i, self.cfg.difficulty) for i in range(n)]
         trajs = self.rollout_under(harness or self.harness, exs, greedy=True)
         s = summarize(trajs)
         acc = sum(t.result.verdict.value == "correct" for t in trajs) / len(trajs)
         return {"heldout_acc": acc, "heldout_tool_calls": s["tool_calls_mean"], "heldout_turns": s["turns_mean"],
-                "heldout_answered": s["end_answered"]}
+                "heldout_answered": s["end_answered"], "eval_cpu_s": round(time.process_time() - c0, 4)}
 
     # ---- the run ------------------------------------------------------------------------
     def write_row(self, row: dict[str, Any]) -> None:
