@@ -1,32 +1,38 @@
-"""Agentic fault scenarios: critic vs plain vs oracle on fresh seeds (issue 30, item 7).
+"""Agentic fault scenarios: the swarm and the trainer's critic vs plain vs oracle on fresh seeds (issue 30).
 
 Each scenario comes from `swarmbench.agentic.generate(seed)`: an agent environment the built-in model
 learns in its warm-up, one harness fault (a missing tool, max_turns too small, a parser that rejects
 valid calls, observations cut from the wrong side, a wrong tool description) and its origin: in the
 starting harness (`config`) or a harness change at a GRPO step after the warm-up (`drift`). Per
-scenario, in one process, one torch thread, from one common warm-up (SFT on the environment's expert
-demonstrations under the healthy harness; every arm starts from its weights, optimiser state, data
-cursor and sampling RNG):
+scenario, from one common warm-up (SFT on the environment's expert demonstrations under the healthy
+harness, in this process, one torch thread; the in-process arms start from its weights, optimiser
+state, data cursor and sampling RNG):
 
     oracle   the healthy harness (no fault), GRPO for `--horizon` steps after the drift point (or the
              warm-up): calibration. target = `--target-frac` x its best held-out success at or after
              the drift point; a target below `--floor` leaves the scenario out (unlearnable). Its
              worker-CPU to target is the reference; the budget is `--budget-x` times it.
-    plain    the fault, no critic: GRPO until the target or the budget. It classifies the scenario:
-             `failing` (the target is not reached within the budget) or `mild`.
-    critic   the fault, the agent trainer with its HarnessCritic (`critic.enabled`, periodic rounds
-             every `--critic-every` GRPO steps, `critic.every`): critic rounds keep a typed harness
-             edit only on a significant paired gain; GRPO in between; until the target or the budget.
+    plain    the fault, nothing watching: GRPO until the target or the budget. It classifies the
+             scenario: `failing` (the target is not reached within the budget) or `mild`.
+    critic   the fault, the agent trainer with its own HarnessCritic (`critic.enabled`, periodic rounds
+             every `--critic-every` GRPO steps): a round keeps a typed harness edit only on a
+             significant paired gain; GRPO in between; until the target or the budget.
+    swarm    the fault, `swarm run` on a goal whose `run.agent` is the faulted run (built-in policies;
+             swarmbench/agent_swarm.py): the controller's step-record detectors and HarnessCritic, each
+             edit backtested on arms forked from the live checkpoint and applied through the inbox.
+             Its own processes and warm-up (the same seed); worker CPU = every agent-trainer process
+             (live job, arms, start-ups) less the live job's own evals; until the target or the budget.
 
-The swarm controller does not drive agent runs: the method under test for agentic faults is the
-agent trainer's own critic (trainer/agent_train.py), named `critic` here. Distillation is not run:
-the target is held-out success under the run's current harness.
+`--arms` picks critic, swarm or both; a scenario recorded without the swarm arm runs it alone under
+`--resume` (its target and budget are recorded). Distillation is not run: the target is held-out
+success under the run's current harness.
 
 Held-out success: greedy, `--eval-size` held-out episodes, under the arm's current harness, at fixed
-GRPO steps (`EVAL_AT`: every 2 steps to 20, then every 10), the same for every arm; a target counts
-only at or after the drift point. Worker-CPU is this process's CPU time (`time.process_time`) spent
-on the arm's work, the common warm-up included (every arm is charged it), the benchmark's evals not
-(the critic's own rollouts and paired tests are charged: they are its work).
+GRPO steps for the in-process arms (`EVAL_AT`: every 2 steps to 20, then every 10), every
+`--swarm-eval-every` GRPO steps on the swarm's live run; a target counts only at or after the drift
+point. Worker-CPU of the in-process arms is this process's CPU time (`time.process_time`) spent on the
+arm's work, the common warm-up included (every arm is charged it), the benchmark's evals not (the
+critic's own rollouts and paired tests are charged: they are its work).
 
     .venv/bin/python benchmarks/agentic_faults.py --seeds 100-103              # development seeds
     .venv/bin/python benchmarks/agentic_faults.py --seeds 200-219 --resume     # the result's fresh seeds
@@ -52,7 +58,8 @@ sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != HERE] 
 sys.path.insert(0, str(ROOT))
 from swarmbench.accounting import WorkClock  # noqa: E402
 
-ARMS = ("oracle", "plain", "critic")
+ARMS = ("oracle", "plain", "critic", "swarm")
+UNDER_TEST = ("critic", "swarm")   # the methods whose success on failing runs is the result
 EVAL_AT = frozenset(list(range(0, 21, 2)) + list(range(30, 100_000, 10)))   # GRPO steps with an eval
 
 
@@ -163,35 +170,64 @@ def _scenario(sc: dict[str, Any], out: str, knobs: dict[str, Any], log: Callable
     res["budget_cpu_s"] = budget
     log(f"  oracle: best {best:.3f}, target {target:.3f} at {hit['cpu_s']:.1f} CPU-s; budget {budget:.1f}")
     arms = {"oracle": o}
-    for arm in ("plain", "critic"):
+    for arm in ["plain"] + [m for m in knobs["arms"] if m != "swarm"]:
         arms[arm] = run_arm(sc, arm, w, out, knobs, target=target, budget=budget, horizon=None)
         r = arms[arm]
         log(f"  {arm}: " + (f"target at {r['cpu_to_target']:.1f} CPU-s ({r['cpu_to_target'] / hit['cpu_s']:.2f}x)"
                             if r["reached"] else f"no target in {r['cpu_s']:.1f} CPU-s") +
             (f"; kept {[(e['path'], e['value']) for e in r['edits'] if e['kept']]}" if arm == "critic" else ""))
     res["arms"] = arms
+    if "swarm" in knobs["arms"]:
+        arms.update(extra_arms(sc, res, out, {**knobs, "arms": ["swarm"]}, log))
     res["status"] = "failing" if not arms["plain"]["reached"] else "mild"
     return res
 
 
+def extra_arms(sc: dict[str, Any], res: dict[str, Any], out: str, knobs: dict[str, Any],
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The swarm arm of a scenario whose target and budget are known (`res`, from this run or a
+    recorded one): it needs neither the warm-up's state nor the other arms. The critic arm needs
+    the warm-up: a recorded scenario without it is rerun whole (`--resume` off)."""
+    from swarmbench import agent_swarm
+
+    got: dict[str, Any] = {}
+    for m in knobs["arms"]:
+        if m != "swarm":
+            raise SystemExit(f"{sc['id']}: the {m} arm needs the warm-up's state: rerun the scenario without --resume")
+        got[m] = agent_swarm.run(sc, pathlib.Path(out) / sc["id"] / "swarm", target=res["target"],
+                                 budget=res["budget_cpu_s"], wall_cap=knobs["swarm_wall_x"] * res["budget_cpu_s"],
+                                 eval_size=knobs["eval_size"], eval_every=knobs["swarm_eval_every"], log=log)
+    return got
+
+
 # ---- the report ----------------------------------------------------------------------------
+def methods_in(results: list[dict[str, Any]]) -> list[str]:
+    """The methods under test that every measured scenario ran."""
+    measured = [r for r in results if r["status"] in ("failing", "mild")]
+    return [m for m in UNDER_TEST if measured and all(m in r["arms"] for r in measured)]
+
+
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per origin and mechanism, and overall: scenarios, how many the plain arm fails, the critic's
-    success on those, and its worker-CPU to target over the oracle's (median, max)."""
+    """Per origin and mechanism, and overall: scenarios, how many the plain arm fails, and per
+    method under test its success on those and its worker-CPU to target over the oracle's (median,
+    max over the failing runs it reached)."""
+    methods = methods_in(results)
+
     def group(rs: list[dict[str, Any]]) -> dict[str, Any]:
         measured = [r for r in rs if r["status"] in ("failing", "mild")]
         failing = [r for r in measured if r["status"] == "failing"]
-        ok = [r for r in failing if r["arms"]["critic"]["reached"]]
-        ratios = [r["arms"]["critic"]["cpu_to_target"] / r["arms"]["oracle"]["cpu_to_target"] for r in ok]
-        plain_ok = [r for r in measured if r["arms"]["plain"]["reached"]]
-        return {"scenarios": len(rs), "unlearnable": len(rs) - len(measured), "failing": len(failing),
-                "mild": len(measured) - len(failing), "critic_success_failing": len(ok),
-                "critic_success_rate": len(ok) / len(failing) if failing else None,
-                "plain_success_all": len(plain_ok), "measured": len(measured),
-                "critic_success_all": sum(r["arms"]["critic"]["reached"] for r in measured),
-                "ratio_median": statistics.median(ratios) if ratios else None,
-                "ratio_max": max(ratios) if ratios else None}
-    out: dict[str, Any] = {"all": group(results)}
+        out: dict[str, Any] = {"scenarios": len(rs), "unlearnable": len(rs) - len(measured), "failing": len(failing),
+                               "mild": len(measured) - len(failing), "measured": len(measured),
+                               "plain_success_all": sum(r["arms"]["plain"]["reached"] for r in measured)}
+        for m in methods:
+            ok = [r for r in failing if r["arms"][m]["reached"]]
+            ratios = [r["arms"][m]["cpu_to_target"] / r["arms"]["oracle"]["cpu_to_target"] for r in ok]
+            out[m] = {"success_failing": len(ok), "success_rate": len(ok) / len(failing) if failing else None,
+                      "success_all": sum(r["arms"][m]["reached"] for r in measured),
+                      "ratio_median": statistics.median(ratios) if ratios else None,
+                      "ratio_max": max(ratios) if ratios else None}
+        return out
+    out: dict[str, Any] = {"methods": methods, "all": group(results)}
     for origin in ("config", "drift"):
         rs = [r for r in results if r["scenario"]["origin"] == origin]
         out[origin] = group(rs)
@@ -204,60 +240,89 @@ def _fmt(x: float | None, f: str = ".2f") -> str:
     return "–" if x is None else format(x, f)
 
 
+DESCRIBE = {
+    "critic": lambda k: ("`critic`: the agent trainer's own HarnessCritic, in the benchmark's process (periodic critic "
+                         f"rounds every {k['critic_every']} GRPO steps, each keeping a typed harness edit only on a "
+                         "significant paired gain; no distillation)"),
+    "swarm": lambda k: ("`swarm`: `swarm run` on a goal whose `run.agent` is the faulted run (swarmbench/agent_swarm.py): "
+                        "the controller's built-in policies, its step-record detectors and HarnessCritic, each edit "
+                        "backtested on arms forked from the live checkpoint and applied through the inbox; the run's own "
+                        "process and warm-up (same seed), held-out evals every "
+                        f"{k.get('swarm_eval_every', '?')} GRPO steps; worker CPU = every agent-trainer process (live job, "
+                        "arms, start-ups), less the live job's own evals. Goal settings: "
+                        f"`swarm: {json.dumps(k.get('swarm_settings', {}))}`"),
+}
+
+
+def _cell(x: dict[str, Any]) -> str:
+    return (f"{x['cpu_to_target']:.1f}" if x["reached"] else
+            f"missed ({x['cpu_s']:.1f} spent, last {x['curve'][-1]['heldout_acc'] if x['curve'] else 0.0:.2f})")
+
+
+def _changes(r: dict[str, Any], m: str) -> str:
+    a = r["arms"][m]
+    if m == "critic":
+        return "; ".join(f"`{e['path']}=" + ("<the environment's spec>" if isinstance(e["value"], dict) else repr(e["value"]))
+                         + f"` {e['before']}/{e['n']}→{e['after']}/{e['n']}" for e in a["edits"] if e["kept"]) or "–"
+    shown = lambda v: "<the environment's spec>" if isinstance(v, dict) else repr(v)  # noqa: E731
+    return "; ".join(f"{e['diagnosis']}: " + ", ".join(f"`{k}={shown(v)}`" for k, v in (e["changes"] or {}).items())
+                     + f" ({e['status']})" for e in a["interventions"]) or "–"
+
+
 def markdown(res: dict[str, Any]) -> str:
     k, s = res["knobs"], res["summary"]
-    a = s["all"]
-    rate = a["critic_success_rate"]
+    a, methods = s["all"], s.get("methods", [])
     lines = [
-        "# Agentic fault scenarios: critic vs plain vs oracle",
+        "# Agentic fault scenarios: " + " / ".join(methods) + " vs plain vs oracle",
         "",
         f"`{res['command']}` (commit {res['commit']}, {sum(r.get('wall_s', 0.0) for r in res['results']) / 60:.0f} "
-        "min wall over the scenarios, one process, one torch "
-        "thread, `nice -n 19` on a shared 2-core machine). Script: `benchmarks/agentic_faults.py`; scenarios: "
-        f"`swarmbench/agentic.py`; numbers: `{res.get('numbers', 'agentic_faults.json')}`.",
+        "min wall over the scenarios, one torch thread per process, on a shared 2-core machine). Script: "
+        f"`benchmarks/agentic_faults.py`; scenarios: `swarmbench/agentic.py`; numbers: "
+        f"`{res.get('numbers', 'agentic_faults.json')}`.",
         "",
         res.get("status_note", ""),
         "",
-        "The swarm controller does not drive agent runs. The method under test is the agent trainer's own "
-        "HarnessCritic (`critic`: periodic critic rounds every "
-        f"{k['critic_every']} GRPO steps, each keeping a typed harness edit only on a significant paired gain; "
-        "no distillation). `plain`: the same run with the fault and no critic. `oracle`: the healthy harness.",
+        "Methods under test: " + "; ".join(DESCRIBE[m](k) for m in methods) + ". `plain`: the same run with the fault "
+        "and nothing watching it. `oracle`: the healthy harness.",
         "",
         f"Setup: per scenario one common warm-up under the healthy harness; oracle GRPO for {k['horizon']} steps "
         f"after the drift point gives the target ({k['target_frac']} x its best held-out success at or after the "
         f"drift point; below {k['floor']} the scenario is left out) and the budget ({k['budget_x']} x the oracle's "
-        "worker-CPU to target). Worker-CPU includes the common warm-up, not the benchmark's evals. Held-out "
-        f"success: greedy, {k['eval_size']} held-out episodes, under the arm's current harness, at GRPO steps 0, 2, "
-        "4, ..., 20, 30, 40, ...",
+        "worker-CPU to target). Worker-CPU includes the warm-up, not the benchmark's evals. Held-out "
+        f"success: greedy, {k['eval_size']} held-out episodes, under the arm's current harness; a target counts "
+        "only at or after the drift point.",
         "",
         "## Targets",
         "",
         "| target | measured | met? |",
         "|---|---|---|",
-        f"| critic success >= 90% of failing runs | {a['critic_success_failing']}/{a['failing']} = {_fmt(rate, '.0%')} | "
-        + ("–" if rate is None else "yes" if rate >= 0.9 else f"no, {100 * (0.9 - rate):.1f} points short") + " |",
-        f"| critic worker-CPU to target <= 1.5x the oracle's | median {_fmt(a['ratio_median'])}x, max "
-        f"{_fmt(a['ratio_max'])}x | " + ("–" if a["ratio_max"] is None else "yes" if a["ratio_max"] <= 1.5 else
-                                         f"no: max {a['ratio_max'] - 1.5:.2f}x over" +
-                                         (" (median within)" if a["ratio_median"] <= 1.5 else "")) + " |",
-        "",
-        "## Per origin and mechanism",
-        "",
-        "| origin / mechanism | scenarios | left out | plain failing / mild | critic success on failing | "
-        "critic / plain success, all measured | critic CPU to target / oracle's (median, max) |",
-        "|---|---|---|---|---|---|---|",
     ]
+    for m in methods:
+        g = a[m]
+        rate = g["success_rate"]
+        lines.append(f"| {m} success >= 90% of failing runs | {g['success_failing']}/{a['failing']} = "
+                     f"{_fmt(rate, '.0%')} | " + ("–" if rate is None else "yes" if rate >= 0.9 else
+                                                  f"no, {100 * (0.9 - rate):.1f} points short") + " |")
+        lines.append(f"| {m} worker-CPU to target <= 1.5x the oracle's | median {_fmt(g['ratio_median'])}x, max "
+                     f"{_fmt(g['ratio_max'])}x | " + ("–" if g["ratio_max"] is None else "yes" if g["ratio_max"] <= 1.5
+                                                      else f"no: max {g['ratio_max'] - 1.5:.2f}x over" +
+                                                      (" (median within)" if g["ratio_median"] <= 1.5 else "")) + " |")
+    lines += ["", "## Per origin and mechanism", "",
+              "| origin / mechanism | scenarios | left out | plain failing / mild | plain success, all measured | "
+              + " | ".join(f"{m} success on failing | {m} success, all measured | {m} CPU to target / oracle's "
+                           "(median, max)" for m in methods) + " |",
+              "|---|---|---|---|---|" + "---|---|---|" * len(methods)]
     for key, g in s.items():
-        if key == "all":
+        if key in ("all", "methods"):
             continue
         lines.append(f"| {'**' + key + '**' if '/' not in key else key} | {g['scenarios']} | {g['unlearnable']} | "
-                     f"{g['failing']} / {g['mild']} | {g['critic_success_failing']}/{g['failing']} | "
-                     f"{g['critic_success_all']}/{g['measured']} / {g['plain_success_all']}/{g['measured']} | "
-                     f"{_fmt(g['ratio_median'])}, {_fmt(g['ratio_max'])} |")
+                     f"{g['failing']} / {g['mild']} | {g['plain_success_all']}/{g['measured']} | "
+                     + " | ".join(f"{g[m]['success_failing']}/{g['failing']} | {g[m]['success_all']}/{g['measured']} | "
+                                  f"{_fmt(g[m]['ratio_median'])}, {_fmt(g[m]['ratio_max'])}" for m in methods) + " |")
     lines += ["", "## Per scenario", "",
-              "| scenario | fault | warm-up CPU-s, held-out | oracle best → target | oracle CPU to target | budget | "
-              "plain | critic | critic / oracle | critic's kept edits |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| scenario | fault | warm-up CPU-s, held-out | oracle best → target | oracle CPU to target | budget | plain | "
+              + " | ".join(f"{m} | {m} / oracle | {m}'s changes" for m in methods) + " |",
+              "|---|---|---|---|---|---|---|" + "---|---|---|" * len(methods)]
     for r in res["results"]:
         sc = r["scenario"]
         fault = ", ".join(f"`{p}={v!r}`" for p, v in sc["fault"].items())
@@ -266,18 +331,14 @@ def markdown(res: dict[str, Any]) -> str:
         head = (f"| {sc['id']} | {fault} | {r['warm']['cpu_s']:.1f}, {r['warm']['heldout_acc']:.2f} | "
                 f"{r['oracle_best']:.2f} → {r['target']:.2f} |")
         if r["status"] == "unlearnable":
-            lines.append(head + " left out: below the floor | | | | | |")
+            lines.append(head + " left out: below the floor |" + " |" * (2 + 3 * len(methods)))
             continue
         ar = r["arms"]
-        cell = lambda x: (f"{x['cpu_to_target']:.1f}" if x["reached"] else f"missed ({x['cpu_s']:.1f} spent, "  # noqa: E731
-                          f"last {x['curve'][-1]['heldout_acc']:.2f})")
-        ratio = (f"{ar['critic']['cpu_to_target'] / ar['oracle']['cpu_to_target']:.2f}x" if ar["critic"]["reached"]
-                 else "–")
-        kept = "; ".join(f"`{e['path']}=" + ("<the environment's spec>" if isinstance(e["value"], dict) else repr(e["value"]))
-                         + f"` {e['before']}/{e['n']}→{e['after']}/{e['n']}"
-                         for e in ar["critic"]["edits"] if e["kept"]) or "–"
-        lines.append(head + f" {ar['oracle']['cpu_to_target']:.1f} | {r['budget_cpu_s']:.1f} | {cell(ar['plain'])} "
-                     f"({r['status']}) | {cell(ar['critic'])} | {ratio} | {kept} |")
+        row = head + f" {ar['oracle']['cpu_to_target']:.1f} | {r['budget_cpu_s']:.1f} | {_cell(ar['plain'])} ({r['status']}) |"
+        for m in methods:
+            ratio = f"{ar[m]['cpu_to_target'] / ar['oracle']['cpu_to_target']:.2f}x" if ar[m]["reached"] else "–"
+            row += f" {_cell(ar[m])} | {ratio} | {_changes(r, m)} |"
+        lines.append(row)
     lines += ["", "## Reading", "", res.get("reading", "(filled in by hand after the run)"), ""]
     return "\n".join(lines)
 
@@ -293,6 +354,10 @@ def main() -> None:
     ap.add_argument("--floor", type=float, default=0.5, help="a target below it leaves the scenario out")
     ap.add_argument("--budget-x", type=float, default=3.0, help="budget = this x the oracle's worker-CPU to target")
     ap.add_argument("--critic-every", type=int, default=2, help="critic rounds every N GRPO steps (critic.every)")
+    ap.add_argument("--arms", default="critic,swarm", help="the methods under test beside plain and oracle: critic, swarm "
+                    "or both (a resumed scenario that lacks one runs it alone: its target and budget are recorded)")
+    ap.add_argument("--swarm-eval-every", type=int, default=2, help="swarm: the live run's held-out eval every N GRPO steps")
+    ap.add_argument("--swarm-wall-x", type=float, default=10.0, help="swarm: wall-clock cap = this x the budget in seconds")
     ap.add_argument("--out", default=str(ROOT / "runs" / "agentic_faults"))
     ap.add_argument("--results", default=str(HERE / "results" / "agentic_faults"))
     ap.add_argument("--resume", action="store_true", help="reuse scenarios whose result.json is under --out")
@@ -303,8 +368,15 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    from swarmbench import agent_swarm
+
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    bad = [x for x in arms if x not in UNDER_TEST]
+    if bad or not arms:
+        ap.error(f"--arms {a.arms!r}: choose from {', '.join(UNDER_TEST)}")
     knobs = {"eval_size": a.eval_size, "horizon": a.horizon, "target_frac": a.target_frac, "floor": a.floor,
-             "budget_x": a.budget_x, "critic_every": a.critic_every}
+             "budget_x": a.budget_x, "critic_every": a.critic_every, "arms": arms,
+             "swarm_eval_every": a.swarm_eval_every, "swarm_wall_x": a.swarm_wall_x, "swarm_settings": agent_swarm.SWARM}
     seeds = parse_seeds(a.seeds)
     # the code the scenarios run is the code at the start (a later commit does not reach this process)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -314,7 +386,15 @@ def main() -> None:
         sc = generate(seed)
         path = pathlib.Path(a.out) / sc["id"] / "result.json"
         if (a.resume or a.report_only) and path.is_file():
-            results.append(json.loads(path.read_text()))
+            r = json.loads(path.read_text())
+            missing = [m for m in arms if m not in r.get("arms", {})] if r["status"] != "unlearnable" else []
+            if missing and not a.report_only:
+                print(f"[{time.perf_counter() - t0:6.0f}s] {sc['id']}: {', '.join(missing)} (target and budget recorded)",
+                      flush=True)
+                r = {**r, "arms": {**r["arms"], **extra_arms(sc, r, a.out, {**knobs, "arms": missing})},
+                     "commit": f"{r.get('commit')}+{commit}"}
+                path.write_text(json.dumps(r, default=str))
+            results.append(r)
             continue
         if a.report_only:
             continue

@@ -1,0 +1,151 @@
+"""The swarm on an agentic fault scenario: `swarm run` of a goal whose `run.agent` is the
+scenario's faulted agent run, the controller's built-in policies, until the benchmark's target is
+met or the worker-CPU budget is spent (benchmarks/agentic_faults.py, method `swarm`).
+
+The run is what a user would start: its own process, its own warm-up (the scenario's, with the same
+seed, so the same demonstrations and weights as the benchmark's common warm-up), its fault hidden
+from the controller (`harness_fault` never reaches operators, reports or memory). Worker CPU is every
+`trainer.agent_train` process under the controller (the live job and every backtest arm, start-up
+included), polled every 0.1 s; the live job's own held-out evaluations are subtracted (each eval row
+records its `eval_cpu_s`), as the benchmark's in-process arms leave their evaluations out. The arms'
+evaluations are the swarm's work and stay counted.
+
+Reached: a live eval row at or above the target, from the first step where the fault is in force
+(a drift's step, or the end of the warm-up), with the worker CPU at that row within the budget. A
+drift scenario's goal asks for held-out success 1.0, so that the controller does not end the run at
+the warm-up's evaluation, before the drift arrives; the benchmark stops it once its own target is met.
+The goal's worker-CPU budget is `CONTROLLER_BUDGET_X` times the benchmark's (the controller counts
+the live job's evaluations); the benchmark stops the run at its own budget.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+import yaml
+
+from swarmbench.accounting import ProcessMeter, cpu_at
+from swarmbench.methods import SWARM_POLL_S, SWARM_WRAPPER, _stop, read_jsonl
+
+# the controller's settings for a run of a few hundred steps at ~1 s a step (the goal's own, as a
+# user of agent runs would write them; defaults are sized for runs of thousands of steps)
+SWARM = {"observe_every_s": 1, "evaluate_window_steps": 10, "min_steps_between_interventions": 0,
+         "backtest": {"horizon_steps": 4, "seeds": [0], "eval_size": 32}}
+GRPO_STEPS = 2000        # the live run's GRPO stage: longer than any budget allows
+STOP_GRACE_S = 30        # after `swarm stop`, a kill
+# the goal's worker-CPU budget over the benchmark's: the controller counts the live job's evals,
+# which the benchmark leaves out, so its own budget must not end the run before the benchmark's does
+CONTROLLER_BUDGET_X = 2.0
+
+
+def is_agent_trainer(cmd: list[str]) -> bool:
+    """A process of the agent trainer: the swarm's live job or one of its backtest arms."""
+    return "trainer.agent_train" in " ".join(cmd)
+
+
+def goal(sc: dict[str, Any], target: float, budget: float, wall_cap: float, *, eval_size: int,
+         eval_every: int) -> dict[str, Any]:
+    """The goal file `swarm run` gets for scenario `sc`."""
+    agent = copy.deepcopy(sc["config"])
+    grpo = dict(agent.get("grpo") or {}, steps=GRPO_STEPS)
+    agent.update(seed=sc["seed"], threads=1, eval_size=eval_size, eval_every=eval_every, grpo=grpo)
+    threshold = 1.0 if sc["origin"] == "drift" else round(target, 6)
+    return {"goal": f"a tool-using policy that solves {sc['env']} episodes",
+            "target": {"metric": "heldout_acc", "op": ">=", "threshold": threshold},
+            "budget": {"worker_cpu_s": float(budget) * CONTROLLER_BUDGET_X, "wall_s": float(wall_cap)},
+            "run": {"agent": agent}, "llm": {"model": None}, "swarm": copy.deepcopy(SWARM)}
+
+
+def fault_step(sc: dict[str, Any]) -> int:
+    """The first trainer step whose eval counts toward the target: after the drift's first step, or
+    the warm-up's end for a fault in the starting harness."""
+    cfg = sc["config"]
+    drift = cfg.get("harness_fault_step")
+    return int(drift) + 1 if drift is not None else int(cfg["sft"]["steps"])
+
+
+def curve(rows: list[dict[str, Any]], timeline: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    """Each live eval row as {step, cpu_s, heldout_acc}: worker CPU at the row's time less the live
+    job's evaluation CPU up to and including it."""
+    out, evals = [], 0.0
+    for r in rows:
+        evals += float(r.get("eval_cpu_s") or 0.0)
+        v, t = r.get("heldout_acc"), r.get("time")
+        if r.get("final") or not isinstance(v, (int, float)) or not isinstance(t, (int, float)):
+            continue
+        c = cpu_at(timeline, t)
+        if c is not None:
+            out.append({"step": int(r.get("step", 0)), "cpu_s": round(max(c - evals, 0.0), 2), "heldout_acc": float(v)})
+    return out
+
+
+def hit(points: list[dict[str, Any]], target: float, budget: float, first_step: int) -> dict[str, Any] | None:
+    return next((p for p in points if p["step"] >= first_step and p["heldout_acc"] >= target - 1e-12
+                 and p["cpu_s"] <= budget + 1e-9), None)
+
+
+def run(sc: dict[str, Any], work: pathlib.Path, *, target: float, budget: float, wall_cap: float,
+        eval_size: int, eval_every: int, log=print) -> dict[str, Any]:
+    """`swarm run` on the scenario until the target is met (at or after the fault), the budget is
+    spent or the wall cap passes; the arm's record for the benchmark."""
+    work.mkdir(parents=True, exist_ok=True)
+    gpath, ws, summ = work / "goal.yaml", work / "ws", work / "summary.json"
+    gpath.write_text(yaml.safe_dump(goal(sc, target, budget, wall_cap, eval_size=eval_size, eval_every=eval_every),
+                                    sort_keys=False))
+    live = ws / ".swarm" / "runs" / "train" / "metrics.jsonl"
+    first = fault_step(sc)
+    t0 = time.time()
+    with open(work / "controller.log", "wb") as logf:
+        p = subprocess.Popen([sys.executable, "-c", SWARM_WRAPPER, "run", str(gpath), "--workspace", str(ws),
+                              "--jobs", "process", "--summary", str(summ)],
+                             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    meter = ProcessMeter(p.pid, match=is_agent_trainer)
+    stop_at: float | None = None
+    why = None
+    last_check = 0.0
+    while p.poll() is None:
+        now = time.time()
+        cpu = meter.poll(now)
+        if stop_at is None and now - last_check > 1.0:
+            last_check = now
+            h = hit(curve(read_jsonl(live), meter.timeline), target, budget, first)
+            why = "target" if h else "budget" if cpu > budget + _evals(live) else "wall" if now - t0 > wall_cap else None
+            if why:
+                (ws / ".swarm").mkdir(parents=True, exist_ok=True)
+                (ws / ".swarm" / "stop").write_text(str(now))   # what `swarm stop` does
+                stop_at = now
+        if stop_at is not None and now - stop_at > STOP_GRACE_S:
+            _stop(p, meter)
+            break
+        time.sleep(SWARM_POLL_S)
+    p.wait()
+    for q in meter.descendants():   # jobs left behind (there should be none)
+        try:
+            q.kill()
+        except Exception:
+            pass
+    meter.timeline.append((time.time(), meter.total))
+    points = curve(read_jsonl(live), meter.timeline)
+    h = hit(points, target, budget, first)
+    s = json.loads(summ.read_text()) if summ.exists() else {}
+    ivs = s.get("interventions") or []
+    edits = [{"kind": iv.get("kind"), "status": iv.get("status"), "changes": iv.get("changes"),
+              "diagnosis": iv.get("diagnosis"), "gain": iv.get("gain"), "effect": iv.get("effect")} for iv in ivs]
+    used = max(meter.total - _evals(live), 0.0)
+    log(f"  swarm: " + (f"target at {h['cpu_s']:.1f} CPU-s (step {h['step']})" if h else
+                        f"no target in {used:.1f} CPU-s ({why or s.get('reason')})") +
+        f"; {len(ivs)} proposals: {[(e['changes'], e['status']) for e in edits]}")
+    return {"arm": "swarm", "cpu_s": used, "wall_s": time.time() - t0, "curve": points, "reached": h is not None,
+            "cpu_to_target": h["cpu_s"] if h else None, "stop": why or s.get("reason"), "rc": p.returncode,
+            "interventions": edits, "trainer_processes": len(meter.cpu), "first_counted_step": first,
+            "log_tail": None if s else (work / "controller.log").read_text(errors="replace")[-1500:]}
+
+
+def _evals(live: pathlib.Path) -> float:
+    """The live job's evaluation CPU so far (its eval rows' `eval_cpu_s`)."""
+    return sum(float(r.get("eval_cpu_s") or 0.0) for r in read_jsonl(live))
