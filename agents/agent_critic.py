@@ -5,7 +5,10 @@ Two kinds of detector, both over what the run writes under the current harness v
 
 - limit detectors read the metrics rows: the share of each GRPO step's sampled trajectories that
   ended by a harness limit (`end_max_turns`, `end_max_tool_calls`, `end_context_full`, over all of
-  a step's trajectories), the mean over the recent steps;
+  a step's trajectories), the mean over the recent steps, times the part of the recent step-level
+  records ended by that limit whose calls ran. A record that reached the limit while most of its
+  calls were refused (`harness.critic.spent_on_refused`: a parser that rejects them, an unknown
+  tool, bad arguments) is evidence of the refusal, which a step detector names, not of the limit;
 - step detectors read the step-level records the trainer keeps in samples.jsonl for each sampled
   trajectory (`trainer.agent_rollout.Trajectory.record`: every call's text, whether it parsed, the
   tool, its error, the observation as shown and before its cut, the reference answer) and the
@@ -13,8 +16,10 @@ Two kinds of detector, both over what the run writes under the current harness v
   harness to the critic's own diagnosis (`harness.critic.diagnose`: the calls re-parsed by our own
   parsers, never obeyed) and read one failure mode each: `malformed_call` (a parser that rejects
   the calls), `observation_cut` (a cut that removed what the policy needed), `tool_spec_differs` (a
-  tool described otherwise than the environment's spec) and `unknown_tool` (a tool the harness does
-  not list). The share is the failed trajectories that show the mode over the trajectories read.
+  tool described otherwise than the environment's spec) and `unknown_tool` (a tool the environment
+  declares and the harness does not list: calls of it refused as unknown, or failed trajectories
+  that never call it). The share is the failed trajectories that show the mode over the
+  trajectories read.
 
 A finding is a harness failure mode of `harness.critic.Mode`; the operator hands it to the critic's
 own proposing rules (`harness.critic.propose`, with the environment's tool specs), so the edit, its
@@ -33,6 +38,7 @@ benchmarks/results/agent_detector_calibration.md.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from agents.base import Operator, OperatorContext
@@ -40,11 +46,13 @@ from agents.detection import make_diagnosis, mean_of
 from agents.domain import Diagnosis, Intervention, InterventionKind, Risk
 from agents.evidence import Evidence
 from harness.agent import AgentHarness
-from harness.critic import Finding, Mode, diagnose, propose
+from harness.critic import LIMIT_ENDS, Finding, Mode, diagnose, propose, spent_on_refused
 from harness.tools import ToolSpec
 
-# the recent steps' mean share of trajectories a limit ended, at least. Measured as STEP_SHARE: at
-# most 0.02 on 50 healthy windows; 1.0 on every max_turns=1 window (turn limit)
+# the recent steps' share of trajectories a limit ended with their calls run (`limit_share`), at
+# least. Measured as STEP_SHARE: at most 0.02 on 50 healthy windows and 0.06 on the faults no limit
+# targets (a parser that rejects the calls reads 0 though it fills the context); at least 0.94 on
+# every max_turns=1 window (turn limit)
 END_SHARE = 0.5
 RECENT = 5           # GRPO rows read (the newest, under the current harness version)
 MIN_ROWS = 2         # fewer rows under the current harness: nothing is said yet
@@ -53,8 +61,9 @@ MIN_ROWS = 2         # fewer rows under the current harness: nothing is said yet
 # of 32 trajectories over 10 healthy lookup/calc runs, learned or not): the highest healthy share is
 # 0.22 (observation_cut: wrong-key calls whose cut output holds words shown nowhere), 0.03
 # (malformed_call), 0 (the others); on the faults each targets the lowest is 0.94 (malformed_call),
-# 0.97 (observation_cut), 1.0 (tool_spec_differs; unknown_tool on calc). 0.5 sits inside every gap
-# with room on both sides: 0 of 60 healthy windows fire, every targeted window does.
+# 0.97 (observation_cut), 1.0 (tool_spec_differs; unknown_tool, on lookup from trajectories that
+# never call the unlisted tool, on calc from calls of it). 0.5 sits inside every gap with room on
+# both sides: 0 of 60 healthy windows fire, every targeted window does.
 STEP_SHARE: dict[Mode, float] = {Mode.MALFORMED_CALL: 0.5, Mode.OBSERVATION_CUT: 0.5,
                                  Mode.TOOL_SPEC_DIFFERS: 0.5, Mode.UNKNOWN_TOOL: 0.5}
 MIN_SAMPLES = 8      # fewer step-level records under the current harness: nothing is said yet
@@ -85,50 +94,71 @@ def current_rows(ev: Evidence) -> list[dict[str, Any]]:
     return rows[i:]
 
 
-def limit_share(ev: Evidence, column: str) -> tuple[float, int] | None:
+@dataclasses.dataclass(frozen=True)
+class LimitShare:
+    share: float          # end_share x (1 - refused / ended): what the threshold reads
+    end_share: float      # the mean of the column over the rows read
+    rows: int             # GRPO rows read
+    ended: int            # recent step-level records ended by the limit
+    refused: int          # of them, spent on refused calls
+
+
+def limit_share(ev: Evidence, column: str) -> LimitShare | None:
     """The mean of `column` (a share of trajectories ended by a limit) over the recent GRPO rows of
-    the current harness and the rows read; None with fewer than MIN_ROWS."""
+    the current harness, less the part the recent step-level records of the same harness and end
+    spent on refused calls; None with fewer than MIN_ROWS rows. Without such records the mean
+    stands as it is."""
     recent = current_rows(ev)[-RECENT:]
     shares = [float(r[column]) for r in recent if isinstance(r.get(column), (int, float))]
-    return (mean_of(shares), len(shares)) if len(shares) >= MIN_ROWS else None
-
-
-def _limit(ev: Evidence, name: str, column: str, end: str, mode: Mode, what: str) -> Diagnosis | None:
-    got = limit_share(ev, column)
-    if got is None or got[0] < END_SHARE:
+    if len(shares) < MIN_ROWS:
         return None
-    share, n = got
+    end, since = column.removeprefix("end_"), int(recent[0].get("step", 0))
+    ended = [s for s in ev.samples if s.get("end") == end and isinstance(s.get("steps"), list)
+             and s.get("harness_version") == recent[-1].get("harness_version") and int(s.get("step", -1)) >= since]
+    refused = sum(spent_on_refused(s) for s in ended)
+    end_share = mean_of(shares)
+    own = 1.0 - refused / len(ended) if ended else 1.0
+    return LimitShare(end_share * own, end_share, len(shares), len(ended), refused)
+
+
+def _limit(ev: Evidence, name: str, column: str, what: str) -> Diagnosis | None:
+    got = limit_share(ev, column)
+    if got is None or got.share < END_SHARE:
+        return None
+    end = column.removeprefix("end_")
     rows = current_rows(ev)
     recent = rows[-RECENT:]
     since = int(rows[0].get("step", 0))
     failed = [s for s in ev.samples if int(s.get("step", -1)) >= since and float(s.get("reward", 0.0) or 0.0) < 1.0]
     ended = sum(1 for s in failed if s.get("end") == end)
     success = mean_of([float(r["success"]) for r in recent if isinstance(r.get("success"), (int, float))])
-    return make_diagnosis(ev, name, f"{share:.0%} of the trajectories of the last {n} GRPO steps ended by {what}",
-                          "critical" if success == 0.0 else "warning",
-                          {"mode": mode.value, "end_share": share, "rows": n, "success": success,
-                           "since_step": since, "window_start_step": int(recent[0].get("step", since)),
-                           "samples_failed": len(failed), "samples_ended": ended,
+    n = got.rows
+    refused = f" ({got.refused} of {got.ended} sampled ones spent on refused calls)" if got.refused else ""
+    return make_diagnosis(ev, name, f"{got.end_share:.0%} of the trajectories of the last {n} GRPO steps ended by "
+                                    f"{what}{refused}", "critical" if success == 0.0 else "warning",
+                          {"mode": LIMIT_ENDS[end].value, "end_share": got.end_share, "share": got.share, "rows": n,
+                           "success": success, "since_step": since,
+                           "window_start_step": int(recent[0].get("step", since)), "samples_failed": len(failed),
+                           "samples_ended": ended, "samples_refused": got.refused,
                            "harness_version": rows[-1].get("harness_version"), "threshold": END_SHARE})
 
 
 @agent_detector("agent_turn_limit")
 def turn_limit(ev: Evidence) -> Diagnosis | None:
     """Most recent trajectories end because the harness's `max_turns` ran out."""
-    return _limit(ev, "agent_turn_limit", "end_max_turns", "max_turns", Mode.MAX_TURNS, "the turn limit")
+    return _limit(ev, "agent_turn_limit", "end_max_turns", "the turn limit")
 
 
 @agent_detector("agent_tool_call_limit")
 def tool_call_limit(ev: Evidence) -> Diagnosis | None:
     """Most recent trajectories end because the harness's `max_tool_calls` ran out."""
-    return _limit(ev, "agent_tool_call_limit", "end_max_tool_calls", "max_tool_calls", Mode.MAX_TOOL_CALLS,
-                  "the tool-call limit")
+    return _limit(ev, "agent_tool_call_limit", "end_max_tool_calls", "the tool-call limit")
 
 
 @agent_detector("agent_context_full")
 def context_full(ev: Evidence) -> Diagnosis | None:
-    """Most recent trajectories end with the policy's context full."""
-    return _limit(ev, "agent_context_full", "end_context_full", "context_full", Mode.CONTEXT_FULL, "a full context")
+    """Most recent trajectories end with the policy's context full, their calls having run."""
+    return _limit(ev, "agent_context_full", "end_context_full", "a full context")
 
 
 # ---- step detectors ------------------------------------------------------------------------------
@@ -208,7 +238,8 @@ def tool_spec_differs(ev: Evidence) -> Diagnosis | None:
 
 @agent_detector("agent_unknown_tool")
 def unknown_tool(ev: Evidence) -> Diagnosis | None:
-    """Most recent trajectories fail calling a tool the environment has and the harness does not list."""
+    """Most recent trajectories fail around a tool the environment has and the harness does not list:
+    they call it and the harness refuses it as unknown, or they never call it."""
     return _step(ev, "agent_unknown_tool", Mode.UNKNOWN_TOOL)
 
 
@@ -225,7 +256,7 @@ def detector_shares(ev: Evidence) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name, column in LIMIT_COLUMNS.items():
         got = limit_share(ev, column)
-        out[name] = got[0] if got else None
+        out[name] = got.share if got else None
     steps = step_shares(ev)
     for name, mode in STEP_MODES.items():
         f = steps[0].get(mode) if steps else None

@@ -25,8 +25,10 @@ and the environment's tool specs, never from trajectory text):
     malformed_call     calls the parser rejected; re-parsed (as data, by our own parser) under the
                        other call syntax and under a lenient parser  -> tool_syntax.kind / .lenient
     turn_cut           calls or answers cut at max_new_tokens          -> sampling.max_new_tokens x1.5
-    unknown_tool       calls of a tool the environment has but the harness does not list
-                                                                       -> tools.NAME (the env's spec)
+    unknown_tool       a tool the environment has and the harness does not list, and failed
+                       episodes that show it: calls of it (refused as unknown), or episodes that
+                       never called it, more often than solved ones (a policy that is not told of
+                       a tool stops calling it)                        -> tools.NAME (the env's spec)
     tool_spec_differs  a tool the harness lists with another description or parameters than the
                        environment's own spec, and failed episodes that show it: calls of it that
                        failed with an error (tool_error, bad_arguments), or, when the system prompt
@@ -45,6 +47,10 @@ and the environment's tool specs, never from trajectory text):
                        is in its text                                  -> answer.regex (closing tag optional,
                                                                           or the last number)
     tool_never_called  answered without calling any tool               -> a system-prompt rule
+
+A limit (max_turns, max_tool_calls, context_full) is named only for episodes whose calls ran: an
+episode that reaches a limit while most of its calls were refused (`spent_on_refused`: malformed,
+unknown tool, bad arguments) spent the limit on the refusal, and the refusal's own mode names it.
 
 Trajectory text is data: it is parsed by the harness's own parsers and searched for the expected
 answer, never executed or obeyed; no edit's path or value is read from it (tests hold a
@@ -195,13 +201,34 @@ class _Tally:
         d[key] = max(d.get(key, 0), n)
 
 
-def _spec_differs(tally: _Tally, uid: str, name: str, kind: str) -> None:
-    """One piece of evidence against the harness's spec of tool `name`: a failing call of it
+REFUSED = ("malformed", "unknown_tool", "bad_arguments")   # errors of a call the harness never ran
+LIMIT_ENDS = {"max_turns": Mode.MAX_TURNS, "max_tool_calls": Mode.MAX_TOOL_CALLS, "context_full": Mode.CONTEXT_FULL}
+
+
+def spent_on_refused(d: dict[str, Any]) -> bool:
+    """Whether most of the calls of record `d` were refused by the harness (never ran): a limit
+    such an episode reaches is spent repeating refused calls, so the refusal, not the limit, is
+    what failed it."""
+    calls = [s for s in d.get("steps") or [] if s.get("action") in ("tool_call", "malformed_call")]
+    return 2 * sum(s.get("error") in REFUSED for s in calls) > len(calls)
+
+
+def _unused_share(group: list[dict[str, Any]], name: str) -> float:
+    return sum(name not in {s.get("tool") for s in d.get("steps") or []} for d in group) / max(len(group), 1)
+
+
+def _by_name(tally: _Tally, mode: Mode, uid: str, name: str, kind: str) -> None:
+    """One piece of evidence against the harness's listing of tool `name`: a failing call of it
     (`kind` "calls") or a failed episode that never called it ("unused")."""
-    tally.hit(Mode.TOOL_SPEC_DIFFERS, uid)
-    d = tally.detail.setdefault(Mode.TOOL_SPEC_DIFFERS, {"calls": 0, "unused": 0, "names": {}})
+    tally.hit(mode, uid)
+    d = tally.detail.setdefault(mode, {"calls": 0, "unused": 0, "names": {}})
     d[kind] += 1
     d["names"][name] = d["names"].get(name, 0) + 1
+
+
+def _spec_differs(tally: _Tally, uid: str, name: str, kind: str) -> None:
+    """One piece of evidence against the harness's spec of tool `name` (see `_by_name`)."""
+    _by_name(tally, Mode.TOOL_SPEC_DIFFERS, uid, name, kind)
 
 
 def diagnose(records: Iterable[Any], harness: AgentHarness,
@@ -220,10 +247,12 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
     shown_differs = differs if "{tools}" in harness.system_prompt else set()
     solved = [d for d in recs if not _failed(d)]
 
-    def unused_share(group: list[dict[str, Any]], name: str) -> float:
-        return sum(name not in {s.get("tool") for s in d.get("steps") or []} for d in group) / max(len(group), 1)
+    def relevant(names: set[str]) -> set[str]:   # left unused more often by failed episodes than by solved ones
+        return {n for n in names if not solved or _unused_share(failed, n) > _unused_share(solved, n)}
 
-    shown_differs = {n for n in shown_differs if not solved or unused_share(failed, n) > unused_share(solved, n)}
+    shown_differs = relevant(shown_differs)
+    # the environment's tools the harness does not list: the policy is not told of them and cannot call them
+    unlisted = relevant({n for n in env_tools if harness.tool(n) is None})
     tally = _Tally()
     for d in failed:
         uid = str(d.get("uid", "?"))
@@ -240,11 +269,7 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
                 tally.add(Mode.MALFORMED_CALL, "parse_as_other_kind", _parses(other, text, tools))
                 tally.add(Mode.MALFORMED_CALL, "parse_lenient", _parses(lenient, text, tools))
             if s.get("error") == "unknown_tool" and s.get("tool") in env_tools and harness.tool(s["tool"]) is None:
-                tally.hit(Mode.UNKNOWN_TOOL, uid)
-                tally.add(Mode.UNKNOWN_TOOL, "calls")
-                tally.detail[Mode.UNKNOWN_TOOL].setdefault("names", {})
-                names = tally.detail[Mode.UNKNOWN_TOOL]["names"]
-                names[s["tool"]] = names.get(s["tool"], 0) + 1
+                _by_name(tally, Mode.UNKNOWN_TOOL, uid, s["tool"], "calls")
             if s.get("tool") in differs and s.get("error") in ("tool_error", "bad_arguments"):
                 _spec_differs(tally, uid, s["tool"], "calls")
             raw, shown = s.get("raw_observation"), s.get("observation")
@@ -266,13 +291,12 @@ def diagnose(records: Iterable[Any], harness: AgentHarness,
         called = {s.get("tool") for s in steps}
         for name in sorted(shown_differs - called):
             _spec_differs(tally, uid, name, "unused")
+        for name in sorted(unlisted - called):
+            _by_name(tally, Mode.UNKNOWN_TOOL, uid, name, "unused")
         end = d.get("end")
-        if end == "max_turns":
-            tally.hit(Mode.MAX_TURNS, uid)
-        elif end == "max_tool_calls":
-            tally.hit(Mode.MAX_TOOL_CALLS, uid)
-        elif end == "context_full":
-            tally.hit(Mode.CONTEXT_FULL, uid)
+        if end in LIMIT_ENDS:
+            if not spent_on_refused(d):
+                tally.hit(LIMIT_ENDS[end], uid)
         elif end == "no_answer" and steps:
             last = steps[-1].get("text") or ""
             expected = d.get("expected")
@@ -306,7 +330,8 @@ def _evidence(mode: Mode, n: int, det: dict[str, Any], h: AgentHarness) -> str:
     if mode is Mode.TURN_CUT:
         return f"{det['turns']} turns cut at sampling.max_new_tokens={h.sampling.max_new_tokens} without a call or answer"
     if mode is Mode.UNKNOWN_TOOL:
-        return f"{det['calls']} calls of tools the environment has but the harness does not list: {sorted(det['names'])}"
+        return (f"{det['calls']} calls refused as unknown and {det['unused']} failed episodes that never called them, "
+                f"of tools the environment has but the harness does not list: {sorted(det['names'])}")
     if mode is Mode.TOOL_SPEC_DIFFERS:
         return (f"{det['calls']} calls failed with an error and {det['unused']} failed episodes never called them, "
                 f"of tools the harness describes otherwise than the environment's spec: {sorted(det['names'])}")
@@ -506,5 +531,5 @@ def edit_record(v: Verdict) -> dict[str, Any]:
             "gains": p.gains, "losses": p.losses, "p_value": p.p_value, "alpha": v.alpha}
 
 
-__all__ = ["Critique", "Edit", "Finding", "Kept", "Mode", "Paired", "Ranker", "Rejected", "Verdict", "critique",
-           "diagnose", "edit_record", "judge_edit", "paired_test", "propose"]
+__all__ = ["LIMIT_ENDS", "Critique", "Edit", "Finding", "Kept", "Mode", "Paired", "Ranker", "Rejected", "Verdict",
+           "critique", "diagnose", "edit_record", "judge_edit", "paired_test", "propose", "spent_on_refused"]

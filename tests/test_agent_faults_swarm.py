@@ -90,6 +90,18 @@ def _unknown_tool():
     return env, env.default_harness(tools=[]), env.default_harness(), lambda ex: [named(ex), "<answer>0</answer>"]
 
 
+def _unlisted_tool_unused():
+    """A policy not told of `get` stops calling it: it guesses an answer."""
+    env = lookup()
+    return env, env.default_harness(tools=[]), env.default_harness(), lambda ex: ["<answer>12</answer>"]
+
+
+def _unlisted_tool_no_answer():
+    """A policy not told of `get` writes neither a call nor an answer (what the built-in model does)."""
+    env = lookup()
+    return env, env.default_harness(tools=[]), env.default_harness(), lambda ex: ['<t<</t"kR"uananir>t(k']
+
+
 # fault -> (env, faulted harness, healthy harness, the policy's turns), the detector, the critic's edit
 CASES = {
     "parser": (_parser, "agent_malformed_call", lambda env: {"harness.tool_syntax.lenient": True}),
@@ -98,6 +110,10 @@ CASES = {
                     lambda env: {"harness.tools.get": env.tool_specs()[0].model_dump(mode="json")}),
     "unknown_tool": (_unknown_tool, "agent_unknown_tool",
                      lambda env: {"harness.tools.get": env.tool_specs()[0].model_dump(mode="json")}),
+    "unlisted_tool_unused": (_unlisted_tool_unused, "agent_unknown_tool",
+                             lambda env: {"harness.tools.get": env.tool_specs()[0].model_dump(mode="json")}),
+    "unlisted_tool_no_answer": (_unlisted_tool_no_answer, "agent_unknown_tool",
+                                lambda env: {"harness.tools.get": env.tool_specs()[0].model_dump(mode="json")}),
 }
 STEP_DETECTORS = {"agent_malformed_call", "agent_observation_cut", "agent_tool_spec_differs", "agent_unknown_tool"}
 
