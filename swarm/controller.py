@@ -161,7 +161,8 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         """The live job's config: the goal's run with its plan, the budget's steps, the target's early stop."""
         cfg = self.goal.run_config("train", str(self.runs)).model_dump(mode="json")
         cfg["recipe"]["steps"] = self.goal.budget.steps
-        if self.goal.target.op == ">=" and self.goal.target.metric == "heldout_acc":   # the trainer's early stop is on accuracy
+        if self.goal.target.stop and self.goal.target.op == ">=" and self.goal.target.metric == "heldout_acc":
+            # the trainer's early stop is on accuracy
             cfg["recipe"]["stop_at_heldout"] = self.goal.target.threshold
         return cfg
 
@@ -287,7 +288,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
             done = "stopped_by_user"
         elif status == JobStatus.SUCCEEDED:
             done = "target_met" if self.goal.target.met(value) else "steps_exhausted"
-        elif (self.script or self.agent) and value is not None and self.goal.target.met(value):
+        elif (self.script or self.agent) and self.goal.target.stop and self.goal.target.met(value):
             # this project's trainer stops itself at the target (`stop_at_heldout`); a user's script
             # does not know it, so the controller ends the run there (`node_finish` stops the job)
             done = "target_met"

@@ -12,8 +12,8 @@ evaluations are the swarm's work and stay counted.
 
 Reached: a live eval row at or above the target, from the first step where the fault is in force
 (a drift's step, or the end of the warm-up), with the worker CPU at that row within the budget. A
-drift scenario's goal asks for held-out success 1.0, so that the controller does not end the run at
-the warm-up's evaluation, before the drift arrives; the benchmark stops it once its own target is met.
+drift scenario's goal says `target.stop: false`, so that the controller does not end the run at the
+warm-up's evaluation, before the drift arrives; the benchmark stops it once its target is met again.
 The goal's worker-CPU budget is `CONTROLLER_BUDGET_X` times the benchmark's (the controller counts
 the live job's evaluations); the benchmark stops the run at its own budget.
 """
@@ -54,9 +54,11 @@ def goal(sc: dict[str, Any], target: float, budget: float, wall_cap: float, *, e
     agent = copy.deepcopy(sc["config"])
     grpo = dict(agent.get("grpo") or {}, steps=GRPO_STEPS)
     agent.update(seed=sc["seed"], threads=1, eval_size=eval_size, eval_every=eval_every, grpo=grpo)
-    threshold = 1.0 if sc["origin"] == "drift" else round(target, 6)
+    # a drift arrives after the warm-up, whose evaluation may already meet the target: the run goes on
+    # (`target.stop: false`) and the benchmark stops it once the target is met after the drift
     return {"goal": f"a tool-using policy that solves {sc['env']} episodes",
-            "target": {"metric": "heldout_acc", "op": ">=", "threshold": threshold},
+            "target": {"metric": "heldout_acc", "op": ">=", "threshold": round(target, 6),
+                       "stop": sc["origin"] != "drift"},
             "budget": {"worker_cpu_s": float(budget) * CONTROLLER_BUDGET_X, "wall_s": float(wall_cap)},
             "run": {"agent": agent}, "llm": {"model": None}, "swarm": copy.deepcopy(SWARM)}
 

@@ -11,12 +11,15 @@ def test_the_goal_is_the_faulted_run_with_its_fault_hidden_and_a_valid_goal():
     sc = scenario(3, "lookup", "parser", "config")
     g = agent_swarm.goal(sc, target=0.9, budget=40.0, wall_cap=400.0, eval_size=16, eval_every=2)
     assert g["run"]["agent"]["harness_fault"] == sc["fault"] and g["run"]["agent"]["seed"] == 3
-    assert g["target"]["threshold"] == 0.9 and g["budget"]["worker_cpu_s"] == 40.0 * agent_swarm.CONTROLLER_BUDGET_X
+    assert g["target"]["threshold"] == 0.9 and g["target"]["stop"]
+    assert g["budget"]["worker_cpu_s"] == 40.0 * agent_swarm.CONTROLLER_BUDGET_X
     goal = Goal.parse(g)
     assert "harness_fault" not in goal.public()["run"]["agent"]
     drift = scenario(3, "lookup", "parser", "drift", 5)
-    # a drift's goal asks for 1.0: the run must not end at the warm-up's eval, before the drift
-    assert agent_swarm.goal(drift, 0.9, 40.0, 400.0, eval_size=16, eval_every=2)["target"]["threshold"] == 1.0
+    # a drift's run must not end at the warm-up's eval, before the drift: the target does not stop it
+    dg = agent_swarm.goal(drift, 0.9, 40.0, 400.0, eval_size=16, eval_every=2)
+    assert dg["target"] == {"metric": "heldout_acc", "op": ">=", "threshold": 0.9, "stop": False}
+    assert Goal.parse(dg).target.stop is False
     assert agent_swarm.fault_step(drift) == drift["config"]["harness_fault_step"] + 1
     assert agent_swarm.fault_step(sc) == sc["config"]["sft"]["steps"]
 
