@@ -22,8 +22,9 @@ in `swarm.controller`, `swarm.goal` and the Controller's mixins (this one first)
   the target is `heldout_acc`; no `perturbations:` (a harness fault goes in `run.agent.harness_fault`,
   hidden from the operators as perturbations are); `name`, `out_dir`, `fork_*` and the trainer's own
   critic (`critic.enabled`) are the controller's, not the goal's;
-- the job: `AgentJobs` runs `python -m trainer.agent_train --config .swarm/private/train.yaml` as a
-  local process, with checkpoints on (`checkpoint.interval` CHECKPOINT_EVERY unless the goal sets
+- the job: `python -m trainer.agent_train --config .swarm/private/train.yaml`, a local process
+  (`AgentJobs`, the default) or, with `--jobs ray`, a Ray job as every other goal's (`agent_jobs`),
+  with checkpoints on (`checkpoint.interval` CHECKPOINT_EVERY unless the goal sets
   one); a restart resumes from the run's newest checkpoint;
 - diagnosis: only the job detectors (crash, hang, trainer notices) of the single-turn set run (the
   others are calibrated on single-turn runs), and the agent detectors (`agents.agent_critic`: harness
@@ -44,13 +45,12 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import sys
 from typing import Any, Mapping
 
 from agents.domain import Intervention, InterventionKind, Status
 from swarm.agent_backtest import agent_rule, fork_position, run_agent_arms
 from swarm.decisions import Look, Pair, Rule, retry_horizon, run_looks, schedule, try_share
-from swarm.jobs import ROOT, ProcessJobs
+from swarm.jobs import Jobs, ProcessJobs, RayJobs
 from trainer.config import ConfigError, get_dotted
 from trainer.runlog import iter_jsonl, read_jsonl
 
@@ -132,19 +132,31 @@ def task_name(goal: Any) -> str:
 
 
 class AgentJobs(ProcessJobs):
-    """Jobs of a goal that drives the agent trainer: `start(name, config_path)` runs
+    """Jobs of a goal that drives the agent trainer as local processes: `start(name, config_path)` runs
     `python -m trainer.agent_train --config CONFIG` as a child process (the live job, a restart that
     resumes from its newest checkpoint, a backtest arm)."""
 
-    def start(self, name: str, config_path: str | Any, restart: int | None = None) -> str:
-        return self._spawn(name, [sys.executable, "-m", "trainer.agent_train", "--config", str(config_path)], ROOT)
+    def __init__(self, log_dir: str | pathlib.Path) -> None:
+        from trainer.launch import AGENT_TRAINER
+
+        super().__init__(log_dir, trainer=AGENT_TRAINER)
 
 
-def agent_jobs(log_dir: pathlib.Path, jobs: str) -> AgentJobs:
-    if jobs != "process":
-        raise ConfigError(f"--jobs={jobs!r}: a goal that drives the agent trainer (run.agent) runs its jobs as local "
-                          "processes; use --jobs process")
-    return AgentJobs(log_dir)
+def agent_jobs(log_dir: pathlib.Path, jobs: str, address: str | None = None, saved_head: Any = None,
+               on_head: Any = None, **reserve: Any) -> Jobs:
+    """The launcher of a goal that drives the agent trainer: `AgentJobs` (local processes) for
+    `process`; for `ray`, `swarm.jobs.RayJobs` running the agent trainer (`trainer.launch.AGENT_TRAINER`)
+    with `address` (None: a private head), `saved_head` (a callable giving the head the run
+    recorded, read only without an address), `on_head` and `reserve` (job_cpus, job_resources,
+    run_key), as for every other goal's Ray jobs. Never with run storage (`check_agent_goal`)."""
+    from trainer.launch import AGENT_TRAINER
+
+    if jobs == "process":
+        return AgentJobs(log_dir)
+    if jobs == "ray":
+        return RayJobs(address, saved=None if address or saved_head is None else saved_head(), on_head=on_head,
+                       trainer=AGENT_TRAINER, **reserve)
+    raise ConfigError(f"--jobs={jobs!r}: must be process or ray")
 
 
 def acknowledged_fields(run_dir: pathlib.Path, but_last: bool = False) -> dict[str, Any]:
@@ -263,6 +275,15 @@ class AgentSteering:
             if k.startswith("recipe."):
                 put_dotted(recipe, k.removeprefix("recipe."), v)
         return self.agent_values(keys, harness, recipe)
+
+    def last_step(self) -> int:
+        """An agent run ends after its warm-up and GRPO stages (their step counts in force), or at the
+        budget's steps if sooner."""
+        if not self.agent:
+            return super().last_step()
+        stages = self.recipe_now()
+        own = int((stages.get("sft") or {}).get("steps") or 0) + int((stages.get("grpo") or {}).get("steps") or 0)
+        return min(self.goal.budget.steps, own)
 
     def start_values(self, keys: list[str]) -> dict[str, Any]:
         if not self.agent:

@@ -118,7 +118,8 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         jobs = jobs or ("process" if self.agent else "ray")   # not chosen: an agent run's jobs are local processes
         reserve = dict(job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,
                        run_key=run_key(self.private)) if jobs == "ray" else {}
-        self.jobs: Jobs = (agent_jobs(self.sdir / "logs", jobs) if self.agent else
+        self.jobs: Jobs = (agent_jobs(self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head,
+                                      **reserve) if self.agent else
                            script_jobs(self.script, self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head,
                                        **reserve) if self.script else
                            ProcessJobs(self.sdir / "logs") if jobs == "process" else

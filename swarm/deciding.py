@@ -88,6 +88,11 @@ class Deciding:
         in), dotted: what a departure finding says the live run left."""
         return {**config_fields("recipe", self.ws.current_recipe()), **config_fields("harness", self.ws.current_harness())}
 
+    def last_step(self) -> int:
+        """The step the live run ends at: the budget's (the controller trains `recipe.steps` =
+        `budget.steps`)."""
+        return self.goal.budget.steps
+
     def verify_steps(self) -> int:
         """Live training steps a backtest's arms cost: a candidate and a control per seed over the
         horizon, each arm-step at what this run's finished backtests measured it to cost in steps of
@@ -270,7 +275,7 @@ class Deciding:
         now = Sighting(self.memo.looks, ev.step, time.time())
         b = self.goal.budget
         per_step = self.meter.total / ev.step if ev.step > 0 else 0.0     # worker CPU per step so far, arms included
-        steps_left = max(0, b.steps - ev.step)
+        steps_left = max(0, self.last_step() - ev.step)
         if per_step > 0:
             steps_left = min(steps_left, max(0, int((b.worker_cpu_s - self.meter.total) / per_step)))
         keep = []

@@ -4,6 +4,10 @@
     h = jobs.start("train-0", cfg_path)   # the trainer's entrypoint: python -m trainer.entry CFG
     jobs.status(h) -> "RUNNING" | "SUCCEEDED" | "FAILED" | "STOPPED" | "PENDING"
 
+Both launchers run the trainer their `trainer` names (`trainer.launch.JobTrainer`): the single-turn
+trainer by default, the agent trainer (`AGENT_TRAINER`: `python -m trainer.agent_train --config CFG`)
+for a goal that drives it (`swarm.agent_run.agent_jobs`).
+
 A goal that runs the user's own script (`run.entrypoint`) has its own launcher, `ScriptJobs`: each
 job is the steering relauncher (`python -m trainer.steer.relaunch`) running the script as a local
 process, with the job's run folder as the script's `$SWARMLAB_RUN_DIR`.
@@ -53,13 +57,16 @@ class Jobs(abc.ABC):
 class ProcessJobs(Jobs):
     """Each job is a child process of the controller (tests, or machines without Ray)."""
 
-    def __init__(self, log_dir: str | os.PathLike) -> None:
+    def __init__(self, log_dir: str | os.PathLike, trainer: Any = None) -> None:
+        from trainer.launch import RUN_TRAINER
+
         self.log_dir = pathlib.Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.trainer = trainer or RUN_TRAINER   # what each job runs (trainer.launch.JobTrainer)
 
     def start(self, name: str, config_path: str | os.PathLike, restart: int | None = None) -> str:
-        return self._spawn(name, [sys.executable, "-m", "trainer.entry", str(config_path)], ROOT)
+        return self._spawn(name, [sys.executable, *self.trainer.argv(str(config_path))], ROOT)
 
     def _spawn(self, name: str, argv: list[str], cwd: str | os.PathLike) -> str:
         with open(self.log_dir / f"{name}.log", "ab") as log:
@@ -135,6 +142,10 @@ class RayJobs(Jobs):
     `job_resources` reserve each job's place on the cluster (Ray's `entrypoint_num_cpus` and
     `entrypoint_resources`): without them Ray runs every job's trainer on the head node.
 
+    `trainer` (`trainer.launch.JobTrainer`, default the single-turn trainer) is what every job runs
+    and which config type its spec is read as; `storage` needs a trainer that keeps its run there
+    (the agent trainer does not: a ValueError).
+
     `storage` (the goal's `swarm.storage`): each job's run is kept at `<storage>/<run_key>/<name>`
     (`trainer.run_storage`): the job works on its node's scratch and mirrors there, and the job's
     local run folder (the config's `out_dir/name`) becomes the controller's replica of it, kept
@@ -145,7 +156,14 @@ class RayJobs(Jobs):
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, saved: Any = None,
                  on_head: Callable[[Any], None] | None = None, job_cpus: float | None = None,
-                 job_resources: dict[str, float] | None = None, run_key: str = "", storage: str | None = None) -> None:
+                 job_resources: dict[str, float] | None = None, run_key: str = "", storage: str | None = None,
+                 trainer: Any = None) -> None:
+        from trainer.launch import RUN_TRAINER
+
+        self.trainer = trainer or RUN_TRAINER
+        if storage and not self.trainer.storage:
+            raise ValueError(f"storage={storage!r}: {self.trainer.module} keeps its run folder at out_dir, "
+                             "not on run storage")
         self.address, self.num_cpus, self.storage = address, num_cpus, storage
         self.job_cpus, self.job_resources, self.run_key = job_cpus, dict(job_resources or {}) or None, run_key
         if saved is not None and not saved.owned:   # the user's cluster: reached by address, never replaced
@@ -202,11 +220,13 @@ class RayJobs(Jobs):
     def start(self, name: str, config_path: str | os.PathLike, restart: int | None = None) -> str:
         import uuid
 
-        from trainer.launch import submit_job
+        from trainer.launch import RUN_TRAINER, submit_job
 
         self._head()
         salt = self.run_key if restart is not None else f"{self.run_key}-{uuid.uuid4().hex[:8]}"
         where = self._storage(config_path, fresh=restart is None) if self.storage else {}
+        if self.trainer is not RUN_TRAINER:   # submit's own default is the single-turn trainer
+            where["trainer"] = self.trainer
         handle = submit_job(self.head, config_path, restart=restart or 0, entrypoint_num_cpus=self.job_cpus,
                             resources=self.job_resources, salt=salt, **where)
         self.handles.add(handle)

@@ -187,18 +187,19 @@ def controller(tmp_path, monkeypatch, agent: dict, **swarm):
 def test_an_agent_goal_runs_its_jobs_as_local_processes_unless_told_otherwise(tmp_path, monkeypatch):
     from swarm.agent_run import AgentJobs
     from swarm.controller import Controller
+    from swarm.jobs import RayJobs
+    from trainer.launch import AGENT_TRAINER
 
     monkeypatch.chdir(tmp_path)
     g = Goal.parse({**goal_data(), "memory": {"library": str(tmp_path / "lib"), "backend": "memory", "seed_skills": False}})
-    ctrl = Controller.create(tmp_path / "ws", g, jobs=None)   # `swarm run` without --jobs
-    try:
-        assert isinstance(ctrl.jobs, AgentJobs)
-    finally:
-        ctrl.jobs.close()
-        ctrl._conn.close()
-        ctrl.knowledge.close()
-    with pytest.raises(ConfigError, match="use --jobs process"):
-        Controller.create(tmp_path / "ws2", g, jobs="ray")
+    for ws, jobs, kind in (("ws", None, AgentJobs), ("ws2", "ray", RayJobs)):   # `swarm run` without --jobs; --jobs ray
+        ctrl = Controller.create(tmp_path / ws, g, jobs=jobs)
+        try:   # (a Ray launcher starts its head on its first job: none here)
+            assert isinstance(ctrl.jobs, kind) and ctrl.jobs.trainer is AGENT_TRAINER
+        finally:
+            ctrl.jobs.close()
+            ctrl._conn.close()
+            ctrl.knowledge.close()
 
 
 def test_a_harness_edit_is_applied_through_the_inbox_and_undone_by_setting_the_old_value(tmp_path, monkeypatch):
@@ -282,3 +283,15 @@ def test_the_controller_fixes_a_one_turn_harness_with_a_backtested_edit_and_reac
     assert acks[f"{iv.id}-apply"]["status"] == "applied"
     after = [r for r in read_jsonl(ctrl.run_dir / "metrics.jsonl") if r["step"] > iv.applied_step and "heldout_acc" in r]
     assert after and after[-1]["heldout_acc"] >= 0.5
+
+
+def test_an_agent_runs_steps_left_end_with_its_stages_or_the_budget(tmp_path, monkeypatch):
+    ctrl = controller(tmp_path, monkeypatch, dict(TINY))       # sft 4 + grpo 4 steps
+    try:
+        assert ctrl.goal.budget.steps > 8 and ctrl.last_step() == 8
+        ctrl.goal.budget.steps = 6
+        assert ctrl.last_step() == 6
+    finally:
+        ctrl.jobs.close()
+        ctrl._conn.close()
+        ctrl.knowledge.close()

@@ -20,7 +20,11 @@ Train workers (gloo on CPU).
 
 A job carries what it runs: the project's packages as `py_modules` (Ray names each upload after a
 hash of its contents, so a resubmission with unchanged code uploads nothing) and its run config as
-the `working_dir`; the entrypoint names no path of the submitting machine. Its submission id is
+the `working_dir`; the entrypoint names no path of the submitting machine. Which trainer the job
+runs is its `JobTrainer`: the single-turn trainer (`RUN_TRAINER`: `python -m trainer.entry run.yaml`,
+a `RunConfig`) unless the submitter names the agent trainer (`AGENT_TRAINER`:
+`python -m trainer.agent_train --config run.yaml`, an `AgentTrainConfig`); the spec, its absolute
+paths and its submission id are made the same way for both. Its submission id is
 derived from the run spec and the restart count (`submission_id`), so submitting again after a
 controller crash finds the job instead of starting a second one (`Submission.created` is False).
 `wait_job` fails a job left PENDING beyond `JOB_PENDING_LIMIT_S` (stopped, `JobPendingError`).
@@ -326,19 +330,53 @@ def code_runtime_env(root: str | os.PathLike | None = None) -> dict[str, Any]:
     return {"py_modules": [str(root / p) for p in CODE_PACKAGES], "excludes": list(CODE_EXCLUDES)}
 
 
-def run_spec(config_path: str | os.PathLike) -> RunConfig:
-    """The run config a job carries: validated, with its paths (`out_dir`, `fork_from`) made
-    absolute against the caller's working directory, as a local run would read them (the job
-    runs in a folder of its own)."""
+@dataclasses.dataclass(frozen=True)
+class JobTrainer:
+    """What a job runs: the trainer module (`python -m MODULE *ARGS run.yaml`) and the config type it
+    reads (`module:Class`, with `parse`, `name`, `out_dir`, `fork_from`; imported when first needed).
+    `storage`: whether the trainer can keep its run on run storage (`trainer.run_storage`)."""
+    module: str
+    args: tuple[str, ...]
+    config: str
+    storage: bool
+
+    def config_type(self) -> Any:
+        import importlib
+
+        mod, _, name = self.config.partition(":")
+        return getattr(importlib.import_module(mod), name)
+
+    def argv(self, config: str) -> list[str]:
+        """The words after the interpreter."""
+        return ["-m", self.module, *self.args, config]
+
+
+RUN_TRAINER = JobTrainer("trainer.entry", (), "trainer.config:RunConfig", storage=True)
+AGENT_TRAINER = JobTrainer("trainer.agent_train", ("--config",), "trainer.agent_train:AgentTrainConfig", storage=False)
+
+
+def spec_yaml(cfg: Any) -> str:
+    """A config as the job reads it (`run.yaml`) and as its submission id hashes it."""
+    import yaml
+
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def run_spec(config_path: str | os.PathLike, trainer: JobTrainer = RUN_TRAINER) -> Any:
+    """The config a job carries (`trainer`'s type; a RunConfig by default): validated, with its
+    paths (`out_dir`, `fork_from`) made absolute against the caller's working directory, as a local
+    run would read them (the job runs in a folder of its own)."""
+    from trainer.config import load_yaml
+
     cfg_path = pathlib.Path(config_path).resolve()
-    cfg = RunConfig.from_yaml(cfg_path)   # validate before anything starts
+    cfg = trainer.config_type().parse(load_yaml(cfg_path, "config file") or {})   # validate before anything starts
     upd: dict[str, Any] = {"out_dir": str(pathlib.Path(cfg.out_dir).resolve())}
     if cfg.fork_from:
         upd["fork_from"] = str(pathlib.Path(cfg.fork_from).resolve())
     return cfg.model_copy(update=upd)
 
 
-def submission_id(cfg: RunConfig, restart: int = 0, salt: str = "") -> str:
+def submission_id(cfg: Any, restart: int = 0, salt: str = "") -> str:
     """The job id of the run `cfg` at its `restart`-th start: the same spec gives the same id, so a
     controller that crashed after submitting and submits again finds its job instead of starting
     a second one; a deliberate restart counts up. `salt` (e.g. a key the swarm run drew once and
@@ -346,7 +384,7 @@ def submission_id(cfg: RunConfig, restart: int = 0, salt: str = "") -> str:
     at the same path."""
     if restart < 0:
         raise ValueError(f"restart={restart}: must be >= 0")
-    digest = hashlib.sha256(salt.encode() + b"\0" + cfg.to_yaml().encode()).hexdigest()[:16]
+    digest = hashlib.sha256(salt.encode() + b"\0" + spec_yaml(cfg).encode()).hexdigest()[:16]
     return f"swarmlab-{cfg.name}-{digest}-r{restart}"
 
 
@@ -359,18 +397,23 @@ class Submission:
 def submit(head: RayHead, config_path: str | os.PathLike, job_id: str | None = None, restart: int = 0,
            entrypoint_num_cpus: float | None = None, resources: dict[str, float] | None = None,
            python: str | None = None, salt: str = "", storage_uri: str | None = None,
-           fork_storage: str | None = None) -> Submission:
-    """Submit the trainer as a Ray job that carries its code and its config: the project's
-    packages as `py_modules` (`code_runtime_env`), the run config (paths made absolute) as the
-    job's `working_dir`, the entrypoint `PYTHON -m trainer.entry run.yaml` run there. `job_id`
+           fork_storage: str | None = None, trainer: JobTrainer = RUN_TRAINER) -> Submission:
+    """Submit a trainer as a Ray job that carries its code and its config: the project's
+    packages as `py_modules` (`code_runtime_env`), the config (`trainer`'s type, paths made absolute)
+    as the job's `working_dir`, the entrypoint run there `PYTHON -m trainer.entry run.yaml` (or, for
+    `AGENT_TRAINER`, `PYTHON -m trainer.agent_train --config run.yaml`). `job_id`
     defaults to `submission_id(config, restart, salt)`; a job that exists under that id is not started
     again (`created=False`). `entrypoint_num_cpus` / `resources` reserve the driver's place
     (a custom resource pins it to the nodes that have it). `python`: the interpreter on the node
     (default: `$SWARMLAB_JOB_PYTHON`, else this one, which a node that shares this machine's
     layout has). `storage_uri`: the run's folder on run storage (`trainer.run_storage`): the job
     then works in its node's scratch folder, mirrors to it and resumes from it; `fork_storage`: the
-    stored run whose checkpoint `fork_from` names (the job fetches it from there)."""
-    cfg = run_spec(config_path)
+    stored run whose checkpoint `fork_from` names (the job fetches it from there); only for a
+    trainer that keeps its run there (`JobTrainer.storage`)."""
+    if storage_uri and not trainer.storage:
+        raise ValueError(f"storage_uri={storage_uri!r}: {trainer.module} keeps its run folder at out_dir, "
+                         "not on run storage")
+    cfg = run_spec(config_path, trainer)
     job_id = job_id or submission_id(cfg, restart, salt)
     python = python or os.environ.get(JOB_PYTHON_ENV) or sys.executable
     env = {**head.auth_env(), "PYTHONUNBUFFERED": "1"}  # the job's own ray.init (Ray Train) needs the token too
@@ -384,20 +427,20 @@ def submit(head: RayHead, config_path: str | os.PathLike, job_id: str | None = N
         env["RAY_ADDRESS"] = head.gcs_address
     # the Jobs API runs the entrypoint through a shell: every word is quoted; no path of this
     # machine is in it (the config travels in the working dir, the code in py_modules)
-    module = "trainer.entry"
+    argv = trainer.argv("run.yaml")
     if storage_uri:   # the run's folder is on storage, not at out_dir (trainer/run_storage.py)
         from trainer.run_storage import FORK_ENV, STORAGE_ENV
 
         env[STORAGE_ENV] = storage_uri
         if fork_storage:
             env[FORK_ENV] = fork_storage
-        module = "trainer.run_storage"
-    entry = f"{shlex.quote(python)} -m {module} run.yaml"
+        argv = ["-m", "trainer.run_storage", "run.yaml"]
+    entry = shlex.join([python, *argv])
     client = head.client()
     for name in QUIET_LOGGERS:   # a line per package uploaded or reused would land in the user's live view
         logging.getLogger(name).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="swarmlab-job-") as wd:
-        (pathlib.Path(wd) / "run.yaml").write_text(cfg.to_yaml())
+        (pathlib.Path(wd) / "run.yaml").write_text(spec_yaml(cfg))
         runtime_env = {**code_runtime_env(), "working_dir": wd, "env_vars": env}
         deadline = time.time() + SUBMIT_WAIT_S
         while True:
