@@ -324,6 +324,13 @@ def report(res: dict[str, Any]) -> str:
                   + f", the rest {rest:.2f} s ({rest / http_wall:.0%}): the client building and sending its "
                   f"requests and parsing the answers (its own CPU: {res['http_client_cpu_s']:.2f} s, in its "
                   "process), HTTP, rendering, and waiting for the CPU on a loaded machine."]
+    if rows and "http_client_cpu_s" in rows[0]:
+        per = {k: statistics.median(x[k] / s["reps"] for x in rows) * 1e3
+               for k in ("in_process_cpu_s", "http_cpu_s", "http_client_cpu_s")}
+        lines += ["", f"CPU time per batch of {s['batch']} (median over rounds): in-process generation "
+                  f"{per['in_process_cpu_s']:.1f} ms; the endpoint's process {per['http_cpu_s']:.1f} ms (its "
+                  f"generation, and reading, rendering, answering and logging the {s['batch']} calls); the "
+                  f"separate client {per['http_client_cpu_s']:.1f} ms."]
     if "client_ceiling" in res:
         c = res["client_ceiling"]
         lines += ["", f"Ceiling set by the client: {_ratio(c)}: in-process CPU time over in-process CPU time plus "

@@ -1,6 +1,6 @@
 """An OpenAI-compatible policy endpoint: any agent program can act with the policy being trained.
 
-`EndpointServer` serves `POST /v1/chat/completions` (FastAPI + uvicorn, in a thread) on
+`EndpointServer` serves `POST /v1/chat/completions` (uvicorn, in a thread) on
 127.0.0.1 at a free port, every request authenticated with a bearer token (a random one unless
 given; 401 with an OpenAI-style error body without it). Requests are rendered with the agent
 harness's message template into token ids, the policy generates under the harness's sampling
@@ -40,10 +40,12 @@ the log once answered finds its calls there. `stats` counts batches, rows, the s
 generating, waiting for a batch to close (`wait_s`) and building answers and log lines
 (`record_s`), and the batches that closed because every request was in (`closed_all_in`).
 
-Per-request overhead is kept small (benchmarks/endpoint_throughput.py): the token check is plain
-ASGI middleware (starlette's `BaseHTTPMiddleware` costs a task group and two memory streams per
-request), the batcher is woken only when its decision can change, and the harness version (a
-hash of the harness) is computed once per batch.
+Per-request overhead is kept small (benchmarks/endpoint_throughput.py): uvicorn serves a plain
+ASGI app that checks the token and hands `POST /v1/chat/completions` straight to the endpoint;
+only the reward route and the errors of unknown paths and methods go through FastAPI, whose
+middleware, routing and dependency stack cost about as much per request as reading and rendering
+it. The batcher is woken only when its decision can change, wakes the event loop once per batch
+to answer all its requests, and computes the harness version (a hash of the harness) once per batch.
 
 Log-probs: for a `PolicyGenerator` they come out of the sampling loop itself (no second forward):
 each completion token's log_softmax(logits)[token] at temperature 1 — the policy's own
@@ -64,17 +66,20 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from fastapi import Request   # at module level: the routes' annotations are resolved from this module
+from starlette.responses import JSONResponse
 
 from harness.agent import AgentHarness
 from harness.tools import Malformed, ToolCall, ToolSpec, describe_tools
 from trainer.agent_rollout import Generator, PolicyGenerator, cut_at_stop
 
 MAX_BODY_MESSAGES = 512
-EPISODE_HEADER = "x-episode-id"
-ATTEMPT_HEADER = "x-attempt"
+_compact = json.JSONEncoder(separators=(",", ":")).encode   # one encoder for every log line, not one per line
+EPISODE_HEADER = b"x-episode-id"
+ATTEMPT_HEADER = b"x-attempt"
+CHAT_PATH = "/v1/chat/completions"
 
 
 class _Episode:
@@ -100,7 +105,8 @@ class _Job:
     temperature: float
     stop: tuple[str, ...]
     fresh: bool = False   # the first request on its connection: the client may be opening more
-    deliver: Callable[[bool, Any], None] = lambda ok, value: None   # (True, response) or (False, exception)
+    loop: asyncio.AbstractEventLoop | None = None   # the event loop awaiting `done`
+    done: asyncio.Future | None = None              # resolved with the response, or the exception
 
 
 def generate_rows(policy: Generator, prompts: list[list[int]], max_new: int, temperature: float,
@@ -169,7 +175,9 @@ class EndpointServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False)
+        # no proxy in front of a loopback server: the peer address (which connections have sent a
+        # request, for closing batches) is the socket's, never an X-Forwarded-For a client sends
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False, proxy_headers=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
                                         name="policy-endpoint")
@@ -204,7 +212,7 @@ class EndpointServer:
 
     # ---- records ----------------------------------------------------------------------
     def _append(self, *records: dict[str, Any]) -> None:
-        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+        text = "".join(_compact(r) + "\n" for r in records)
         with self._log_lock:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a", encoding="utf-8") as f:
@@ -291,14 +299,13 @@ class EndpointServer:
                     self._append(*(record for _, record in done))
                     self.stats["record_s"] += time.perf_counter() - t0
                 except Exception as e:   # the policy failed: every request of the batch gets it
-                    for j in group:
-                        j.deliver(False, e)
+                    _deliver([(j, False, e) for j in group])
                     continue
-                for j, (response, _) in zip(group, done):
-                    j.deliver(True, response)
+                _deliver([(j, True, response) for j, (response, _) in zip(group, done)])
         with self._queue_cv:   # stopped: nothing queued is left waiting
-            while self._queue:
-                self._queue.popleft().deliver(False, RuntimeError("the policy endpoint stopped"))
+            left = list(self._queue)
+            self._queue.clear()
+        _deliver([(j, False, RuntimeError("the policy endpoint stopped")) for j in left])
 
     # ---- rendering --------------------------------------------------------------------
     def _canonical(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
@@ -353,91 +360,101 @@ class EndpointServer:
 
     # ---- the app ----------------------------------------------------------------------
     def _make_app(self) -> Any:
+        """The ASGI app uvicorn serves: every HTTP request needs the token, a chat completion goes
+        straight to `_chat`, anything else to a FastAPI app (the reward route, and OpenAI-style
+        errors for unknown paths, wrong methods and invalid requests). Plain ASGI in front, not
+        FastAPI middleware: see the module docstring."""
         from fastapi import FastAPI
         from fastapi.exceptions import RequestValidationError
-        from fastapi.responses import JSONResponse
         from starlette.exceptions import HTTPException
 
-        app = FastAPI(title="swarmlab policy endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+        api = FastAPI(title="swarmlab policy endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
-        def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                  code: str | None = None) -> JSONResponse:
-            return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                                status_code=status)
-
-        @app.exception_handler(RequestValidationError)
+        @api.exception_handler(RequestValidationError)
         async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
             first = exc.errors()[0] if exc.errors() else {}
             loc = ".".join(str(x) for x in first.get("loc", ())[1:])
-            return error(400, f"{loc or 'body'}: {first.get('msg', 'invalid request')}", param=loc or None)
+            return _error(400, f"{loc or 'body'}: {first.get('msg', 'invalid request')}", param=loc or None)
 
-        @app.exception_handler(HTTPException)
+        @api.exception_handler(HTTPException)
         async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-            return error(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+            return _error(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
 
-        want = ("Bearer " + self.token).encode()
-
-        class BearerAuth:
-            """Every HTTP request needs the token. Plain ASGI: starlette's `BaseHTTPMiddleware`
-            (`@app.middleware`) costs a task group and two memory streams per request."""
-
-            def __init__(self, app: Any) -> None:
-                self.app = app
-
-            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-                if scope["type"] == "http":
-                    got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-                    if not hmac.compare_digest(got, want):
-                        await error(401, "a valid bearer token is required", kind="authentication_error",
-                                    code="invalid_api_key")(scope, receive, send)
-                        return
-                await self.app(scope, receive, send)
-
-        app.add_middleware(BearerAuth)
-
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> JSONResponse:
-            self._arrival(+1)   # the batcher waits for a request it knows is on its way
-            try:
-                try:
-                    body = await request.json()
-                except ValueError:
-                    return error(400, "the body is not JSON")
-                if not isinstance(body, dict):
-                    return error(400, "the body must be a JSON object")
-                episode = request.headers.get(EPISODE_HEADER) or body.get("user") or "default"
-                attempt = request.headers.get(ATTEMPT_HEADER)
-                try:
-                    job = self._prepare(body, str(episode), attempt)
-                except ValueError as e:
-                    return error(400, str(e))
-                if len(self._clients) > 4096:   # bounded; a forgotten connection only looks fresh again
-                    self._clients.clear()
-                peer = request.scope.get("client")
-                job.fresh = peer not in self._clients
-                self._clients.add(peer)
-                # rendered here, in the event loop; generated with the other queued requests by the batcher
-                loop, done = asyncio.get_running_loop(), asyncio.get_running_loop().create_future()
-                job.deliver = lambda ok, value: loop.call_soon_threadsafe(_resolve, done, ok, value)
-                self._submit(job)
-            finally:
-                self._arrival(-1)
-            return JSONResponse(await done)
-
-        @app.post("/v1/episodes/{episode}/reward")
+        @api.post("/v1/episodes/{episode}/reward")
         async def reward(episode: str, request: Request) -> JSONResponse:
             try:
                 body = await request.json()
             except ValueError:
-                return error(400, "the body is not JSON")
+                return _error(400, "the body is not JSON")
             value = body.get("reward") if isinstance(body, dict) else None
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-                return error(400, f"reward={value!r} must be a number", param="reward")
+                return _error(400, f"reward={value!r} must be a number", param="reward")
             self._append({"type": "reward", "episode": episode, "reward": float(value), "time": time.time(),
                           "harness_version": self.harness.version, "weight_version": self.weight_version})
             return JSONResponse({"ok": True})
 
+        # the chat route as FastAPI knows it, so that other methods on its path get a 405; the
+        # front serves a POST itself
+        api.router.add_route(CHAT_PATH, _AsgiRoute(self._chat), methods=["POST"])
+        want = ("Bearer " + self.token).encode()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+                if not hmac.compare_digest(got, want):
+                    await _error(401, "a valid bearer token is required", kind="authentication_error",
+                                 code="invalid_api_key")(scope, receive, send)
+                    return
+                if scope["path"] == CHAT_PATH and scope["method"] == "POST":
+                    await self._chat(scope, receive, send)
+                    return
+            await api(scope, receive, send)
+
         return app
+
+    async def _chat(self, scope: Any, receive: Any, send: Any) -> None:
+        """POST /v1/chat/completions: read, check and render the request here, in the event loop;
+        the batcher generates it with the other queued requests and resolves its future."""
+        self._arrival(+1)   # the batcher waits for a request it knows is on its way
+        try:
+            got = await self._read_job(scope, receive)
+        finally:
+            self._arrival(-1)
+        if got is None:   # the client went away before its request was in
+            return
+        response = got if isinstance(got, JSONResponse) else JSONResponse(await got)
+        await response(scope, receive, send)
+
+    async def _read_job(self, scope: Any, receive: Any) -> JSONResponse | asyncio.Future | None:
+        """The request queued for the batcher (its future), an error response, or None when the
+        client disconnected while sending it."""
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        try:
+            body = json.loads(b"".join(chunks))
+        except ValueError:
+            return _error(400, "the body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object")
+        episode = _header(scope, EPISODE_HEADER) or body.get("user") or "default"
+        try:
+            job = self._prepare(body, str(episode), _header(scope, ATTEMPT_HEADER))
+        except ValueError as e:
+            return _error(400, str(e))
+        if len(self._clients) > 4096:   # bounded; a forgotten connection only looks fresh again
+            self._clients.clear()
+        peer = scope.get("client")
+        job.fresh = peer not in self._clients
+        self._clients.add(peer)
+        job.loop = asyncio.get_running_loop()
+        job.done = job.loop.create_future()
+        self._submit(job)
+        return job.done
 
     def _prepare(self, body: dict[str, Any], episode: str, attempt: str | None = None) -> _Job:
         """A request checked and rendered (ValueError: a bad request)."""
@@ -531,13 +548,51 @@ class EndpointServer:
         }, record
 
 
-def _resolve(done: asyncio.Future, ok: bool, value: Any) -> None:
-    if done.done():   # the request was cancelled (its client went away); the call is logged all the same
-        return
-    if ok:
-        done.set_result(value)
-    else:
-        done.set_exception(value)
+class _AsgiRoute:
+    """An ASGI callable that starlette routes to as it is (a function or method would be wrapped
+    as a request handler)."""
+
+    def __init__(self, fn: Callable[[Any, Any, Any], Awaitable[None]]) -> None:
+        self.fn = fn
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.fn(scope, receive, send)
+
+
+def _deliver(results: list[tuple[_Job, bool, Any]]) -> None:
+    """Hands each (job, ok, response or exception) to the event loop awaiting it: one wake-up of
+    each loop for a whole batch (a wake-up per answer costs a GIL handoff per answer)."""
+    by_loop: dict[Any, list[tuple[asyncio.Future, bool, Any]]] = {}
+    for job, ok, value in results:
+        if job.done is not None:
+            by_loop.setdefault(job.loop, []).append((job.done, ok, value))
+    for loop, answers in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, answers)
+        except RuntimeError:   # the loop is closed (the server stopped): nobody awaits these
+            pass
+
+
+def _resolve(answers: list[tuple[asyncio.Future, bool, Any]]) -> None:
+    for done, ok, value in answers:
+        if done.done():   # the request was cancelled (its client went away); the call is logged all the same
+            continue
+        if ok:
+            done.set_result(value)
+        else:
+            done.set_exception(value)
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+           code: str | None = None) -> JSONResponse:
+    """An OpenAI-style error response."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)
+
+
+def _header(scope: Any, name: bytes) -> str | None:
+    """The first value of a request header (`name` lower-case), as starlette decodes it."""
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
 def _text(content: Any, i: int) -> str:
