@@ -167,11 +167,11 @@ class Target(_Setting):
     metric: str = Field("heldout_acc", description="a held-out metric the trainer writes on eval steps, one of "
                         "trainer.runlog.HELDOUT_METRICS (accuracy, malformed and truncated rates)")
     op: Literal[">=", "<="] = Field(">=", description="how the metric compares with the threshold when the goal is met")
-    threshold: float = Field(0.95, description="the value the metric must reach; the run stops there (a held-out "
-                             "metric is a rate: in [0, 1])")
-    stop: bool = Field(True, description="end the run when the target is met; false: train on to the budget (the "
-                       "target still marks success, the time it was first met is reported, and the run is watched "
-                       "as before: a drop below it is a problem like any other)")
+    threshold: float = Field(0.95, description="the value the metric must reach; the run stops there unless `stop` "
+                             "is false (a held-out metric is a rate: in [0, 1])")
+    stop: bool = Field(True, description="end the run when the target is met; false: train on to the budget, "
+                       "watched as before (a drop below the target is a problem like any other). Either way the run "
+                       "is judged on its final value, and the time the target was first met is reported")
 
     def met(self, value: float | None) -> bool:
         if value is None:

@@ -196,8 +196,44 @@ def extra_arms(sc: dict[str, Any], res: dict[str, Any], out: str, knobs: dict[st
             raise SystemExit(f"{sc['id']}: the {m} arm needs the warm-up's state: rerun the scenario without --resume")
         got[m] = agent_swarm.run(sc, pathlib.Path(out) / sc["id"] / "swarm", target=res["target"],
                                  budget=res["budget_cpu_s"], wall_cap=knobs["swarm_wall_x"] * res["budget_cpu_s"],
-                                 eval_size=knobs["eval_size"], eval_every=knobs["swarm_eval_every"], log=log)
+                                 eval_size=knobs["eval_size"], eval_every=knobs["swarm_eval_every"],
+                                 counts=on_grid(sc), log=log)
     return got
+
+
+def on_grid(sc: dict[str, Any]) -> Callable[[int], bool]:
+    """Whether the swarm's live eval at a trainer step is one the in-process arms also take (`EVAL_AT`,
+    in GRPO steps after the warm-up): a denser schedule would see the target sooner."""
+    warm = int(sc["config"]["sft"]["steps"])
+    return lambda step: step - warm in EVAL_AT
+
+
+def rescore_swarm(r: dict[str, Any], out: str) -> dict[str, Any]:
+    """A swarm arm recorded with the first accounting (`agent_swarm.ACCOUNTING` 1: a training row's
+    own eval subtracted from the CPU before it ran; a hit on any eval) scored again from its stored
+    curve and its run folder's eval rows: each training row's point gains its own eval's CPU, and a
+    hit counts only on the in-process arms' schedule. Left as recorded, and said so, when the rows do
+    not match the curve."""
+    from swarmbench import agent_swarm
+    from swarmbench.methods import read_jsonl
+
+    a = r.get("arms", {}).get("swarm")
+    if not a or a.get("accounting", 1) >= agent_swarm.ACCOUNTING:
+        return r
+    sc = r["scenario"]
+    rows = [x for x in read_jsonl(pathlib.Path(out) / sc["id"] / "swarm" / "ws" / ".swarm" / "runs" / "train"
+                                  / "metrics.jsonl") if agent_swarm.is_eval_row(x)]
+    pts = a["curve"]
+    if len(rows) != len(pts) or any(int(x.get("step", 0)) != p["step"] for x, p in zip(rows, pts)):
+        return {**r, "arms": {**r["arms"], "swarm": {**a, "rescored": "its run folder's rows do not match the "
+                                                                      "curve: left as recorded"}}}
+    fixed = [{**p, "cpu_s": round(p["cpu_s"] + (0.0 if x.get("algorithm") == "eval" else float(x.get("eval_cpu_s") or 0.0)), 2)}
+             for p, x in zip(pts, rows)]
+    h = agent_swarm.hit(fixed, r["target"], r["budget_cpu_s"], agent_swarm.fault_step(sc), on_grid(sc))
+    was = f"{a['cpu_to_target']:.1f} CPU-s" if a["reached"] else "missed"
+    now = {**a, "curve": fixed, "reached": h is not None, "cpu_to_target": h["cpu_s"] if h else None,
+           "accounting": agent_swarm.ACCOUNTING, "rescored": f"accounting 1 -> {agent_swarm.ACCOUNTING}: was {was}"}
+    return {**r, "arms": {**r["arms"], "swarm": now}}
 
 
 # ---- the report ----------------------------------------------------------------------------
@@ -386,7 +422,7 @@ def main() -> None:
         sc = generate(seed)
         path = pathlib.Path(a.out) / sc["id"] / "result.json"
         if (a.resume or a.report_only) and path.is_file():
-            r = json.loads(path.read_text())
+            r = rescore_swarm(json.loads(path.read_text()), a.out)
             missing = [m for m in arms if m not in r.get("arms", {})] if r["status"] != "unlearnable" else []
             if missing and not a.report_only:
                 print(f"[{time.perf_counter() - t0:6.0f}s] {sc['id']}: {', '.join(missing)} (target and budget recorded)",

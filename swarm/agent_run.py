@@ -123,7 +123,11 @@ def job_config(goal: Any, out_dir: str | pathlib.Path) -> dict[str, Any]:
     ck = dict(data.get("checkpoint") or {})
     ck["interval"] = ck.get("interval") or CHECKPOINT_EVERY
     data.update(name="train", out_dir=str(out_dir), checkpoint=ck)
-    return AgentTrainConfig.parse(data).model_dump(mode="json")
+    cfg = AgentTrainConfig.parse(data).model_dump(mode="json")
+    over = cfg["sft"]["steps"] + cfg["grpo"]["steps"] - goal.budget.steps
+    if over > 0:   # the budget's steps end the run, as they end any other goal's (the warm-up runs whole)
+        cfg["grpo"]["steps"] = max(0, cfg["grpo"]["steps"] - over)
+    return cfg
 
 
 def task_name(goal: Any) -> str:
@@ -277,13 +281,13 @@ class AgentSteering:
         return self.agent_values(keys, harness, recipe)
 
     def last_step(self) -> int:
-        """An agent run ends after its warm-up and GRPO stages (their step counts in force), or at the
-        budget's steps if sooner."""
+        """An agent run ends after its warm-up and GRPO stages (their step counts in force; `job_config`
+        cuts the GRPO stage to the budget's steps)."""
         if not self.agent:
             return super().last_step()
         stages = self.recipe_now()
         own = int((stages.get("sft") or {}).get("steps") or 0) + int((stages.get("grpo") or {}).get("steps") or 0)
-        return min(self.goal.budget.steps, own)
+        return own
 
     def start_values(self, keys: list[str]) -> dict[str, Any]:
         if not self.agent:

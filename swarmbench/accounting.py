@@ -65,11 +65,12 @@ class ProcessMeter:
             return []
 
 
-def cpu_at(timeline: list[tuple[float, float]], t: float) -> float | None:
-    """Worker CPU-s at time `t`, linear between samples (None before the first sample)."""
+def cpu_at(timeline: list[tuple[float, float]], t: float, times: list[float] | None = None) -> float | None:
+    """Worker CPU-s at time `t`, linear between samples (None before the first sample). `times`:
+    the timeline's times, for a caller that reads many points of one timeline."""
     if not timeline:
         return None
-    times = [x[0] for x in timeline]
+    times = times if times is not None else [x[0] for x in timeline]
     i = bisect.bisect_left(times, t)
     if i == 0:
         return timeline[0][1]

@@ -8,29 +8,29 @@ from the controller (`harness_fault` never reaches operators, reports or memory)
 `trainer.agent_train` process under the controller (the live job and every backtest arm, start-up
 included), polled every 0.1 s; the live job's own held-out evaluations are subtracted (each eval row
 records its `eval_cpu_s`), as the benchmark's in-process arms leave their evaluations out. The arms'
-evaluations are the swarm's work and stay counted.
+evaluations are the swarm's work and stay counted. The controller's own CPU is not worker CPU (as in
+the suite's swarm runs).
 
-Reached: a live eval row at or above the target, from the first step where the fault is in force
-(a drift's step, or the end of the warm-up), with the worker CPU at that row within the budget. A
-drift scenario's goal says `target.stop: false`, so that the controller does not end the run at the
-warm-up's evaluation, before the drift arrives; the benchmark stops it once its target is met again.
-The goal's worker-CPU budget is `CONTROLLER_BUDGET_X` times the benchmark's (the controller counts
-the live job's evaluations); the benchmark stops the run at its own budget.
+Reached: a live eval row at or above the target, from the first step whose eval sees the fault (after
+a drift's first step, or the warm-up's end), at a step the in-process arms evaluate too (`counts`),
+with the worker CPU at that row within the budget. The goal says `target.stop: false` for every
+origin, so that the controller does not end the run at the warm-up's evaluation, before a drift
+arrives; the benchmark stops it once its target is met. The goal's worker-CPU budget is
+`CONTROLLER_BUDGET_X` times the benchmark's (the controller counts the live job's evaluations); the
+benchmark stops the run at its own budget.
 """
 from __future__ import annotations
 
 import copy
 import json
 import pathlib
-import subprocess
-import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
-from swarmbench.accounting import ProcessMeter, cpu_at
-from swarmbench.methods import SWARM_POLL_S, SWARM_WRAPPER, _stop, read_jsonl
+from swarmbench.accounting import cpu_at
+from swarmbench.methods import drive_swarm, read_jsonl
 
 # the controller's settings for a run of a few hundred steps at ~1 s a step (the goal's own, as a
 # user of agent runs would write them; defaults are sized for runs of thousands of steps)
@@ -41,6 +41,9 @@ STOP_GRACE_S = 30        # after `swarm stop`, a kill
 # the goal's worker-CPU budget over the benchmark's: the controller counts the live job's evals,
 # which the benchmark leaves out, so its own budget must not end the run before the benchmark's does
 CONTROLLER_BUDGET_X = 2.0
+# 2: a training row's own eval is not subtracted from the CPU at its time (it runs after the row's
+# stamp), and a hit counts only where the in-process arms evaluate (`counts`); 1 did both otherwise
+ACCOUNTING = 2
 
 
 def is_agent_trainer(cmd: list[str]) -> bool:
@@ -55,10 +58,10 @@ def goal(sc: dict[str, Any], target: float, budget: float, wall_cap: float, *, e
     grpo = dict(agent.get("grpo") or {}, steps=GRPO_STEPS)
     agent.update(seed=sc["seed"], threads=1, eval_size=eval_size, eval_every=eval_every, grpo=grpo)
     # a drift arrives after the warm-up, whose evaluation may already meet the target: the run goes on
-    # (`target.stop: false`) and the benchmark stops it once the target is met after the drift
+    # (`target.stop: false`, for every origin, so the goal does not tell which) and the benchmark
+    # stops it once the target is met where it counts
     return {"goal": f"a tool-using policy that solves {sc['env']} episodes",
-            "target": {"metric": "heldout_acc", "op": ">=", "threshold": round(target, 6),
-                       "stop": sc["origin"] != "drift"},
+            "target": {"metric": "heldout_acc", "op": ">=", "threshold": round(target, 6), "stop": False},
             "budget": {"worker_cpu_s": float(budget) * CONTROLLER_BUDGET_X, "wall_s": float(wall_cap)},
             "run": {"agent": agent}, "llm": {"model": None}, "swarm": copy.deepcopy(SWARM)}
 
@@ -71,28 +74,41 @@ def fault_step(sc: dict[str, Any]) -> int:
     return int(drift) + 1 if drift is not None else int(cfg["sft"]["steps"])
 
 
+def is_eval_row(r: dict[str, Any]) -> bool:
+    """A live run's row the curve reads: a held-out eval with a time (the final summary row left out)."""
+    return not r.get("final") and isinstance(r.get("heldout_acc"), (int, float)) and isinstance(r.get("time"), (int, float))
+
+
 def curve(rows: list[dict[str, Any]], timeline: list[tuple[float, float]]) -> list[dict[str, Any]]:
     """Each live eval row as {step, cpu_s, heldout_acc}: worker CPU at the row's time less the live
-    job's evaluation CPU up to and including it."""
+    job's evaluation CPU before it. A training row (`sft`, `grpo`) is stamped before its eval runs,
+    so its own eval is not in the CPU at its time; the run's first `eval` row is stamped after it."""
     out, evals = [], 0.0
+    times = [x[0] for x in timeline]
     for r in rows:
-        evals += float(r.get("eval_cpu_s") or 0.0)
-        v, t = r.get("heldout_acc"), r.get("time")
-        if r.get("final") or not isinstance(v, (int, float)) or not isinstance(t, (int, float)):
-            continue
-        c = cpu_at(timeline, t)
-        if c is not None:
-            out.append({"step": int(r.get("step", 0)), "cpu_s": round(max(c - evals, 0.0), 2), "heldout_acc": float(v)})
+        own = float(r.get("eval_cpu_s") or 0.0)
+        if r.get("algorithm") == "eval":
+            evals += own
+        if is_eval_row(r):
+            c = cpu_at(timeline, r["time"], times)
+            if c is not None:
+                out.append({"step": int(r.get("step", 0)), "cpu_s": round(max(c - evals, 0.0), 2),
+                            "heldout_acc": float(r["heldout_acc"])})
+        if r.get("algorithm") != "eval":
+            evals += own
     return out
 
 
-def hit(points: list[dict[str, Any]], target: float, budget: float, first_step: int) -> dict[str, Any] | None:
-    return next((p for p in points if p["step"] >= first_step and p["heldout_acc"] >= target - 1e-12
-                 and p["cpu_s"] <= budget + 1e-9), None)
+def hit(points: list[dict[str, Any]], target: float, budget: float, first_step: int,
+        counts: Callable[[int], bool] | None = None) -> dict[str, Any] | None:
+    """The first point at or after `first_step` at or above the target within the budget; with
+    `counts`, only at the steps it accepts (the in-process arms' eval schedule)."""
+    return next((p for p in points if p["step"] >= first_step and (counts is None or counts(p["step"]))
+                 and p["heldout_acc"] >= target - 1e-12 and p["cpu_s"] <= budget + 1e-9), None)
 
 
 def run(sc: dict[str, Any], work: pathlib.Path, *, target: float, budget: float, wall_cap: float,
-        eval_size: int, eval_every: int, log=print) -> dict[str, Any]:
+        eval_size: int, eval_every: int, counts: Callable[[int], bool] | None = None, log=print) -> dict[str, Any]:
     """`swarm run` on the scenario until the target is met (at or after the fault), the budget is
     spent or the wall cap passes; the arm's record for the benchmark."""
     work.mkdir(parents=True, exist_ok=True)
@@ -102,38 +118,19 @@ def run(sc: dict[str, Any], work: pathlib.Path, *, target: float, budget: float,
     live = ws / ".swarm" / "runs" / "train" / "metrics.jsonl"
     first = fault_step(sc)
     t0 = time.time()
-    with open(work / "controller.log", "wb") as logf:
-        p = subprocess.Popen([sys.executable, "-c", SWARM_WRAPPER, "run", str(gpath), "--workspace", str(ws),
-                              "--jobs", "process", "--summary", str(summ)],
-                             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-    meter = ProcessMeter(p.pid, match=is_agent_trainer)
-    stop_at: float | None = None
-    why = None
-    last_check = 0.0
-    while p.poll() is None:
-        now = time.time()
-        cpu = meter.poll(now)
-        if stop_at is None and now - last_check > 1.0:
-            last_check = now
-            h = hit(curve(read_jsonl(live), meter.timeline), target, budget, first)
-            why = "target" if h else "budget" if cpu > budget + _evals(live) else "wall" if now - t0 > wall_cap else None
-            if why:
-                (ws / ".swarm").mkdir(parents=True, exist_ok=True)
-                (ws / ".swarm" / "stop").write_text(str(now))   # what `swarm stop` does
-                stop_at = now
-        if stop_at is not None and now - stop_at > STOP_GRACE_S:
-            _stop(p, meter)
-            break
-        time.sleep(SWARM_POLL_S)
-    p.wait()
-    for q in meter.descendants():   # jobs left behind (there should be none)
-        try:
-            q.kill()
-        except Exception:
-            pass
-    meter.timeline.append((time.time(), meter.total))
+    last = [0.0]
+
+    def why_stop(now: float, meter: Any) -> str | None:
+        if now - last[0] < 1.0:   # the live rows are read once a second
+            return None
+        last[0] = now
+        if hit(curve(read_jsonl(live), meter.timeline), target, budget, first, counts):
+            return "target"
+        return "budget" if meter.total > budget + _evals(live) else "wall" if now - t0 > wall_cap else None
+
+    meter, why, rc = drive_swarm(work, gpath, ws, summ, is_agent_trainer, why_stop, grace_s=STOP_GRACE_S)
     points = curve(read_jsonl(live), meter.timeline)
-    h = hit(points, target, budget, first)
+    h = hit(points, target, budget, first, counts)
     s = json.loads(summ.read_text()) if summ.exists() else {}
     ivs = s.get("interventions") or []
     edits = [{"kind": iv.get("kind"), "status": iv.get("status"), "changes": iv.get("changes"),
@@ -143,7 +140,8 @@ def run(sc: dict[str, Any], work: pathlib.Path, *, target: float, budget: float,
                         f"no target in {used:.1f} CPU-s ({why or s.get('reason')})") +
         f"; {len(ivs)} proposals: {[(e['changes'], e['status']) for e in edits]}")
     return {"arm": "swarm", "cpu_s": used, "wall_s": time.time() - t0, "curve": points, "reached": h is not None,
-            "cpu_to_target": h["cpu_s"] if h else None, "stop": why or s.get("reason"), "rc": p.returncode,
+            "cpu_to_target": h["cpu_s"] if h else None, "stop": why or s.get("reason"), "rc": rc,
+            "accounting": ACCOUNTING,
             "interventions": edits, "trainer_processes": len(meter.cpu), "first_counted_step": first,
             "log_tail": None if s else (work / "controller.log").read_text(errors="replace")[-1500:]}
 

@@ -184,6 +184,43 @@ app(args=sys.argv[1:], prog_name="swarm")
 """
 
 
+def drive_swarm(work: pathlib.Path, gpath: pathlib.Path, ws: pathlib.Path, summ: pathlib.Path,
+                match: Callable[[list[str]], bool], why_stop: Callable[[float, ProcessMeter], str | None],
+                grace_s: float = 60.0) -> tuple[ProcessMeter, str | None, int | None]:
+    """`swarm run GOAL --jobs process` in `ws` (its output in work/controller.log), the CPU of its
+    trainer processes (`match`) polled every SWARM_POLL_S; once `why_stop(now, meter)` names a reason,
+    `swarm stop` (the workspace's stop file), a kill `grace_s` later, and any job left behind killed.
+    The meter (its timeline ends at the last poll), the reason (None: the run ended itself) and the
+    controller's exit code."""
+    with open(work / "controller.log", "wb") as logf:
+        p = subprocess.Popen([sys.executable, "-c", SWARM_WRAPPER, "run", str(gpath), "--workspace", str(ws), "--jobs", "process",
+                              "--summary", str(summ)], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    meter = ProcessMeter(p.pid, match=match)
+    stop_at: float | None = None
+    why = None
+    while p.poll() is None:
+        now = time.time()
+        meter.poll(now)
+        if stop_at is None:
+            why = why_stop(now, meter)
+            if why:
+                (ws / ".swarm").mkdir(parents=True, exist_ok=True)
+                (ws / ".swarm" / "stop").write_text(str(now))   # what `swarm stop` does
+                stop_at = now
+        if stop_at is not None and now - stop_at > grace_s:
+            _stop(p, meter)
+            break
+        time.sleep(SWARM_POLL_S)
+    p.wait()
+    for q in meter.descendants():   # jobs left behind (there should be none)
+        try:
+            q.kill()
+        except Exception:
+            pass
+    meter.timeline.append((time.time(), meter.total))
+    return meter, why, p.returncode
+
+
 def run_swarm(goal: dict[str, Any], seed: int, target: float, budget: float, wall_cap: float, work: pathlib.Path,
               progress: Progress | None = None) -> dict[str, Any]:
     """The swarm (built-in policies) on the goal, target and budget of the benchmark."""
@@ -196,33 +233,13 @@ def run_swarm(goal: dict[str, Any], seed: int, target: float, budget: float, wal
     gpath, ws, summ = work / "goal.yaml", work / "ws", work / "summary.json"
     gpath.write_text(yaml.safe_dump(g, sort_keys=False))
     t0 = time.time()
-    with open(work / "controller.log", "wb") as logf:
-        p = subprocess.Popen([sys.executable, "-c", SWARM_WRAPPER, "run", str(gpath), "--workspace", str(ws), "--jobs", "process",
-                              "--summary", str(summ)], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-    meter = ProcessMeter(p.pid, match=is_trainer)
-    stop_at: float | None = None
-    capped = None
-    while p.poll() is None:
-        now = time.time()
-        cpu = meter.poll(now)
+
+    def why_stop(now: float, meter: ProcessMeter) -> str | None:
         if progress:
-            progress({"cpu_s": cpu, "wall_s": now - t0})
-        if stop_at is None and (cpu > budget or now - t0 > wall_cap):
-            capped = "budget" if cpu > budget else "wall"
-            (ws / ".swarm").mkdir(parents=True, exist_ok=True)
-            (ws / ".swarm" / "stop").write_text(str(now))   # what `swarm stop` does
-            stop_at = now
-        if stop_at is not None and now - stop_at > 60:
-            _stop(p, meter)
-            break
-        time.sleep(SWARM_POLL_S)
-    p.wait()
-    for q in meter.descendants():   # jobs left behind (there should be none)
-        try:
-            q.kill()
-        except Exception:
-            pass
-    meter.timeline.append((time.time(), meter.total))
+            progress({"cpu_s": meter.total, "wall_s": now - t0})
+        return "budget" if meter.total > budget else "wall" if now - t0 > wall_cap else None
+
+    meter, capped, rc = drive_swarm(work, gpath, ws, summ, is_trainer, why_stop)
     s = json.loads(summ.read_text()) if summ.exists() else {}
     rows = read_jsonl(ws / ".swarm" / "runs" / "train" / "metrics.jsonl")   # the live job (Controller.run_dir)
     curve = curve_from(rows, meter.timeline)
@@ -240,7 +257,7 @@ def run_swarm(goal: dict[str, Any], seed: int, target: float, budget: float, wal
     # the evaluation window of an undone intervention: its record minus its backtest (measured above)
     wasted += sum(max(float(iv.get("wasted_cpu_s") or 0.0) - float(iv.get("backtest_cpu_s") or 0.0), 0.0)
                   for iv in ivs if iv.get("status") == "rolled_back")
-    out.update({"curve": curve, "wall_s": time.time() - t0, "rc": p.returncode, "stop": capped or s.get("reason"),
+    out.update({"curve": curve, "wall_s": time.time() - t0, "rc": rc, "stop": capped or s.get("reason"),
                 "steps": s.get("steps"), "interventions": len(applied), "proposed": len(ivs),
                 "intervention_log": [f"{iv.get('kind')}:{iv.get('status')}" for iv in ivs], "wasted_cpu_s": wasted,
                 # what suite_targets reads when the run's workspace is gone (the ledger is committed)

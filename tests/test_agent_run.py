@@ -289,7 +289,19 @@ def test_an_agent_runs_steps_left_end_with_its_stages_or_the_budget(tmp_path, mo
     ctrl = controller(tmp_path, monkeypatch, dict(TINY))       # sft 4 + grpo 4 steps
     try:
         assert ctrl.goal.budget.steps > 8 and ctrl.last_step() == 8
-        ctrl.goal.budget.steps = 6
+    finally:
+        ctrl.jobs.close()
+        ctrl._conn.close()
+        ctrl.knowledge.close()
+    from swarm.agent_run import job_config
+
+    g = Goal.parse({**goal_data(), "budget": {"steps": 6}})
+    cut = job_config(g, tmp_path / "runs")                     # the budget's steps end the run
+    assert (cut["sft"]["steps"], cut["grpo"]["steps"]) == (4, 2)
+    (tmp_path / "b").mkdir()
+    ctrl = controller(tmp_path / "b", monkeypatch, dict(TINY))
+    try:
+        ctrl.base_cfg["job"]["grpo"]["steps"] = 2              # what job_config gives under that budget
         assert ctrl.last_step() == 6
     finally:
         ctrl.jobs.close()
