@@ -112,9 +112,10 @@ def limit_share(ev: Evidence, column: str) -> LimitShare | None:
     shares = [float(r[column]) for r in recent if isinstance(r.get(column), (int, float))]
     if len(shares) < MIN_ROWS:
         return None
+    # a sample is stamped with the step before its row's (the trainer counts a GRPO step after writing it)
     end, since = column.removeprefix("end_"), int(recent[0].get("step", 0))
     ended = [s for s in ev.samples if s.get("end") == end and isinstance(s.get("steps"), list)
-             and s.get("harness_version") == recent[-1].get("harness_version") and int(s.get("step", -1)) >= since]
+             and s.get("harness_version") == recent[-1].get("harness_version") and int(s.get("step", -1)) >= since - 1]
     refused = sum(spent_on_refused(s) for s in ended)
     end_share = mean_of(shares)
     own = 1.0 - refused / len(ended) if ended else 1.0
@@ -129,7 +130,7 @@ def _limit(ev: Evidence, name: str, column: str, what: str) -> Diagnosis | None:
     rows = current_rows(ev)
     recent = rows[-RECENT:]
     since = int(rows[0].get("step", 0))
-    failed = [s for s in ev.samples if int(s.get("step", -1)) >= since and float(s.get("reward", 0.0) or 0.0) < 1.0]
+    failed = [s for s in ev.samples if int(s.get("step", -1)) >= since - 1 and float(s.get("reward", 0.0) or 0.0) < 1.0]
     ended = sum(1 for s in failed if s.get("end") == end)
     success = mean_of([float(r["success"]) for r in recent if isinstance(r.get("success"), (int, float))])
     n = got.rows

@@ -48,7 +48,8 @@ def run_log(env, harness: AgentHarness, script) -> Evidence:
                  for ex in (env.episode("train", step * PER_STEP + k, 1) for k in range(PER_STEP))]
         rows.append({"step": step, "algorithm": "grpo", "harness_version": harness.version, **summarize(trajs),
                      "success": sum(t.result.verdict.value == "correct" for t in trajs) / len(trajs)})
-        samples += [{"step": step, **t.record(), "env_tools": tools, "turns": len(t.steps)} for t in trajs]
+        # the trainer writes a GRPO step's samples before it counts the step: one below its row's
+        samples += [{"step": step - 1, **t.record(), "env_tools": tools, "turns": len(t.steps)} for t in trajs]
     rows, samples = json.loads(json.dumps([rows, samples]))
     return Evidence(run_dir="/x", step=rows[-1]["step"], metrics=rows, samples=samples,
                     harness=harness.model_dump(mode="json"))
