@@ -490,8 +490,7 @@ def demo(
 def resume(
     workspace: str = typer.Option(DEFAULT_WS, help=WS_HELP),
     summary: Optional[str] = typer.Option(None, help="write the run summary (JSON) here"),
-    jobs: Optional[str] = typer.Option(None, help="ray | process (as the run was started; default ray, process for a "
-                                       "goal that drives the agent trainer)"),
+    jobs: Optional[str] = typer.Option(None, help="ray | process (default: what the run was started with)"),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     tensorboard: Optional[str] = typer.Option(None, help=TB_HELP),

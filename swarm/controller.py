@@ -115,7 +115,12 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         self.runs = self.sdir / "runs"
         self.script = goal.entrypoint    # the user's own script (swarm/script_run.py), else None
         self.agent = goal.agent          # the agent trainer's config (swarm/agent_run.py), else None
-        jobs = jobs or ("process" if self.agent else "ray")   # not chosen: an agent run's jobs are local processes
+        # not chosen: the kind the run was started with (a resume), else an agent run's jobs are local
+        # processes and every other run's Ray jobs
+        kind = self.private / "jobs_kind"
+        jobs = jobs or (kind.read_text().strip() if kind.is_file() else None) or ("process" if self.agent else "ray")
+        if jobs in ("ray", "process"):
+            kind.write_text(jobs)
         reserve = dict(job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,
                        run_key=run_key(self.private)) if jobs == "ray" else {}
         self.jobs: Jobs = (agent_jobs(self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head,
