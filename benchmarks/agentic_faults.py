@@ -229,10 +229,26 @@ def rescore_swarm(r: dict[str, Any], out: str) -> dict[str, Any]:
                                                                       "curve: left as recorded"}}}
     fixed = [{**p, "cpu_s": round(p["cpu_s"] + (0.0 if x.get("algorithm") == "eval" else float(x.get("eval_cpu_s") or 0.0)), 2)}
              for p, x in zip(pts, rows)]
-    h = agent_swarm.hit(fixed, r["target"], r["budget_cpu_s"], agent_swarm.fault_step(sc), on_grid(sc))
+    first, grid = agent_swarm.fault_step(sc), on_grid(sc)
+    h = agent_swarm.hit(fixed, r["target"], r["budget_cpu_s"], first, grid)
+    note = ""
+    any_hit = agent_swarm.hit(fixed, r["target"], float("inf"), first)
+    if h is None and any_hit is not None:
+        # the run was stopped at a hit off the in-process arms' schedule, before their next eval: the
+        # CPU to that eval is estimated at the run's CPU per step before the hit (an estimate that can
+        # only add CPU)
+        i = fixed.index(any_hit)
+        nxt = next(k for k in range(any_hit["step"] + 1, any_hit["step"] + 1000) if grid(k))
+        prev = fixed[i - 1] if i > 0 else None
+        slope = ((any_hit["cpu_s"] - prev["cpu_s"]) / (any_hit["step"] - prev["step"])
+                 if prev and any_hit["step"] > prev["step"] else 0.0)
+        est = round(any_hit["cpu_s"] + (nxt - any_hit["step"]) * slope, 2)
+        h = {"step": nxt, "cpu_s": est, "heldout_acc": any_hit["heldout_acc"]} if est <= r["budget_cpu_s"] + 1e-9 else None
+        note = (f"; its hit at step {any_hit['step']} lies off the in-process schedule, charged to step {nxt} "
+                f"at {slope:.2f} CPU-s a step")
     was = f"{a['cpu_to_target']:.1f} CPU-s" if a["reached"] else "missed"
     now = {**a, "curve": fixed, "reached": h is not None, "cpu_to_target": h["cpu_s"] if h else None,
-           "accounting": agent_swarm.ACCOUNTING, "rescored": f"accounting 1 -> {agent_swarm.ACCOUNTING}: was {was}"}
+           "accounting": agent_swarm.ACCOUNTING, "rescored": f"accounting 1 -> {agent_swarm.ACCOUNTING}: was {was}{note}"}
     return {**r, "arms": {**r["arms"], "swarm": now}}
 
 
@@ -343,6 +359,14 @@ def markdown(res: dict[str, Any]) -> str:
                      f"{_fmt(g['ratio_max'])}x | " + ("–" if g["ratio_max"] is None else "yes" if g["ratio_max"] <= 1.5
                                                       else f"no: max {g['ratio_max'] - 1.5:.2f}x over" +
                                                       (" (median within)" if g["ratio_median"] <= 1.5 else "")) + " |")
+    rescored = [(r["scenario"]["id"], r["arms"]["swarm"]) for r in res["results"]
+                if "swarm" in r.get("arms", {}) and r["arms"]["swarm"].get("rescored")]
+    if rescored:
+        lines += ["", f"{len(rescored)} swarm arm(s) were recorded with the first accounting and scored again from their "
+                  "run folders (`rescore_swarm`: each training row's own eval is no longer subtracted before it ran, "
+                  "and a hit counts only where the in-process arms evaluate); each one's result before:", ""]
+        lines += [f"- {sid}: {a['rescored']}; now " + (f"{a['cpu_to_target']:.1f} CPU-s" if a["reached"] else "missed")
+                  for sid, a in rescored]
     lines += ["", "## Per origin and mechanism", "",
               "| origin / mechanism | scenarios | left out | plain failing / mild | plain success, all measured | "
               + " | ".join(f"{m} success on failing | {m} success, all measured | {m} CPU to target / oracle's "

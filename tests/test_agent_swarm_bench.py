@@ -2,6 +2,8 @@
 `swarm run`, the first step whose eval counts, and the worker-CPU curve less the live job's evals."""
 from __future__ import annotations
 
+import pytest
+
 from swarm.goal import Goal
 from swarmbench import agent_swarm
 from swarmbench.agentic import scenario
@@ -68,5 +70,11 @@ def test_a_swarm_arm_recorded_with_the_first_accounting_is_scored_again_from_its
     assert [p["cpu_s"] for p in got["curve"]] == [0.0, 22.0, 27.0, 28.0]
     assert got["reached"] and got["cpu_to_target"] == 28.0 and got["accounting"] == 2
     assert bench.rescore_swarm({**r, "arms": {"swarm": got}}, str(tmp_path))["arms"]["swarm"] == got   # once
+    # a run stopped at an off-schedule hit: charged to the next scheduled eval at its CPU per step
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    short = bench.rescore_swarm({**r, "arms": {"swarm": {"curve": old[:3], "reached": True, "cpu_to_target": 25.0}}},
+                                str(tmp_path))["arms"]["swarm"]
+    assert short["reached"] and short["cpu_to_target"] == pytest.approx(27.0 + (27.0 - 22.0) / 3, abs=0.01)
+    assert "off the in-process schedule" in short["rescored"]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
     assert "left as recorded" in bench.rescore_swarm(r, str(tmp_path))["arms"]["swarm"]["rescored"]
