@@ -212,8 +212,9 @@ def rescore_swarm(r: dict[str, Any], out: str) -> dict[str, Any]:
     """A swarm arm recorded with the first accounting (`agent_swarm.ACCOUNTING` 1: a training row's
     own eval subtracted from the CPU before it ran; a hit on any eval) scored again from its stored
     curve and its run folder's eval rows: each training row's point gains its own eval's CPU, and a
-    hit counts only on the in-process arms' schedule. Left as recorded, and said so, when the rows do
-    not match the curve."""
+    hit counts only on the in-process arms' schedule (a run stopped at a hit off it, before their next
+    eval, is charged to that eval at its CPU per step, marked `estimated`). An arm whose rows do not
+    match its curve is marked `unscored` and left out of the summary."""
     from swarmbench import agent_swarm
     from swarmbench.methods import read_jsonl
 
@@ -225,29 +226,35 @@ def rescore_swarm(r: dict[str, Any], out: str) -> dict[str, Any]:
                                   / "metrics.jsonl") if agent_swarm.is_eval_row(x)]
     pts = a["curve"]
     if len(rows) != len(pts) or any(int(x.get("step", 0)) != p["step"] for x, p in zip(rows, pts)):
-        return {**r, "arms": {**r["arms"], "swarm": {**a, "rescored": "its run folder's rows do not match the "
-                                                                      "curve: left as recorded"}}}
+        return {**r, "arms": {**r["arms"], "swarm": {**a, "unscored": True, "rescored": "its run folder's rows do not "
+                                                                      "match the curve: left out"}}}
     fixed = [{**p, "cpu_s": round(p["cpu_s"] + (0.0 if x.get("algorithm") == "eval" else float(x.get("eval_cpu_s") or 0.0)), 2)}
              for p, x in zip(pts, rows)]
     first, grid = agent_swarm.fault_step(sc), on_grid(sc)
     h = agent_swarm.hit(fixed, r["target"], r["budget_cpu_s"], first, grid)
     note = ""
-    any_hit = agent_swarm.hit(fixed, r["target"], float("inf"), first)
-    if h is None and any_hit is not None:
-        # the run was stopped at a hit off the in-process arms' schedule, before their next eval: the
-        # CPU to that eval is estimated at the run's CPU per step before the hit (an estimate that can
-        # only add CPU)
-        i = fixed.index(any_hit)
-        nxt = next(k for k in range(any_hit["step"] + 1, any_hit["step"] + 1000) if grid(k))
-        prev = fixed[i - 1] if i > 0 else None
-        slope = ((any_hit["cpu_s"] - prev["cpu_s"]) / (any_hit["step"] - prev["step"])
-                 if prev and any_hit["step"] > prev["step"] else 0.0)
-        est = round(any_hit["cpu_s"] + (nxt - any_hit["step"]) * slope, 2)
-        h = {"step": nxt, "cpu_s": est, "heldout_acc": any_hit["heldout_acc"]} if est <= r["budget_cpu_s"] + 1e-9 else None
-        note = (f"; its hit at step {any_hit['step']} lies off the in-process schedule, charged to step {nxt} "
-                f"at {slope:.2f} CPU-s a step")
+    off = agent_swarm.hit(fixed, r["target"], float("inf"), first)
+    if h is None and off is not None and not grid(off["step"]):
+        # the run was stopped at a hit off the in-process arms' schedule. Where it went on to their next
+        # eval, that eval decides (it found no hit there); where it did not, the CPU to that eval is
+        # estimated at the run's CPU per step before the hit, and the hit's held-out is assumed to hold
+        nxt = next(k for k in range(off["step"] + 1, off["step"] + 1000) if grid(k))
+        i = fixed.index(off)
+        prev = next((p for p in reversed(fixed[:i]) if p["step"] < off["step"]), None)
+        slope = (off["cpu_s"] - prev["cpu_s"]) / (off["step"] - prev["step"]) if prev else 0.0
+        if max(p["step"] for p in fixed) >= nxt:
+            note = f"; its hit at step {off['step']} lies off the in-process schedule and its evals from step {nxt} on missed"
+        elif slope <= 0:
+            note = f"; its hit at step {off['step']} lies off the in-process schedule, with no CPU per step to charge to step {nxt}: missed"
+        else:
+            est = round(off["cpu_s"] + (nxt - off["step"]) * slope, 2)
+            h = {"step": nxt, "cpu_s": est, "heldout_acc": off["heldout_acc"], "estimated": True} \
+                if est <= r["budget_cpu_s"] + 1e-9 else None
+            note = (f"; its hit at step {off['step']} lies off the in-process schedule: charged to step {nxt} at "
+                    f"{slope:.2f} CPU-s a step (estimated)")
     was = f"{a['cpu_to_target']:.1f} CPU-s" if a["reached"] else "missed"
     now = {**a, "curve": fixed, "reached": h is not None, "cpu_to_target": h["cpu_s"] if h else None,
+           "estimated": bool(h and h.get("estimated")),
            "accounting": agent_swarm.ACCOUNTING, "rescored": f"accounting 1 -> {agent_swarm.ACCOUNTING}: was {was}{note}"}
     return {**r, "arms": {**r["arms"], "swarm": now}}
 
@@ -272,10 +279,14 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
                                "mild": len(measured) - len(failing), "measured": len(measured),
                                "plain_success_all": sum(r["arms"]["plain"]["reached"] for r in measured)}
         for m in methods:
-            ok = [r for r in failing if r["arms"][m]["reached"]]
+            scored = [r for r in measured if not r["arms"][m].get("unscored")]   # see rescore_swarm
+            fail = [r for r in scored if r["status"] == "failing"]
+            ok = [r for r in fail if r["arms"][m]["reached"]]
             ratios = [r["arms"][m]["cpu_to_target"] / r["arms"]["oracle"]["cpu_to_target"] for r in ok]
-            out[m] = {"success_failing": len(ok), "success_rate": len(ok) / len(failing) if failing else None,
-                      "success_all": sum(r["arms"][m]["reached"] for r in measured),
+            out[m] = {"success_failing": len(ok), "failing": len(fail), "success_rate": len(ok) / len(fail) if fail else None,
+                      "success_all": sum(r["arms"][m]["reached"] for r in scored), "measured": len(scored),
+                      "unscored": len(measured) - len(scored),
+                      "estimated": sum(bool(r["arms"][m].get("estimated")) for r in ok),
                       "ratio_median": statistics.median(ratios) if ratios else None,
                       "ratio_max": max(ratios) if ratios else None}
         return out
@@ -352,8 +363,10 @@ def markdown(res: dict[str, Any]) -> str:
     for m in methods:
         g = a[m]
         rate = g["success_rate"]
-        lines.append(f"| {m} success >= 90% of failing runs | {g['success_failing']}/{a['failing']} = "
-                     f"{_fmt(rate, '.0%')} | " + ("–" if rate is None else "yes" if rate >= 0.9 else
+        extra = "".join([f" ({g['estimated']} with an estimated CPU, see below)" if g.get("estimated") else "",
+                         f" ({g['unscored']} arm(s) left out, see below)" if g.get("unscored") else ""])
+        lines.append(f"| {m} success >= 90% of failing runs | {g['success_failing']}/{g.get('failing', a['failing'])} = "
+                     f"{_fmt(rate, '.0%')}{extra} | " + ("–" if rate is None else "yes" if rate >= 0.9 else
                                                   f"no, {100 * (0.9 - rate):.1f} points short") + " |")
         lines.append(f"| {m} worker-CPU to target <= 1.5x the oracle's | median {_fmt(g['ratio_median'])}x, max "
                      f"{_fmt(g['ratio_max'])}x | " + ("–" if g["ratio_max"] is None else "yes" if g["ratio_max"] <= 1.5
@@ -377,7 +390,8 @@ def markdown(res: dict[str, Any]) -> str:
             continue
         lines.append(f"| {'**' + key + '**' if '/' not in key else key} | {g['scenarios']} | {g['unlearnable']} | "
                      f"{g['failing']} / {g['mild']} | {g['plain_success_all']}/{g['measured']} | "
-                     + " | ".join(f"{g[m]['success_failing']}/{g['failing']} | {g[m]['success_all']}/{g['measured']} | "
+                     + " | ".join(f"{g[m]['success_failing']}/{g[m].get('failing', g['failing'])} | "
+                                  f"{g[m]['success_all']}/{g[m].get('measured', g['measured'])} | "
                                   f"{_fmt(g[m]['ratio_median'])}, {_fmt(g[m]['ratio_max'])}" for m in methods) + " |")
     lines += ["", "## Per scenario", "",
               "| scenario | fault | warm-up CPU-s, held-out | oracle best → target | oracle CPU to target | budget | plain | "

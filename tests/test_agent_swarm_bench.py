@@ -75,6 +75,20 @@ def test_a_swarm_arm_recorded_with_the_first_accounting_is_scored_again_from_its
     short = bench.rescore_swarm({**r, "arms": {"swarm": {"curve": old[:3], "reached": True, "cpu_to_target": 25.0}}},
                                 str(tmp_path))["arms"]["swarm"]
     assert short["reached"] and short["cpu_to_target"] == pytest.approx(27.0 + (27.0 - 22.0) / 3, abs=0.01)
-    assert "off the in-process schedule" in short["rescored"]
+    assert "off the in-process schedule" in short["rescored"] and short["estimated"]
+    # the run went on to the next scheduled eval and missed there: that eval decides, nothing is estimated
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows[:3] + [{**rows[3], "heldout_acc": 0.1}]))
+    miss = bench.rescore_swarm({**r, "arms": {"swarm": {"curve": old[:3] + [{**old[3], "heldout_acc": 0.1}],
+                                                        "reached": True, "cpu_to_target": 25.0}}}, str(tmp_path))
+    assert not miss["arms"]["swarm"]["reached"] and "missed" in miss["arms"]["swarm"]["rescored"]
+    # no earlier point to take a CPU per step from: missed, never charged at zero
+    (run / "metrics.jsonl").write_text(json.dumps({**rows[2], "step": 303}) + "\n")
+    lone = bench.rescore_swarm({**r, "arms": {"swarm": {"curve": [old[2]], "reached": True, "cpu_to_target": 25.0}}},
+                               str(tmp_path))["arms"]["swarm"]
+    assert not lone["reached"] and "no CPU per step" in lone["rescored"]
+    summary = bench.summarize([{**r, "status": "failing", "arms": {"swarm": {**got, "unscored": True}, "plain": {"reached": False},
+                                                                  "oracle": {"reached": True, "cpu_to_target": 20.0}}}])
+    assert summary["all"]["swarm"]["unscored"] == 1 and summary["all"]["swarm"]["failing"] == 0
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
-    assert "left as recorded" in bench.rescore_swarm(r, str(tmp_path))["arms"]["swarm"]["rescored"]
+    left = bench.rescore_swarm(r, str(tmp_path))["arms"]["swarm"]
+    assert left["unscored"] and "left out" in left["rescored"]
