@@ -499,6 +499,8 @@ def resume(
     """Continue a swarm run after the controller stopped or was killed."""
     from swarm.controller import Controller
 
+    if jobs not in (None, "ray", "process"):
+        fail(f"--jobs={jobs!r}: must be 'ray' or 'process'")
     _run_controller(lambda: Controller.open(workspace, jobs=jobs), summary, json_out, quiet=quiet, tensorboard=tensorboard,
                     notify=notify)
 

@@ -118,9 +118,10 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         # not chosen: the kind the run was started with (a resume), else an agent run's jobs are local
         # processes and every other run's Ray jobs
         kind = self.private / "jobs_kind"
-        jobs = jobs or (kind.read_text().strip() if kind.is_file() else None) or ("process" if self.agent else "ray")
-        if jobs in ("ray", "process"):
-            kind.write_text(jobs)
+        recorded = kind.read_text().strip() if kind.is_file() else None
+        if jobs is None and recorded not in (None, "", "ray", "process"):
+            raise ValueError(f"{kind}: {recorded!r} is not a jobs kind (ray or process); pass --jobs")
+        jobs = jobs or recorded or ("process" if self.agent else "ray")
         reserve = dict(job_cpus=goal.swarm.job_cpus, job_resources=goal.swarm.job_resources,
                        run_key=run_key(self.private)) if jobs == "ray" else {}
         self.jobs: Jobs = (agent_jobs(self.sdir / "logs", jobs, ray_address, self._saved_head, self._save_head,
@@ -130,6 +131,8 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
                            ProcessJobs(self.sdir / "logs") if jobs == "process" else
                            RayJobs(ray_address, saved=None if ray_address else self._saved_head(), on_head=self._save_head,
                                    storage=goal.swarm.storage, **reserve))
+        if jobs in ("ray", "process") and jobs != recorded:   # once the launcher is made: what a resume uses
+            write_private(kind, jobs)
         self.operators = ([ClusterOps(), AgentHarnessCritic()] if self.agent else
                           [ClusterOps(), DataCuration(), Diagnostics(), HarnessCritic(), Explorer()])
         self.lead = Lead(avoid_after_losses=goal.memory.avoid_after_losses)

@@ -41,3 +41,30 @@ def test_a_resume_without_jobs_uses_the_kind_the_run_started_with(tmp_path, monk
         assert isinstance(ctrl.jobs, RayJobs) and not isinstance(ctrl.jobs, AgentJobs)
     finally:
         close(ctrl)
+
+
+def test_a_recorded_kind_that_is_not_one_is_refused_naming_the_file(tmp_path, monkeypatch):
+    import os
+
+    import pytest
+
+    from swarm.controller import Controller
+
+    monkeypatch.chdir(tmp_path)
+    g = Goal.parse({**goal_data(), "memory": {"library": str(tmp_path / "lib"), "backend": "memory", "seed_skills": False}})
+    ctrl = Controller.create(tmp_path / "ws", g, jobs="process")
+    kind = ctrl.private / "jobs_kind"
+    assert kind.read_text() == "process" and os.stat(kind).st_mode & 0o777 == 0o600
+    close(ctrl)
+    kind.write_text("slurm")
+    with pytest.raises(ValueError, match="jobs_kind: 'slurm' is not a jobs kind"):
+        Controller(tmp_path / "ws", g, jobs=None)
+
+
+def test_resume_refuses_a_jobs_kind_it_does_not_know(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "swarm.cli", "resume", "--workspace", str(tmp_path), "--jobs", "slurm"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--jobs='slurm': must be 'ray' or 'process'" in p.stderr + p.stdout
