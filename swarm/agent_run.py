@@ -99,6 +99,12 @@ def check_agent_goal(goal: Any) -> None:
         AgentTrainer(cfg, printer=None)   # builds the environment, the harness and its fault; checks the expert
     except ConfigError as e:
         raise ConfigError(f"invalid goal: run.agent: {str(e).splitlines()[0]}") from None
+    if cfg.sft.steps > goal.budget.steps:
+        raise ConfigError(f"invalid goal: budget.steps={goal.budget.steps} is below run.agent.sft.steps="
+                          f"{cfg.sft.steps}: the warm-up alone would pass the budget")
+    if cfg.harness_fault_step is not None and cfg.harness_fault_step >= goal.budget.steps:
+        raise ConfigError(f"invalid goal: run.agent.harness_fault_step={cfg.harness_fault_step} is not before "
+                          f"budget.steps={goal.budget.steps}: the run ends first")
     if goal.notify is not None:
         from swarm.goal import notify_argv
 
@@ -125,8 +131,9 @@ def job_config(goal: Any, out_dir: str | pathlib.Path) -> dict[str, Any]:
     data.update(name="train", out_dir=str(out_dir), checkpoint=ck)
     cfg = AgentTrainConfig.parse(data).model_dump(mode="json")
     over = cfg["sft"]["steps"] + cfg["grpo"]["steps"] - goal.budget.steps
-    if over > 0:   # the budget's steps end the run, as they end any other goal's (the warm-up runs whole)
+    if over > 0:   # the budget's steps end the run, as they end any other goal's (check_agent_goal: the warm-up fits)
         cfg["grpo"]["steps"] = max(0, cfg["grpo"]["steps"] - over)
+        cfg = AgentTrainConfig.parse(cfg).model_dump(mode="json")
     return cfg
 
 

@@ -69,6 +69,9 @@ def test_a_goal_with_an_agent_run_validates_as_the_agent_trainer_would():
     # a rule across fields: its own message, not the whole config with the controller's placeholders
     ({"run": {"agent": {**TINY, "harness_fault_step": 2}}},
      "invalid goal: run.agent: harness_fault_step=2 needs a harness_fault to apply"),
+    ({"budget": {"steps": 3}}, "invalid goal: budget.steps=3 is below run.agent.sft.steps=4"),
+    ({"budget": {"steps": 6}, "run": {"agent": {**TINY, "harness_fault": {"max_turns": 1}, "harness_fault_step": 6}}},
+     "invalid goal: run.agent.harness_fault_step=6 is not before budget.steps=6"),
 ])
 def test_a_bad_agent_goal_is_one_line_naming_the_field(change, line):
     with pytest.raises(ConfigError) as e:
@@ -298,11 +301,14 @@ def test_an_agent_runs_steps_left_end_with_its_stages_or_the_budget(tmp_path, mo
     g = Goal.parse({**goal_data(), "budget": {"steps": 6}})
     cut = job_config(g, tmp_path / "runs")                     # the budget's steps end the run
     assert (cut["sft"]["steps"], cut["grpo"]["steps"]) == (4, 2)
+    from swarm.controller import Controller
+
     (tmp_path / "b").mkdir()
-    ctrl = controller(tmp_path / "b", monkeypatch, dict(TINY))
+    monkeypatch.chdir(tmp_path / "b")
+    ctrl = Controller.create(tmp_path / "b" / "ws", Goal.parse({**goal_data(), "budget": {"steps": 6}, "memory": {
+        "library": str(tmp_path / "lib"), "backend": "memory", "seed_skills": False}}), jobs="process")
     try:
-        ctrl.base_cfg["job"]["grpo"]["steps"] = 2              # what job_config gives under that budget
-        assert ctrl.last_step() == 6
+        assert ctrl.base_cfg["job"]["grpo"]["steps"] == 2 and ctrl.last_step() == 6
     finally:
         ctrl.jobs.close()
         ctrl._conn.close()
