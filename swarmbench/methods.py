@@ -186,12 +186,13 @@ app(args=sys.argv[1:], prog_name="swarm")
 
 def drive_swarm(work: pathlib.Path, gpath: pathlib.Path, ws: pathlib.Path, summ: pathlib.Path,
                 match: Callable[[list[str]], bool], why_stop: Callable[[float, ProcessMeter], str | None],
-                grace_s: float = 60.0) -> tuple[ProcessMeter, str | None, int | None]:
+                grace_s: float = 60.0, on_poll: Callable[[float, ProcessMeter], None] | None = None,
+                ) -> tuple[ProcessMeter, str | None, int | None]:
     """`swarm run GOAL --jobs process` in `ws` (its output in work/controller.log), the CPU of its
     trainer processes (`match`) polled every SWARM_POLL_S; once `why_stop(now, meter)` names a reason,
     `swarm stop` (the workspace's stop file), a kill `grace_s` later, and any job left behind killed.
-    The meter (its timeline ends at the last poll), the reason (None: the run ended itself) and the
-    controller's exit code."""
+    `on_poll(now, meter)` is called at every poll, the grace included. The meter (its timeline ends
+    at the last poll), the reason (None: the run ended itself) and the controller's exit code."""
     with open(work / "controller.log", "wb") as logf:
         p = subprocess.Popen([sys.executable, "-c", SWARM_WRAPPER, "run", str(gpath), "--workspace", str(ws), "--jobs", "process",
                               "--summary", str(summ)], stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
@@ -201,6 +202,8 @@ def drive_swarm(work: pathlib.Path, gpath: pathlib.Path, ws: pathlib.Path, summ:
     while p.poll() is None:
         now = time.time()
         meter.poll(now)
+        if on_poll:
+            on_poll(now, meter)
         if stop_at is None:
             why = why_stop(now, meter)
             if why:
@@ -235,11 +238,13 @@ def run_swarm(goal: dict[str, Any], seed: int, target: float, budget: float, wal
     t0 = time.time()
 
     def why_stop(now: float, meter: ProcessMeter) -> str | None:
-        if progress:
-            progress({"cpu_s": meter.total, "wall_s": now - t0})
         return "budget" if meter.total > budget else "wall" if now - t0 > wall_cap else None
 
-    meter, capped, rc = drive_swarm(work, gpath, ws, summ, is_trainer, why_stop)
+    def on_poll(now: float, meter: ProcessMeter) -> None:
+        if progress:
+            progress({"cpu_s": meter.total, "wall_s": now - t0})
+
+    meter, capped, rc = drive_swarm(work, gpath, ws, summ, is_trainer, why_stop, on_poll=on_poll)
     s = json.loads(summ.read_text()) if summ.exists() else {}
     rows = read_jsonl(ws / ".swarm" / "runs" / "train" / "metrics.jsonl")   # the live job (Controller.run_dir)
     curve = curve_from(rows, meter.timeline)
