@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from test_agent_fakes import ScriptedPolicy
-from trainer.endpoint import EndpointServer, _deliver, _Episode, _Job, _resolve, read_log
+from trainer.endpoint import MAX_BODY_BYTES, EndpointServer, _deliver, _Episode, _Job, _resolve, read_log
 from trainer.envs import make_env
 
 
@@ -34,6 +34,12 @@ def test_other_paths_and_methods_get_openai_errors_behind_the_token(tmp_path, ha
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (method, path)
         r = httpx.post(srv.url + "/v1/chat/completions", content=b"[1, 2]", headers=auth)
         assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+        # a field of the wrong JSON type deep inside is the client's error, answered as one
+        bad = {"model": "p", "messages": [{"role": "assistant", "content": "", "tool_calls": ["s"]}]}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=bad, headers=auth)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+        r = httpx.post(srv.url + "/v1/chat/completions", content=b" " * (MAX_BODY_BYTES + 1), headers=auth)
+        assert r.status_code == 413 and "over" in r.json()["error"]["message"]
 
 
 def test_a_client_gone_before_its_body_is_in_leaves_nothing_arriving(tmp_path, harness):

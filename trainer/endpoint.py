@@ -80,6 +80,7 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode   # one encoder for ev
 EPISODE_HEADER = b"x-episode-id"
 ATTEMPT_HEADER = b"x-attempt"
 CHAT_PATH = "/v1/chat/completions"
+MAX_BODY_BYTES = 8 << 20   # a request body past this is refused (413): a policy's turn is a few KB
 
 
 class _Episode:
@@ -399,15 +400,18 @@ class EndpointServer:
         want = ("Bearer " + self.token).encode()
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
-            if scope["type"] == "http":
-                got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-                if not hmac.compare_digest(got, want):
-                    await _error(401, "a valid bearer token is required", kind="authentication_error",
-                                 code="invalid_api_key")(scope, receive, send)
-                    return
-                if scope["path"] == CHAT_PATH and scope["method"] == "POST":
-                    await self._chat(scope, receive, send)
-                    return
+            if scope["type"] != "http":   # no websockets (lifespan is off): nothing else is served
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                return
+            got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(got, want):
+                await _error(401, "a valid bearer token is required", kind="authentication_error",
+                             code="invalid_api_key")(scope, receive, send)
+                return
+            if scope["path"] == CHAT_PATH and scope["method"] == "POST":
+                await self._chat(scope, receive, send)
+                return
             await api(scope, receive, send)
 
         return app
@@ -428,12 +432,15 @@ class EndpointServer:
     async def _read_job(self, scope: Any, receive: Any) -> JSONResponse | asyncio.Future | None:
         """The request queued for the batcher (its future), an error response, or None when the
         client disconnected while sending it."""
-        chunks, more = [], True
+        chunks, more, size = [], True, 0
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return None
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > MAX_BODY_BYTES:
+                return _error(413, f"the request body is over {MAX_BODY_BYTES} bytes")
             more = message.get("more_body", False)
         try:
             body = json.loads(b"".join(chunks))
@@ -446,6 +453,8 @@ class EndpointServer:
             job = self._prepare(body, str(episode), _header(scope, ATTEMPT_HEADER))
         except ValueError as e:
             return _error(400, str(e))
+        except (TypeError, AttributeError, KeyError) as e:   # a field of the wrong JSON type somewhere inside
+            return _error(400, f"the request does not have the shape of a chat completion: {type(e).__name__}: {e}")
         if len(self._clients) > 4096:   # bounded; a forgotten connection only looks fresh again
             self._clients.clear()
         peer = scope.get("client")
