@@ -124,18 +124,20 @@ def run(sc: dict[str, Any], work: pathlib.Path, *, target: float, budget: float,
         if now - last[0] < 1.0:   # the live rows are read once a second
             return None
         last[0] = now
-        if hit(curve(read_jsonl(live), meter.timeline), target, budget, first, counts):
+        rows = read_jsonl(live)
+        if hit(curve(rows, meter.timeline), target, budget, first, counts):
             return "target"
-        return "budget" if meter.total > budget + _evals(live) else "wall" if now - t0 > wall_cap else None
+        return "budget" if meter.total > budget + _evals(rows) else "wall" if now - t0 > wall_cap else None
 
     meter, why, rc = drive_swarm(work, gpath, ws, summ, is_agent_trainer, why_stop, grace_s=STOP_GRACE_S)
-    points = curve(read_jsonl(live), meter.timeline)
+    rows = read_jsonl(live)
+    points = curve(rows, meter.timeline)
     h = hit(points, target, budget, first, counts)
     s = json.loads(summ.read_text()) if summ.exists() else {}
     ivs = s.get("interventions") or []
     edits = [{"kind": iv.get("kind"), "status": iv.get("status"), "changes": iv.get("changes"),
               "diagnosis": iv.get("diagnosis"), "gain": iv.get("gain"), "effect": iv.get("effect")} for iv in ivs]
-    used = max(meter.total - _evals(live), 0.0)
+    used = max(meter.total - _evals(rows), 0.0)
     log(f"  swarm: " + (f"target at {h['cpu_s']:.1f} CPU-s (step {h['step']})" if h else
                         f"no target in {used:.1f} CPU-s ({why or s.get('reason')})") +
         f"; {len(ivs)} proposals: {[(e['changes'], e['status']) for e in edits]}")
@@ -146,6 +148,6 @@ def run(sc: dict[str, Any], work: pathlib.Path, *, target: float, budget: float,
             "log_tail": None if s else (work / "controller.log").read_text(errors="replace")[-1500:]}
 
 
-def _evals(live: pathlib.Path) -> float:
-    """The live job's evaluation CPU so far (its eval rows' `eval_cpu_s`)."""
-    return sum(float(r.get("eval_cpu_s") or 0.0) for r in read_jsonl(live))
+def _evals(rows: list[dict[str, Any]]) -> float:
+    """The live job's evaluation CPU in `rows` (its eval rows' `eval_cpu_s`)."""
+    return sum(float(r.get("eval_cpu_s") or 0.0) for r in rows)
