@@ -112,6 +112,14 @@ class Thresholds:
     not_learning_rows: int = 100
     not_learning_rel: float = 0.1
     not_learning_heldout_max: float = 0.05
+    # small updates: an optimiser step moves the weights by a tiny share of their size. On the
+    # built-in model (benchmarks/results/detector_calibration.md) a healthy SFT run's steps move
+    # 0.3-1% of the weights' norm (lr 3e-3), and a run at 1/30 of that lr 0.03-0.07%, in proportion
+    # to the lr: below `small_updates_max` the lr is too low to learn in a run's budget
+    small_updates_rows: int = 40
+    small_updates_max: float = 1e-3
+    small_updates_aim: float = 7e-3    # the share a healthy run's first steps move: the raise aims there
+    small_updates_raise_max: float = 100.0   # the largest single raise the finding proposes
     # departure harm: the target measured since the live config left the controller's, worse than at
     # the checkpoint before it by more than this (about 1.4 binomial SEs of a rate on 200 examples)
     departure_harm: float = 0.05
@@ -122,7 +130,7 @@ class Thresholds:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"Thresholds.{f.name}={v!r}: must be a finite number >= 0")
         for name in ("min_rows", "recent", "trailing", "scan", "plateau_evals", "label_noise_rows",
-                     "label_noise_heldout_evals", "not_learning_rows"):
+                     "label_noise_heldout_evals", "not_learning_rows", "small_updates_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name}={getattr(self, name)!r}: must be >= 1")
         if not self.input_share_before < self.input_share <= 1.0:

@@ -115,6 +115,51 @@ def grad_norm_explosion(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
                            "threshold_z": th.grad_z, "threshold_ratio": th.grad_ratio, "threshold_abs": th.grad_abs})
 
 
+@detector("small_updates")
+def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The optimiser's steps barely move the weights and held-out does not rise: over the newest
+    `small_updates_rows` SFT or distill rows of the segment, the median update ratio (the trainer's
+    ‖Δθ‖/‖θ‖ per step), scaled to the recipe's lr where the schedule's lr in force is lower (a
+    warm-up, a decay: the ratio goes with the lr at this size), is below `small_updates_max`, and
+    the newest held-out eval is below the target and no better than the one before it. The learning
+    rate is far too low: a loss that falls slowly looks like learning, but the run will not get
+    anywhere in its budget. The evidence carries the ratio and the lr that would move the weights
+    by `small_updates_aim` (at most `small_updates_raise_max`× the lr). GRPO steps move the weights
+    less by design; they are not judged here."""
+    if algorithm(ev) not in ("sft", "distill"):
+        return None
+    rows = [r for r in current_rows(ev) if not r.get("skipped")]
+    peak = to_float((ev.recipe or {}).get("lr"))
+    scaled = []
+    for r in rows[-th.small_updates_rows :]:
+        u, lr = to_float(r.get("update_ratio")), to_float(r.get("lr"))
+        if is_finite(u) and is_finite(lr) and lr > 0:
+            scaled.append(u * max(1.0, (peak or lr) / lr))
+    if len(scaled) < th.small_updates_rows:
+        return None
+    ratio = median_of(scaled)
+    if ratio >= th.small_updates_max:
+        return None
+    # held-out measured in this segment (an eval before a change of harness says nothing of now)
+    start, seg = int(rows[0].get("step", 0)), rows[-1].get("segment")
+    held = [v for v in (to_float(r.get(known.target_metric)) for r in ev.evals
+                        if r.get("segment", seg) == seg and int(r.get("step", 0)) >= start) if is_finite(v)]
+    higher = known.target_op != "<="
+    if len(held) < 2 or (held[-1] > held[-2] + th.plateau_min_delta if higher else held[-1] < held[-2] - th.plateau_min_delta):
+        return None
+    if known.target_threshold is not None and (held[-1] >= known.target_threshold if higher else held[-1] <= known.target_threshold):
+        return None
+    lr = peak or to_float(rows[-1].get("lr"))
+    factor = min(th.small_updates_raise_max, th.small_updates_aim / max(ratio, 1e-12))
+    return make_diagnosis(ev, "small_updates",
+                          f"each step moves the weights by {ratio:.2g} of their size (median of {len(scaled)} steps) and "
+                          f"held-out is {held[-1]:.3g}: the learning rate is too low to learn",
+                          "warning",
+                          {"update_ratio_median": ratio, "lr": lr, "lr_suggested": float(f"{lr * factor:.3g}") if lr else None,
+                           "heldout": held[-2:], "rows": len(scaled), "threshold_ratio": th.small_updates_max,
+                           "aim_ratio": th.small_updates_aim})
+
+
 @detector("plateau")
 def plateau(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The target metric has not improved by `plateau_min_delta` over the last `plateau_evals`

@@ -81,10 +81,11 @@ class Diagnostics(Operator):
             "grad-norm explosions, KL blow-up, entropy collapse, near-greedy sampling, plateaus. A diverged run is "
             "rolled back to the last checkpoint before the problem, with the recipe's learning rate where the one "
             "in force left it, else a lower one; a KL blow-up gets a "
-            "stronger KL penalty; lost exploration gets the sampling temperature back to 1.0.")
+            "stronger KL penalty; lost exploration gets the sampling temperature back to 1.0; steps that barely "
+            "move the weights get a higher learning rate.")
     tools = frozenset({K.ROLLBACK, K.RECIPE_EDIT, K.HARNESS_EDIT})
     detectors = ("nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "entropy_collapse",
-                 "low_temperature", "plateau", "not_learning", "lr_drift", "recipe_drift")
+                 "low_temperature", "plateau", "not_learning", "small_updates", "lr_drift", "recipe_drift")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
@@ -121,6 +122,18 @@ class Diagnostics(Operator):
             out.append(departure_fix(self, found["recipe_drift"], "recipe", K.RECIPE_EDIT, ev, ctx,
                                      "whatever the unrequested change slowed or broke (batch size, weight decay, "
                                      "schedule) recovering"))
+        elif "small_updates" in found and _f(found["small_updates"].evidence.get("lr_suggested")):
+            # the weights barely move: the lr goes up to where a healthy run's steps move them, from
+            # the live weights (a tiny lr left them close to where they were: nothing to undo)
+            d = found["small_updates"]
+            lr, new_lr = _f(d.evidence.get("lr")), _f(d.evidence.get("lr_suggested"))
+            out.append(self.intervention(
+                K.RECIPE_EDIT, d, {"recipe.lr": new_lr}, risk=Risk.MEDIUM,
+                rationale=f"{d.summary}. At this size a step moves the weights in proportion to the learning rate, "
+                          f"so lr {lr:.3g} → {new_lr:.3g} brings a step to the share a healthy run's first steps move "
+                          "(the backtest compares that with carrying on).",
+                expected_effect="each step moving the weights several times more; the loss falling faster and "
+                                "held-out accuracy leaving its level within a few evals"))
         elif "not_learning" in found and not any(
                 iv.status in IN_EFFECT and iv.diagnosis.name == "not_learning" and "recipe.lr" in iv.changes
                 for iv in ctx.history):

@@ -54,6 +54,18 @@ ERROR_CHARS = 500   # of an exception's message kept in the 'error' event that r
 REFUSED = (ValueError, CheckpointError, KeyError, CommandError)
 
 
+def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
+    """‖θ_after − θ_before‖ / ‖θ_after‖ over every trained parameter: how far one optimiser step
+    moved the weights relative to their size. It tells a learning rate far too low (the weights
+    barely move) from one far too high, which a loss that does not fall cannot. `before` is
+    consumed (overwritten with the difference)."""
+    with torch.no_grad():
+        torch._foreach_sub_(before, after)
+        moved = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(before)))
+        size = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(after)))
+        return float(moved / size.clamp_min(1e-12))
+
+
 class StopRun(Exception):
     def __init__(self, status: str) -> None:
         super().__init__(status)
@@ -189,7 +201,10 @@ class Trainer:
                 raise StopRun("stopped_nonfinite")
         elif not idle:
             self.sync_optimizer()
+            with torch.no_grad():
+                before = torch._foreach_mul(self.params, 1.0)     # a copy: the update is measured, not inferred
             self.opt.step()
+            out["update_ratio"] = update_ratio(before, self.params)
         out["t_update"] = time.perf_counter() - t0
         return out
 
