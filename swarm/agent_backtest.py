@@ -9,9 +9,10 @@ checkpoint of the live run, on the same episodes?
 Per seed, two arms run `python -m trainer.agent_train` on a config of their own (`arm_config`): the
 live run's job config with `fork_from` the checkpoint the live trainer saved on the backtest's
 `checkpoint` command (the whole state: weights, optimiser, stage and step in it, harness, data
-cursor, sampling stream). The candidate sets the intervention's changes as `fork_overrides` (the
-dotted `harness.*` / recipe fields the inbox's set_fields takes, validated by the trainer as a
-command would be); the control has none. The seed is the environment's (`AgentTrainConfig.seed`
+cursor, sampling stream); a rollback's candidate forks the checkpoint it rolls back to instead
+(`candidate_from`), as `swarm.backtest`'s does. The candidate sets the intervention's changes as
+`fork_overrides` (the dotted `harness.*` / recipe fields the inbox's set_fields takes, validated by
+the trainer as a command would be); the control has none. The seed is the environment's (`AgentTrainConfig.seed`
 seeds the episodes; the weights and the sampling stream come from the checkpoint), so a second seed
 is a second draw of episodes for both arms. Each arm trains `horizon` steps of the stage it forked in
 (`grpo.steps` — or `sft.steps` in the warm-up — set to the fork's step in the stage + horizon), then
@@ -73,20 +74,25 @@ def score(run_dir: pathlib.Path) -> ArmScore:
 
 def run_agent_arms(iv: Intervention, *, live: Mapping[str, Any], checkpoint: str, stage: str, stage_step: int,
                    horizon: int, seeds: Sequence[int], eval_size: int, jobs: Any, workdir: pathlib.Path,
-                   config_dir: pathlib.Path, timeout_s: float = 1800.0, label: str = "") -> tuple[list[Pair], float]:
+                   config_dir: pathlib.Path, candidate_from: tuple[str, str, int] | None = None,
+                   timeout_s: float = 1800.0, label: str = "") -> tuple[list[Pair], float]:
     """A candidate and a control arm per seed (all at once, as jobs of `jobs`); their scores and the
-    arms' worker CPU seconds (their heartbeats'). An arm that does not end within `timeout_s` is
-    stopped and scores what it wrote."""
-    if not pathlib.Path(checkpoint).is_file():
-        raise FileNotFoundError(f"{checkpoint}: the live run's checkpoint is not there")
+    arms' worker CPU seconds (their heartbeats'). `candidate_from` (checkpoint, stage, stage_step):
+    where the candidate forks instead (a rollback's checkpoint). An arm that does not end within
+    `timeout_s` is stopped and scores what it wrote."""
+    forks = {"control": (checkpoint, stage, stage_step), "candidate": candidate_from or (checkpoint, stage, stage_step)}
+    for path, _, _ in forks.values():
+        if not pathlib.Path(path).is_file():
+            raise FileNotFoundError(f"{path}: the live run's checkpoint is not there")
     workdir.mkdir(parents=True, exist_ok=True)
     config_dir.mkdir(parents=True, exist_ok=True)
     handles: dict[tuple[str, int], tuple[Any, pathlib.Path]] = {}   # a job handle, or a leftover arm
     for seed in seeds:
         for arm, changes in (("candidate", iv.changes), ("control", {})):
             name = f"bt-{iv.id}{label}-{arm}-s{seed}"
-            cfg = arm_config(live, name=name, out_dir=str(workdir), checkpoint=checkpoint, stage=stage,
-                             stage_step=stage_step, horizon=horizon, seed=seed, eval_size=eval_size, changes=changes)
+            path, at_stage, at = forks[arm]
+            cfg = arm_config(live, name=name, out_dir=str(workdir), checkpoint=path, stage=at_stage, stage_step=at,
+                             horizon=horizon, seed=seed, eval_size=eval_size, changes=changes)
             handles[(arm, seed)] = (start_arm(jobs, name, cfg, workdir, config_dir), workdir / name)
     wait_arms(jobs, handles.values(), timeout_s)
     cpu = sum(float((read_heartbeat(d) or {}).get("cpu_s") or 0.0) for _, d in handles.values())

@@ -32,13 +32,22 @@ in `swarm.controller`, `swarm.goal` and the Controller's mixins (this one first)
   records in samples.jsonl, read under the live harness the evidence is given here); the
   operators are ClusterOps and the `AgentHarnessCritic`, which turns a finding into the HarnessCritic's
   typed edit of the live harness (read from RUN_DIR/harnesses/<version>.yaml);
-- proposals: kinds harness_edit, recipe_edit and restart with fields the trainer's set_fields takes
+- proposals: kinds harness_edit, recipe_edit, restart and rollback (to the checkpoint of the run the
+  proposal names as `rollback_to`, else the newest before the problem's window, as on any run;
+  neither operator above proposes one yet), with fields the trainer's set_fields takes
   (`trainer.agent_state.field_key`); anything else is dropped and logged once (`not_applicable`);
-  validity is `trainer.agent_state.changed` on the live config and harness, as the inbox checks;
-- backtests: arms forked from the live run's checkpoint (`swarm.agent_backtest`), compared by the
-  same `swarm.decisions` functions;
-- apply: set_fields with the dotted fields, acknowledged; undo: set_fields with the values it replaced.
-  A rollback of the weights is not proposed for an agent run yet;
+  validity is `trainer.agent_state.changed` on the live config and harness, as the inbox checks; a
+  rollback is never a no-op (it moves the weights);
+- backtests: arms forked from the live run's checkpoint (`swarm.agent_backtest`), a rollback's
+  candidate from the checkpoint it rolls back to while the control carries on from the live one
+  (both from it when the steps since gained nothing), compared by the same `swarm.decisions` functions;
+- apply: the shared `Controller.apply`: set_fields with the dotted fields, acknowledged; a rollback
+  is the trainer's `rollback` command then the set_fields with its changes and the later fixes'
+  fields still in force, at one safe point. What is in force after a rollback comes from its
+  acknowledgement (the checkpoint's recipe fields; its harness from the metrics rows);
+- undo (the judge's verdict says undo, or a human's `swarm rollback`): as a single-turn run's, back to
+  the checkpoint taken just before the change (the weights trained since are discarded) with the
+  later fixes set again; a change without one (a restart) gets the values it replaced set back;
 - the controller ends the run when the target is met (the agent trainer has no early stop).
 """
 from __future__ import annotations
@@ -49,14 +58,17 @@ from typing import Any, Mapping
 
 from agents.domain import Intervention, InterventionKind, Status
 from swarm.agent_backtest import agent_rule, fork_position, run_agent_arms
+from swarm.backtest import rollback_horizon
 from swarm.decisions import Look, Pair, Rule, retry_horizon, run_looks, schedule, try_share
 from swarm.jobs import Jobs, ProcessJobs, RayJobs
+from swarm.script_run import accepted
 from trainer.config import ConfigError, get_dotted
 from trainer.runlog import iter_jsonl, read_jsonl
 
 CHECKPOINT_EVERY = 10     # the live job's checkpoint interval when the goal sets none
 OWNED = ("name", "out_dir", "fork_from", "fork_overrides")
-KINDS = (InterventionKind.HARNESS_EDIT, InterventionKind.RECIPE_EDIT, InterventionKind.RESTART)
+KINDS = (InterventionKind.HARNESS_EDIT, InterventionKind.RECIPE_EDIT, InterventionKind.RESTART,
+         InterventionKind.ROLLBACK)
 HIDDEN = ("harness_fault", "harness_fault_step")   # the evaluation's faults: never shown to the operators
 
 
@@ -172,12 +184,22 @@ def agent_jobs(log_dir: pathlib.Path, jobs: str, address: str | None = None, sav
 
 def acknowledged_fields(run_dir: pathlib.Path, but_last: bool = False) -> dict[str, Any]:
     """The dotted fields the run acknowledged setting (set_fields / set_recipe applied), later ones
-    winning; `but_last`: without the newest such command (what it replaced)."""
+    winning; `but_last`: without the newest such command (what it replaced). An applied rollback
+    puts back the recipe fields its checkpoint held (its acknowledgement names them) and forgets the
+    harness fields set before it: the checkpoint's harness is whole under harnesses/, which fields
+    commands set on it is not recorded."""
     out: dict[str, Any] = {}
     rows = [r for r in iter_jsonl(run_dir / "command_log.jsonl")
-            if r.get("cmd") in ("set_fields", "set_recipe") and r.get("status") == "applied"]
-    for r in rows[:-1] if but_last else rows:
-        for k, v in ((r.get("result") or {}).get("set") or {}).items():
+            if r.get("cmd") in ("set_fields", "set_recipe", "rollback") and r.get("status") == "applied"]
+    last = max((i for i, r in enumerate(rows) if r["cmd"] != "rollback"), default=None)
+    for i, r in enumerate(rows):
+        if but_last and i == last:
+            continue
+        result = r.get("result") or {}
+        if r["cmd"] == "rollback":
+            out = {f"recipe.{k}": v for k, v in (result.get("recipe") or {}).items()}
+            continue
+        for k, v in (result.get("set") or {}).items():
             out[k if k.startswith("harness.") or k.startswith("recipe.") else f"recipe.{k}"] = v
     return out
 
@@ -311,6 +333,8 @@ class AgentSteering:
     def noop_edit(self, iv: Intervention, job_status: str) -> str | None:
         if not self.agent:
             return super().noop_edit(iv, job_status)
+        if iv.kind == InterventionKind.ROLLBACK:   # it moves the weights: never a no-op
+            return None
         now = self.values_in_force(list(iv.changes))
         if iv.changes and all(now.get(k) == v for k, v in iv.changes.items()):
             return "the run already has " + ", ".join(f"{k}={v!r}" for k, v in iv.changes.items())
@@ -330,33 +354,44 @@ class AgentSteering:
                 self.store.log("not_applicable", operator=iv.operator, iv_kind=iv.kind.value,
                                diagnosis=iv.diagnosis.name, reason=why, step=s.step)
             return None
-        out = super().prepare(iv, s)
-        if out is not None and out.kind == InterventionKind.ROLLBACK:   # Deciding.from_the_start: no rollback here
-            out = self.assess(iv)
-        return out
+        return super().prepare(iv, s)
 
     # ---- backtest, undo -------------------------------------------------------------------------
     def _backtest_arms(self, iv: Intervention, ack: dict[str, Any]) -> None:
         """`Deciding._backtest_arms` for an agent run: the same looks, rule settings and recorded
         result, with the arms forked from the checkpoint the trainer saved on the backtest's
-        `checkpoint` command (`swarm.agent_backtest.run_agent_arms`)."""
+        `checkpoint` command (`swarm.agent_backtest.run_agent_arms`). A rollback's candidate forks
+        the checkpoint it rolls back to while the control carries on from the live one; both start
+        there, over `rollback_horizon`, when the steps since gained nothing measurable (as in
+        `Deciding._backtest_arms`)."""
         if not self.agent:
             return super()._backtest_arms(iv, ack)
         bt = self.goal.swarm.backtest
-        name = str((ack.get("result") or {}).get("checkpoint") or "")
-        ckpt = self.run_dir / "checkpoints" / f"{name}.pt"
+        ckpts = self.run_dir / "checkpoints"
+        live = str((ack.get("result") or {}).get("checkpoint") or "")
+        target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
+        cand = next((c for c in self.checkpoints() if c["name"] == target), None)
+        common = cand is not None and self.nothing_staked(int(cand["step"]))
+        control = str(target) if common else live
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
         before = self.tries_without_gain(iv)
         retry = retry_horizon(bt.horizon_steps, before)
+        base = rollback_horizon(retry, int(cand["step"]), max(int(ack["step"]), int(cand["step"]))) if common else retry
         notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {retry} steps"] if retry > bt.horizon_steps else []
+        if common:
+            notes.append(f"both arms from checkpoint {target} (step {cand['step']}): the steps since gained "
+                         "nothing measurable")
         cpu = 0.0
 
         def measure(look: Look, seeds: list[int]) -> list[Pair]:
             nonlocal cpu
-            stage, at = fork_position(self.run_dir, name)
-            ps, c = self.agent_arms(iv, live=self.base_cfg["job"], checkpoint=str(ckpt), stage=stage, stage_step=at,
-                                    horizon=retry * look.horizon_factor, seeds=seeds, eval_size=bt.eval_size,
-                                    jobs=self.jobs, workdir=self.sdir / "backtests", config_dir=self.private / "backtests",
+            stage, at = fork_position(self.run_dir, control)
+            rolled = ((str(ckpts / f"{target}.pt"), *fork_position(self.run_dir, str(target)))
+                      if cand and not common else None)
+            ps, c = self.agent_arms(iv, live=self.base_cfg["job"], checkpoint=str(ckpts / f"{control}.pt"), stage=stage,
+                                    stage_step=at, candidate_from=rolled, horizon=base * look.horizon_factor,
+                                    seeds=seeds, eval_size=bt.eval_size, jobs=self.jobs,
+                                    workdir=self.sdir / "backtests", config_dir=self.private / "backtests",
                                     label=f"-x{look.horizon_factor}" if look.horizon_factor > 1 else "")
             cpu += c
             return ps
@@ -369,21 +404,48 @@ class AgentSteering:
         except (OSError, ValueError, ConfigError) as e:   # no arm could start: a refusal, recorded
             self.store.transition(iv.id, Status.REJECTED, f"the backtest's arms could not start: {e}")
             return
-        where = f"arms forked from the agent run's checkpoint {name} at step {ack['step']}; held-out size {bt.eval_size}"
-        self.record_backtest(iv.id, d, pairs, looks, look, extended, retry, notes, cpu, after=(where,))
+        where = (f"the candidate forked from checkpoint {target}, the control from the live run's {live} at step "
+                 f"{ack['step']}" if cand and not common else f"arms forked from the agent run's checkpoint {control}")
+        self.record_backtest(iv.id, d, pairs, looks, look, extended, base, notes, cpu,
+                             after=(f"{where}; held-out size {bt.eval_size}",))
         for arm in (self.sdir / "backtests").glob(f"bt-{iv.id}*"):   # scored and counted: the arms' weights go
             shutil.rmtree(arm / "checkpoints", ignore_errors=True)
 
     def roll_back(self, iv: Intervention, note: str) -> None:
+        """Undo an applied change on an agent run as on a single-turn one (`Deciding.roll_back`): the
+        run goes back to the checkpoint taken just before the change (`pre-<id>`: its weights,
+        optimiser, position, recipe and harness; the weights trained since are discarded) and the
+        fields of the changes applied after it that stay in force are set again, at one safe point.
+        A change with no such checkpoint (a restart) or whose rollback the trainer did not apply has
+        the values it replaced set back instead, keeping the weights; none known: left in force."""
         if not self.agent:
             return super().roll_back(iv, note)
         iv = self.store.get(iv.id)
-        before = {k: v for k, v in (iv.outcome.before or {}).items() if k in iv.changes and v is not None}
-        ack = (self.command("set_fields", f"{iv.id}-undo", fields=before) if len(before) == len(iv.changes) else None)
-        iv.outcome.undone = bool(ack) and ack.get("status") == "applied"
+        ack = None
+        if iv.checkpoint_before:
+            with self.one_safe_point(f"{iv.id}-undo"):
+                ack = self.command("rollback", f"{iv.id}-undo", name=iv.checkpoint_before)
+                carried = self.carry_over(iv.id, iv.checkpoint_before) if ack is None or accepted(ack) else {}
+                if carried:   # fixes applied after this one stay in force
+                    self.command("set_fields", f"{iv.id}-undo-carry", fields=carried)
+        if iv.checkpoint_before and (ack is None or accepted(ack)):
+            undone = True
+            done = (f"back to checkpoint {iv.checkpoint_before} (step {ack['result']['step']}): the weights, "
+                    "recipe and harness from before it; the weights trained since are discarded" if ack else
+                    f"the rollback to {iv.checkpoint_before} waits in the inbox of a job that did not answer: it is "
+                    "applied when the job reads it")
+        else:
+            refused = (f"the rollback to {iv.checkpoint_before} was refused ({str(ack.get('reason'))[:120]}); "
+                       if ack else "")
+            before = {k: v for k, v in (iv.outcome.before or {}).items() if k in iv.changes and v is not None}
+            ack = (self.command("set_fields", f"{iv.id}-undo-set", fields=before)
+                   if iv.changes and len(before) == len(iv.changes) else None)
+            undone = accepted(ack)
+            why = (ack or {}).get("reason") or "no value before it is known"
+            done = refused + ("the values it replaced are set again; the weights trained since are kept" if undone else
+                              f"its values could not be set back ({why}); left in force")
+        iv.outcome.undone = undone
         self.store.put(iv)
         if self.ws.pr_state(iv.id) == "merged":
             self.ws.rollback(iv.id)
-        done = ("the values it replaced are set again; the weights trained since are kept" if iv.outcome.undone else
-                f"its values could not be set back ({(ack or {}).get('reason') or 'no value before it is known'}); left in force")
         self.store.transition(iv.id, Status.ROLLED_BACK, f"{note}; {done}")

@@ -205,7 +205,7 @@ def test_an_agent_goal_runs_its_jobs_as_local_processes_unless_told_otherwise(tm
             ctrl.knowledge.close()
 
 
-def test_a_harness_edit_is_applied_through_the_inbox_and_undone_by_setting_the_old_value(tmp_path, monkeypatch):
+def test_a_harness_edit_is_applied_through_the_inbox_and_undone_by_rolling_back_to_before_it(tmp_path, monkeypatch):
     from swarm.graph import SwarmState
 
     ctrl = controller(tmp_path, monkeypatch, {**TINY, "grpo": {"steps": 100000, "prompts": 2, "group_size": 2}})
@@ -250,8 +250,9 @@ def test_a_harness_edit_is_applied_through_the_inbox_and_undone_by_setting_the_o
         got = ctrl.store.get(iv.id)
         assert got.status == Status.ROLLED_BACK and got.outcome.undone, got.history
         acks = {r["id"]: r for r in read_jsonl(ctrl.run_dir / "command_log.jsonl")}
-        assert acks[f"{iv.id}-undo"]["status"] == "applied" and acks[f"{iv.id}-undo"]["result"]["set"] == \
-            {"harness.max_turns": 4}
+        undo = acks[f"{iv.id}-undo"]   # back to the checkpoint taken before the edit (tests/test_agent_rollback.py)
+        assert undo["cmd"] == "rollback" and undo["status"] == "applied" and undo["result"]["rolled_back_to"] == \
+            f"pre-{iv.id}" and undo["result"]["step"] == acks[f"{iv.id}-pre"]["step"]
         wait(lambda: ctrl.values_in_force(["harness.max_turns"]) == {"harness.max_turns": 4} or
              bool(ctrl.__setattr__("tick", type(ctrl.tick)())))
     finally:

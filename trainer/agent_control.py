@@ -21,8 +21,12 @@ followed by a checkpoint before its acknowledgement, so an acknowledged change s
 
 `RECIPE_FIELDS` (trainer/agent_state.py) are the fields the trainer reads at every step;
 `grpo.temperature` is the harness's `sampling.temperature`, so setting it changes the harness
-version. `rollback` loads the named checkpoint (position included) and the stages go on from there
-(`Rewound`).
+version. `rollback` loads the named checkpoint whole (weights, optimiser, KL reference, position,
+data cursor, sampling stream, and the harness and `RECIPE_FIELDS` in force when it was saved, commands'
+settings included) and the stages go on from there (`Rewound`); its acknowledgement names the
+position, the recipe fields and the harness version it restored, so the controller knows what is in
+force without opening the checkpoint. Commands after it in the same poll (the controller pauses the
+run around a rollback and the fields it comes with) apply to the restored state before any step.
 """
 from __future__ import annotations
 
@@ -144,8 +148,11 @@ class AgentControl:
                 raise ValueError("rollback needs 'name' (a checkpoint name)")
             agent_state.restore(tr, tr.ckpt.load(cmd.name))
             tr.segment += 1
-            tr.log.event("rollback", tr.step, name=cmd.name, stage=tr.stage, stage_step=tr.stage_step)
-            return {"rolled_back_to": cmd.name, "step": tr.step, "stage": tr.stage, **self.durable()}
+            tr.log.event("rollback", tr.step, name=cmd.name, stage=tr.stage, stage_step=tr.stage_step,
+                         harness_version=tr.harness.version)
+            return {"rolled_back_to": cmd.name, "step": tr.step, "stage": tr.stage, "stage_step": tr.stage_step,
+                    "recipe": agent_state.recipe_values(tr.cfg), "harness_version": tr.harness.version,
+                    **self.durable()}
         if cmd.cmd in ("pause", "resume"):
             self.paused = cmd.cmd == "pause"
             return {"paused": self.paused}
