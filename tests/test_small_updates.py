@@ -1,0 +1,118 @@
+"""A learning rate too low to learn, read from the run: the trainer's update ratio (how far a step
+moves the weights relative to their size), the `small_updates` finding it feeds, and the fix that
+raises the lr instead of lowering it. Real short runs of the built-in model show the ratio goes with
+the lr and separates a run at 1/100 of the lr from a healthy one; hand-built windows pin down when the
+finding fires and when it stays quiet."""
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import pathlib
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from agents.detection import DETECTORS, THRESHOLDS  # noqa: E402
+from agents.domain import InterventionKind as K  # noqa: E402
+from agents.explorer import Explorer  # noqa: E402
+from agents.operators import Diagnostics  # noqa: E402
+from test_detectors import KNOWN, make_ev, sft_rows  # noqa: E402
+from test_operators import ctx  # noqa: E402
+from trainer.config import RunConfig  # noqa: E402
+from trainer.loop import Trainer, update_ratio  # noqa: E402
+
+detect = DETECTORS["small_updates"]
+
+
+def test_update_ratio_is_the_step_norm_over_the_weight_norm():
+    before = [torch.tensor([3.0, 0.0]), torch.tensor([[0.0, 4.0]])]
+    after = [torch.tensor([6.0, 0.0]), torch.tensor([[0.0, 8.0]])]
+    assert update_ratio(before, after) == pytest.approx(5.0 / 10.0)
+    assert update_ratio([t.clone() for t in after], after) == 0.0
+
+
+def _ratios(tmp_path, lr: float, name: str) -> list[float]:
+    cfg = RunConfig.model_validate({
+        "name": name, "out_dir": str(tmp_path), "seed": 0, "task": {"name": "sort"}, "threads": 1,
+        "model": {"kind": "builtin", "d_model": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": 16},
+        "harness": {"template": "{question}=", "answer": {"stop": "\n"}, "sampling": {"max_new_tokens": 4},
+                    "curriculum": {"start": 4}},
+        "recipe": {"algorithm": "sft", "lr": lr, "schedule": "constant", "batch_size": 32, "steps": 30,
+                   "eval_interval": 0},
+        "checkpoint": {"interval": 0}, "samples_per_step": 0})
+    rows: list[dict] = []
+    Trainer(cfg, on_step=rows.append).run()
+    return [r["update_ratio"] for r in rows if "update_ratio" in r]
+
+
+def test_a_real_run_at_a_hundredth_of_the_lr_moves_its_weights_below_the_floor(tmp_path):
+    healthy, low = _ratios(tmp_path, 3e-3, "ok"), _ratios(tmp_path, 3e-5, "low")
+    assert len(healthy) == len(low) == 30
+    h, lo = statistics.median(healthy[10:]), statistics.median(low[10:])
+    assert lo < THRESHOLDS.small_updates_max < h, (lo, h)
+    assert 30 < h / lo < 300, (h, lo)          # at this size a step moves the weights about in proportion to the lr
+
+
+def low_rows(n: int = 120, ratio: float = 1e-4, lr: float = 3e-5, held: float = 0.0) -> list[dict]:
+    rows = sft_rows(n=n)
+    for r in rows:
+        r.update(lr=lr, update_ratio=ratio, loss=2.0 - 0.002 * r["step"], pass_rate=0.0)
+        if "heldout_acc" in r:
+            r["heldout_acc"] = held
+    return rows
+
+
+def test_fires_on_steps_that_barely_move_the_weights_and_names_the_lr_that_would():
+    d = detect(make_ev(low_rows(), recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN)
+    assert d is not None and d.severity == "warning"
+    factor = min(THRESHOLDS.small_updates_raise_max, THRESHOLDS.small_updates_aim / 1e-4)
+    assert d.evidence["lr_suggested"] == pytest.approx(3e-5 * factor, rel=1e-2)
+    assert d.evidence["update_ratio_median"] == pytest.approx(1e-4)
+    # at a thousandth of a healthy step the raise is capped
+    d = detect(make_ev(low_rows(ratio=1e-6), recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN)
+    assert d.evidence["lr_suggested"] == pytest.approx(3e-5 * THRESHOLDS.small_updates_raise_max)
+
+
+def test_quiet_where_the_weights_move_or_held_out_rises_or_the_target_is_met():
+    ok = low_rows(ratio=4e-3)
+    assert detect(make_ev(ok), THRESHOLDS, KNOWN) is None
+    rising = low_rows()
+    evals = [r for r in rising if "heldout_acc" in r]
+    for i, r in enumerate(evals):
+        r["heldout_acc"] = 0.02 * i                  # slow, but learning: not this finding's to change
+    assert detect(make_ev(rising), THRESHOLDS, KNOWN) is None
+    assert detect(make_ev(low_rows(held=0.96)), THRESHOLDS, KNOWN) is None      # at target (0.95)
+    assert detect(make_ev(low_rows(n=THRESHOLDS.small_updates_rows - 1)), THRESHOLDS, KNOWN) is None
+    rows = low_rows()
+    for r in rows:
+        r.pop("update_ratio")                        # a trainer that does not log it: nothing is claimed
+    assert detect(make_ev(rows), THRESHOLDS, KNOWN) is None
+    grpo = low_rows()
+    for r in grpo:
+        r["algorithm"] = "grpo"                      # RL steps move the weights less by design
+    assert detect(make_ev(grpo), THRESHOLDS, KNOWN) is None
+
+
+def test_a_warm_up_lr_is_scaled_to_the_recipes_before_it_is_judged():
+    """During a warm-up the lr in force is a share of the recipe's: steps of a healthy lr that is
+    still ramping up move the weights less in proportion, and are not a finding."""
+    rows = low_rows(ratio=5e-4, lr=3e-4)             # a tenth of the recipe's 3e-3
+    assert detect(make_ev(rows, recipe={"algorithm": "sft", "lr": 3e-3}), THRESHOLDS, KNOWN) is None
+    assert detect(make_ev(rows, recipe={"algorithm": "sft", "lr": 3e-4}), THRESHOLDS, KNOWN) is not None
+
+
+def test_the_fix_raises_the_lr_and_not_learning_no_longer_lowers_it():
+    rows = low_rows(ratio=1e-4, lr=3e-5)
+    for r in rows:
+        r["loss"] = 2.0                              # flat: not_learning fires too
+    c = ctx(recipe={"algorithm": "sft", "lr": 3e-5, "kl_coef": 0.0, "group_size": 8})
+    ev = make_ev(rows, recipe=copy.deepcopy(c.recipe))
+    found = {d.name for d in Diagnostics().diagnose(ev, c)}
+    assert {"small_updates", "not_learning"} <= found, found
+    (iv,) = Diagnostics().builtin(ev, c)
+    assert iv.kind == K.RECIPE_EDIT and iv.diagnosis.name == "small_updates"
+    assert iv.changes["recipe.lr"] > 3e-5 * 10, iv.changes
+    assert Explorer().builtin(ev, c) == []           # a cause is named: no blind search
