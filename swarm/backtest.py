@@ -84,7 +84,7 @@ def _mean_se(xs: list[float]) -> tuple[float | None, float | None]:
 
 def arm_score(run_dir: pathlib.Path, metric: str) -> ArmScore:
     """One arm's measurements: the target metric at the end, the held-out format-failure rate
-    (truncated + malformed) there, and the means (with standard errors) of the training loss and
+    (truncated + malformed) and answer loss there, and the means (with standard errors) of the training loss and
     pass rate over the second half of its steps. A non-finite loss there leaves the loss unmeasured."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
     final = [r for r in rows if metric in r and isinstance(r[metric], (int, float))]
@@ -95,8 +95,10 @@ def arm_score(run_dir: pathlib.Path, metric: str) -> ArmScore:
     loss, loss_se = _mean_se(losses)
     pr, pr_se = _mean_se(passes)
     ff = (float(final[-1].get("heldout_truncated", 0.0)) + float(final[-1].get("heldout_malformed", 0.0))) if final else None
+    hl = [final[-1].get(k) if final else None for k in ("heldout_loss", "heldout_loss_se")]
+    hl = [float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None for x in hl]
     return ArmScore(target=float(final[-1][metric]) if final else None, format_fail=ff, loss=loss, loss_se=loss_se,
-                    pass_rate=pr, pass_se=pr_se)
+                    pass_rate=pr, pass_se=pr_se, heldout_loss=hl[0], heldout_loss_se=hl[1])
 
 
 def sft_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:

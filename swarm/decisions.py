@@ -29,9 +29,12 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   with delta the minimum effect (one held-out example, 1/n, on a rate; 1% of the control's loss;
   0.01 of pass rate).
   Signals in order: (1) the target metric, (2) the held-out format-failure rate (truncated +
-  malformed), (3) the mean SFT training loss over the horizon's second half (only when both arms
-  train SFT on the same targets), (4) the mean training pass rate over the second half (only when
-  both arms train on the same data). The first conclusive signal decides: P(harm) >= 1 - alpha →
+  malformed), (3) the held-out answer loss at the arm's end: the mean negative log-likelihood of
+  the task's own answers to the held-out questions, with its standard error over the questions
+  (delta 1% of the control's; only when both arms train SFT on the same targets, so the answers
+  are rendered alike), (4) the mean SFT training loss over the horizon's second half (the same
+  condition), (5) the mean training pass rate over the second half (only when both arms train on
+  the same data). The first conclusive signal decides: P(harm) >= 1 - alpha →
   Rejected; P(gain) >= 1 - share x alpha/m → Validated (share: 1/2 at a fix's first try, `try_share`), with m = (signals available) x (looks planned: a
   second, longer look when the finding is critical). A secondary signal is consulted only while
   the target is not lower by more than delta on average (lower, not credibly worse: Extend when a
@@ -367,8 +370,8 @@ _OBJECTIVE = (*OBJECTIVE_FIELDS, "recipe.algorithm")
 # the reward under which training scores an answer as the target metric does: the task's own
 # verifier, exact credit, no shaping (the reward's defaults; harness/changes.py)
 # signals of `decide` that measure held-out behaviour (the others are training statistics)
-TARGET_SIGNAL, FORMAT_SIGNAL = "target", "held-out format failures"
-HELD_OUT_SIGNALS = (TARGET_SIGNAL, FORMAT_SIGNAL)
+TARGET_SIGNAL, FORMAT_SIGNAL, HELDOUT_LOSS_SIGNAL = "target", "held-out format failures", "held-out answer loss"
+HELD_OUT_SIGNALS = (TARGET_SIGNAL, FORMAT_SIGNAL, HELDOUT_LOSS_SIGNAL)
 
 
 class RiskCall(NamedTuple):
@@ -514,6 +517,8 @@ class ArmScore:
     """One arm's measurements at the end of its horizon (None: not measured)."""
     target: float | None
     format_fail: float | None = None      # held-out truncated + malformed share
+    heldout_loss: float | None = None     # mean NLL of the task's answers to the held-out questions (SFT)
+    heldout_loss_se: float | None = None
     loss: float | None = None             # mean SFT loss over the second half
     loss_se: float | None = None          # its standard error (step-to-step spread / sqrt(rows))
     pass_rate: float | None = None        # mean training pass rate over the second half
@@ -641,6 +646,15 @@ def signals(pairs: list[Pair], rule: Rule) -> list[Signal]:
         if s is not None:
             out.append(s)
     if rule.losses_compare:
+        hl = [p for p in ok if None not in (p.candidate.heldout_loss, p.control.heldout_loss,
+                                            p.candidate.heldout_loss_se, p.control.heldout_loss_se)]
+        if hl and len(hl) == len(ok):
+            ref = sum(p.control.heldout_loss for p in hl) / len(hl)
+            s = combine([p.control.heldout_loss - p.candidate.heldout_loss for p in hl],
+                        [p.candidate.heldout_loss_se ** 2 + p.control.heldout_loss_se ** 2 for p in hl], 0.01 * abs(ref),
+                        HELDOUT_LOSS_SIGNAL, SEED_SPREAD * abs(ref))
+            if s is not None:
+                out.append(s)
         lp = [p for p in ok if None not in (p.candidate.loss, p.control.loss, p.candidate.loss_se, p.control.loss_se)]
         if lp and len(lp) == len(ok):
             ref = sum(p.control.loss for p in lp) / len(lp)

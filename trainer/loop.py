@@ -31,7 +31,7 @@ from harness.spec import HarnessSpec
 from trainer.algorithms.core import ADVANTAGES, LOSSES
 from trainer.algorithms.distill import distill_step
 from trainer.algorithms.grpo import grpo_step
-from trainer.algorithms.sft import sft_step
+from trainer.algorithms.sft import heldout_loss, sft_step
 from trainer.checkpoint import CheckpointError, CheckpointManager, ResumeChoice
 from trainer.config import ConfigError, RunConfig, set_dotted
 from trainer.control import Command, CommandInbox
@@ -265,7 +265,10 @@ class Trainer:
         for i in range(0, len(exs), 256):
             rolls += rollout(self.policy, self.task, self.harness, exs[i : i + 256], 1, None,
                              greedy=True, for_training=False)
-        return heldout_row(summarize(rolls))
+        # the answers' likelihood only where the run learns them as SFT targets (a GRPO run's
+        # answer is any that passes, not the task's reference one)
+        loss = heldout_loss(self, exs) if self.algorithm_now() in ("sft", "distill") else {}
+        return {**heldout_row(summarize(rolls)), **loss}
 
     # ---- state ------------------------------------------------------------------------------
     def rng_state(self) -> dict[str, Any]:
