@@ -121,7 +121,8 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     `small_updates_rows` SFT or distill rows of the segment, the median update ratio (the trainer's
     ‖Δθ‖/‖θ‖ per step), scaled to the recipe's lr where the schedule's lr in force is lower (a
     warm-up, a decay: the ratio goes with the lr at this size), is below `small_updates_max`, and
-    the newest held-out eval is below the target and no better than the one before it. The learning
+    the newest held-out eval of the segment is below the target and no better than the one before
+    it (if there is one). The learning
     rate is far too low: a loss that falls slowly looks like learning, but the run will not get
     anywhere in its budget. The evidence carries the ratio and the lr that would move the weights
     by `small_updates_aim` (at most `small_updates_raise_max`× the lr). GRPO steps move the weights
@@ -145,7 +146,8 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     held = [v for v in (to_float(r.get(known.target_metric)) for r in ev.evals
                         if r.get("segment", seg) == seg and int(r.get("step", 0)) >= start) if is_finite(v)]
     higher = known.target_op != "<="
-    if len(held) < 2 or (held[-1] > held[-2] + th.plateau_min_delta if higher else held[-1] < held[-2] - th.plateau_min_delta):
+    if not held or (len(held) > 1 and (held[-1] > held[-2] + th.plateau_min_delta if higher
+                                       else held[-1] < held[-2] - th.plateau_min_delta)):
         return None
     if known.target_threshold is not None and (held[-1] >= known.target_threshold if higher else held[-1] <= known.target_threshold):
         return None

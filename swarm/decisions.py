@@ -28,11 +28,11 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   the mean effect is Normal(mean, se^2) and P(gain) = P(effect > delta), P(harm) = P(effect < -delta)
   with delta the minimum effect (one held-out example, 1/n, on a rate; 1% of the control's loss;
   0.01 of pass rate).
-  Signals in order: (1) the target metric, (2) the held-out format-failure rate (truncated +
-  malformed), (3) the held-out answer loss at the arm's end: the mean negative log-likelihood of
-  the task's own answers to the held-out questions, with its standard error over the questions
-  (delta 1% of the control's; only when both arms train SFT on the same targets, so the answers
-  are rendered alike), (4) the mean SFT training loss over the horizon's second half (the same
+  Signals in order: (1) the target metric, (2) the held-out answer loss at the arm's end: the mean
+  negative log-likelihood of the task's own answers to the held-out questions, with its standard
+  error over the questions (delta 1% of the control's; only when both arms train SFT on the same
+  targets, so the answers are rendered alike), (3) the held-out format-failure rate (truncated +
+  malformed), (4) the mean SFT training loss over the horizon's second half (the same
   condition), (5) the mean training pass rate over the second half (only when both arms train on
   the same data). The first conclusive signal decides: P(harm) >= 1 - alpha →
   Rejected; P(gain) >= 1 - share x alpha/m → Validated (share: 1/2 at a fix's first try, `try_share`), with m = (signals available) x (looks planned: a
@@ -638,6 +638,17 @@ def signals(pairs: list[Pair], rule: Rule) -> list[Signal]:
     t = combine([d for d, _ in tgt], [v for _, v in tgt], 1.0 / n if rule.target_is_rate else 0.0, TARGET_SIGNAL, SEED_SPREAD)
     if t is not None:
         out.append(t)
+    # the answers' likelihood before the format-failure rate: it reads the whole answer, its stop
+    # included, where a format count moves by whole examples (noise, early in learning)
+    hl = [p for p in ok if None not in (p.candidate.heldout_loss, p.control.heldout_loss,
+                                        p.candidate.heldout_loss_se, p.control.heldout_loss_se)]
+    if rule.losses_compare and hl and len(hl) == len(ok):
+        ref = sum(p.control.heldout_loss for p in hl) / len(hl)
+        s = combine([p.control.heldout_loss - p.candidate.heldout_loss for p in hl],
+                    [p.candidate.heldout_loss_se ** 2 + p.control.heldout_loss_se ** 2 for p in hl], 0.01 * abs(ref),
+                    HELDOUT_LOSS_SIGNAL, SEED_SPREAD * abs(ref))
+        if s is not None:
+            out.append(s)
     ff = [p for p in ok if p.candidate.format_fail is not None and p.control.format_fail is not None]
     if ff:
         s = combine([p.control.format_fail - p.candidate.format_fail for p in ff],
@@ -646,15 +657,6 @@ def signals(pairs: list[Pair], rule: Rule) -> list[Signal]:
         if s is not None:
             out.append(s)
     if rule.losses_compare:
-        hl = [p for p in ok if None not in (p.candidate.heldout_loss, p.control.heldout_loss,
-                                            p.candidate.heldout_loss_se, p.control.heldout_loss_se)]
-        if hl and len(hl) == len(ok):
-            ref = sum(p.control.heldout_loss for p in hl) / len(hl)
-            s = combine([p.control.heldout_loss - p.candidate.heldout_loss for p in hl],
-                        [p.candidate.heldout_loss_se ** 2 + p.control.heldout_loss_se ** 2 for p in hl], 0.01 * abs(ref),
-                        HELDOUT_LOSS_SIGNAL, SEED_SPREAD * abs(ref))
-            if s is not None:
-                out.append(s)
         lp = [p for p in ok if None not in (p.candidate.loss, p.control.loss, p.candidate.loss_se, p.control.loss_se)]
         if lp and len(lp) == len(ok):
             ref = sum(p.control.loss for p in lp) / len(lp)

@@ -20,7 +20,7 @@ from agents.domain import InterventionKind as K  # noqa: E402
 from agents.explorer import Explorer  # noqa: E402
 from agents.operators import Diagnostics  # noqa: E402
 from test_detectors import KNOWN, make_ev, sft_rows  # noqa: E402
-from test_operators import ctx  # noqa: E402
+from test_operators import ctx, iv_  # noqa: E402
 from trainer.config import RunConfig  # noqa: E402
 from trainer.loop import Trainer, update_ratio  # noqa: E402
 
@@ -71,6 +71,11 @@ def test_fires_on_steps_that_barely_move_the_weights_and_names_the_lr_that_would
     factor = min(THRESHOLDS.small_updates_raise_max, THRESHOLDS.small_updates_aim / 1e-4)
     assert d.evidence["lr_suggested"] == pytest.approx(3e-5 * factor, rel=1e-2)
     assert d.evidence["update_ratio_median"] == pytest.approx(1e-4)
+    # one eval in the segment is enough to know the target is not met
+    one = [r for r in low_rows() if "heldout_acc" not in r or r["step"] == 100]
+    assert detect(make_ev(one, recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is not None
+    none = [r for r in low_rows() if "heldout_acc" not in r]
+    assert detect(make_ev(none, recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is None
     # at a thousandth of a healthy step the raise is capped
     d = detect(make_ev(low_rows(ratio=1e-6), recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN)
     assert d.evidence["lr_suggested"] == pytest.approx(3e-5 * THRESHOLDS.small_updates_raise_max)
@@ -116,3 +121,42 @@ def test_the_fix_raises_the_lr_and_not_learning_no_longer_lowers_it():
     assert iv.kind == K.RECIPE_EDIT and iv.diagnosis.name == "small_updates"
     assert iv.changes["recipe.lr"] > 3e-5 * 10, iv.changes
     assert Explorer().builtin(ev, c) == []           # a cause is named: no blind search
+
+
+def test_evals_of_an_sft_run_write_the_held_out_answer_loss_and_it_falls_as_the_run_learns(tmp_path):
+    from trainer.runlog import read_jsonl
+
+    cfg = RunConfig.model_validate({
+        "name": "ev", "out_dir": str(tmp_path), "seed": 0, "task": {"name": "sort"}, "threads": 1,
+        "model": {"kind": "builtin", "d_model": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": 16},
+        "harness": {"template": "{question}=", "answer": {"stop": "\n"}, "sampling": {"max_new_tokens": 4},
+                    "curriculum": {"start": 4}},
+        "recipe": {"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "batch_size": 32, "steps": 40,
+                   "eval_interval": 20, "eval_size": 50},
+        "checkpoint": {"interval": 0}, "samples_per_step": 0})
+    Trainer(cfg).run()
+    evals = [r for r in read_jsonl(tmp_path / "ev" / "metrics.jsonl") if "heldout_loss" in r]
+    assert len(evals) >= 2, evals
+    assert all(0 < r["heldout_loss_se"] < r["heldout_loss"] for r in evals)
+    assert evals[-1]["heldout_loss"] < evals[0]["heldout_loss"] - 3 * evals[0]["heldout_loss_se"]
+
+
+def test_a_large_lr_raise_whose_held_out_answer_loss_fell_is_validated_on_held_out_and_not_high_risk():
+    """Accuracy still zero in both arms, the answers' likelihood credibly better for the candidate:
+    validated on a held-out signal, so the 40x raise is rated by what can go wrong (medium) rather
+    than by its size alone (high), as a move measured only on the training loss still is."""
+    from agents.domain import Risk
+    from swarm.decisions import (HELDOUT_LOSS_SIGNAL, ArmScore, Pair, Rule, Validated, assign_risk, decide)
+
+    def arm(hl):
+        return ArmScore(target=0.0, format_fail=0.0, loss=2.0, loss_se=0.01, heldout_loss=hl, heldout_loss_se=0.02)
+    pairs = [Pair(0, arm(1.5), arm(2.0))]
+    d = decide(pairs, Rule(eval_size=200, losses_compare=True))
+    assert isinstance(d, Validated) and d.signal.name == HELDOUT_LOSS_SIGNAL, d
+    # the same arms where the targets are not rendered alike: the answer loss is not compared
+    d2 = decide(pairs, Rule(eval_size=200, losses_compare=False))
+    assert not isinstance(d2, Validated), d2
+    iv = iv_(K.RECIPE_EDIT, {"recipe.lr": 1.2e-3}, "small_updates")
+    now = {"recipe.lr": 3e-5}
+    assert assign_risk(iv, now, now, validated_on=d.signal.name).risk == Risk.MEDIUM
+    assert assign_risk(iv, now, now, validated_on="SFT training loss").risk == Risk.HIGH
