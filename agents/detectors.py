@@ -115,6 +115,12 @@ def grad_norm_explosion(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
                            "threshold_z": th.grad_z, "threshold_ratio": th.grad_ratio, "threshold_abs": th.grad_abs})
 
 
+def since(row: dict[str, Any], known: Known) -> bool:
+    """Whether a row was written since the controller's latest change to the live run (any row, when
+    the controller tracks none)."""
+    return known.settled_since is None or float(row.get("time", 0.0)) >= known.settled_since
+
+
 @detector("small_updates")
 def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The optimiser's steps barely move the weights and held-out does not rise: over the newest
@@ -125,11 +131,12 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     it (if there is one). The learning
     rate is far too low: a loss that falls slowly looks like learning, but the run will not get
     anywhere in its budget. The evidence carries the ratio and the lr that would move the weights
-    by `small_updates_aim` (at most `small_updates_raise_max`× the lr). GRPO steps move the weights
-    less by design; they are not judged here."""
+    by `small_updates_aim` (at most `small_updates_raise_max`× the lr). Rows and evals from before the
+    controller's latest change do not count (they show the lr it replaced). GRPO steps move the
+    weights less by design; they are not judged here."""
     if algorithm(ev) not in ("sft", "distill"):
         return None
-    rows = [r for r in current_rows(ev) if not r.get("skipped")]
+    rows = [r for r in current_rows(ev) if not r.get("skipped") and since(r, known)]
     peak = to_float((ev.recipe or {}).get("lr"))
     scaled = []
     for r in rows[-th.small_updates_rows :]:
@@ -144,7 +151,8 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     # held-out measured in this segment (an eval before a change of harness says nothing of now)
     start, seg = int(rows[0].get("step", 0)), rows[-1].get("segment")
     held = [v for v in (to_float(r.get(known.target_metric)) for r in ev.evals
-                        if r.get("segment", seg) == seg and int(r.get("step", 0)) >= start) if is_finite(v)]
+                        if r.get("segment", seg) == seg and int(r.get("step", 0)) >= start and since(r, known))
+            if is_finite(v)]
     higher = known.target_op != "<="
     if not held or (len(held) > 1 and (held[-1] > held[-2] + th.plateau_min_delta if higher
                                        else held[-1] < held[-2] - th.plateau_min_delta)):
@@ -167,10 +175,11 @@ def plateau(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -
     """The target metric has not improved by `plateau_min_delta` over the last `plateau_evals`
     evals (and is not at target); without evals, the loss has not fallen by `plateau_loss_rel`
     between the two halves of its last `plateau_loss_rows` rows. Informational: it says the run is
-    stuck, the other detectors say why."""
+    stuck, the other detectors say why. Only evals written since the controller's latest change count
+    (`Known.settled_since`): one from before it says nothing of whether the run is stuck with it."""
     metric = known.target_metric
     higher = known.target_op != "<="
-    vals = [v for v in (to_float(r.get(metric)) for r in ev.evals) if is_finite(v)]
+    vals = [v for v in (to_float(r.get(metric)) for r in ev.evals if since(r, known)) if is_finite(v)]
     if len(vals) >= th.plateau_evals + 1:
         last = vals[-1]
         if known.target_threshold is not None and (last >= known.target_threshold if higher else last <= known.target_threshold):

@@ -160,3 +160,27 @@ def test_a_large_lr_raise_whose_held_out_answer_loss_fell_is_validated_on_held_o
     now = {"recipe.lr": 3e-5}
     assert assign_risk(iv, now, now, validated_on=d.signal.name).risk == Risk.MEDIUM
     assert assign_risk(iv, now, now, validated_on="SFT training loss").risk == Risk.HIGH
+
+
+def test_rows_and_evals_from_before_the_controllers_latest_change_do_not_count():
+    """After the lr was raised, the window still holds the steps at the old lr: they show the lr the
+    change replaced, so neither small_updates nor plateau (which would start a search while the
+    change is still judged) reads them."""
+    import dataclasses
+
+    rows = low_rows(n=200)
+    changed_at = rows[149]["time"]
+    for r in rows[150:]:
+        r.update(lr=1.4e-3, update_ratio=5e-3)
+    ev = make_ev(rows, recipe={"algorithm": "sft", "lr": 1.4e-3})
+    after = dataclasses.replace(KNOWN, settled_since=changed_at)
+    assert detect(make_ev(rows[:150], recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is not None
+    old_rows = [dict(r, update_ratio=1e-4) for r in rows]      # the same run, had the raise not moved the weights
+    assert detect(make_ev(old_rows, recipe={"algorithm": "sft", "lr": 1.4e-3}), THRESHOLDS, after) is not None
+    assert detect(ev, THRESHOLDS, after) is None
+    plateau = DETECTORS["plateau"]
+    soon = make_ev(rows[:180], recipe={"algorithm": "sft", "lr": 1.4e-3})
+    assert plateau(soon, THRESHOLDS, KNOWN) is not None        # held-out 0 for 18 evals: stuck, by every eval
+    assert plateau(soon, THRESHOLDS, after) is None            # 3 evals since the change, none better: ...
+    flat_longer = make_ev(low_rows(n=250), recipe={"algorithm": "sft", "lr": 1.4e-3})
+    assert plateau(flat_longer, THRESHOLDS, after) is not None  # ... stuck once it has 5 evals since, none better
