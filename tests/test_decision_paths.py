@@ -17,7 +17,7 @@
 The runs stop themselves (the `.swarm/stop` file a user's `swarm stop` writes) once the decision
 under test is recorded.
 
-    .venv/bin/python -m pytest tests/test_decision_paths.py -q             # the data change (fast)
+    .venv/bin/python -m pytest tests/test_decision_paths.py -q             # the data change, the silent recipe change
     .venv/bin/python -m pytest tests/test_decision_paths.py -q -m slow     # distill and rollback
 """
 from __future__ import annotations
@@ -271,7 +271,7 @@ def test_distillation_on_noisy_labels_is_backtested_applied_and_kept_on_a_measur
     o = iv.outcome
     n = NOISY["run"]["recipe"]["eval_size"]
     assert o.control_source.startswith("the backtest's control arms")
-    assert o.control == pytest.approx(sum(iv.backtest.control) / 2)
+    assert o.control == pytest.approx(sum(iv.backtest.control) / len(iv.backtest.control))   # one arm or two
     assert o.after - o.control > 1 / n and o.gain is True, o
     # after its full window, or on the window it got when the run met its target first (measured:
     # the distilled run can reach 0.99 held-out within 30 steps of the apply)
@@ -279,7 +279,7 @@ def test_distillation_on_noisy_labels_is_backtested_applied_and_kept_on_a_measur
     full = o.window_steps >= window
     assert full or (summary["reason"] == "target_met" and "judged at the end of the run" in o.rule), (o, summary["reason"])
     # the recorded numbers give the recorded verdict
-    se = math.sqrt(sum(rate_var(c, n) for c in iv.backtest.control)) / 2           # as control_for computes it
+    se = math.sqrt(sum(rate_var(c, n) for c in iv.backtest.control)) / len(iv.backtest.control)   # as control_for does
     w = Window(K.DISTILL, o.after, o.window_steps, window if full else max(o.window_steps, 1), eval_size=n,
                look=1, last_look=not full)
     assert isinstance(judge(w, Control(o.control, se, "bt"), alpha=0.2), Kept)
@@ -301,7 +301,7 @@ def test_distillation_on_noisy_labels_is_backtested_applied_and_kept_on_a_measur
     assert iv.id in final and "kept" in final
     assert (ws / "recipe.yaml").exists() and yaml.safe_load((ws / "recipe.yaml").read_text())["algorithm"] == "distill"
     print(f"distill: applied at step {iv.applied_step}, backtest effect {iv.backtest.effect:+.3f} "
-          f"(P(no gain) {iv.backtest.p_value:.3f}), control {o['control']:.3f} → after {o['after']:.3f}; wall {wall:.0f} s")
+          f"(P(no gain) {iv.backtest.p_value:.3f}), control {o.control:.3f} → after {o.after:.3f}; wall {wall:.0f} s")
 
 
 FAULT = {"harness.sampling.max_new_tokens": 1}   # every answer cut at one token: held-out accuracy 0
@@ -388,23 +388,35 @@ def test_a_change_that_does_not_hold_up_in_the_window_is_undone_and_counted_as_a
     assert row["status"] == "rolled_back" and row["wasted_cpu_s"] == pytest.approx(waste, abs=1e-3), (row, o)
     assert summary["wasted_cpu_s"] >= waste
     print(f"rollback: applied at step {iv.applied_step}, backtest effect {iv.backtest.effect:+.3f}, control "
-          f"{o['control']:.3f} → after {o['after']:.3f}; restored to step {fault['pre_step']} "
+          f"{o.control:.3f} → after {o.after:.3f}; restored to step {fault['pre_step']} "
           f"(held-out {evals[0]:.3f}); wasted {waste:.1f} CPU-s; wall {wall:.0f} s")
 
 
 # ---- a recipe field changed behind the controller's back: set again, no backtest, judged ----------
 
-@pytest.mark.slow   # timing-dependent: on a quiet machine the run can meet its target inside the judging window
+BUDGET_STEPS = 500   # the fix's window (30 steps) ends by then wherever the fix lands (step 150-190 measured)
+
+
 def test_a_recipe_field_changed_silently_is_found_set_again_without_a_backtest_and_judged(tmp_path):
     """The batch size drops 32 → 2 at step 5 with no command (a silent override, as a faulty
     launcher or config reload would do). The metrics rows' recipe_version leaves the controller's:
     recipe_drift fires, Diagnostics sets every recipe field back (and rolls back to the newest
     checkpoint before the change when held-out fell since), plan skips the backtest (the fix goes
     back to the values the controller set and the detectors confirm the departure), the live run
-    trains with the set recipe again, and the change is judged on its window like any other."""
+    trains with the set recipe again, and the change is judged on its window like any other.
+
+    How long the run trains at batch 2 is the controller's reaction time (measured: the fix lands
+    at step 150-190 on 2 cores, the trainer ~90 steps/s), and what it leaves differs: at lr 0.03
+    fifty steps at batch 2 cost ~60 steps of learning once 32 is back, 180 wreck this 1-layer model
+    for good (held-out 0 for 700 steps after; no eval before step 5 fell, so the fix is an edit, not
+    a rollback). So the run trains to a budget of BUDGET_STEPS, past its target (`target.stop:
+    false`): the fix is judged either mid-run on a gain or at the run's end on its full window
+    (no gain: counted as a loss, left in force), never left evaluating; with no step budget a
+    wrecked run went on to not_learning fixes until one rolled it back to its initial weights."""
     from trainer.config import Recipe
 
-    goal = merge(REVERSE_TOO_HARD, {"approval": {"auto": ["low", "medium"]},
+    goal = merge(REVERSE_TOO_HARD, {"approval": {"auto": ["low", "medium"]}, "target": {"stop": False},
+                                    "budget": {"steps": BUDGET_STEPS},
                                     "perturbations": [{"kind": "override", "at_step": 5, "set": {"recipe.batch_size": 2}}]})
     goal["run"]["harness"]["curriculum"] = {"start": 3}
 
