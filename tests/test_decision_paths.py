@@ -9,10 +9,11 @@
   backtest → decide → apply → judge, each step in the record with its numbers, kept only on a
   measured gain over the backtest's control;
 - a post-apply rollback: the same distillation passes its backtest, then the live run gets worse
-  inside the evaluation window (a fault lands right after the apply: the trainer's sampling is cut
-  to one token through its command channel, as a perturbation override would), so `judge` finds it
-  credibly worse than the control and undoes it: the live run is restored to the pre-apply
-  checkpoint, memory records a loss, no skill is mined, and its window's CPU counts as wasted.
+  inside the evaluation window (a fault lands right after the apply: the live weights are zeroed,
+  a corruption of the trainer's state that changes no recipe or harness version), so `judge`
+  finds it credibly worse than the control and undoes it: the live run is restored to the
+  pre-apply checkpoint, memory records a loss, no skill is mined, and its window's CPU counts as
+  wasted.
 
 The runs stop themselves (the `.swarm/stop` file a user's `swarm stop` writes) once the decision
 under test is recorded.
@@ -45,7 +46,8 @@ from swarm.judging import Control, Kept, Window, judge, wasted  # noqa: E402
 from swarm.goal import Goal  # noqa: E402
 from swarm.store import Store  # noqa: E402
 from test_swarm import git, merge, reap_finished_children  # noqa: E402
-from trainer.control import send_command  # noqa: E402
+from trainer.checkpoint import CheckpointManager  # noqa: E402
+from trainer.control import send_command, wait_for_ack  # noqa: E402
 from trainer.runlog import read_jsonl  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -304,27 +306,60 @@ def test_distillation_on_noisy_labels_is_backtested_applied_and_kept_on_a_measur
           f"(P(no gain) {iv.backtest.p_value:.3f}), control {o.control:.3f} → after {o.after:.3f}; wall {wall:.0f} s")
 
 
-FAULT = {"harness.sampling.max_new_tokens": 1}   # every answer cut at one token: held-out accuracy 0
+def zero_the_live_state(run_dir: pathlib.Path) -> None:
+    """The fault, on a paused trainer: its state is saved (`world-snap`), a copy with every weight
+    zero and no optimiser moments is written (`world-fault`: a state restored from a blank file),
+    and the trainer is rolled back to that copy (acknowledged as `world-fault`), at the same step,
+    recipe and harness. A zero model's logits are all 0 (no biases): greedy decoding writes token 0
+    to every question, so held-out accuracy is exactly 0; every gradient through its zero norm
+    gains is 0 and Adam has no moment to carry, so no step moves a weight off zero."""
+    send_command(run_dir, "checkpoint", id="world-snap", name="world-snap")
+    assert wait_for_ack(run_dir, "world-snap")["status"] == "applied"
+    ckpt = CheckpointManager(run_dir / "checkpoints")
+    st = ckpt.load("world-snap")
+    st["model"] = {k: v.zero_() if v.is_floating_point() else v for k, v in st["model"].items()}
+    st["opt"]["state"] = {}
+    ckpt.save(st, int(st["step"]), "world-fault")
+    send_command(run_dir, "rollback", id="world-fault", name="world-fault")
+    assert wait_for_ack(run_dir, "world-fault")["status"] == "applied"
 
 
 @pytest.mark.slow
 def test_a_change_that_does_not_hold_up_in_the_window_is_undone_and_counted_as_a_loss(tmp_path):
-    """~2 min on 2 busy cores. The distillation of the test above passes its backtest; right
-    after it is applied, the fault lands in the live run (the trainer's command channel, as a
-    perturbation override would: the controller never hears of it), so the window's held-out
-    accuracy is 0 against a control near 0.5."""
+    """~2-3 min on 2 busy cores. The distillation of the test above passes its backtest; at the
+    safe point where it is applied, the live weights are zeroed (`zero_the_live_state`, on a
+    trainer paused for it: the controller never hears of it), so the window's held-out accuracy
+    is 0 against a control near 0.5.
+
+    The fault is a corruption of the trainer's state, not of its config: it used to be
+    `harness.sampling.max_new_tokens: 1` set through the command channel, but a harness field set
+    behind the controller's back changes the live harness version, and `harness_drift`'s fix set
+    the harness back before the window was judged (the distillation was then kept). Zeroed state
+    leaves every recipe and harness version as the controller set them. It lands before the first
+    distillation step (the trainer is paused before the apply, resumed after the fault), so the
+    distillation's loss rows hold no healthy baseline for `loss_spike` to read a jump from: its
+    steps that find a verified sample (uniform sampling does, now and then) log a constant loss
+    of ln(20), the rest are skipped."""
 
     class Ctrl(WithoutLabelCheck):
         fault: dict[str, Any] = {}
 
         def apply(self, iv, s):
-            upd = super().apply(iv, s)
-            if iv.kind == K.DISTILL and not self.fault and self.store.get(iv.id).status == Status.APPLIED:
-                ckpt = json.loads((self.run_dir / "checkpoints" / f"pre-{iv.id}.json").read_text())
-                rows = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if "loss" in r]
-                type(self).fault.update(id=iv.id, time=time.time(), pre_step=ckpt["step"],
-                                        harness_version=rows[-1].get("harness_version"))
-                send_command(self.run_dir, "set_fields", id="world-fault", fields=FAULT)
+            hold = iv.kind == K.DISTILL and not self.fault
+            if hold:   # the change and the fault at one safe point: no step trains between them
+                send_command(self.run_dir, "pause", id="world-pause")
+            try:
+                upd = super().apply(iv, s)
+                if hold and self.store.get(iv.id).status == Status.APPLIED:
+                    ckpt = json.loads((self.run_dir / "checkpoints" / f"pre-{iv.id}.json").read_text())
+                    rows = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if "loss" in r]
+                    type(self).fault.update(id=iv.id, time=time.time(), pre_step=ckpt["step"],
+                                            harness_version=rows[-1].get("harness_version"))
+                    zero_the_live_state(self.run_dir)
+            finally:
+                if hold:
+                    send_command(self.run_dir, "resume", id="world-resume")
+                    assert wait_for_ack(self.run_dir, "world-resume")["status"] == "applied"
             return upd
 
         @staticmethod
@@ -345,6 +380,8 @@ def test_a_change_that_does_not_hold_up_in_the_window_is_undone_and_counted_as_a
     run_dir = ws / ".swarm" / "runs" / "train"
     acks = {a["id"]: a for a in read_jsonl(run_dir / "command_log.jsonl")}
     assert acks["world-fault"]["status"] == "applied" and acks["world-fault"]["time"] >= fault["time"]
+    assert acks["world-fault"]["cmd"] == "rollback" and acks["world-fault"]["result"]["rolled_back_to"] == "world-fault"
+    assert acks["world-fault"]["step"] == iv.applied_step, (acks["world-fault"], iv.applied_step)   # before any distill step
 
     # judge: credibly worse than the backtest's control → RolledBack(undo=True)
     o = iv.outcome
@@ -367,7 +404,7 @@ def test_a_change_that_does_not_hold_up_in_the_window_is_undone_and_counted_as_a
     assert {r.get("algorithm") for r in train} == {"sft"}                        # the recipe before it
     assert {r.get("harness_version") for r in train} == {fault["harness_version"]}   # the harness before it
     evals = [r["heldout_acc"] for r in after_undo if "heldout_acc" in r]
-    assert evals and evals[0] > 0.15, evals            # the weights before it (under the fault: exactly 0)
+    assert evals and evals[0] > 0.15, evals            # the weights before it (zeroed: exactly 0)
     # ... and the workspace: the PR's merge was reverted, main holds the recipe from before
     assert yaml.safe_load((ws / "recipe.yaml").read_text())["algorithm"] == "sft"
 
