@@ -115,6 +115,9 @@ def grad_norm_explosion(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
                            "threshold_z": th.grad_z, "threshold_ratio": th.grad_ratio, "threshold_abs": th.grad_abs})
 
 
+LR_CEILING = 1e-2   # Adam above ~1e-2 almost never trains a transformer: no raise goes past it
+
+
 def since(row: dict[str, Any], known: Known) -> bool:
     """Whether a row was written since the controller's latest change to the live run (any row, when
     the controller tracks none)."""
@@ -127,8 +130,9 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     `small_updates_rows` SFT or distill rows of the segment, the median update ratio (the trainer's
     ‖Δθ‖/‖θ‖ per step), scaled to the recipe's lr where the schedule's lr in force is lower (a
     warm-up, a decay: the ratio goes with the lr at this size), is below `small_updates_max`, and
-    the newest held-out eval of the segment is below the target and no better than the one before
-    it (if there is one). The learning
+    the newest held-out eval of the segment is at the not-learning level (≤ `not_learning_heldout_max`:
+    a run that learnt part of the task, a pretrained model above all, moves by small steps by
+    design) and no better than the one before it (if there is one). The learning
     rate is far too low: a loss that falls slowly looks like learning, but the run will not get
     anywhere in its budget. The evidence carries the ratio and the lr that would move the weights
     by `small_updates_aim` (at most `small_updates_raise_max`× the lr). Rows and evals from before the
@@ -157,7 +161,9 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     if not held or (len(held) > 1 and (held[-1] > held[-2] + th.plateau_min_delta if higher
                                        else held[-1] < held[-2] - th.plateau_min_delta)):
         return None
-    if known.target_threshold is not None and (held[-1] >= known.target_threshold if higher else held[-1] <= known.target_threshold):
+    # a run that has learnt some of the task (a pretrained model being fine-tuned, above all) moves
+    # its weights by small steps by design: only a run that has learnt nothing is judged
+    if known.target_metric != "heldout_acc" or held[-1] > th.not_learning_heldout_max:
         return None
     lr = peak or to_float(rows[-1].get("lr"))
     factor = min(th.small_updates_raise_max, th.small_updates_aim / max(ratio, 1e-12))
@@ -165,7 +171,8 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
                           f"each step moves the weights by {ratio:.2g} of their size (median of {len(scaled)} steps) and "
                           f"held-out is {held[-1]:.3g}: the learning rate is too low to learn",
                           "warning",
-                          {"update_ratio_median": ratio, "lr": lr, "lr_suggested": float(f"{lr * factor:.3g}") if lr else None,
+                          {"update_ratio_median": ratio, "lr": lr,
+                           "lr_suggested": float(f"{min(lr * factor, LR_CEILING):.3g}") if lr and lr < LR_CEILING else None,
                            "heldout": held[-2:], "rows": len(scaled), "threshold_ratio": th.small_updates_max,
                            "aim_ratio": th.small_updates_aim})
 

@@ -135,10 +135,11 @@ class Diagnostics(Operator):
                 expected_effect="each step moving the weights several times more; the loss falling faster and "
                                 "held-out accuracy leaving its level within a few evals"))
         elif "not_learning" in found and not any(
-                iv.status in IN_EFFECT and iv.diagnosis.name == "not_learning" and "recipe.lr" in iv.changes
+                iv.status in IN_EFFECT and iv.diagnosis.name in ("not_learning", "small_updates") and "recipe.lr" in iv.changes
                 for iv in ctx.history):
-            # a learning rate lowered for this finding that left the run not learning is no cure to
-            # repeat lower: the search (agents/explorer.py) goes on from there, bracketed by the old lr
+            # a learning rate moved for this finding (or raised for small steps) that left the run not
+            # learning is no cure to move again by rule: the search (agents/explorer.py) goes on from
+            # there, bracketed by the old lr
             d = found["not_learning"]
             # the larger of the schedule's peak and the lr logged now: during a warm-up the logged lr
             # is a small share of the peak the run will train at

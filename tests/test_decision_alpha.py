@@ -38,7 +38,9 @@ def simulate(rate: float, spread: float, *, effect: float = 0.0, retries: bool =
             return ArmScore(rng.binomial(N_EVAL, q) / N_EVAL)
         f = float(np.clip(0.2 + rng.normal(0, spread), 0.0, 1.0))
         loss = 1.0 + rng.normal(0, 0.02)          # the loss's seed-to-seed spread is twice its reported se
-        return ArmScore(rng.binomial(N_EVAL, q) / N_EVAL, rng.binomial(N_EVAL, f) / N_EVAL, loss, 0.01)
+        held_loss = 2.0 + rng.normal(0, 0.04)     # the held-out answer loss's too
+        return ArmScore(rng.binomial(N_EVAL, q) / N_EVAL, rng.binomial(N_EVAL, f) / N_EVAL, loss, 0.01,
+                        heldout_loss=held_loss, heldout_loss_se=0.02)
 
     def measure(look: Look, seeds: list[int]) -> list[Pair]:
         return [Pair(s, arm(effect), arm(0.0)) for s in seeds]
@@ -79,15 +81,15 @@ def test_a_fix_with_no_effect_is_validated_at_most_alpha_of_the_time(rate, sprea
 
 def test_the_simulation_sees_a_violation():
     """It can fail: at almost three times the spread between seeds a one-seed look assumes, more
-    than alpha of the fixes that do nothing are validated; at 1.4 times it, with every retry
-    spending the whole alpha (no `try_share`), too (0.26, against 0.19 with it)."""
+    than alpha of the fixes that do nothing are validated; at 1.7 times it, with every retry
+    spending the whole alpha (no `try_share`), too (0.23, against 0.16 with it)."""
     assert simulate(0.5, 0.1, seed=1) > ALPHA + 0.03
-    assert simulate(0.5, 0.05, spend=False, seed=3) > ALPHA + 0.02
-    assert simulate(0.5, 0.05, seed=3) <= ALPHA + 0.03
+    assert simulate(0.5, 0.06, spend=False, seed=3) > ALPHA + 0.02
+    assert simulate(0.5, 0.06, seed=3) <= ALPHA + 0.03
 
 
 def test_a_fix_with_a_real_effect_is_validated_most_of_the_time():
-    """The other side of the trade: spending alpha over tries still validates a fix that gains
-    0.1 held-out at the usual spread in most backtests (0.93; 0.96 without `try_share`; at a gain of
-    0.05, 0.50 against 0.66)."""
-    assert simulate(0.4, 0.025, effect=0.1, seed=2, n=400) >= 0.85
+    """The other side of the trade: spending alpha over tries and over five signals (the simulated
+    fix moves only the target) still validates a fix that gains 0.1 held-out at the usual spread in
+    most backtests (0.81; 0.91 without `try_share`; at a gain of 0.05, 0.39 against 0.56)."""
+    assert simulate(0.4, 0.025, effect=0.1, seed=2, n=400) >= 0.78

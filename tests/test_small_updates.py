@@ -76,6 +76,9 @@ def test_fires_on_steps_that_barely_move_the_weights_and_names_the_lr_that_would
     assert detect(make_ev(one, recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is not None
     none = [r for r in low_rows() if "heldout_acc" not in r]
     assert detect(make_ev(none, recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is None
+    # never past 1e-2, where Adam almost never trains a transformer
+    d = detect(make_ev(low_rows(lr=5e-3), recipe={"algorithm": "sft", "lr": 5e-3}), THRESHOLDS, KNOWN)
+    assert d.evidence["lr_suggested"] == 1e-2
     # at a thousandth of a healthy step the raise is capped
     d = detect(make_ev(low_rows(ratio=1e-6), recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN)
     assert d.evidence["lr_suggested"] == pytest.approx(3e-5 * THRESHOLDS.small_updates_raise_max)
@@ -90,6 +93,9 @@ def test_quiet_where_the_weights_move_or_held_out_rises_or_the_target_is_met():
         r["heldout_acc"] = 0.02 * i                  # slow, but learning: not this finding's to change
     assert detect(make_ev(rising), THRESHOLDS, KNOWN) is None
     assert detect(make_ev(low_rows(held=0.96)), THRESHOLDS, KNOWN) is None      # at target (0.95)
+    # a run that has learnt part of its task (a pretrained model's fine-tuning, say) moves by small
+    # steps by design: not judged
+    assert detect(make_ev(low_rows(held=0.3)), THRESHOLDS, KNOWN) is None
     assert detect(make_ev(low_rows(n=THRESHOLDS.small_updates_rows - 1)), THRESHOLDS, KNOWN) is None
     rows = low_rows()
     for r in rows:
@@ -168,19 +174,54 @@ def test_rows_and_evals_from_before_the_controllers_latest_change_do_not_count()
     change is still judged) reads them."""
     import dataclasses
 
-    rows = low_rows(n=200)
-    changed_at = rows[149]["time"]
-    for r in rows[150:]:
-        r.update(lr=1.4e-3, update_ratio=5e-3)
-    ev = make_ev(rows, recipe={"algorithm": "sft", "lr": 1.4e-3})
-    after = dataclasses.replace(KNOWN, settled_since=changed_at)
-    assert detect(make_ev(rows[:150], recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is not None
-    old_rows = [dict(r, update_ratio=1e-4) for r in rows]      # the same run, had the raise not moved the weights
-    assert detect(make_ev(old_rows, recipe={"algorithm": "sft", "lr": 1.4e-3}), THRESHOLDS, after) is not None
+    # a change of something else (no lr in it) 30 rows ago: the steps before it do not count, and
+    # 30 since are too few to judge
+    rows = low_rows(n=180)
+    after = dataclasses.replace(KNOWN, settled_since=rows[149]["time"])
+    ev = make_ev(rows, recipe={"algorithm": "sft", "lr": 3e-5})
+    assert detect(ev, THRESHOLDS, KNOWN) is not None
     assert detect(ev, THRESHOLDS, after) is None
+    longer = make_ev(low_rows(n=200), recipe={"algorithm": "sft", "lr": 3e-5})
+    assert detect(longer, THRESHOLDS, after) is not None       # 50 rows since, as small: judged again
+    rows = low_rows(n=200)
+    for r in rows[150:]:
+        r.update(lr=1.4e-3, update_ratio=5e-3)                # the raise moved the weights
+    assert detect(make_ev(rows, recipe={"algorithm": "sft", "lr": 1.4e-3}), THRESHOLDS, after) is None
     plateau = DETECTORS["plateau"]
     soon = make_ev(rows[:180], recipe={"algorithm": "sft", "lr": 1.4e-3})
     assert plateau(soon, THRESHOLDS, KNOWN) is not None        # held-out 0 for 18 evals: stuck, by every eval
     assert plateau(soon, THRESHOLDS, after) is None            # 3 evals since the change, none better: ...
     flat_longer = make_ev(low_rows(n=250), recipe={"algorithm": "sft", "lr": 1.4e-3})
     assert plateau(flat_longer, THRESHOLDS, after) is not None  # ... stuck once it has 5 evals since, none better
+
+
+def test_held_out_evidence_that_conflicts_is_measured_again_never_read_away():
+    """The answers likelier for the candidate, its output format credibly worse: the two held-out
+    signals disagree, so the fix gets another seed where a look remains and is not validated at the
+    last one (the answer loss comes first in the order, but it does not silence the format count)."""
+    from swarm.decisions import ArmScore, Extend, Pair, Rejected, Rule, Validated, decide
+
+    def arm(hl, ff):
+        return ArmScore(target=0.0, format_fail=ff, heldout_loss=hl, heldout_loss_se=0.02)
+    conflict = [Pair(0, arm(1.5, 0.40), arm(2.0, 0.05))]
+    assert isinstance(decide(conflict, Rule(eval_size=200, losses_compare=True, looks=2, look=1)), Extend)
+    d = decide(conflict, Rule(eval_size=200, losses_compare=True, looks=2, look=2))
+    assert isinstance(d, Rejected) and "credibly worse" in d.reason, d
+    agree = [Pair(0, arm(1.5, 0.05), arm(2.0, 0.05))]
+    assert isinstance(decide(agree, Rule(eval_size=200, losses_compare=True, looks=2, look=2)), Validated)
+
+
+def test_a_raise_kept_for_small_steps_is_not_lowered_again_by_not_learning():
+    """Still not learning after a kept raise: the two rules would undo each other, so neither moves
+    the lr again by rule; the search takes over, bracketed by the value the raise came from."""
+    from agents.domain import Status
+
+    rows = low_rows(ratio=5e-3, lr=1.2e-3)
+    for r in rows:
+        r["loss"] = 2.0
+    c = ctx(recipe={"algorithm": "sft", "lr": 1.2e-3, "kl_coef": 0.0, "group_size": 8})
+    raised = iv_(K.RECIPE_EDIT, {"recipe.lr": 1.2e-3}, "small_updates", status=Status.KEPT)
+    ev = make_ev(rows, recipe=copy.deepcopy(c.recipe))
+    assert "not_learning" in {d.name for d in Diagnostics().diagnose(ev, c)}
+    assert [iv.changes for iv in Diagnostics().builtin(ev, c)] == [{"recipe.lr": 1.2e-4}]   # without the raise
+    assert Diagnostics().builtin(ev, ctx(**{**c.model_dump(), "history": [raised]})) == []

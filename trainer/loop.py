@@ -31,7 +31,7 @@ from harness.spec import HarnessSpec
 from trainer.algorithms.core import ADVANTAGES, LOSSES
 from trainer.algorithms.distill import distill_step
 from trainer.algorithms.grpo import grpo_step
-from trainer.algorithms.sft import heldout_loss, sft_step
+from trainer.algorithms.sft import answer_loss_row, answer_losses, sft_step
 from trainer.checkpoint import CheckpointError, CheckpointManager, ResumeChoice
 from trainer.config import ConfigError, RunConfig, set_dotted
 from trainer.control import Command, CommandInbox
@@ -267,8 +267,11 @@ class Trainer:
                              greedy=True, for_training=False)
         # the answers' likelihood only where the run learns them as SFT targets (a GRPO run's
         # answer is any that passes, not the task's reference one)
-        loss = heldout_loss(self, exs) if self.algorithm_now() in ("sft", "distill") else {}
-        return {**heldout_row(summarize(rolls)), **loss}
+        if self.algorithm_now() not in ("sft", "distill"):
+            return heldout_row(summarize(rolls))
+        per = answer_losses(self, exs)
+        totals = self.dist.sum([float(len(per)), sum(per), sum(x * x for x in per)])
+        return {**heldout_row(summarize(rolls)), **answer_loss_row(*totals)}
 
     # ---- state ------------------------------------------------------------------------------
     def rng_state(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 verified successes), token-mean over completion tokens."""
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -34,11 +35,10 @@ def sft_loss(trainer, prompts: list[list[int]], targets: list[list[int]],
 
 
 @torch.no_grad()
-def heldout_loss(trainer, examples) -> dict[str, float]:
-    """The mean per-example negative log-likelihood (token-mean within an example) of the task's own
-    answers to held-out `examples`, rendered as SFT targets, and its standard error. Unlike an exact
-    match it moves with every step that makes the right answer likelier: a backtest of an SFT run can
-    read a held-out gain long before accuracy leaves zero."""
+def answer_losses(trainer, examples) -> list[float]:
+    """The negative log-likelihood (token-mean) of the task's own answer to each of `examples`,
+    rendered as an SFT target. Unlike an exact match it moves with every step that makes the right
+    answer likelier: a backtest of an SFT run can read a held-out gain long before accuracy leaves zero."""
     h = trainer.harness
     prompts = [trainer.prompt_ids(ex) for ex in examples]
     targets = [trainer.target_ids(sft_target(h, ex.solution or ex.answer)) for ex in examples]
@@ -47,11 +47,19 @@ def heldout_loss(trainer, examples) -> dict[str, float]:
         batch = build_batch(prompts[i : i + 256], targets[i : i + 256], trainer.policy.tok.pad_id)
         logp, _, mask = batch_logprobs(trainer.policy, batch, trainer.backend)
         per += (-(logp * mask).sum(1) / mask.sum(1).clamp_min(1.0)).tolist()
-    if not per:
-        return {}
-    mean = sum(per) / len(per)
-    se = (sum((x - mean) ** 2 for x in per) / (len(per) - 1) / len(per)) ** 0.5 if len(per) > 1 else float("nan")
-    return {"heldout_loss": mean, "heldout_loss_se": se}
+    return per
+
+
+def answer_loss_row(n: float, total: float, squares: float) -> dict[str, float]:
+    """`heldout_loss` (the mean of n per-question losses) and `heldout_loss_se` (its standard error)
+    from their count, sum and sum of squares: every rank's, summed, so a data-parallel eval gives
+    the global values (NaN where too few questions were scored)."""
+    nan = float("nan")
+    if n < 1:
+        return {"heldout_loss": nan, "heldout_loss_se": nan}
+    mean = total / n
+    var = max(0.0, (squares - n * mean * mean) / (n - 1)) if n > 1 else nan
+    return {"heldout_loss": mean, "heldout_loss_se": math.sqrt(var / n) if n > 1 else nan}
 
 
 def sft_step(trainer, examples) -> dict[str, float]:
