@@ -116,6 +116,7 @@ def grad_norm_explosion(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known 
 
 
 LR_CEILING = 1e-2   # Adam above ~1e-2 almost never trains a transformer: no raise goes past it
+SMALLEST_RAISE = 1.5   # a raise smaller than this is no cure for steps a tenth of a healthy one
 
 
 def since(row: dict[str, Any], known: Known) -> bool:
@@ -167,12 +168,15 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
         return None
     lr = peak or to_float(rows[-1].get("lr"))
     factor = min(th.small_updates_raise_max, th.small_updates_aim / max(ratio, 1e-12))
+    suggested = float(f"{min(lr * factor, LR_CEILING):.3g}") if lr else None
+    if suggested is None or suggested < SMALLEST_RAISE * lr:
+        return None     # no raise worth a backtest left (the lr at the ceiling): not this finding's to name
     return make_diagnosis(ev, "small_updates",
                           f"each step moves the weights by {ratio:.2g} of their size (median of {len(scaled)} steps) and "
                           f"held-out is {held[-1]:.3g}: the learning rate is too low to learn",
                           "warning",
                           {"update_ratio_median": ratio, "lr": lr,
-                           "lr_suggested": float(f"{min(lr * factor, LR_CEILING):.3g}") if lr and lr < LR_CEILING else None,
+                           "lr_suggested": suggested,
                            "heldout": held[-2:], "rows": len(scaled), "threshold_ratio": th.small_updates_max,
                            "aim_ratio": th.small_updates_aim})
 

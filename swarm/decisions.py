@@ -35,8 +35,9 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   malformed), (4) the mean SFT training loss over the horizon's second half (the same
   condition), (5) the mean training pass rate over the second half (only when both arms train on
   the same data). The first conclusive signal decides: P(harm) >= 1 - alpha →
-  Rejected; P(gain) >= 1 - share x alpha/m → Validated unless a held-out signal later in the order
-  is credibly worse (conflicting held-out evidence: Extend while a look remains, else Rejected) (share: 1/2 at a fix's first try, `try_share`), with m = (signals available) x (looks planned: a
+  Rejected; P(gain) >= 1 - share x alpha/m → Validated, unless it is a secondary signal and a held-out
+  signal later in the order is credibly worse (conflicting held-out evidence: Extend while a look
+  remains, else Rejected) (share: 1/2 at a fix's first try, `try_share`), with m = (signals available) x (looks planned: a
   second, longer look when the finding is critical). A secondary signal is consulted only while
   the target is not lower by more than delta on average (lower, not credibly worse: Extend when a
   look remains, else Rejected). Nothing conclusive: Extend when a look remains, else Rejected — no
@@ -690,9 +691,10 @@ def decide(pairs: list[Pair], rule: Rule) -> Decision:
         if s.p_harm >= harm:
             return Rejected(f"{s.name} credibly worse ({s.text()})", tuple(sig), level)
         if s.p_gain >= level:
-            # a held-out signal later in the order credibly worse: the held-out evidence disagrees,
-            # and neither side is read away (one more seed, else no validation)
-            worse = next((o for o in sig[i + 1 :] if o.name in HELD_OUT_SIGNALS and o.p_harm >= harm), None)
+            # a secondary signal's gain with a held-out signal later in the order credibly worse: the
+            # held-out evidence disagrees, and neither side is read away (one more seed, else no
+            # validation). A gain on the target itself decides, as it always has.
+            worse = next((o for o in sig[i + 1 :] if o.name in HELD_OUT_SIGNALS and o.p_harm >= harm), None) if i else None
             if worse is not None:
                 why = f"{s.name} better ({s.text()}) but {worse.name} credibly worse ({worse.text()})"
                 if rule.look < rule.looks:

@@ -81,15 +81,15 @@ def test_a_fix_with_no_effect_is_validated_at_most_alpha_of_the_time(rate, sprea
 
 def test_the_simulation_sees_a_violation():
     """It can fail: at almost three times the spread between seeds a one-seed look assumes, more
-    than alpha of the fixes that do nothing are validated; at 1.7 times it, with every retry
+    than alpha of the fixes that do nothing are validated; at 1.4 times it, with every retry
     spending the whole alpha (no `try_share`), too (0.23, against 0.16 with it)."""
     assert simulate(0.5, 0.1, seed=1) > ALPHA + 0.03
-    assert simulate(0.5, 0.06, spend=False, seed=3) > ALPHA + 0.02
-    assert simulate(0.5, 0.06, seed=3) <= ALPHA + 0.03
+    assert simulate(0.5, 0.05, spend=False, seed=3) > ALPHA + 0.02
+    assert simulate(0.5, 0.05, seed=3) <= ALPHA + 0.03
 
 
 def test_a_fix_with_a_real_effect_is_validated_most_of_the_time():
     """The other side of the trade: spending alpha over tries and over five signals (the simulated
     fix moves only the target) still validates a fix that gains 0.1 held-out at the usual spread in
-    most backtests (0.81; 0.91 without `try_share`; at a gain of 0.05, 0.39 against 0.56)."""
-    assert simulate(0.4, 0.025, effect=0.1, seed=2, n=400) >= 0.78
+    most backtests (0.88; 0.94 without `try_share`; at a gain of 0.05, 0.47 against 0.63)."""
+    assert simulate(0.4, 0.025, effect=0.1, seed=2, n=400) >= 0.85

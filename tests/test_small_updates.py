@@ -79,6 +79,8 @@ def test_fires_on_steps_that_barely_move_the_weights_and_names_the_lr_that_would
     # never past 1e-2, where Adam almost never trains a transformer
     d = detect(make_ev(low_rows(lr=5e-3), recipe={"algorithm": "sft", "lr": 5e-3}), THRESHOLDS, KNOWN)
     assert d.evidence["lr_suggested"] == 1e-2
+    # at the ceiling no raise is left: no finding, so nothing stands in the way of the search
+    assert detect(make_ev(low_rows(lr=8e-3), recipe={"algorithm": "sft", "lr": 8e-3}), THRESHOLDS, KNOWN) is None
     # at a thousandth of a healthy step the raise is capped
     d = detect(make_ev(low_rows(ratio=1e-6), recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN)
     assert d.evidence["lr_suggested"] == pytest.approx(3e-5 * THRESHOLDS.small_updates_raise_max)
@@ -207,6 +209,10 @@ def test_held_out_evidence_that_conflicts_is_measured_again_never_read_away():
     assert isinstance(decide(conflict, Rule(eval_size=200, losses_compare=True, looks=2, look=1)), Extend)
     d = decide(conflict, Rule(eval_size=200, losses_compare=True, looks=2, look=2))
     assert isinstance(d, Rejected) and "credibly worse" in d.reason, d
+    # a credible gain on the target itself decides, as it always has
+    on_target = [Pair(0, ArmScore(target=0.5, format_fail=0.40, heldout_loss=1.5, heldout_loss_se=0.02),
+                      ArmScore(target=0.1, format_fail=0.05, heldout_loss=2.0, heldout_loss_se=0.02))]
+    assert isinstance(decide(on_target, Rule(eval_size=200, losses_compare=True, looks=2, look=2)), Validated)
     agree = [Pair(0, arm(1.5, 0.05), arm(2.0, 0.05))]
     assert isinstance(decide(agree, Rule(eval_size=200, losses_compare=True, looks=2, look=2)), Validated)
 
