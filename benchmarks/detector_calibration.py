@@ -7,9 +7,10 @@ false-alarm rate) and on its faulted ones, replayed tick by tick from the files 
 Inputs are bench work dirs (`swarm bench ... --workdir W`): `W/runs/<NNNNN>-<scenario>-<method>-s<seed>/`
 with the run's `spec.json`, its `result.json` and the trainer's run folder (the folder under `work/`
 holding `metrics.jsonl`). Runs of method `oracle` (the scenario's config without its faults) and
-`plain` runs of a scenario without faults are the healthy set; `plain` runs with faults are the
-faulted set, split by whether plain reached the target anyway (`mild`) or not (`failing`). Other
-methods, and runs still going (no `result.json`), are counted and left out.
+`plain` runs of a scenario without faults are the healthy set; `plain` runs with faults (perturbations,
+or a run config that differs from the oracle's: a fault in the goal's own config) are the faulted
+set, split by whether plain reached the target anyway (`mild`) or not (`failing`). Other methods,
+and runs still going (no `result.json`), are counted and left out.
 
 Replay: the run's files are read once, then written back into a scratch folder row by row; at every
 tick (a metrics row whose step is a multiple of `--every`; by default the goal's eval interval, or
@@ -154,6 +155,17 @@ def inventory(work: pathlib.Path, every: int | None) -> Inventory:
             inv.repeats += 1
         if key not in newest or t > newest[key][0]:
             newest[key] = (t, d)
+    # the oracle's run config per scenario (its faults removed): a plain run whose config differs
+    # from it carries a fault written in the goal's own config, with no perturbation to show it
+    clean: dict[str, Any] = {}
+    for d in sorted(d for _, d in newest.values()):
+        try:
+            spec = json.loads((d / "spec.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        m = RUN_NAME.match(d.name)
+        if spec.get("method") == "oracle" and m:
+            clean[m[2]] = (spec.get("goal") or {}).get("run")
     for d in sorted(d for _, d in newest.values()):
         spec_path = d / "spec.json"
         if not spec_path.exists():
@@ -176,14 +188,16 @@ def inventory(work: pathlib.Path, every: int | None) -> Inventory:
         except (OSError, json.JSONDecodeError):
             inv.unreadable.append(f"{d.name}: result.json unreadable")
             continue
-        faulted = method == "plain" and bool((spec.get("goal") or {}).get("perturbations"))
+        m = RUN_NAME.match(d.name)
+        goal = spec.get("goal") or {}
+        faulted = method == "plain" and (bool(goal.get("perturbations"))
+                                         or (m is not None and m[2] in clean and goal.get("run") != clean[m[2]]))
         group = ("mild" if result.get("reached") else "failing") if faulted else "healthy"
         try:
             ctx, known, eval_interval = context(spec)
         except (ConfigError, KeyError, TypeError, ValueError) as e:
             inv.unreadable.append(f"{d.name}: goal does not parse ({str(e)[:120]})")
             continue
-        m = RUN_NAME.match(d.name)
         scenario = m[2] if m else d.name
         dirs = trainer_dirs(d)
         if not dirs:
