@@ -11,6 +11,8 @@ taken before it, so the weights trained since are discarded (it used to set the 
 from __future__ import annotations
 
 import json
+import pathlib
+import sys
 import time
 from typing import Any
 
@@ -23,15 +25,13 @@ from harness.agent import AgentHarness
 from swarm.goal import Goal
 from trainer.agent_train import AgentTrainConfig, AgentTrainer
 from trainer.checkpoint import CheckpointManager
-from trainer.config import ModelConfig
 from trainer.control import send_command
 from trainer.runlog import read_jsonl
 
-TINY = {"env": "lookup", "threads": 1, "eval_size": 4, "system_prompt": "Tools: get(key).", "max_new_tokens": 32,
-        "max_turns": 4, "log_every": 1, "samples_per_step": 2,
-        "model": ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=256, learned_positions=True).model_dump(),
-        "sft": {"steps": 4, "batch_size": 4}, "grpo": {"steps": 4, "prompts": 2, "group_size": 2},
-        "checkpoint": {"interval": 2, "keep_last": 1000}}
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_agent_run import TINY as AGENT_TINY  # noqa: E402
+
+TINY = {**AGENT_TINY, "checkpoint": {"interval": 2, "keep_last": 1000}}   # every checkpoint kept: rollbacks name old ones
 
 
 @pytest.fixture(autouse=True)
