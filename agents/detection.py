@@ -204,6 +204,12 @@ def run_detectors(ev: Evidence, names: list[str] | tuple[str, ...] | None = None
 # ---- helpers ------------------------------------------------------------------------------------
 
 
+def since(row: dict[str, Any], known: Known) -> bool:
+    """Whether a row was written since the controller's latest change to the live run (any row, when
+    the controller tracks none)."""
+    return known.settled_since is None or float(row.get("time", 0.0)) >= known.settled_since
+
+
 def settled_rows(ev: Evidence, known: Known) -> list[dict[str, Any]]:
     """Training rows of the run's latest segment (since its last rollback or resume) written after
     the controller's latest change: the rows that show what is in force now."""
@@ -211,10 +217,7 @@ def settled_rows(ev: Evidence, known: Known) -> list[dict[str, Any]]:
     if not rows:
         return []
     seg = rows[-1].get("segment")
-    rows = [r for r in rows if r.get("segment") == seg]
-    if known.settled_since is not None:
-        rows = [r for r in rows if float(r.get("time", 0.0)) >= known.settled_since]
-    return rows
+    return [r for r in rows if r.get("segment") == seg and since(r, known)]
 
 
 

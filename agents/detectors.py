@@ -29,8 +29,8 @@ import re
 from typing import Any
 
 from agents.detection import (NOTHING, THRESHOLDS, algorithm, column, current_rows, detector, eval_difficulty,
-                              is_finite, Known, loss_halves, make_diagnosis, mean_of, median_of, settled_rows, spike_onset,
-                              Thresholds, to_float)
+                              is_finite, Known, loss_halves, make_diagnosis, mean_of, median_of, settled_rows, since,
+                              spike_onset, Thresholds, to_float)
 from agents.domain import Diagnosis, JobStatus
 from agents.evidence import Evidence, is_eval_row
 
@@ -119,12 +119,6 @@ LR_CEILING = 1e-2   # Adam above ~1e-2 almost never trains a transformer: no rai
 SMALLEST_RAISE = 1.5   # a raise smaller than this is no cure for steps a tenth of a healthy one
 
 
-def since(row: dict[str, Any], known: Known) -> bool:
-    """Whether a row was written since the controller's latest change to the live run (any row, when
-    the controller tracks none)."""
-    return known.settled_since is None or float(row.get("time", 0.0)) >= known.settled_since
-
-
 @detector("small_updates")
 def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The optimiser's steps barely move the weights and held-out does not rise: over the newest
@@ -139,7 +133,7 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     by `small_updates_aim` (at most `small_updates_raise_max`× the lr). Rows and evals from before the
     controller's latest change do not count (they show the lr it replaced). GRPO steps move the
     weights less by design; they are not judged here."""
-    if algorithm(ev) not in ("sft", "distill"):
+    if algorithm(ev) not in ("sft", "distill") or known.target_metric != "heldout_acc":
         return None
     rows = [r for r in current_rows(ev) if not r.get("skipped") and since(r, known)]
     peak = to_float((ev.recipe or {}).get("lr"))
@@ -164,7 +158,7 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
         return None
     # a run that has learnt some of the task (a pretrained model being fine-tuned, above all) moves
     # its weights by small steps by design: only a run that has learnt nothing is judged
-    if known.target_metric != "heldout_acc" or held[-1] > th.not_learning_heldout_max:
+    if held[-1] > th.not_learning_heldout_max:
         return None
     lr = peak or to_float(rows[-1].get("lr"))
     factor = min(th.small_updates_raise_max, th.small_updates_aim / max(ratio, 1e-12))

@@ -56,9 +56,9 @@ REFUSED = (ValueError, CheckpointError, KeyError, CommandError)
 
 def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
     """‖θ_after − θ_before‖ / ‖θ_after‖ over every trained parameter: how far one optimiser step
-    moved the weights relative to their size. It tells a learning rate far too low (the weights
-    barely move) from one far too high, which a loss that does not fall cannot. `before` is
-    consumed (overwritten with the difference)."""
+    moved the weights relative to their size. It shows a learning rate far too low (the weights
+    barely move), which a loss that falls slowly does not. `before` is consumed (overwritten with
+    the difference)."""
     with torch.no_grad():
         torch._foreach_sub_(before, after)
         moved = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(before)))
