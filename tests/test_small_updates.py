@@ -22,7 +22,7 @@ from agents.operators import Diagnostics  # noqa: E402
 from test_detectors import KNOWN, make_ev, sft_rows  # noqa: E402
 from test_operators import ctx, iv_  # noqa: E402
 from trainer.config import RunConfig  # noqa: E402
-from trainer.loop import Trainer, update_ratio  # noqa: E402
+from trainer.loop import Trainer, step_norms  # noqa: E402
 
 detect = DETECTORS["small_updates"]
 
@@ -30,8 +30,8 @@ detect = DETECTORS["small_updates"]
 def test_update_ratio_is_the_step_norm_over_the_weight_norm():
     before = [torch.tensor([3.0, 0.0]), torch.tensor([[0.0, 4.0]])]
     after = [torch.tensor([6.0, 0.0]), torch.tensor([[0.0, 8.0]])]
-    assert update_ratio(before, after) == pytest.approx(5.0 / 10.0)
-    assert update_ratio([t.clone() for t in after], after) == 0.0
+    assert step_norms(before, after) == pytest.approx((5.0 / 10.0, 10.0))
+    assert step_norms([t.clone() for t in after], after) == (0.0, pytest.approx(10.0))
 
 
 def _ratios(tmp_path, lr: float, name: str) -> list[float]:

@@ -54,16 +54,17 @@ ERROR_CHARS = 500   # of an exception's message kept in the 'error' event that r
 REFUSED = (ValueError, CheckpointError, KeyError, CommandError)
 
 
-def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
-    """‖θ_after − θ_before‖ / ‖θ_after‖ over every trained parameter: how far one optimiser step
-    moved the weights relative to their size. It shows a learning rate far too low (the weights
-    barely move), which a loss that falls slowly does not. `before` is consumed (overwritten with
-    the difference)."""
+def step_norms(before: list[torch.Tensor], after: list[torch.Tensor]) -> tuple[float, float]:
+    """(‖θ_after − θ_before‖ / ‖θ_after‖, ‖θ_after‖) over every trained parameter: how far one
+    optimiser step moved the weights relative to their size (the update ratio: it shows a learning
+    rate far too low, where the weights barely move, which a loss that falls slowly does not), and
+    their size (a norm that keeps falling shows a weight decay pulling the weights in faster than
+    the updates move them). `before` is consumed (overwritten with the difference)."""
     with torch.no_grad():
         torch._foreach_sub_(before, after)
         moved = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(before)))
         size = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(after)))
-        return float(moved / size.clamp_min(1e-12))
+        return float(moved / size.clamp_min(1e-12)), float(size)
 
 
 class StopRun(Exception):
@@ -113,7 +114,7 @@ class Trainer:
                 reason += f"; RMSNorm: {why}"
             self.policy.model.use_kernels(norm)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        self._before: list[torch.Tensor] | None = None   # the weights before a step (update_ratio)
+        self._before: list[torch.Tensor] | None = None   # the weights before a step (step_norms)
         # the fused AdamW step: one kernel over all parameters instead of ~10 ops per tensor (measured
         # 1.9 -> 0.7 ms per step on the 0.8M-parameter example, one CPU thread)
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.params)
@@ -207,7 +208,7 @@ class Trainer:
                     self._before = [torch.empty_like(p) for p in self.params]
                 torch._foreach_copy_(self._before, self.params)
             self.opt.step()
-            out["update_ratio"] = update_ratio(self._before, self.params)
+            out["update_ratio"], out["weight_norm"] = step_norms(self._before, self.params)
         out["t_update"] = time.perf_counter() - t0
         return out
 
