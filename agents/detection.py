@@ -123,6 +123,16 @@ class Thresholds:
     small_updates_max: float = 1e-3
     small_updates_aim: float = 7e-3    # the share a healthy run's first steps move: the raise aims there
     small_updates_raise_max: float = 100.0   # the largest single raise the finding proposes
+    # strong decay: AdamW's decoupled weight decay pulls the weights in by lr·wd of their size each
+    # step, and the updates push them out. Measured on the built-in model from its random init
+    # (addition2, sort4, reverse7 at lr 3e-3, 150 steps): without decay the weights' norm grows 2-5%;
+    # wd 0.1 holds it within 2%; wd 0.5 takes 15-18% off; wd 2 about 50% and wd 5 about 75%, most
+    # of it in the first 60 steps. At wd 5 the loss is far behind the healthy run's, at wd 2 on one
+    # family of three. A norm that fell by `decay_fall` (in log) over at least `decay_rows` rows,
+    # where the decay alone pulled at least that much, is the decay's doing; whether it harms is
+    # read from held-out (strong_decay)
+    decay_rows: int = 30
+    decay_fall: float = 0.3
     # departure harm: the target measured since the live config left the controller's, worse than at
     # the checkpoint before it by more than this (about 1.4 binomial SEs of a rate on 200 examples)
     departure_harm: float = 0.05
@@ -133,7 +143,7 @@ class Thresholds:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"Thresholds.{f.name}={v!r}: must be a finite number >= 0")
         for name in ("min_rows", "recent", "trailing", "scan", "plateau_evals", "label_noise_rows",
-                     "label_noise_heldout_evals", "not_learning_rows", "small_updates_rows"):
+                     "label_noise_heldout_evals", "not_learning_rows", "small_updates_rows", "decay_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name}={getattr(self, name)!r}: must be >= 1")
         if not self.input_share_before < self.input_share <= 1.0:

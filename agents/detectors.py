@@ -175,6 +175,60 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
                            "aim_ratio": th.small_updates_aim})
 
 
+# a decay whose pull on the weights' size per step (lr·wd) is at most this held a healthy SFT run's
+# norm about flat (wd 0.1 at lr 3e-3, the probe in Thresholds): the lowered weight decay aims there
+DECAY_PULL_FLAT = 3e-4
+DECAY_CUT = 10.0     # the least a lowering divides the weight decay by
+
+
+@detector("strong_decay")
+def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The weight decay pulls the weights in faster than the updates move them: over the rows written
+    since the controller's latest change (at least `decay_rows` of them, in the run's latest segment),
+    the weights' norm (the trainer's `weight_norm`) fell by at least `decay_fall` in log, the decoupled
+    decay in force alone pulled at least that much (the sum of lr·wd over the same steps: the fall is
+    the decay's doing, not something else shrinking the weights), and of the held-out evals since the
+    change the newest is short of the target and no better than the one before. Shrinking weights turn a step of the same size into a larger
+    change of what they compute, and the decay undoes what the steps learnt: the run learns slower or
+    not at all. The evidence carries the weight decay that would pull at most `DECAY_PULL_FLAT` per
+    step at the recipe's lr, and at most a `DECAY_CUT`-th of the one in force."""
+    wd = to_float((ev.recipe or {}).get("weight_decay"))
+    if not wd or wd <= 0:
+        return None
+    rows = [r for r in settled_rows(ev, known) if not r.get("skipped")
+            and is_finite(to_float(r.get("weight_norm"))) and is_finite(to_float(r.get("lr")))]
+    if len(rows) < th.decay_rows or not to_float(rows[-1]["weight_norm"]) > 0:
+        return None
+    first, last = float(rows[0]["weight_norm"]), float(rows[-1]["weight_norm"])
+    fall = math.log(first / last)
+    pull = sum(float(r["lr"]) * wd for r in rows[1:])
+    if fall < th.decay_fall or pull < fall:
+        return None
+    start, seg = int(rows[0].get("step", 0)), rows[-1].get("segment")
+    held = [(int(r.get("step", 0)), v) for r in ev.evals for v in [to_float(r.get(known.target_metric))]
+            if r.get("segment", seg) == seg and int(r.get("step", 0)) >= start and since(r, known) and is_finite(v)]
+    # the harm shown, not assumed: two evals since the change, the newer short of the target and no
+    # better than the one before (a run that learns under a strong decay is left to learn)
+    higher = known.target_op != "<="
+    if len(held) < 2 or (held[-1][1] > held[-2][1] + th.plateau_min_delta if higher
+                         else held[-1][1] < held[-2][1] - th.plateau_min_delta):
+        return None
+    if known.target_threshold is not None and (
+            held[-1][1] >= known.target_threshold if higher else held[-1][1] <= known.target_threshold):
+        return None
+    lr = to_float((ev.recipe or {}).get("lr")) or float(rows[-1]["lr"])
+    suggested = float(f"{min(wd / DECAY_CUT, DECAY_PULL_FLAT / lr):.2g}")
+    return make_diagnosis(ev, "strong_decay",
+                          f"the weights' norm fell from {first:.3g} to {last:.3g} over {len(rows)} steps, which the "
+                          f"weight decay {wd:g} alone accounts for (it pulled {pull:.2g} in log), and held-out is "
+                          f"{held[-1][1]:.3g}: the decay undoes what the steps learn",
+                          "warning",
+                          {"weight_decay": wd, "weight_decay_suggested": suggested, "lr": lr,
+                           "norm_first": first, "norm_last": last, "log_fall": fall, "decay_pull": pull,
+                           "rows": len(rows), "from_step": start, "heldout": [v for _, v in held[-2:]],
+                           "threshold_fall": th.decay_fall})
+
+
 @detector("plateau")
 def plateau(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The target metric has not improved by `plateau_min_delta` over the last `plateau_evals`

@@ -14,6 +14,9 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | entropy collapse, low temperature         | HARNESS_EDIT sampling.temperature → 1.0           | medium |
 |               | lr drift (the logged lr outside the recipe's schedule) | ROLLBACK to the last checkpoint before the change with the recipe's lr (RECIPE_EDIT without one) | medium |
 |               | recipe drift (the live recipe version is not the one set; only without an lr drift) | RECIPE_EDIT every recipe field → the controller's value | medium |
+|               | small updates (steps that barely move the weights, held-out at zero) | RECIPE_EDIT lr raised to a healthy step's size | medium |
+|               | strong decay (the weights' norm falling as fast as the decay pulls) | RECIPE_EDIT weight_decay lowered | medium |
+|               | not learning (no divergence, no lr moved for it yet) | ROLLBACK to the untrained checkpoint with lr × 0.1 (RECIPE_EDIT without it) | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
 |               | template mismatch                         | ROLLBACK to before the harness changed, template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
 |               | reward hacking                            | ROLLBACK to before its onset with reward.verifier → task (HARNESS_EDIT without such a checkpoint) | medium |
@@ -42,6 +45,7 @@ from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, r
 from agents.cluster_ops import ClusterOps
 from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, Diagnosis, Intervention, InterventionKind as K, Risk, Status
 from agents.evidence import Evidence
+from agents.progress import config_fields, departure_harmed, eval_series, rollback_stake
 from agents.recall import avoid_reason
 from trainer.runlog import INIT_CHECKPOINT
 
@@ -82,10 +86,11 @@ class Diagnostics(Operator):
             "rolled back to the last checkpoint before the problem, with the recipe's learning rate where the one "
             "in force left it, else a lower one; a KL blow-up gets a "
             "stronger KL penalty; lost exploration gets the sampling temperature back to 1.0; steps that barely "
-            "move the weights get a higher learning rate.")
+            "move the weights get a higher learning rate; weights the decay pulls in get a lower weight decay.")
     tools = frozenset({K.ROLLBACK, K.RECIPE_EDIT, K.HARNESS_EDIT})
     detectors = ("nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "entropy_collapse",
-                 "low_temperature", "plateau", "not_learning", "small_updates", "lr_drift", "recipe_drift")
+                 "low_temperature", "plateau", "not_learning", "small_updates", "strong_decay", "lr_drift",
+                 "recipe_drift")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
@@ -134,6 +139,18 @@ class Diagnostics(Operator):
                           "(the backtest compares that with carrying on).",
                 expected_effect="each step moving the weights several times more; the loss falling faster and "
                                 "held-out accuracy leaving its level within a few evals"))
+        elif "strong_decay" in found:
+            # the decay, not the data or the lr, shrinks what the steps learn: lower it and go on from
+            # the live weights (smaller weights are not broken weights: the updates grow them back)
+            d = found["strong_decay"]
+            wd, new_wd = _f(d.evidence.get("weight_decay")), _f(d.evidence.get("weight_decay_suggested"))
+            out.append(self.intervention(
+                K.RECIPE_EDIT, d, {"recipe.weight_decay": new_wd}, risk=Risk.MEDIUM,
+                rationale=f"{d.summary}. Weight decay {wd:g} → {new_wd:g}: at the recipe's lr it then pulls the "
+                          "weights in no faster than a healthy run's steps keep their size (the backtest compares "
+                          "that with carrying on).",
+                expected_effect="the weights' norm levelling off or growing again; the loss falling faster and "
+                                "held-out rising within a few evals"))
         elif "not_learning" in found and not any(
                 iv.status in IN_EFFECT and iv.diagnosis.name in ("not_learning", "small_updates") and "recipe.lr" in iv.changes
                 for iv in ctx.history):
@@ -383,89 +400,6 @@ def departure_fix(op: Operator, d: Diagnosis, section: str, edit: K, ev: Evidenc
             expected_effect=effect + " from the checkpoint's level")
     return op.intervention(edit, d, changes, risk=Risk.MEDIUM, rationale=why + " (no checkpoint predates the change).",
                            expected_effect=effect)
-
-
-def eval_series(ev: Evidence, metric: str) -> list[tuple[int, int, float]]:
-    """The run's finite evals of `metric` as (segment, step, value), in the order written."""
-    return [(int(r.get("segment", 0)), int(r["step"]), float(r[metric])) for r in ev.evals
-            if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric]) and "step" in r]
-
-
-def progress_since(evals: list[tuple[int, int, float]], ckpt_step: int, higher_is_better: bool) -> float | None:
-    """How far the target moved towards the goal over the steps a rollback to the checkpoint at
-    `ckpt_step` would throw away: the best eval since it (of the newest segment, steps after the
-    checkpoint) against the latest eval at or before it — or, with none there (the untrained start),
-    against the first eval since. `evals` are (segment, step, value) in the order written; None
-    when no eval follows the checkpoint."""
-    if not evals:
-        return None
-    seg = evals[-1][0]
-    after = [v for g, st, v in evals if g == seg and st > ckpt_step]
-    if not after:
-        return None
-    before = [v for _, st, v in evals if st <= ckpt_step]
-    sign = 1.0 if higher_is_better else -1.0
-    then = before[-1] if before else after[0]
-    return max(sign * (v - then) for v in after)
-
-
-def rollback_stake(evals: list[tuple[int, int, float]], ckpt_step: int, now_step: int, stake_steps: int | None,
-                   harm: float, higher_is_better: bool) -> str | None:
-    """What going back to the checkpoint at `ckpt_step` would throw away that a departure's fix may
-    not bet (None: nothing): the steps since it, when they are more than `stake_steps` (what
-    verifying a fix by backtest trains: the most a departure's rollback bets) and moved the target
-    towards the goal by more than `harm` (`progress_since`) — steps that measurably gained nothing
-    are no stake, however many (a run whose weights a wrong lr wrecked sits at 0). The one rule the
-    proposer (`departure_fix`) and the controller applying the rollback later (`too_far_back`) read."""
-    lost = now_step - ckpt_step
-    if stake_steps is None or lost <= stake_steps:
-        return None
-    gained = progress_since(evals, ckpt_step, higher_is_better)
-    if gained is not None and gained <= harm:
-        return None
-    moved = f", over which the target moved {gained:+.3g}" if gained is not None else ""
-    return f"{lost} steps back{moved}: more than verifying a fix by backtest trains ({stake_steps})"
-
-
-def departure_harmed(ev: Evidence, ctx: OperatorContext, ckpt_step: int, since: int, harm: float) -> str | None:
-    """How the target measured since a departure (the latest eval at or after `since`) is worse than
-    at the checkpoint (the latest eval at or before `ckpt_step` that predates the departure) by
-    more than `harm`, or None: no eval on either side, or not that much worse."""
-    metric, sign = ctx.target.metric, (1.0 if ctx.target.op == ">=" else -1.0)
-    evals = [(int(r.get("step", 0)), float(r[metric])) for r in ev.evals
-             if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
-    first_after = next((i for i, (st, _) in enumerate(evals) if st >= since), None)
-    if first_after is None:
-        return None
-    before = [v for st, v in evals[:first_after] if st <= ckpt_step]
-    if not before:
-        return None
-    then, now = before[-1], evals[-1][1]
-    if sign * (then - now) <= harm:
-        return None
-    return f"{metric} fell from {then:.3g} at the checkpoint to {now:.3g} since"
-
-
-def config_fields(section: str, data: dict[str, Any]) -> dict[str, Any]:
-    """Every leaf of the `harness` or `recipe` section (its defaults filled in) as a dotted change;
-    of the recipe, every field its version covers (not the run-control fields, which the
-    controller sets from the goal's budget and target)."""
-    from harness.spec import HarnessSpec
-    from trainer.config import RUN_CONTROL, Recipe
-
-    model = {"harness": HarnessSpec, "recipe": Recipe}[section]
-    skip = set(RUN_CONTROL) if section == "recipe" else set()
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict) and node:
-            for k, v in node.items():
-                walk(f"{prefix}.{k}", v)
-        else:
-            out[prefix] = node
-
-    walk(section, model.model_validate(data).model_dump(mode="json", exclude=skip))
-    return out
 
 
 def harness_changed_at(ev: Evidence, onset: int, within: int = HARNESS_ONSET_STEPS) -> int | None:

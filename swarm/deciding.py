@@ -20,7 +20,8 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import is_eval_row
-from agents.operators import config_fields, eval_series, inconclusive, never_learnt, progress_since, rollback_stake
+from agents.operators import inconclusive, never_learnt
+from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for, start_over
 from swarm.decisions import (BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
                              corroborated_by, outlook, persistence, plan, rate_var, retry_horizon, run_looks, schedule,

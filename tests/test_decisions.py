@@ -9,7 +9,7 @@ from swarm.decisions import (ArmScore, Backtest, BacktestSpec, Extend, Facts, Lo
                              schedule, worth_verifying, corroborated_by,
                              PERSIST_WITHIN, Sighting, persistence)
 from swarm.judging import Control, Kept, Pending, RolledBack, Window, judge, wasted
-from agents.operators import progress_since
+from agents.progress import progress_since
 
 SPEC = BacktestSpec(horizon_steps=40, seeds=(0, 1))
 

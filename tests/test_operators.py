@@ -692,7 +692,7 @@ def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():
     version nobody set: HarnessCritic sets every harness field back to the controller's value."""
     from test_detectors import stuck_rows
 
-    from agents.operators import config_fields
+    from agents.progress import config_fields
 
     rows = stuck_rows()
     for r in rows:
@@ -762,7 +762,7 @@ def test_a_recipe_nobody_set_is_set_again_field_by_field_and_the_lr_drift_goes_f
     Diagnostics sets every recipe field the version covers back to the controller's value — not
     the run's length, which the controller sets from its budget. When the lr is what left, the lr
     fix (it names the field, and rolls back steps trained at it) is the one proposed."""
-    from agents.operators import config_fields
+    from agents.progress import config_fields
     from test_detectors import drifted
 
     from trainer.config import Recipe

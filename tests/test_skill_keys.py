@@ -15,7 +15,7 @@ import yaml
 
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Status
 from agents.miner import SkillMiner, key
-from agents.operators import config_fields
+from agents.progress import config_fields
 from skills import parse_skill, seed_dir
 from swarm.graph import SwarmState
 from test_claims import Recorder, close, controller
