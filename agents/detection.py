@@ -115,13 +115,16 @@ class Thresholds:
     # small updates: an optimiser step moves the weights by a tiny share of their size. Measured on
     # the built-in model from its random init (the suite's five SFT families, 150 steps each): a
     # healthy run's steps move 0.3-1% of the weights' norm (lr 3e-3), a GRPO family's SFT warm-up
-    # at lr 3e-4 0.11-0.15%, and runs at 1/30 and 1/200 of 3e-3 0.03-0.07% and ~0.007%, about in
-    # proportion to the lr: below `small_updates_max` a run that has learnt nothing will not in
+    # at lr 3e-4 0.11-0.15%, and runs at 1/30 and 1/200 of 3e-3 0.03-0.07% and ~0.007%: below `small_updates_max` a run that has learnt nothing will not in
     # its budget. Calibrated for training from scratch; a pretrained model's fine-tuning moves less
     # by design (the detector judges only runs at the not-learning level)
     small_updates_rows: int = 40
     small_updates_max: float = 1e-3
     small_updates_aim: float = 7e-3    # the share a healthy run's first steps move: the raise aims there
+    # and the ratio grows less than in proportion to the lr: as lr^0.75 (the median slope, in log,
+    # from lr x0.03-x0.005 to the family's lr, steps 10-50 of addition2, reverse7, sort4 and
+    # countdown2: 0.61-0.82), so the raise is (aim / ratio)^(1 / exponent)
+    small_updates_exponent: float = 0.75
     small_updates_raise_max: float = 100.0   # the largest single raise the finding proposes
     # strong decay: AdamW's decoupled weight decay pulls the weights in by lr·wd of their size each
     # step, and the updates push them out. Measured on the built-in model from its random init
@@ -149,6 +152,8 @@ class Thresholds:
         if not self.input_share_before < self.input_share <= 1.0:
             raise ValueError(f"Thresholds.input_share={self.input_share!r}: must be above input_share_before "
                              f"({self.input_share_before!r}) and at most 1")
+        if self.small_updates_exponent <= 0:
+            raise ValueError(f"Thresholds.small_updates_exponent={self.small_updates_exponent!r}: must be above 0")
         if self.input_slowdown <= 1.0 or self.label_ok_min > 1.0:
             raise ValueError(f"Thresholds: input_slowdown={self.input_slowdown!r} must be above 1 and "
                              f"label_ok_min={self.label_ok_min!r} at most 1")

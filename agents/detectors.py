@@ -130,7 +130,8 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     design) and no better than the one before it (if there is one). The learning
     rate is far too low: a loss that falls slowly looks like learning, but the run will not get
     anywhere in its budget. The evidence carries the ratio and the lr that would move the weights
-    by `small_updates_aim` (at most `small_updates_raise_max`× the lr). Rows and evals from before the
+    by `small_updates_aim` (the ratio grows as the lr to the power `small_updates_exponent`; at most
+    `small_updates_raise_max`× the lr). Rows and evals from before the
     controller's latest change do not count (they show the lr it replaced). GRPO steps move the
     weights less by design; they are not judged here."""
     if algorithm(ev) not in ("sft", "distill") or known.target_metric != "heldout_acc":
@@ -161,7 +162,7 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     if held[-1] > th.not_learning_heldout_max:
         return None
     lr = peak or to_float(rows[-1].get("lr"))
-    factor = min(th.small_updates_raise_max, th.small_updates_aim / max(ratio, 1e-12))
+    factor = min(th.small_updates_raise_max, (th.small_updates_aim / max(ratio, 1e-12)) ** (1 / th.small_updates_exponent))
     suggested = float(f"{min(lr * factor, LR_CEILING):.3g}") if lr else None
     if suggested is None or suggested < SMALLEST_RAISE * lr:
         return None     # no raise worth a backtest left (the lr at the ceiling): not this finding's to name

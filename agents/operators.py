@@ -134,8 +134,9 @@ class Diagnostics(Operator):
             lr, new_lr = _f(d.evidence.get("lr")), _f(d.evidence.get("lr_suggested"))
             out.append(self.intervention(
                 K.RECIPE_EDIT, d, {"recipe.lr": new_lr}, risk=Risk.MEDIUM,
-                rationale=f"{d.summary}. At this size a step moves the weights in proportion to the learning rate, "
-                          f"so lr {lr:.3g} → {new_lr:.3g} brings a step to the share a healthy run's first steps move "
+                rationale=f"{d.summary}. A step moves the weights about as the learning rate to the power "
+                          f"{self.thresholds.small_updates_exponent:g}, so lr {lr:.3g} → {new_lr:.3g} brings a step "
+                          "to the share a healthy run's first steps move "
                           "(the backtest compares that with carrying on).",
                 expected_effect="each step moving the weights several times more; the loss falling faster and "
                                 "held-out accuracy leaving its level within a few evals"))

@@ -68,7 +68,8 @@ def low_rows(n: int = 120, ratio: float = 1e-4, lr: float = 3e-5, held: float = 
 def test_fires_on_steps_that_barely_move_the_weights_and_names_the_lr_that_would():
     d = detect(make_ev(low_rows(), recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN)
     assert d is not None and d.severity == "warning"
-    factor = min(THRESHOLDS.small_updates_raise_max, THRESHOLDS.small_updates_aim / 1e-4)
+    factor = min(THRESHOLDS.small_updates_raise_max,
+                 (THRESHOLDS.small_updates_aim / 1e-4) ** (1 / THRESHOLDS.small_updates_exponent))
     assert d.evidence["lr_suggested"] == pytest.approx(3e-5 * factor, rel=1e-2)
     assert d.evidence["update_ratio_median"] == pytest.approx(1e-4)
     # one eval in the segment is enough to know the target is not met
