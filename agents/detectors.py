@@ -124,7 +124,7 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     """The optimiser's steps barely move the weights and held-out does not rise: over the newest
     `small_updates_rows` SFT or distill rows of the segment, the median update ratio (the trainer's
     ‖Δθ‖/‖θ‖ per step), scaled to the recipe's lr where the schedule's lr in force is lower (a
-    warm-up, a decay: the ratio goes with the lr at this size), is below `small_updates_max`, and
+    warm-up, a decay: the ratio goes with the lr to the power `small_updates_exponent`), is below `small_updates_max`, and
     the newest held-out eval of the segment is at the not-learning level (≤ `not_learning_heldout_max`:
     a run that learnt part of the task, a pretrained model above all, moves by small steps by
     design) and no better than the one before it (if there is one). The learning
@@ -142,7 +142,7 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     for r in rows[-th.small_updates_rows :]:
         u, lr = to_float(r.get("update_ratio")), to_float(r.get("lr"))
         if is_finite(u) and is_finite(lr) and lr > 0:
-            scaled.append(u * max(1.0, (peak or lr) / lr))
+            scaled.append(u * max(1.0, (peak or lr) / lr) ** th.small_updates_exponent)
     if len(scaled) < th.small_updates_rows:
         return None
     ratio = median_of(scaled)
@@ -179,54 +179,66 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
 # a decay whose pull on the weights' size per step (lr·wd) is at most this held a healthy SFT run's
 # norm about flat (wd 0.1 at lr 3e-3, the probe in Thresholds): the lowered weight decay aims there
 DECAY_PULL_FLAT = 3e-4
+DECAY_STRONG = 5.0   # a decay pulling less than this many times that is not judged (wd 0.5 at lr 3e-3 is 5x)
 DECAY_CUT = 10.0     # the least a lowering divides the weight decay by
 
 
 @detector("strong_decay")
 def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
-    """The weight decay pulls the weights in faster than the updates move them: over the rows written
-    since the controller's latest change (at least `decay_rows` of them, in the run's latest segment),
-    the weights' norm (the trainer's `weight_norm`) fell by at least `decay_fall` in log, the decoupled
-    decay in force alone pulled at least that much (the sum of lr·wd over the same steps: the fall is
-    the decay's doing, not something else shrinking the weights), and of the held-out evals since the
-    change the newest is short of the target and no better than the one before. Shrinking weights turn a step of the same size into a larger
-    change of what they compute, and the decay undoes what the steps learnt: the run learns slower or
-    not at all. The evidence carries the weight decay that would pull at most `DECAY_PULL_FLAT` per
-    step at the recipe's lr, and at most a `DECAY_CUT`-th of the one in force."""
+    """The weight decay pulls the weights in faster than the updates move them. Over the rows of one
+    recipe version written since the controller's latest change (at least `decay_rows` of them, in
+    the run's latest segment):
+    - the decay in force pulls at least `DECAY_STRONG`× `DECAY_PULL_FLAT` per step at the recipe's
+      lr (what a healthy run's updates offset: a decay below that is not judged);
+    - the weights' norm (the trainer's `weight_norm`) fell by at least `decay_fall` in log and is
+      not growing again (its newest value at most the window's middle one);
+    - the decoupled decay alone pulled at least that much (Σ −log(1 − lr·wd) over the same steps):
+      the fall is the decay's doing, not something else shrinking the weights;
+    - of the held-out evals since the change, at least two, the newest is short of the target and
+      no better than the best of the two before it (the harm is shown, not assumed: a run that
+      learns under a strong decay is left to learn).
+    Shrinking weights turn a step of the same size into a larger change of what they compute, and
+    the decay undoes what the steps learnt. Any algorithm: the pull is AdamW's, whatever the loss
+    (the thresholds were measured on SFT runs). The evidence carries the weight decay that pulls at
+    most `DECAY_PULL_FLAT` per step at the recipe's lr, and at most a `DECAY_CUT`-th of the one in force."""
     wd = to_float((ev.recipe or {}).get("weight_decay"))
     if not wd or wd <= 0:
         return None
     rows = [r for r in settled_rows(ev, known) if not r.get("skipped")
             and is_finite(to_float(r.get("weight_norm"))) and is_finite(to_float(r.get("lr")))]
+    version = rows[-1].get("recipe_version") if rows else None
+    rows = [r for r in rows if r.get("recipe_version") == version]      # one wd over the window
     if len(rows) < th.decay_rows or not to_float(rows[-1]["weight_norm"]) > 0:
         return None
-    first, last = float(rows[0]["weight_norm"]), float(rows[-1]["weight_norm"])
+    lr = to_float((ev.recipe or {}).get("lr")) or max(float(r["lr"]) for r in rows)
+    if not lr > 0 or lr * wd < DECAY_STRONG * DECAY_PULL_FLAT or max(float(r["lr"]) for r in rows) * wd >= 1:
+        return None
+    first, mid, last = (float(rows[i]["weight_norm"]) for i in (0, len(rows) // 2, -1))
     fall = math.log(first / last)
-    pull = sum(float(r["lr"]) * wd for r in rows[1:])
-    if fall < th.decay_fall or pull < fall:
+    pull = -sum(math.log1p(-float(r["lr"]) * wd) for r in rows[1:])
+    if fall < th.decay_fall or pull < fall or last > mid:
         return None
     start, seg = int(rows[0].get("step", 0)), rows[-1].get("segment")
-    held = [(int(r.get("step", 0)), v) for r in ev.evals for v in [to_float(r.get(known.target_metric))]
+    held = [v for r in ev.evals for v in [to_float(r.get(known.target_metric))]
             if r.get("segment", seg) == seg and int(r.get("step", 0)) >= start and since(r, known) and is_finite(v)]
-    # the harm shown, not assumed: two evals since the change, the newer short of the target and no
-    # better than the one before (a run that learns under a strong decay is left to learn)
     higher = known.target_op != "<="
-    if len(held) < 2 or (held[-1][1] > held[-2][1] + th.plateau_min_delta if higher
-                         else held[-1][1] < held[-2][1] - th.plateau_min_delta):
+    if len(held) < 2:
+        return None
+    before = max(held[-3:-1]) if higher else min(held[-3:-1])
+    if held[-1] > before + th.plateau_min_delta if higher else held[-1] < before - th.plateau_min_delta:
         return None
     if known.target_threshold is not None and (
-            held[-1][1] >= known.target_threshold if higher else held[-1][1] <= known.target_threshold):
+            held[-1] >= known.target_threshold if higher else held[-1] <= known.target_threshold):
         return None
-    lr = to_float((ev.recipe or {}).get("lr")) or float(rows[-1]["lr"])
     suggested = float(f"{min(wd / DECAY_CUT, DECAY_PULL_FLAT / lr):.2g}")
     return make_diagnosis(ev, "strong_decay",
                           f"the weights' norm fell from {first:.3g} to {last:.3g} over {len(rows)} steps, which the "
                           f"weight decay {wd:g} alone accounts for (it pulled {pull:.2g} in log), and held-out is "
-                          f"{held[-1][1]:.3g}: the decay undoes what the steps learn",
+                          f"{held[-1]:.3g}: the decay undoes what the steps learn",
                           "warning",
                           {"weight_decay": wd, "weight_decay_suggested": suggested, "lr": lr,
                            "norm_first": first, "norm_last": last, "log_fall": fall, "decay_pull": pull,
-                           "rows": len(rows), "from_step": start, "heldout": [v for _, v in held[-2:]],
+                           "rows": len(rows), "from_step": start, "heldout": held[-3:],
                            "threshold_fall": th.decay_fall})
 
 

@@ -15,14 +15,15 @@ candidate rolls back to the start. Candidates tried before in this run (same fie
 are skipped, so the search moves on instead of repeating itself; a fix kept moves the search's
 centre, and the candidates are computed again from the new values, bracketed by the value the fix
 moved away from (`moves`): a run stuck again after a move in one direction gets the move back
-first, short of where it came from.
+first, short of where it came from. A cause whose every fix in this run failed holds the search back
+no longer.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from agents.base import IN_EFFECT, Operator, OperatorContext
+from agents.base import FAILED, IN_EFFECT, Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
@@ -101,6 +102,14 @@ def candidates(ctx: OperatorContext, algorithm: str) -> list[dict[str, Any]]:
     return out
 
 
+def spent(ctx: OperatorContext, finding: str) -> bool:
+    """Whether every fix proposed in this run for `finding` failed (rejected, or rolled back): the
+    cause it names is then no reason to hold the search back, or one false finding would stop it
+    for good."""
+    fixes = [iv for iv in ctx.history if iv.diagnosis.name == finding]
+    return bool(fixes) and all(iv.status in FAILED for iv in fixes)
+
+
 def tried(ctx: OperatorContext) -> list[dict[str, Any]]:
     return [iv.changes for iv in ctx.history if iv.changes]
 
@@ -126,7 +135,7 @@ class Explorer(Operator):
         if stuck is None:
             return []
         findings = ctx.findings if ctx.findings is not None else run_detectors(self.view(ev, ctx), known=ctx.known())
-        if any(d.name in CAUSES and d.severity != "info" for d in findings):
+        if any(d.name in CAUSES and d.severity != "info" and not spent(ctx, d.name) for d in findings):
             return []
         done = tried(ctx)
         every = candidates(ctx, str(ctx.get("recipe.algorithm") or "sft"))

@@ -65,6 +65,8 @@ FINDING_FIELDS: dict[str, tuple[str, ...]] = {
     "malformed_rate": ("harness.template", "harness.answer"),
     "reward_hacking": ("harness.reward",),
     "kl_blowup": ("recipe.kl_coef",),
+    "small_updates": ("recipe.lr",),
+    "strong_decay": ("recipe.weight_decay",),
 }
 # kinds whose fix is the changes alone: one that moved no field fixed nothing (a rollback or a
 # restart acts on the job and may name no field)

@@ -107,7 +107,7 @@ class Deciding:
     def too_far_back(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:
         """Why a departure's rollback goes only as far as its edit now (None: it rolls back): the
         run moved on since it was proposed, and going back would now throw away a stake
-        (agents.operators.rollback_stake, the rule its proposer read)."""
+        (agents.progress.rollback_stake, the rule its proposer read)."""
         if target is None or not pre or iv.diagnosis.name not in DEPARTURE:
             return None
         ckpt = next((c for c in self.checkpoints() if c["name"] == target), None)
@@ -120,7 +120,7 @@ class Deciding:
 
     def nothing_staked(self, ckpt_step: int) -> bool:
         """The steps since the checkpoint at `ckpt_step` moved the target by no more than
-        `departure_harm` (agents.operators.progress_since; False when no eval follows it)."""
+        `departure_harm` (agents.progress.progress_since; False when no eval follows it)."""
         gained = progress_since(eval_series(self.evidence(JobStatus.RUNNING), self.goal.target.metric), ckpt_step,
                                 self.goal.target.op == ">=")
         return gained is not None and gained <= THRESHOLDS.departure_harm

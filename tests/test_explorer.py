@@ -71,6 +71,11 @@ def test_quiet_on_a_healthy_run_and_when_a_finding_names_the_cause():
     assert Explorer().builtin(make_ev(stuck_rows()), c.with_findings(found + [cause])) == []
     info = cause.model_copy(update={"name": "throughput_drop", "severity": "info"})
     assert Explorer().builtin(make_ev(stuck_rows()), ctx(**STUCK_CTX).with_findings(found + [info]))
+    # a cause whose every fix failed holds the search back no longer; one still pending does
+    fix = iv_(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    for status, searched in ((Status.REJECTED, True), (Status.ROLLED_BACK, True), (Status.BACKTESTING, False)):
+        c = ctx(**STUCK_CTX, history=[fix.model_copy(update={"status": status})])
+        assert bool(Explorer().builtin(make_ev(stuck_rows()), c.with_findings(found + [cause]))) is searched, status
 
 
 def test_every_candidate_stays_in_its_fields_range_and_moves():

@@ -72,6 +72,10 @@ def test_fires_on_steps_that_barely_move_the_weights_and_names_the_lr_that_would
                  (THRESHOLDS.small_updates_aim / 1e-4) ** (1 / THRESHOLDS.small_updates_exponent))
     assert d.evidence["lr_suggested"] == pytest.approx(3e-5 * factor, rel=1e-2)
     assert d.evidence["update_ratio_median"] == pytest.approx(1e-4)
+    # the raise follows the ratio's slope in the lr (0.75 in log), not proportion: from a ratio a
+    # tenth of the aim, the lr goes up 10^(1/0.75) = 21.5x, not 10x
+    d = detect(make_ev(low_rows(ratio=7e-4), recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN)
+    assert d.evidence["lr_suggested"] == pytest.approx(6.46e-4, rel=1e-2)
     # one eval in the segment is enough to know the target is not met
     one = [r for r in low_rows() if "heldout_acc" not in r or r["step"] == 100]
     assert detect(make_ev(one, recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is not None
@@ -112,7 +116,7 @@ def test_quiet_where_the_weights_move_or_held_out_rises_or_the_target_is_met():
 
 def test_a_warm_up_lr_is_scaled_to_the_recipes_before_it_is_judged():
     """During a warm-up the lr in force is a share of the recipe's: steps of a healthy lr that is
-    still ramping up move the weights less in proportion, and are not a finding."""
+    still ramping up move the weights less (as the lr to the power 0.75), and are not a finding."""
     rows = low_rows(ratio=5e-4, lr=3e-4)             # a tenth of the recipe's 3e-3
     assert detect(make_ev(rows, recipe={"algorithm": "sft", "lr": 3e-3}), THRESHOLDS, KNOWN) is None
     assert detect(make_ev(rows, recipe={"algorithm": "sft", "lr": 3e-4}), THRESHOLDS, KNOWN) is not None

@@ -70,18 +70,30 @@ def test_fires_where_the_decay_accounts_for_a_falling_norm_and_names_a_lower_dec
     assert d.evidence["decay_pull"] >= d.evidence["log_fall"]
     assert d.evidence["weight_decay_suggested"] == pytest.approx(DECAY_PULL_FLAT / 3e-3, rel=0.05)
     # a lower lr's decay pulls less per step: the lowered decay is a tenth of the one in force at most
-    rows = decay_rows(n=400, lr=3e-4)
-    d = detect(make_ev(rows, recipe={"algorithm": "sft", "lr": 3e-4, "weight_decay": 5.0}), THRESHOLDS, KNOWN)
-    assert d is not None and d.evidence["weight_decay_suggested"] == pytest.approx(5.0 / DECAY_CUT)
+    rows = decay_rows(n=400, lr=3e-4, wd=8.0)
+    d = detect(make_ev(rows, recipe={"algorithm": "sft", "lr": 3e-4, "weight_decay": 8.0}), THRESHOLDS, KNOWN)
+    assert d is not None and d.evidence["weight_decay_suggested"] == pytest.approx(8.0 / DECAY_CUT)
 
 
 def test_quiet_without_decay_or_where_it_cannot_account_for_the_fall_or_the_target_is_met():
     recipe = {"algorithm": "sft", "lr": 3e-3, "weight_decay": 5.0}
     no_decay = dict(recipe, weight_decay=0.0)
     assert detect(make_ev(decay_rows(), recipe=no_decay), THRESHOLDS, KNOWN) is None
-    # the norm falls faster than a weak decay could pull it: something else shrinks the weights
-    weak = dict(recipe, weight_decay=0.1)
-    assert detect(make_ev(decay_rows(wd=20.0), recipe=weak), THRESHOLDS, KNOWN) is None
+    # the norm falls faster than the decay could pull it: something else shrinks the weights
+    assert detect(make_ev(decay_rows(wd=20.0), recipe=dict(recipe, weight_decay=1.0)), THRESHOLDS, KNOWN) is None
+    # a usual AdamW decay (wd 0.1 at lr 3e-3) is not judged, however long the run and its fall
+    long = decay_rows(n=1100, wd=0.1, share=0.95, held=0.5)
+    assert detect(make_ev(long, recipe=dict(recipe, weight_decay=0.1)), THRESHOLDS, KNOWN) is None
+    # the norm fell, then the updates grew it again: the decay no longer holds it down
+    regrown = decay_rows(n=80)
+    for i, r in enumerate(regrown[40:]):
+        r["weight_norm"] = regrown[39]["weight_norm"] * (1.0 + 0.01 * i)
+    assert detect(make_ev(regrown, recipe=recipe), THRESHOLDS, KNOWN) is None
+    # no lr known anywhere (a schedule at its end): nothing to judge, and no error
+    flat_out = decay_rows()
+    for r in flat_out:
+        r["lr"] = 0.0
+    assert detect(make_ev(flat_out, recipe={"algorithm": "sft", "weight_decay": 5.0}), THRESHOLDS, KNOWN) is None
     # the norm holds: the updates balance what the decay pulls
     assert detect(make_ev(decay_rows(share=0.0), recipe=recipe), THRESHOLDS, KNOWN) is None
     assert detect(make_ev(decay_rows(held=0.96), recipe=recipe), THRESHOLDS, KNOWN) is None     # target 0.95 met
