@@ -110,6 +110,16 @@ def sft_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
                                      for k in changes)
 
 
+def heldout_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
+    """Both arms score the likelihood of the same held-out answers in the same way, so their
+    held-out answer losses compare: the run learns SFT targets and the intervention changes neither
+    the algorithm nor how a question and its answer are rendered (the template, the answer format).
+    Training data may differ (a curriculum, a filter, the batch): the held-out set does not. Only
+    evals of SFT steps write the loss; a pair of arms without it on both sides is not read."""
+    return not any(k == "recipe.algorithm" or k == f"{hc.PREFIX}template" or k.startswith(f"{hc.PREFIX}answer")
+                   for k in changes)
+
+
 def same_data(changes: dict[str, Any]) -> bool:
     """Both arms train on the same examples (their training pass rates compare)."""
     return not any(hc.changes_data(k) or k == "recipe.batch_size" for k in changes)
@@ -294,7 +304,8 @@ def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_
     """The decision rule's settings for this intervention's arms."""
     return Rule(alpha=alpha, higher_is_better=higher_is_better, eval_size=eval_size,
                 target_is_rate=metric in HELDOUT_METRICS,
-                losses_compare=sft_comparable(base, iv.changes), same_data=same_data(iv.changes),
+                losses_compare=sft_comparable(base, iv.changes), heldout_compares=heldout_comparable(base, iv.changes),
+                same_data=same_data(iv.changes),
                 looks=looks, look=look, share=share)
 
 

@@ -541,6 +541,7 @@ class Rule:
     eval_size: int = 200                  # held-out examples behind each arm's target
     target_is_rate: bool = True           # a share of eval_size examples (binomial noise known)
     losses_compare: bool = False          # both arms train SFT on the same targets
+    heldout_compares: bool = False        # both arms score the same held-out answers the same way
     same_data: bool = False               # both arms train on the same data (pass rates compare)
     looks: int = 1                        # looks planned at this fork (`schedule`)
     look: int = 1                         # this look's number
@@ -644,7 +645,7 @@ def signals(pairs: list[Pair], rule: Rule) -> list[Signal]:
     # included, where a format count moves by whole examples (noise, early in learning)
     hl = [p for p in ok if None not in (p.candidate.heldout_loss, p.control.heldout_loss,
                                         p.candidate.heldout_loss_se, p.control.heldout_loss_se)]
-    if rule.losses_compare and hl and len(hl) == len(ok):
+    if rule.heldout_compares and hl and len(hl) == len(ok):
         ref = sum(p.control.heldout_loss for p in hl) / len(hl)
         s = combine([p.control.heldout_loss - p.candidate.heldout_loss for p in hl],
                     [p.candidate.heldout_loss_se ** 2 + p.control.heldout_loss_se ** 2 for p in hl], 0.01 * abs(ref),

@@ -48,7 +48,7 @@ def simulate(rate: float, spread: float, *, effect: float = 0.0, retries: bool =
     validated = 0
     for _ in range(n):
         for k in range(RETRY_DOUBLINGS + 1 if retries else 1):
-            d, pairs, _, _ = run_looks(looks, measure, lambda i: Rule(alpha=ALPHA, eval_size=N_EVAL, losses_compare=secondary,
+            d, pairs, _, _ = run_looks(looks, measure, lambda i: Rule(alpha=ALPHA, eval_size=N_EVAL, losses_compare=secondary, heldout_compares=secondary,
                                                                         looks=len(looks), look=i,
                                                                         share=try_share(k) if spend else 1.0))
             if isinstance(d, Validated):

@@ -164,10 +164,10 @@ def test_a_large_lr_raise_whose_held_out_answer_loss_fell_is_validated_on_held_o
     def arm(hl):
         return ArmScore(target=0.0, format_fail=0.0, loss=2.0, loss_se=0.01, heldout_loss=hl, heldout_loss_se=0.02)
     pairs = [Pair(0, arm(1.5), arm(2.0))]
-    d = decide(pairs, Rule(eval_size=200, losses_compare=True))
+    d = decide(pairs, Rule(eval_size=200, losses_compare=True, heldout_compares=True))
     assert isinstance(d, Validated) and d.signal.name == HELDOUT_LOSS_SIGNAL, d
     # the same arms where the targets are not rendered alike: the answer loss is not compared
-    d2 = decide(pairs, Rule(eval_size=200, losses_compare=False))
+    d2 = decide(pairs, Rule(eval_size=200, losses_compare=False, heldout_compares=False))
     assert not isinstance(d2, Validated), d2
     iv = iv_(K.RECIPE_EDIT, {"recipe.lr": 1.2e-3}, "small_updates")
     now = {"recipe.lr": 3e-5}
@@ -211,15 +211,15 @@ def test_held_out_evidence_that_conflicts_is_measured_again_never_read_away():
     def arm(hl, ff):
         return ArmScore(target=0.0, format_fail=ff, heldout_loss=hl, heldout_loss_se=0.02)
     conflict = [Pair(0, arm(1.5, 0.40), arm(2.0, 0.05))]
-    assert isinstance(decide(conflict, Rule(eval_size=200, losses_compare=True, looks=2, look=1)), Extend)
-    d = decide(conflict, Rule(eval_size=200, losses_compare=True, looks=2, look=2))
+    assert isinstance(decide(conflict, Rule(eval_size=200, losses_compare=True, heldout_compares=True, looks=2, look=1)), Extend)
+    d = decide(conflict, Rule(eval_size=200, losses_compare=True, heldout_compares=True, looks=2, look=2))
     assert isinstance(d, Rejected) and "credibly worse" in d.reason, d
     # a credible gain on the target itself decides, as it always has
     on_target = [Pair(0, ArmScore(target=0.5, format_fail=0.40, heldout_loss=1.5, heldout_loss_se=0.02),
                       ArmScore(target=0.1, format_fail=0.05, heldout_loss=2.0, heldout_loss_se=0.02))]
-    assert isinstance(decide(on_target, Rule(eval_size=200, losses_compare=True, looks=2, look=2)), Validated)
+    assert isinstance(decide(on_target, Rule(eval_size=200, losses_compare=True, heldout_compares=True, looks=2, look=2)), Validated)
     agree = [Pair(0, arm(1.5, 0.05), arm(2.0, 0.05))]
-    assert isinstance(decide(agree, Rule(eval_size=200, losses_compare=True, looks=2, look=2)), Validated)
+    assert isinstance(decide(agree, Rule(eval_size=200, losses_compare=True, heldout_compares=True, looks=2, look=2)), Validated)
 
 
 def test_a_raise_kept_for_small_steps_is_not_lowered_again_by_not_learning():
@@ -236,3 +236,29 @@ def test_a_raise_kept_for_small_steps_is_not_lowered_again_by_not_learning():
     assert "not_learning" in {d.name for d in Diagnostics().diagnose(ev, c)}
     assert [iv.changes for iv in Diagnostics().builtin(ev, c)] == [{"recipe.lr": 1.2e-4}]   # without the raise
     assert Diagnostics().builtin(ev, ctx(**{**c.model_dump(), "history": [raised]})) == []
+
+
+def test_a_data_change_is_judged_on_the_held_out_answer_loss_too():
+    """A curriculum or a filter changes what the arms train on, so their training losses do not
+    compare; the held-out set and how its answers are rendered stay the same, so the held-out answer
+    loss does. A change of the answer format or the template renders them differently: not read."""
+    from swarm.backtest import rule_for
+    from swarm.decisions import HELDOUT_LOSS_SIGNAL, ArmScore, Pair, Validated, decide
+
+    base = {"recipe": {"algorithm": "sft"}}
+
+    def rule(changes: dict):
+        return rule_for(iv_(K.DATA_CHANGE, changes), base, alpha=0.2, higher_is_better=True, metric="heldout_acc",
+                        eval_size=200, looks=1, look=1)
+
+    data = rule({"harness.curriculum.start": 3})
+    assert (data.heldout_compares, data.losses_compare) == (True, False)
+    assert rule({"harness.filters.dedupe": True}).heldout_compares
+    assert not rule({"harness.answer.stop": "\n"}).heldout_compares
+    assert not rule({"harness.template": "Q: {question} A:"}).heldout_compares
+    assert not rule({"recipe.algorithm": "distill"}).heldout_compares
+    # arms still at zero accuracy: the curriculum's gain shows on the answers' likelihood alone
+    pairs = [Pair(s, ArmScore(target=0.0, format_fail=0.0, heldout_loss=1.2, heldout_loss_se=0.02),
+                  ArmScore(target=0.0, format_fail=0.0, heldout_loss=1.6, heldout_loss_se=0.02)) for s in (0, 1)]
+    d = decide(pairs, data)
+    assert isinstance(d, Validated) and d.signal.name == HELDOUT_LOSS_SIGNAL, d
