@@ -235,6 +235,8 @@ class BacktestResult(_Strict):
     signal: str = Field("target", description="the signal that decided (swarm.decisions.decide)")
     cpu_s: float | None = Field(None, description="worker CPU seconds of the backtest's arms")
     eval_size: int | None = Field(None, description="held-out examples behind each arm's target, when it is a rate")
+    harmed: bool = Field(False, description="rejected because a signal was credibly worse (swarm.decisions.decide): "
+                         "evidence against the fix; a rejection without it found no gain, which is not a loss")
 
     def measured_nothing(self) -> bool:
         """Every arm, candidate and control, measured the same bound of a rate (all at a held-out

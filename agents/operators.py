@@ -605,13 +605,14 @@ def _same(a: Intervention, b: Intervention) -> bool:
 
 
 def inconclusive(iv: Intervention) -> bool:
-    """Rejected after a backtest that measured a gain too small to tell, or nothing at all (every
-    arm at, or within 3 held-out examples of, the same bound of a rate: `BacktestResult.measured_nothing`)
-    — not a loss: the decision model
-    backtests the same fix again over a doubled horizon (swarm.decisions.retry_horizon) until it
-    runs out of them (then it is refused as `exhausted`, a loss)."""
+    """Rejected after a backtest that measured a gain too small to tell, found no credible harm
+    (`BacktestResult.harmed`: a loss too small to tell is no evidence against the fix either), or
+    measured nothing at all (every arm at, or within 3 held-out examples of, the same bound of a
+    rate: `BacktestResult.measured_nothing`) — not a loss: the decision model backtests the same fix
+    again over a doubled horizon (swarm.decisions.retry_horizon) until it runs out of them (then it
+    is refused as `exhausted`, a loss)."""
     return (iv.status == Status.REJECTED and iv.backtest is not None
-            and (iv.backtest.effect > 0 or iv.backtest.measured_nothing())
+            and (iv.backtest.effect > 0 or not iv.backtest.harmed or iv.backtest.measured_nothing())
             and not iv.outcome.refused and not iv.outcome.exhausted)
 
 

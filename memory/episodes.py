@@ -67,6 +67,8 @@ class Episode(BaseModel, extra="forbid"):
     worker_cpu_s: float | None = Field(None, description="CPU spent on this intervention's backtest, if known")
     measured_nothing: bool = Field(False, description="rejected after a backtest whose arms all measured the same bound of a "
                                    "rate (all 0 or all 1): no evidence either way (not a loss)")
+    inconclusive: bool = Field(False, description="rejected after a backtest that found no credible harm (a gain or a loss "
+                               "too small to tell), before the fix's longer retries ran out: not a loss")
     step: int = 0
     time: float = Field(default_factory=time.time)
 
@@ -75,11 +77,11 @@ class Episode(BaseModel, extra="forbid"):
 
     def lost(self) -> bool:
         """Rolled back, or rejected without a positive effect. A rejected backtest with a positive
-        effect (not significant, say), or one whose arms all measured the same bound of a rate, is
-        inconclusive: neither won nor lost."""
+        effect (not significant, say), one whose arms all measured the same bound of a rate, or one
+        that found no credible harm (`inconclusive`) is inconclusive: neither won nor lost."""
         if self.outcome == "rolled_back":
             return True
-        if self.outcome == "rejected" and self.measured_nothing:
+        if self.outcome == "rejected" and (self.measured_nothing or self.inconclusive):
             return False
         if self.outcome == "rejected":
             return self.effect is None or not self.effect > 0  # NaN counts as no effect

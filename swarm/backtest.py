@@ -28,7 +28,7 @@ import yaml
 
 from agents.domain import BacktestResult, Intervention, JobStatus
 from harness import changes as hc
-from swarm.decisions import RETRY_DOUBLINGS, ArmScore, Decision, Pair, Rule, Validated, retry_horizon
+from swarm.decisions import RETRY_DOUBLINGS, ArmScore, Decision, Pair, Rejected, Rule, Validated, retry_horizon
 from swarm.jobs import Jobs
 from trainer.run_storage import release, sync_run
 from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
@@ -325,6 +325,7 @@ def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, 
         test=(f"posterior P(gain > minimum effect) ≥ {level:.3f} on the first conclusive of: "
               + ", ".join(s.name for s in decision.signals) + " (swarm.decisions.decide)") if decision.signals else "no signal",
         horizon_steps=horizon, seeds=list(seeds), passed=isinstance(decision, Validated), note="; ".join(notes),
-        signal=sig.name if sig else "none", cpu_s=cpu_s, eval_size=eval_size if metric in HELDOUT_METRICS else None)
+        signal=sig.name if sig else "none", cpu_s=cpu_s, eval_size=eval_size if metric in HELDOUT_METRICS else None,
+        harmed=isinstance(decision, Rejected) and decision.harmed)
 
 

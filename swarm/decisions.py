@@ -575,6 +575,7 @@ class Rejected:
     reason: str
     signals: tuple[Signal, ...] = ()
     level: float = 0.0
+    harmed: bool = False                  # a signal credibly worse: evidence against the fix, not its absence
 
 
 @dataclass(frozen=True)
@@ -690,7 +691,7 @@ def decide(pairs: list[Pair], rule: Rule) -> Decision:
     target = sig[0]
     for i, s in enumerate(sig):
         if s.p_harm >= harm:
-            return Rejected(f"{s.name} credibly worse ({s.text()})", tuple(sig), level)
+            return Rejected(f"{s.name} credibly worse ({s.text()})", tuple(sig), level, harmed=True)
         if s.p_gain >= level:
             # a secondary signal's gain with a held-out signal later in the order credibly worse: the
             # held-out evidence disagrees, and neither side is read away (one more seed, else no
@@ -700,7 +701,7 @@ def decide(pairs: list[Pair], rule: Rule) -> Decision:
                 why = f"{s.name} better ({s.text()}) but {worse.name} credibly worse ({worse.text()})"
                 if rule.look < rule.looks:
                     return Extend(f"{why} at look {rule.look} of {rule.looks}", tuple(sig), level)
-                return Rejected(why, tuple(sig), level)
+                return Rejected(why, tuple(sig), level, harmed=True)
             extra = "" if i == 0 else f"; target {target.effect:+.4g} (not lower than {target.delta:.3g} on average)"
             return Validated(s, level, tuple(sig), f"{s.text()} ≥ {level:.3f}{extra}")
         if i == 0 and target.effect < -target.delta:

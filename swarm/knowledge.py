@@ -254,6 +254,7 @@ class Knowledge:
         tried again)."""
         from memory import Episode
         from agents.domain import Status
+        from agents.operators import inconclusive
 
         if iv.status == Status.KEPT:
             outcome = "kept"
@@ -277,6 +278,7 @@ class Knowledge:
             worker_cpu_s=iv.outcome.backtest_cpu_s, step=iv.applied_step or iv.diagnosis.step,
             measured_nothing=outcome == "rejected" and iv.backtest is not None and not iv.outcome.refused
             and not iv.outcome.exhausted and iv.backtest.measured_nothing(),
+            inconclusive=inconclusive(iv),
             time=iv.history[-1]["time"] if iv.history else iv.created)   # deterministic: re-recording is a no-op
         new = self.memory.record_episode(ep)
         self.version += new

@@ -54,12 +54,12 @@ def simulate(rate: float, spread: float, *, effect: float = 0.0, retries: bool =
             if isinstance(d, Validated):
                 validated += 1
                 break
-            # as agents.operators.inconclusive: a positive effect too small to tell, or arms that all
+            # as agents.operators.inconclusive: a positive effect too small to tell, no credible harm, or arms that all
             # stayed at a bound of the rate (BacktestResult.measured_nothing)
             at_bound = BacktestResult(metric="heldout_acc", candidate=[p.candidate.target for p in pairs],
                                       control=[p.control.target for p in pairs], effect=0.0, p_value=1.0, test="",
                                       horizon_steps=1, seeds=[], passed=False, eval_size=N_EVAL).measured_nothing()
-            inconclusive = isinstance(d, Rejected) and ((d.signals and d.signals[0].effect > 0) or at_bound)
+            inconclusive = isinstance(d, Rejected) and ((d.signals and d.signals[0].effect > 0) or not d.harmed or at_bound)
             if not inconclusive:
                 break
     return validated / n
@@ -82,7 +82,7 @@ def test_a_fix_with_no_effect_is_validated_at_most_alpha_of_the_time(rate, sprea
 def test_the_simulation_sees_a_violation():
     """It can fail: at almost three times the spread between seeds a one-seed look assumes, more
     than alpha of the fixes that do nothing are validated; at 1.4 times it, with every retry
-    spending the whole alpha (no `try_share`), too (0.23, against 0.16 with it)."""
+    spending the whole alpha (no `try_share`), too (0.25, against 0.17 with it)."""
     assert simulate(0.5, 0.1, seed=1) > ALPHA + 0.03
     assert simulate(0.5, 0.05, spend=False, seed=3) > ALPHA + 0.02
     assert simulate(0.5, 0.05, seed=3) <= ALPHA + 0.03

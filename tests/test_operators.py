@@ -504,22 +504,26 @@ def test_lead_drops_what_was_rejected_or_is_pending_and_conflicting_edits():
 
 
 def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_however_old():
-    """A backtest that measured a gain too small to tell is no loss: the decision model retries the
-    fix over a doubled horizon (swarm.decisions.retry_horizon), so the lead must not drop it as
-    identical to a rejected one; a loss (harm, refused, exhausted) still blocks it. A copy waiting
+    """A backtest that measured a gain too small to tell, or no credible harm, is no loss: the
+    decision model retries the fix over a doubled horizon (swarm.decisions.retry_horizon), so the
+    lead must not drop it as identical to a rejected one; a loss (harm, refused, exhausted) still
+    blocks it. A copy waiting
     for a human blocks an identical proposal even when many interventions followed it."""
     from agents.domain import BacktestResult
 
-    def rejected(effect, arms=([0.1], [0.08]), eval_size=None, **outcome):
+    def rejected(effect, arms=([0.1], [0.08]), eval_size=None, harmed=True, **outcome):
         h = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.REJECTED)
         bt = BacktestResult(metric="heldout_acc", candidate=arms[0], control=arms[1], effect=effect, p_value=0.3,
-                            test="t", horizon_steps=40, seeds=[0], passed=False, eval_size=eval_size)
+                            test="t", horizon_steps=40, seeds=[0], passed=False, eval_size=eval_size, harmed=harmed)
         return h.model_copy(update={"backtest": bt, "outcome": Outcome(**outcome)})
 
     lr = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning")
     lead = Lead()
     assert lead.arbitrate([lr], ctx(history=[rejected(+0.02)])) == [lr]
     assert lead.arbitrate([lr], ctx(history=[rejected(-0.05)])) == []                       # harm: a loss
+    # lower, but not credibly: no evidence against the fix, which is retried over a longer horizon
+    assert lead.arbitrate([lr], ctx(history=[rejected(-0.05, harmed=False)])) == [lr]
+    assert lead.arbitrate([lr], ctx(history=[rejected(-0.05, harmed=False, exhausted="x")])) == []
     # every arm at the floor: the backtest measured nothing, which is no loss either
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.0], [0.0, 0.0]))])) == [lr]
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.05], [0.0, 0.05]))])) == []
