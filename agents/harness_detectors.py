@@ -186,8 +186,15 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     - **a high flat floor**: the loss sits flat at ≥ `label_noise_floor` nats/token (<
       `label_noise_rel` relative improvement over `label_noise_rows` rows) and held-out accuracy
       has stopped improving over the last `label_noise_heldout_evals` evals (a healthy run whose
-      loss pauses while accuracy still climbs is not noisy): labels noisy from the start."""
+      loss pauses while accuracy still climbs is not noisy): labels noisy from the start.
+    Where the trainer checks its labels (`label_ok`, `labels_fail_check`) and the task's verifier
+    accepts at least `label_ok_min` of the newest `recent` rows' labels, the labels are right: a
+    high loss has another cause (a memorised pool, questions the policy reads wrongly), and no
+    finding is made."""
     if algorithm(ev) != "sft":
+        return None
+    _, checked = column(current_rows(ev), "label_ok", skip_eval=True, finite=True)
+    if checked[-th.recent :] and mean_of(checked[-th.recent :]) >= th.label_ok_min:
         return None
     _, pr = column(ev.metrics[-th.label_noise_rows :], "pass_rate")
     held = ev.latest_eval("heldout_acc")

@@ -577,6 +577,11 @@ def test_label_noise():
             r["heldout_acc"] = 0.6  # ... held-out stalled below its earlier best
     d = fired(make_ev(rows), "label_noise")
     assert d.evidence["loss_second_half_median"] > THRESHOLDS.label_noise_floor
+    # the trainer checks its labels and the task's verifier accepts them: a high loss has another cause
+    checked = [dict(r, label_ok=1.0) for r in rows]
+    assert DETECTORS["label_noise"](make_ev(checked), THRESHOLDS, KNOWN) is None
+    bad = [dict(r, label_ok=0.6) for r in rows]
+    assert fired(make_ev(bad), "label_noise")
     for r in rows[-30:]:
         r["pass_rate"] = 0.0  # stuck and wrong: not label noise
         if "heldout_acc" in r:
