@@ -235,8 +235,9 @@ class BacktestResult(_Strict):
     signal: str = Field("target", description="the signal that decided (swarm.decisions.decide)")
     cpu_s: float | None = Field(None, description="worker CPU seconds of the backtest's arms")
     eval_size: int | None = Field(None, description="held-out examples behind each arm's target, when it is a rate")
-    harmed: bool = Field(False, description="rejected because a signal was credibly worse (swarm.decisions.decide): "
-                         "evidence against the fix; a rejection without it found no gain, which is not a loss")
+    harmed: bool | None = Field(None, description="rejected because a signal was credibly worse (swarm.decisions.decide): "
+                                "evidence against the fix; False: rejected without it (no gain found, which is not a "
+                                "loss); None: not recorded (a result stored before the field existed)")
 
     def measured_nothing(self) -> bool:
         """Every arm, candidate and control, measured the same bound of a rate (all at a held-out

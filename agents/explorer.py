@@ -23,11 +23,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agents.base import FAILED, IN_EFFECT, Operator, OperatorContext
+from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
-from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, never_learnt
+from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, inconclusive, never_learnt
 from trainer.config import TUNABLE, Tunable
 from trainer.runlog import INIT_CHECKPOINT
 
@@ -103,11 +103,13 @@ def candidates(ctx: OperatorContext, algorithm: str) -> list[dict[str, Any]]:
 
 
 def spent(ctx: OperatorContext, finding: str) -> bool:
-    """Whether every fix proposed in this run for `finding` failed (rejected, or rolled back): the
-    cause it names is then no reason to hold the search back, or one false finding would stop it
-    for good."""
+    """Whether the newest fix proposed in this run for `finding` failed for good (rejected with
+    evidence against it or out of retries, or rolled back), with none of its fixes still pending or
+    in effect: the cause it names is then no reason to hold the search back, or one false finding
+    would stop it for good. A fix waiting for its retry over a longer horizon is not spent."""
     fixes = [iv for iv in ctx.history if iv.diagnosis.name == finding]
-    return bool(fixes) and all(iv.status in FAILED for iv in fixes)
+    return bool(fixes) and fixes[-1].status in FAILED and not inconclusive(fixes[-1]) and not any(
+        iv.status in PENDING or iv.status in IN_EFFECT for iv in fixes)
 
 
 def tried(ctx: OperatorContext) -> list[dict[str, Any]]:

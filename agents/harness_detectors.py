@@ -193,8 +193,8 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     finding is made."""
     if algorithm(ev) != "sft":
         return None
-    _, checked = column(current_rows(ev), "label_ok", skip_eval=True, finite=True)
-    if checked[-th.recent :] and mean_of(checked[-th.recent :]) >= th.label_ok_min:
+    _, checked = column(current_rows(ev)[-th.recent :], "label_ok", skip_eval=True, finite=True)
+    if checked and mean_of(checked) >= th.label_ok_min:
         return None
     _, pr = column(ev.metrics[-th.label_noise_rows :], "pass_rate")
     held = ev.latest_eval("heldout_acc")

@@ -611,8 +611,12 @@ def inconclusive(iv: Intervention) -> bool:
     rate: `BacktestResult.measured_nothing`) — not a loss: the decision model backtests the same fix
     again over a doubled horizon (swarm.decisions.retry_horizon) until it runs out of them (then it
     is refused as `exhausted`, a loss)."""
-    return (iv.status == Status.REJECTED and iv.backtest is not None
-            and (iv.backtest.effect > 0 or not iv.backtest.harmed or iv.backtest.measured_nothing())
+    b = iv.backtest
+    # no harm found, where the result says so and a control arm measured something (a backtest
+    # whose arms produced no eval says nothing, and a longer one would not either)
+    unharmed = b is not None and b.harmed is False and b.signal != "none"
+    return (iv.status == Status.REJECTED and b is not None and not b.passed    # passed: a human said no
+            and (b.effect > 0 or unharmed or b.measured_nothing())
             and not iv.outcome.refused and not iv.outcome.exhausted)
 
 

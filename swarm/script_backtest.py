@@ -40,7 +40,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from agents.domain import Intervention
-from swarm.backtest import arm_running, arm_score, leftover_arm
+from swarm.backtest import arm_running, arm_score, heldout_comparable, leftover_arm
 from swarm.decisions import ArmScore, Pair, Rule
 from trainer.runlog import HELDOUT_METRICS, iter_jsonl, read_heartbeat, read_jsonl
 from trainer.steer.fork import STOP_AT_ENV, fork_argv, seed_fork
@@ -178,4 +178,5 @@ def script_rule(iv: Intervention, algorithm: str | None, *, alpha: float, higher
     return Rule(alpha=alpha, higher_is_better=higher_is_better, eval_size=eval_size,
                 target_is_rate=metric in HELDOUT_METRICS,
                 losses_compare=algorithm == "sft" and same_data,
+                heldout_compares=algorithm in ("sft", "distill") and heldout_comparable({}, iv.changes),
                 same_data=same_data, looks=looks, look=look, share=share)

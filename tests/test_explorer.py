@@ -76,6 +76,12 @@ def test_quiet_on_a_healthy_run_and_when_a_finding_names_the_cause():
     for status, searched in ((Status.REJECTED, True), (Status.ROLLED_BACK, True), (Status.BACKTESTING, False)):
         c = ctx(**STUCK_CTX, history=[fix.model_copy(update={"status": status})])
         assert bool(Explorer().builtin(make_ev(stuck_rows()), c.with_findings(found + [cause]))) is searched, status
+    # rejected without evidence against it: its retry over a longer horizon comes first
+    from agents.domain import BacktestResult
+    unsure = BacktestResult(metric="heldout_acc", candidate=[0.1], control=[0.1], effect=-0.01, p_value=0.5, test="t",
+                            horizon_steps=40, seeds=[0], passed=False, harmed=False)
+    c = ctx(**STUCK_CTX, history=[fix.model_copy(update={"status": Status.REJECTED, "backtest": unsure})])
+    assert Explorer().builtin(make_ev(stuck_rows()), c.with_findings(found + [cause])) == []
 
 
 def test_every_candidate_stays_in_its_fields_range_and_moves():

@@ -511,10 +511,11 @@ def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_howeve
     for a human blocks an identical proposal even when many interventions followed it."""
     from agents.domain import BacktestResult
 
-    def rejected(effect, arms=([0.1], [0.08]), eval_size=None, harmed=True, **outcome):
+    def rejected(effect, arms=([0.1], [0.08]), eval_size=None, harmed=True, signal="target", passed=False, **outcome):
         h = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning", status=Status.REJECTED)
         bt = BacktestResult(metric="heldout_acc", candidate=arms[0], control=arms[1], effect=effect, p_value=0.3,
-                            test="t", horizon_steps=40, seeds=[0], passed=False, eval_size=eval_size, harmed=harmed)
+                            test="t", horizon_steps=40, seeds=[0], passed=passed, eval_size=eval_size, harmed=harmed,
+                            signal=signal)
         return h.model_copy(update={"backtest": bt, "outcome": Outcome(**outcome)})
 
     lr = iv_(K.RECIPE_EDIT, {"recipe.lr": 1e-3}, "not_learning")
@@ -524,6 +525,12 @@ def test_lead_lets_an_inconclusive_fix_be_retried_and_never_a_pending_one_howeve
     # lower, but not credibly: no evidence against the fix, which is retried over a longer horizon
     assert lead.arbitrate([lr], ctx(history=[rejected(-0.05, harmed=False)])) == [lr]
     assert lead.arbitrate([lr], ctx(history=[rejected(-0.05, harmed=False, exhausted="x")])) == []
+    # a result stored before harm was recorded: a lower target counts against the fix, as it did
+    assert lead.arbitrate([lr], ctx(history=[rejected(-0.05, harmed=None)])) == []
+    # no control arm measured anything: a longer horizon would not either
+    assert lead.arbitrate([lr], ctx(history=[rejected(0.0, harmed=False, signal="none")])) == []
+    # validated, then refused by a human: not the backtest's doubt to retry
+    assert lead.arbitrate([lr], ctx(history=[rejected(+0.2, harmed=False, passed=True)])) == []
     # every arm at the floor: the backtest measured nothing, which is no loss either
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.0], [0.0, 0.0]))])) == [lr]
     assert lead.arbitrate([lr], ctx(history=[rejected(0.0, arms=([0.0, 0.05], [0.0, 0.05]))])) == []
