@@ -40,7 +40,8 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   remains, else Rejected) (share: 1/2 at a fix's first try, `try_share`), with m = (signals available) x (looks planned: a
   second, longer look when the finding is critical). A secondary signal is consulted only while
   the target is not lower by more than delta on average (lower, not credibly worse: Extend when a
-  look remains, else Rejected). Nothing conclusive: Extend when a look remains, else Rejected — no
+  look remains, else Rejected), except the held-out answer loss, whose credible gain with no
+  held-out signal credibly worse validates over such a target. Nothing conclusive: Extend when a look remains, else Rejected — no
   measured gain is a rejection, never a validation.
   Looks (`schedule`): the first runs one seed's pair of arms, each next one adds a seed, and a
   critical finding's fix gets one more over `extend_factor` x the horizon with every seed. A clear
@@ -705,6 +706,14 @@ def decide(pairs: list[Pair], rule: Rule) -> Decision:
             extra = "" if i == 0 else f"; target {target.effect:+.4g} (not lower than {target.delta:.3g} on average)"
             return Validated(s, level, tuple(sig), f"{s.text()} ≥ {level:.3f}{extra}")
         if i == 0 and target.effect < -target.delta:
+            # exact match moves by whole examples (near a bound, by noise); the answers' likelihood
+            # reads every answer: its credible gain, with no held-out signal credibly worse,
+            # outweighs a target that is lower but not credibly so
+            lik = next((o for o in sig if o.name == HELDOUT_LOSS_SIGNAL), None)
+            if lik is not None and lik.p_gain >= level and not any(
+                    o.name in HELD_OUT_SIGNALS and o.p_harm >= harm for o in sig):
+                return Validated(lik, level, tuple(sig), f"{lik.text()} ≥ {level:.3f}; target {target.effect:+.4g}, "
+                                                         "lower but not credibly")
             if rule.look < rule.looks:     # lower, not credibly worse: one seed's noise can do that
                 return Extend(f"target lower for the candidate, not credibly, at look {rule.look} of {rule.looks} "
                               f"({target.text()})", tuple(sig), level)

@@ -262,3 +262,20 @@ def test_a_data_change_is_judged_on_the_held_out_answer_loss_too():
                   ArmScore(target=0.0, format_fail=0.0, heldout_loss=1.6, heldout_loss_se=0.02)) for s in (0, 1)]
     d = decide(pairs, data)
     assert isinstance(d, Validated) and d.signal.name == HELDOUT_LOSS_SIGNAL, d
+
+
+def test_a_credible_answer_loss_gain_outweighs_a_target_lower_within_its_noise():
+    """Near the floor exact match moves by whole examples: one example fewer right for the candidate
+    is noise, and the likelihood of the right answers, read on every answer, decides. A held-out
+    signal credibly worse still stops it."""
+    from swarm.decisions import HELDOUT_LOSS_SIGNAL, ArmScore, Pair, Rejected, Rule, Validated, decide
+
+    def pairs(ff_cand: float = 0.1):
+        return [Pair(s, ArmScore(target=0.10, format_fail=ff_cand, heldout_loss=1.2, heldout_loss_se=0.02),
+                     ArmScore(target=0.115, format_fail=0.1, heldout_loss=1.6, heldout_loss_se=0.02)) for s in (0, 1)]
+
+    rule = Rule(eval_size=200, heldout_compares=True, looks=2, look=2)
+    d = decide(pairs(), rule)
+    assert isinstance(d, Validated) and d.signal.name == HELDOUT_LOSS_SIGNAL and "not credibly" in d.reason, d
+    assert isinstance(decide(pairs(ff_cand=0.6), rule), Rejected)          # format credibly worse
+    assert isinstance(decide(pairs(), Rule(eval_size=200, looks=2, look=2)), Rejected)   # the loss not read
