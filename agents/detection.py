@@ -136,6 +136,15 @@ class Thresholds:
     # read from held-out (strong_decay)
     decay_rows: int = 30
     decay_fall: float = 0.3
+    # small batch: one SFT step in ten takes its gradient as two half-batch passes (trainer), which
+    # estimates the gradient's noise scale B_noise = tr(Σ)/|G|² (McCandlish et al. 2018): a batch of B
+    # gives a step whose signal is B/B_noise of its noise. Measured over the first 200 steps from
+    # init (addition2, reverse7, sort4 at their lr): B_noise 28-50 at the families' batch of 64
+    # (B/B_noise 1.3-2.3), 12-40 at a batch of 2 (0.05-0.15), 12-50 at 6 (0.12-0.5), 31-42 at 16
+    # (0.4-0.5, where the loss after 200 steps was 1.5-50x the healthy run's)
+    batch_noise_rows: int = 8           # half-batch measurements since the latest change, at least
+    batch_snr_min: float = 0.25         # B/B_noise below this: a step is mostly noise
+    batch_aim: float = 2.0              # the raise aims at this many times B_noise
     # departure harm: the target measured since the live config left the controller's, worse than at
     # the checkpoint before it by more than this (about 1.4 binomial SEs of a rate on 200 examples)
     departure_harm: float = 0.05
@@ -146,7 +155,8 @@ class Thresholds:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"Thresholds.{f.name}={v!r}: must be a finite number >= 0")
         for name in ("min_rows", "recent", "trailing", "scan", "plateau_evals", "label_noise_rows",
-                     "label_noise_heldout_evals", "not_learning_rows", "small_updates_rows", "decay_rows"):
+                     "label_noise_heldout_evals", "not_learning_rows", "small_updates_rows", "decay_rows",
+                     "batch_noise_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name}={getattr(self, name)!r}: must be >= 1")
         if not self.input_share_before < self.input_share <= 1.0:

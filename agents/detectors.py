@@ -242,6 +242,69 @@ def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
                            "threshold_fall": th.decay_fall})
 
 
+BATCH_MAX = 1024     # the largest batch the raise proposes (trainer.config.TUNABLE's range)
+BATCH_RAISE_MAX = 32  # the largest single raise (x): where no signal stands above the noise, this one
+
+
+def noise_scale(rows: list[dict[str, Any]]) -> float | None:
+    """The gradient noise scale B_noise = tr(Σ)/|G|² from the trainer's half-batch measurements
+    (`grad_dot` ≈ |G|², `grad_sq` ≈ |G|² + tr(Σ)/`grad_half`), summed over `rows`; inf where the
+    summed signal is not above zero (the gradient is all noise), None without measurements."""
+    m = [(float(r["grad_dot"]), float(r["grad_sq"]), float(r["grad_half"])) for r in rows
+         if all(is_finite(to_float(r.get(k))) for k in ("grad_dot", "grad_sq", "grad_half"))]
+    if not m:
+        return None
+    dot, sq = sum(d for d, _, _ in m), sum(q for _, q, _ in m)
+    half = median_of([h for _, _, h in m])
+    return half * (sq - dot) / dot if dot > 0 else math.inf
+
+
+@detector("small_batch")
+def small_batch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """Each SFT step's gradient is mostly noise: over the half-batch measurements of the rows written
+    since the controller's latest change (at least `batch_noise_rows`, in the run's latest segment,
+    of a run whose recipe is SFT or distill), the batch in force is below `batch_snr_min`× the
+    gradient's noise scale (`noise_scale`), and of at least two held-out evals since the change the
+    newest is short of the target and either at the not-learning level or no better than the best
+    of the two before it. Averaging more examples per step is the cure the noise scale names: the
+    evidence carries the batch that is `batch_aim`× it (at least twice the batch in force, at most
+    `BATCH_RAISE_MAX`× it and `BATCH_MAX`)."""
+    if (ev.recipe or {}).get("algorithm", "sft") not in ("sft", "distill") or algorithm(ev) not in ("sft", "distill"):
+        return None
+    batch = to_float((ev.recipe or {}).get("batch_size"))
+    rows = [r for r in current_rows(ev) if since(r, known) and "grad_dot" in r]
+    seg = rows[-1].get("segment") if rows else None
+    rows = [r for r in rows if r.get("segment") == seg]
+    if not batch or batch >= BATCH_MAX or len(rows) < th.batch_noise_rows:
+        return None
+    scale = noise_scale(rows)
+    if scale is None or not batch < th.batch_snr_min * scale:
+        return None
+    start = int(rows[0].get("step", 0))
+    held = [v for r in ev.evals for v in [to_float(r.get(known.target_metric))]
+            if r.get("segment", seg) == seg and int(r.get("step", 0)) >= start and since(r, known) and is_finite(v)]
+    higher = known.target_op != "<="
+    if len(held) < 2:
+        return None
+    before = max(held[-3:-1]) if higher else min(held[-3:-1])
+    stuck = held[-1] <= before + th.plateau_min_delta if higher else held[-1] >= before - th.plateau_min_delta
+    if not (stuck or (higher and held[-1] <= th.not_learning_heldout_max)):
+        return None
+    if known.target_threshold is not None and (
+            held[-1] >= known.target_threshold if higher else held[-1] <= known.target_threshold):
+        return None
+    aim = th.batch_aim * scale if math.isfinite(scale) else BATCH_RAISE_MAX * batch
+    suggested = int(min(BATCH_MAX, BATCH_RAISE_MAX * batch, max(2 * batch, math.ceil(aim))))
+    shown = f"{scale:.3g}" if math.isfinite(scale) else "unbounded (no signal above the noise)"
+    return make_diagnosis(ev, "small_batch",
+                          f"a step's gradient is mostly noise: the batch of {batch:g} is {batch / scale:.2g} of the "
+                          f"gradient's noise scale ({shown}, from {len(rows)} half-batch measurements), and held-out "
+                          f"is {held[-1]:.3g}", "warning",
+                          {"batch_size": batch, "batch_suggested": suggested, "noise_scale": scale,
+                           "measurements": len(rows), "from_step": start, "heldout": held[-3:],
+                           "threshold_snr": th.batch_snr_min, "aim": th.batch_aim})
+
+
 @detector("plateau")
 def plateau(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The target metric has not improved by `plateau_min_delta` over the last `plateau_evals`

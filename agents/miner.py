@@ -67,6 +67,7 @@ FINDING_FIELDS: dict[str, tuple[str, ...]] = {
     "kl_blowup": ("recipe.kl_coef",),
     "small_updates": ("recipe.lr",),
     "strong_decay": ("recipe.weight_decay",),
+    "small_batch": ("recipe.batch_size",),
 }
 # kinds whose fix is the changes alone: one that moved no field fixed nothing (a rollback or a
 # restart acts on the job and may name no field)

@@ -16,6 +16,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | recipe drift (the live recipe version is not the one set; only without an lr drift) | RECIPE_EDIT every recipe field → the controller's value | medium |
 |               | small updates (steps that barely move the weights, held-out at zero) | RECIPE_EDIT lr raised to a healthy step's size | medium |
 |               | strong decay (the weights' norm falling as fast as the decay pulls) | RECIPE_EDIT weight_decay lowered | medium |
+|               | small batch (a step's gradient mostly noise: the batch far below the noise scale) | RECIPE_EDIT batch_size raised | medium |
 |               | not learning (no divergence, no lr moved for it yet) | ROLLBACK to the untrained checkpoint with lr × 0.1 (RECIPE_EDIT without it) | medium |
 | HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
 |               | template mismatch                         | ROLLBACK to before the harness changed, template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
@@ -86,11 +87,12 @@ class Diagnostics(Operator):
             "rolled back to the last checkpoint before the problem, with the recipe's learning rate where the one "
             "in force left it, else a lower one; a KL blow-up gets a "
             "stronger KL penalty; lost exploration gets the sampling temperature back to 1.0; steps that barely "
-            "move the weights get a higher learning rate; weights the decay pulls in get a lower weight decay.")
+            "move the weights get a higher learning rate; weights the decay pulls in get a lower weight decay; "
+            "a gradient that is mostly noise gets a larger batch.")
     tools = frozenset({K.ROLLBACK, K.RECIPE_EDIT, K.HARNESS_EDIT})
     detectors = ("nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "entropy_collapse",
-                 "low_temperature", "plateau", "not_learning", "small_updates", "strong_decay", "lr_drift",
-                 "recipe_drift")
+                 "low_temperature", "plateau", "not_learning", "small_updates", "strong_decay", "small_batch",
+                 "lr_drift", "recipe_drift")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
@@ -152,6 +154,16 @@ class Diagnostics(Operator):
                           "that with carrying on).",
                 expected_effect="the weights' norm levelling off or growing again; the loss falling faster and "
                                 "held-out rising within a few evals"))
+        elif "small_batch" in found:
+            # the gradient's noise scale names the batch: average enough examples per step for the
+            # signal to stand above the noise, from the live weights
+            d = found["small_batch"]
+            b, new_b = d.evidence.get("batch_size"), d.evidence.get("batch_suggested")
+            out.append(self.intervention(
+                K.RECIPE_EDIT, d, {"recipe.batch_size": int(new_b)}, risk=Risk.MEDIUM,
+                rationale=f"{d.summary}. Batch {b:g} → {new_b}: about {self.thresholds.batch_aim:g}× the noise scale, "
+                          "so a step's gradient is mostly signal (the backtest compares that with carrying on).",
+                expected_effect="the loss falling faster and more steadily; held-out rising within a few evals"))
         elif "not_learning" in found and not any(
                 iv.status in IN_EFFECT and iv.diagnosis.name in ("not_learning", "small_updates") and "recipe.lr" in iv.changes
                 for iv in ctx.history):

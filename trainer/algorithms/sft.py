@@ -62,6 +62,11 @@ def answer_loss_row(n: float, total: float, squares: float) -> dict[str, float]:
     return {"heldout_loss": mean, "heldout_loss_se": math.sqrt(var / n) if n > 1 else nan}
 
 
+# one SFT step in this many takes its gradient as two half-batch backward passes, which measures
+# the gradient's noise (Trainer.backward_halves; the step it takes is the same)
+NOISE_EVERY = 10
+
+
 def sft_step(trainer, examples) -> dict[str, float]:
     """One SFT step on `examples` (targets rendered by the harness's answer format). The labels are
     checked against the answer the task works out from each question (`harness.filters.labels_verify`):
@@ -91,5 +96,15 @@ def sft_step(trainer, examples) -> dict[str, float]:
     tokens = trainer.dist.sum([float(sum(len(t) for t in targets))])[0] if W > 1 else None
     if not targets:
         return trainer.optimise(None, {"entropy": 0.0, "t_logprob": 0.0, "tokens": 0.0, **checked})
+    if W == 1 and len(targets) >= 2 and trainer.step % NOISE_EVERY == 0:
+        # the same step's gradient from its two halves, which measures how much of it is noise
+        h = len(targets) // 2
+        (la, sa), (lb, sb) = sft_loss(trainer, prompts[:h], targets[:h]), sft_loss(trainer, prompts[h:], targets[h:])
+        na, nb = float(sum(len(t) for t in targets[:h])), float(sum(len(t) for t in targets[h:]))
+        wa, wb = na / max(na + nb, 1.0), nb / max(na + nb, 1.0)
+        noise = trainer.backward_halves(la, lb, wa, wb, h)
+        stats = {"entropy": wa * sa["entropy"] + wb * sb["entropy"], "t_logprob": sa["t_logprob"] + sb["t_logprob"],
+                 "tokens": sa["tokens"] + sb["tokens"]}
+        return trainer.optimise((la * wa + lb * wb).detach(), {**stats, **checked, **noise}, backward_done=True)
     loss, stats = sft_loss(trainer, prompts, targets, tokens)
     return trainer.optimise(loss, {**stats, **checked})

@@ -1,0 +1,133 @@
+"""A batch too small to learn from, read from the run: the trainer's half-batch gradient
+measurements, the gradient noise scale they give, the `small_batch` finding it feeds and the fix
+that raises the batch. The measurement is checked against a full backward pass; a real short run
+of the built-in model shows a batch of 2 far below its noise scale where one of 64 is not;
+hand-built windows pin down when the finding fires and when it stays quiet."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pathlib
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from agents.detection import DETECTORS, THRESHOLDS  # noqa: E402
+from agents.detectors import BATCH_RAISE_MAX, noise_scale  # noqa: E402
+from agents.domain import InterventionKind as K  # noqa: E402
+from agents.explorer import Explorer  # noqa: E402
+from agents.operators import Diagnostics  # noqa: E402
+from harness.render import sft_target  # noqa: E402
+from test_detectors import KNOWN, make_ev, sft_rows  # noqa: E402
+from test_operators import ctx  # noqa: E402
+from trainer.algorithms.sft import NOISE_EVERY, sft_loss  # noqa: E402
+from trainer.config import RunConfig  # noqa: E402
+from trainer.loop import Trainer  # noqa: E402
+from trainer.tasks import Split  # noqa: E402
+
+detect = DETECTORS["small_batch"]
+
+
+def _cfg(tmp_path, name: str, batch: int, steps: int) -> RunConfig:
+    return RunConfig.model_validate({
+        "name": name, "out_dir": str(tmp_path), "seed": 0, "task": {"name": "sort"}, "threads": 1,
+        "model": {"kind": "builtin", "d_model": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": 16},
+        "harness": {"template": "{question}=", "answer": {"stop": "\n"}, "sampling": {"max_new_tokens": 4},
+                    "curriculum": {"start": 4}},
+        "recipe": {"algorithm": "sft", "lr": 3e-3, "schedule": "constant", "batch_size": batch, "steps": steps,
+                   "eval_interval": 0},
+        "checkpoint": {"interval": 0}, "samples_per_step": 0})
+
+
+def test_the_halves_leave_the_batchs_gradient_and_measure_its_noise(tmp_path):
+    t = Trainer(_cfg(tmp_path, "halves", 16, 1))
+    exs = [t.task.example(Split.TRAIN, i, 4) for i in range(16)]
+    prompts = [t.prompt_ids(e) for e in exs]
+    targets = [t.target_ids(sft_target(t.harness, e.solution or e.answer)) for e in exs]
+    loss, _ = sft_loss(t, prompts, targets)
+    t.opt.zero_grad()
+    loss.backward()
+    full = [p.grad.clone() for p in t.params]
+    na, nb = sum(map(len, targets[:8])), sum(map(len, targets[8:]))
+    la, _ = sft_loss(t, prompts[:8], targets[:8])
+    lb, _ = sft_loss(t, prompts[8:], targets[8:])
+    m = t.backward_halves(la, lb, na / (na + nb), nb / (na + nb), 8)
+    assert max(float((p.grad - f).abs().max()) for p, f in zip(t.params, full)) < 1e-6
+    assert m["grad_sq"] > m["grad_dot"] > 0 and m["grad_half"] == 8
+    # two identical halves: no noise between them
+    la, _ = sft_loss(t, prompts[:8], targets[:8])
+    lb, _ = sft_loss(t, prompts[:8], targets[:8])
+    same = t.backward_halves(la, lb, 0.5, 0.5, 8)
+    assert same["grad_dot"] == pytest.approx(same["grad_sq"], rel=1e-5)
+
+
+def test_a_real_run_with_a_batch_of_two_is_far_below_its_noise_scale(tmp_path):
+    def ratio(batch: int) -> float:
+        rows: list[dict] = []
+        Trainer(_cfg(tmp_path, f"b{batch}", batch, 100), on_step=rows.append).run()
+        measured = [r for r in rows if "grad_dot" in r]
+        assert len(measured) == 100 // NOISE_EVERY
+        return batch / noise_scale(measured)
+
+    small, healthy = ratio(2), ratio(64)
+    assert small < THRESHOLDS.batch_snr_min < healthy, (small, healthy)
+
+
+def batch_rows(n: int = 120, scale: float = 40.0, half: float = 1.0, held: float = 0.0) -> list[dict]:
+    """A run whose half-batch measurements give noise scale `scale` (|G|² = 1)."""
+    rows = sft_rows(n=n)
+    for r in rows:
+        if r["step"] % NOISE_EVERY == 0:
+            r.update(grad_dot=1.0, grad_sq=1.0 + scale / half, grad_half=half)
+        if "heldout_acc" in r:
+            r["heldout_acc"] = held
+    return rows
+
+
+RECIPE = {"algorithm": "sft", "lr": 3e-3, "batch_size": 2}
+
+
+def test_fires_where_the_batch_is_far_below_the_noise_scale_and_names_the_batch_it_needs():
+    d = detect(make_ev(batch_rows(), recipe=RECIPE), THRESHOLDS, KNOWN)
+    assert d is not None and d.evidence["noise_scale"] == pytest.approx(40.0)
+    assert d.evidence["batch_suggested"] == min(
+        int(THRESHOLDS.batch_aim * 40), BATCH_RAISE_MAX * 2)
+    # no signal above the noise: the largest single raise
+    rows = batch_rows()
+    for r in rows:
+        if "grad_dot" in r:
+            r["grad_dot"] = -0.1
+    d = detect(make_ev(rows, recipe=RECIPE), THRESHOLDS, KNOWN)
+    assert d is not None and d.evidence["batch_suggested"] == BATCH_RAISE_MAX * 2
+
+
+def test_quiet_where_the_batch_is_large_enough_or_held_out_rises_or_the_target_is_met():
+    assert detect(make_ev(batch_rows(), recipe=dict(RECIPE, batch_size=64)), THRESHOLDS, KNOWN) is None
+    rising = batch_rows()
+    for i, r in enumerate(r for r in rising if "heldout_acc" in r):
+        r["heldout_acc"] = 0.1 * i
+    assert detect(make_ev(rising, recipe=RECIPE), THRESHOLDS, KNOWN) is None
+    assert detect(make_ev(batch_rows(held=0.96), recipe=RECIPE), THRESHOLDS, KNOWN) is None     # target 0.95
+    few = batch_rows(n=THRESHOLDS.batch_noise_rows * NOISE_EVERY - 1)
+    assert detect(make_ev(few, recipe=RECIPE), THRESHOLDS, KNOWN) is None
+    assert detect(make_ev(batch_rows(), recipe=dict(RECIPE, algorithm="grpo")), THRESHOLDS, KNOWN) is None
+    rows = batch_rows()
+    after = dataclasses.replace(KNOWN, settled_since=rows[-30]["time"])      # too few since the change
+    assert detect(make_ev(rows, recipe=RECIPE), THRESHOLDS, after) is None
+
+
+def test_the_fix_raises_the_batch_and_the_search_stays_quiet():
+    rows = batch_rows()
+    for r in rows:
+        r["loss"] = 2.0                               # flat: not_learning fires too
+    c = ctx(recipe={"algorithm": "sft", "lr": 3e-3, "batch_size": 2, "kl_coef": 0.0, "group_size": 8})
+    ev = make_ev(rows, recipe=copy.deepcopy(c.recipe))
+    found = {d.name for d in Diagnostics().diagnose(ev, c)}
+    assert {"small_batch", "not_learning"} <= found, found
+    (iv,) = Diagnostics().builtin(ev, c)
+    assert iv.kind == K.RECIPE_EDIT and iv.diagnosis.name == "small_batch"
+    assert iv.changes == {"recipe.batch_size": 64}
+    assert Explorer().builtin(ev, c) == []
