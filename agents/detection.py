@@ -136,13 +136,13 @@ class Thresholds:
     # read from held-out (strong_decay)
     decay_rows: int = 30
     decay_fall: float = 0.3
-    # small batch: one SFT step in ten takes its gradient as two half-batch passes (trainer), which
+    # small batch: one SFT step in 20 takes its gradient as two half-batch passes (trainer), which
     # estimates the gradient's noise scale B_noise = tr(Σ)/|G|² (McCandlish et al. 2018): a batch of B
     # gives a step whose signal is B/B_noise of its noise. Measured over the first 200 steps from
     # init (addition2, reverse7, sort4 at their lr): B_noise 28-50 at the families' batch of 64
     # (B/B_noise 1.3-2.3), 12-40 at a batch of 2 (0.05-0.15), 12-50 at 6 (0.12-0.5), 31-42 at 16
     # (0.4-0.5, where the loss after 200 steps was 1.5-50x the healthy run's)
-    batch_noise_rows: int = 8           # half-batch measurements since the latest change, at least
+    batch_noise_rows: int = 6           # half-batch measurements since the latest change, at least
     batch_snr_min: float = 0.25         # B/B_noise below this: a step is mostly noise
     batch_aim: float = 2.0              # the raise aims at this many times B_noise
     # departure harm: the target measured since the live config left the controller's, worse than at

@@ -64,7 +64,7 @@ def answer_loss_row(n: float, total: float, squares: float) -> dict[str, float]:
 
 # one SFT step in this many takes its gradient as two half-batch backward passes, which measures
 # the gradient's noise (Trainer.backward_halves; the step it takes is the same)
-NOISE_EVERY = 10
+NOISE_EVERY = 20
 
 
 def sft_step(trainer, examples) -> dict[str, float]:
