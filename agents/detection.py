@@ -142,9 +142,13 @@ class Thresholds:
     # init (addition2, reverse7, sort4 at their lr): B_noise 28-50 at the families' batch of 64
     # (B/B_noise 1.3-2.3), 12-40 at a batch of 2 (0.05-0.15), 12-50 at 6 (0.12-0.5), 31-42 at 16
     # (0.4-0.5, where the loss after 200 steps was 1.5-50x the healthy run's)
-    batch_noise_rows: int = 6           # half-batch measurements since the latest change, at least
+    batch_noise_rows: int = 8           # half-batch measurements since the latest change, at least
     batch_snr_min: float = 0.25         # B/B_noise below this: a step is mostly noise
-    batch_aim: float = 2.0              # the raise aims at this many times B_noise
+    batch_aim: float = 2.0              # the raise aims at this many times B_noise (its lower bound)
+    # |G|² is taken at its mean plus this many standard errors (the bound on B_noise): on the
+    # built-in model's sort task (the tests' config) a batch of 2 then reads 0.23 of it after 8
+    # measurements and 0.12 after 16, a batch of 64 4-5x it (at 2 SEs: 0.33 and 0.17 against 17-51)
+    batch_signal_se: float = 1.0
     # departure harm: the target measured since the live config left the controller's, worse than at
     # the checkpoint before it by more than this (about 1.4 binomial SEs of a rate on 200 examples)
     departure_harm: float = 0.05

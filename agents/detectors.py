@@ -246,38 +246,51 @@ BATCH_MAX = 1024     # the largest batch the raise proposes (trainer.config.TUNA
 BATCH_RAISE_MAX = 32  # the largest single raise (x): where no signal stands above the noise, this one
 
 
-def noise_scale(rows: list[dict[str, Any]]) -> float | None:
-    """The gradient noise scale B_noise = tr(Σ)/|G|² from the trainer's half-batch measurements
-    (`grad_dot` ≈ |G|², `grad_sq` ≈ |G|² + tr(Σ)/`grad_half`), summed over `rows`; inf where the
-    summed signal is not above zero (the gradient is all noise), None without measurements."""
+def noise_scale(rows: list[dict[str, Any]], se: float = 1.0) -> float | None:
+    """A lower bound on the gradient noise scale B_noise = tr(Σ)/|G|² from the trainer's half-batch
+    measurements (`grad_dot` ≈ |G|², `grad_sq` ≈ |G|² + tr(Σ)/`grad_half`) over `rows`: |G|² is
+    taken at its mean plus `se` standard errors, so a window of near-zero products with a few
+    large ones cannot make the scale look large (inf only where even that bound is not above
+    zero). None without two measurements."""
     m = [(float(r["grad_dot"]), float(r["grad_sq"]), float(r["grad_half"])) for r in rows
          if all(is_finite(to_float(r.get(k))) for k in ("grad_dot", "grad_sq", "grad_half"))]
-    if not m:
+    if len(m) < 2:
         return None
-    dot, sq = sum(d for d, _, _ in m), sum(q for _, q, _ in m)
+    dots = [d for d, _, _ in m]
+    mean = sum(dots) / len(dots)
+    sd_mean = math.sqrt(sum((d - mean) ** 2 for d in dots) / (len(dots) - 1) / len(dots))
+    signal = mean + se * sd_mean
+    noise = sum(q for _, q, _ in m) / len(m) - signal
     half = median_of([h for _, _, h in m])
-    return half * (sq - dot) / dot if dot > 0 else math.inf
+    return half * max(noise, 0.0) / signal if signal > 0 else math.inf
 
 
 @detector("small_batch")
 def small_batch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """Each SFT step's gradient is mostly noise: over the half-batch measurements of the rows written
     since the controller's latest change (at least `batch_noise_rows`, in the run's latest segment,
-    of a run whose recipe is SFT or distill), the batch in force is below `batch_snr_min`× the
-    gradient's noise scale (`noise_scale`), and of at least two held-out evals since the change the
-    newest is short of the target and either at the not-learning level or no better than the best
-    of the two before it. Averaging more examples per step is the cure the noise scale names: the
-    evidence carries the batch that is `batch_aim`× it (at least twice the batch in force, at most
-    `BATCH_RAISE_MAX`× it and `BATCH_MAX`)."""
-    if (ev.recipe or {}).get("algorithm", "sft") not in ("sft", "distill") or algorithm(ev) not in ("sft", "distill"):
+    of a run whose recipe is SFT), the batch the steps trained on (`grad_batch`) is below
+    `batch_snr_min`× a lower bound on the gradient's noise scale (`noise_scale`), its labels pass
+    the task's check where the trainer checks them (wrong labels add noise of their own), and of
+    at least two held-out evals since the change the newest is short of the target and either at
+    the not-learning level or no better than the best of the two before it. Averaging more examples
+    per step is the cure the noise scale names: the evidence carries the batch that is
+    `batch_aim`× that bound (at least twice the recipe's batch, at most `BATCH_RAISE_MAX`× it and
+    `BATCH_MAX`)."""
+    if (ev.recipe or {}).get("algorithm", "sft") != "sft" or algorithm(ev) != "sft":
         return None
-    batch = to_float((ev.recipe or {}).get("batch_size"))
-    rows = [r for r in current_rows(ev) if since(r, known) and "grad_dot" in r]
+    recipe_batch = to_float((ev.recipe or {}).get("batch_size"))
+    rows = [r for r in current_rows(ev) if since(r, known) and is_finite(to_float(r.get("grad_dot")))
+            and is_finite(to_float(r.get("grad_batch")))]
     seg = rows[-1].get("segment") if rows else None
     rows = [r for r in rows if r.get("segment") == seg]
-    if not batch or batch >= BATCH_MAX or len(rows) < th.batch_noise_rows:
+    if not recipe_batch or recipe_batch >= BATCH_MAX or len(rows) < th.batch_noise_rows:
         return None
-    scale = noise_scale(rows)
+    _, checked = column(current_rows(ev)[-th.recent :], "label_ok", skip_eval=True, finite=True)
+    if checked and mean_of(checked) < th.label_ok_min:
+        return None
+    batch = median_of([float(r["grad_batch"]) for r in rows])
+    scale = noise_scale(rows, th.batch_signal_se)
     if scale is None or not batch < th.batch_snr_min * scale:
         return None
     start = int(rows[0].get("step", 0))
@@ -293,16 +306,16 @@ def small_batch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     if known.target_threshold is not None and (
             held[-1] >= known.target_threshold if higher else held[-1] <= known.target_threshold):
         return None
-    aim = th.batch_aim * scale if math.isfinite(scale) else BATCH_RAISE_MAX * batch
-    suggested = int(min(BATCH_MAX, BATCH_RAISE_MAX * batch, max(2 * batch, math.ceil(aim))))
-    shown = f"{scale:.3g}" if math.isfinite(scale) else "unbounded (no signal above the noise)"
+    aim = th.batch_aim * scale if math.isfinite(scale) else BATCH_RAISE_MAX * recipe_batch
+    suggested = int(min(BATCH_MAX, BATCH_RAISE_MAX * recipe_batch, max(2 * recipe_batch, math.ceil(aim))))
+    shown = f"at least {scale:.3g}" if math.isfinite(scale) else "unbounded (no signal above the noise)"
     return make_diagnosis(ev, "small_batch",
-                          f"a step's gradient is mostly noise: the batch of {batch:g} is {batch / scale:.2g} of the "
-                          f"gradient's noise scale ({shown}, from {len(rows)} half-batch measurements), and held-out "
-                          f"is {held[-1]:.3g}", "warning",
-                          {"batch_size": batch, "batch_suggested": suggested, "noise_scale": scale,
-                           "measurements": len(rows), "from_step": start, "heldout": held[-3:],
-                           "threshold_snr": th.batch_snr_min, "aim": th.batch_aim})
+                          f"a step's gradient is mostly noise: its batch of {batch:g} is at most {batch / scale:.2g} of "
+                          f"the gradient's noise scale ({shown}, from {len(rows)} half-batch measurements), and "
+                          f"held-out is {held[-1]:.3g}", "warning",
+                          {"batch_size": recipe_batch, "batch_trained": batch, "batch_suggested": suggested,
+                           "noise_scale_lower": scale, "measurements": len(rows), "from_step": start,
+                           "heldout": held[-3:], "threshold_snr": th.batch_snr_min, "aim": th.batch_aim})
 
 
 @detector("plateau")

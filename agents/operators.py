@@ -161,8 +161,9 @@ class Diagnostics(Operator):
             b, new_b = d.evidence.get("batch_size"), d.evidence.get("batch_suggested")
             out.append(self.intervention(
                 K.RECIPE_EDIT, d, {"recipe.batch_size": int(new_b)}, risk=Risk.MEDIUM,
-                rationale=f"{d.summary}. Batch {b:g} → {new_b}: about {self.thresholds.batch_aim:g}× the noise scale, "
-                          "so a step's gradient is mostly signal (the backtest compares that with carrying on).",
+                rationale=f"{d.summary}. Batch {b:g} → {new_b}: about {self.thresholds.batch_aim:g}× the noise scale's "
+                          "lower bound, so a step's gradient is mostly signal (the backtest compares that with carrying "
+                          "on; a raise this large is rated high until it is validated on held-out).",
                 expected_effect="the loss falling faster and more steadily; held-out rising within a few evals"))
         elif "not_learning" in found and not any(
                 iv.status in IN_EFFECT and iv.diagnosis.name in ("not_learning", "small_updates") and "recipe.lr" in iv.changes

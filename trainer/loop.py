@@ -115,7 +115,6 @@ class Trainer:
             self.policy.model.use_kernels(norm)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self._before: list[torch.Tensor] | None = None   # the weights before a step (step_norms)
-        self._half: list[torch.Tensor] | None = None     # one half-batch's gradient (backward_halves)
         # the fused AdamW step: one kernel over all parameters instead of ~10 ops per tensor (measured
         # 1.9 -> 0.7 ms per step on the 0.8M-parameter example, one CPU thread)
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.params)
@@ -173,27 +172,32 @@ class Trainer:
         decay = 0.5 * (1 + math.cos(math.pi * frac)) if r.schedule == "cosine" else 1.0 - frac
         return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * decay)
 
-    def backward_halves(self, a: torch.Tensor, b: torch.Tensor, wa: float, wb: float, half: int) -> dict[str, float]:
+    def backward_halves(self, a: torch.Tensor, b: torch.Tensor, wa: float, wb: float, na: int, nb: int) -> dict[str, float]:
         """Backward a batch's loss `wa·a + wb·b` as its two halves in turn (`a`, `b`: each half's own
-        token-mean loss), which leaves the batch's gradient in `.grad` as one backward would, and
-        measure the gradient's noise on the way from the halves' own gradients gA, gB (`half`
-        examples each, about): gA·gB estimates |G|² without bias, (|gA|² + |gB|²)/2 adds the noise
-        of a `half`-example mean (tr Σ / half). One buffer of the weights' size, reused."""
+        token-mean loss over `na` and `nb` examples), which leaves the batch's gradient in `.grad`
+        as one backward would, and measure the gradient's noise on the way from the halves' own
+        gradients gA, gB: gA·gB estimates |G|² without bias, (|gA|² + |gB|²)/2 adds the noise of a
+        mean over `grad_half` examples (tr Σ / grad_half; the harmonic mean of the halves' sizes).
+        Its scratch is the buffer the update ratio measures with (`_before`), free until `optimise`
+        copies the weights into it. `grad_batch`: the examples the step trained on."""
         self.opt.zero_grad(set_to_none=False)
         (a * wa).backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         with torch.no_grad():
-            if self._half is None:
-                self._half = [torch.empty_like(p) for p in self.params]
-            torch._foreach_copy_(self._half, grads)                    # wa·gA
+            if self._before is None:
+                self._before = [torch.empty_like(p) for p in self.params]
+            half = self._before
+            torch._foreach_copy_(half, grads)                          # wa·gA
         (b * wb).backward()                                            # wa·gA + wb·gB
         with torch.no_grad():
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            hh = sum(float(torch.sum(h * h)) for h in self._half)
-            hg = sum(float(torch.sum(h * g)) for h, g in zip(self._half, grads))
-            gg = sum(float(torch.sum(g * g)) for g in grads)
+            hh, hg, gg = torch.stack([torch.stack([torch.sum(h * h), torch.sum(h * g), torch.sum(g * g)])
+                                      for h, g in zip(half, grads)]).sum(0).tolist()
+        if wa <= 0 or wb <= 0:
+            return {}
         sq_a, sq_b, dot = hh / wa ** 2, (gg - 2 * hg + hh) / wb ** 2, (hg - hh) / (wa * wb)
-        return {"grad_dot": dot, "grad_sq": (sq_a + sq_b) / 2, "grad_half": float(half)}
+        return {"grad_dot": dot, "grad_sq": (sq_a + sq_b) / 2, "grad_half": 2.0 * na * nb / (na + nb),
+                "grad_batch": float(na + nb)}
 
     def optimise(self, loss: torch.Tensor | None, stats: dict[str, float], backward_done: bool = False) -> dict[str, float]:
         """Backward, all-reduce, clip, step. `loss=None` means this rank has nothing to learn

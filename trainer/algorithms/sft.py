@@ -98,11 +98,11 @@ def sft_step(trainer, examples) -> dict[str, float]:
         return trainer.optimise(None, {"entropy": 0.0, "t_logprob": 0.0, "tokens": 0.0, **checked})
     if W == 1 and len(targets) >= 2 and trainer.step % NOISE_EVERY == 0:
         # the same step's gradient from its two halves, which measures how much of it is noise
-        h = len(targets) // 2
-        (la, sa), (lb, sb) = sft_loss(trainer, prompts[:h], targets[:h]), sft_loss(trainer, prompts[h:], targets[h:])
-        na, nb = float(sum(len(t) for t in targets[:h])), float(sum(len(t) for t in targets[h:]))
-        wa, wb = na / max(na + nb, 1.0), nb / max(na + nb, 1.0)
-        noise = trainer.backward_halves(la, lb, wa, wb, h)
+        k = len(targets) // 2
+        (la, sa), (lb, sb) = sft_loss(trainer, prompts[:k], targets[:k]), sft_loss(trainer, prompts[k:], targets[k:])
+        ta, tb = float(sum(len(t) for t in targets[:k])), float(sum(len(t) for t in targets[k:]))
+        wa, wb = ta / max(ta + tb, 1.0), tb / max(ta + tb, 1.0)
+        noise = trainer.backward_halves(la, lb, wa, wb, k, len(targets) - k)
         stats = {"entropy": wa * sa["entropy"] + wb * sb["entropy"], "t_logprob": sa["t_logprob"] + sb["t_logprob"],
                  "tokens": sa["tokens"] + sb["tokens"]}
         return trainer.optimise((la * wa + lb * wb).detach(), {**stats, **checked, **noise}, backward_done=True)
