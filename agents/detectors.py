@@ -306,7 +306,8 @@ def small_batch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     if known.target_threshold is not None and (
             held[-1] >= known.target_threshold if higher else held[-1] <= known.target_threshold):
         return None
-    aim = th.batch_aim * scale if math.isfinite(scale) else BATCH_RAISE_MAX * recipe_batch
+    # the aim is for the batch trained on; the recipe's is larger where a label filter drops some
+    aim = th.batch_aim * scale * recipe_batch / batch if math.isfinite(scale) else BATCH_RAISE_MAX * recipe_batch
     suggested = int(min(BATCH_MAX, BATCH_RAISE_MAX * recipe_batch, max(2 * recipe_batch, math.ceil(aim))))
     shown = f"at least {scale:.3g}" if math.isfinite(scale) else "unbounded (no signal above the noise)"
     return make_diagnosis(ev, "small_batch",

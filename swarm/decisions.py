@@ -40,8 +40,9 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   remains, else Rejected) (share: 1/2 at a fix's first try, `try_share`), with m = (signals available) x (looks planned: a
   second, longer look when the finding is critical). A secondary signal is consulted only while
   the target is not lower by more than delta on average (lower, not credibly worse: Extend when a
-  look remains, else Rejected), except the held-out answer loss, whose credible gain with no
-  held-out signal credibly worse validates over such a target. Nothing conclusive: Extend when a look remains, else Rejected — no
+  look remains, else Rejected), except the held-out answer loss, whose credible gain at the last
+  look with no held-out signal credibly worse validates over such a target (one credibly worse:
+  Extend while a look remains, else Rejected as harm). Nothing conclusive: Extend when a look remains, else Rejected — no
   measured gain is a rejection, never a validation.
   Looks (`schedule`): the first runs one seed's pair of arms, each next one adds a seed, and a
   critical finding's fix gets one more over `extend_factor` x the horizon with every seed. A clear
@@ -709,11 +710,18 @@ def decide(pairs: list[Pair], rule: Rule) -> Decision:
             # exact match moves by whole examples (near a bound, by noise); the answers' likelihood
             # reads every answer: its credible gain, with no held-out signal credibly worse,
             # outweighs a target that is lower but not credibly so
+            # (at the last look: an earlier one adds a seed first, as for any lower target)
             lik = next((o for o in sig if o.name == HELDOUT_LOSS_SIGNAL), None)
-            if lik is not None and lik.p_gain >= level and not any(
-                    o.name in HELD_OUT_SIGNALS and o.p_harm >= harm for o in sig):
-                return Validated(lik, level, tuple(sig), f"{lik.text()} ≥ {level:.3f}; target {target.effect:+.4g}, "
-                                                         "lower but not credibly")
+            if lik is not None and lik.p_gain >= level:
+                worse = next((o for o in sig if o.name in HELD_OUT_SIGNALS and o.p_harm >= harm), None)
+                if worse is not None:       # as the conflict rule: the held-out evidence disagrees
+                    why = f"{lik.name} better ({lik.text()}) but {worse.name} credibly worse ({worse.text()})"
+                    if rule.look < rule.looks:
+                        return Extend(f"{why} at look {rule.look} of {rule.looks}", tuple(sig), level)
+                    return Rejected(why, tuple(sig), level, harmed=True)
+                if rule.look >= rule.looks:
+                    return Validated(lik, level, tuple(sig), f"{lik.text()} ≥ {level:.3f}; target "
+                                                             f"{target.effect:+.4g}, lower but not credibly")
             if rule.look < rule.looks:     # lower, not credibly worse: one seed's noise can do that
                 return Extend(f"target lower for the candidate, not credibly, at look {rule.look} of {rule.looks} "
                               f"({target.text()})", tuple(sig), level)

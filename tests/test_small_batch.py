@@ -81,6 +81,9 @@ def test_a_measured_step_is_the_step_it_would_have_been(tmp_path, monkeypatch):
     assert max(float((a - b).abs().max()) for a, b in zip(w1, w2)) < 1e-5
     for a, b in zip([r for r in measured if "grad_norm" in r], [r for r in plain if "grad_norm" in r]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["update_ratio"] == pytest.approx(b["update_ratio"], rel=1e-3)
+    # halves of 2 and 3 examples: the noise of a mean over their harmonic mean, 2.4
+    assert {r["grad_half"] for r in measured if "grad_half" in r} == {2.4}
 
 
 def test_a_real_run_with_a_batch_of_two_is_far_below_its_noise_scale(tmp_path):

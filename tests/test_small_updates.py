@@ -268,7 +268,7 @@ def test_a_credible_answer_loss_gain_outweighs_a_target_lower_within_its_noise()
     """Near the floor exact match moves by whole examples: one example fewer right for the candidate
     is noise, and the likelihood of the right answers, read on every answer, decides. A held-out
     signal credibly worse still stops it."""
-    from swarm.decisions import HELDOUT_LOSS_SIGNAL, ArmScore, Pair, Rejected, Rule, Validated, decide
+    from swarm.decisions import HELDOUT_LOSS_SIGNAL, ArmScore, Extend, Pair, Rejected, Rule, Validated, decide
 
     def pairs(ff_cand: float = 0.1):
         return [Pair(s, ArmScore(target=0.10, format_fail=ff_cand, heldout_loss=1.2, heldout_loss_se=0.02),
@@ -277,5 +277,8 @@ def test_a_credible_answer_loss_gain_outweighs_a_target_lower_within_its_noise()
     rule = Rule(eval_size=200, heldout_compares=True, looks=2, look=2)
     d = decide(pairs(), rule)
     assert isinstance(d, Validated) and d.signal.name == HELDOUT_LOSS_SIGNAL and "not credibly" in d.reason, d
-    assert isinstance(decide(pairs(ff_cand=0.6), rule), Rejected)          # format credibly worse
+    # an earlier look adds a seed first, as for any lower target
+    assert isinstance(decide(pairs(), Rule(eval_size=200, heldout_compares=True, looks=2, look=1)), Extend)
+    worse = decide(pairs(ff_cand=0.6), rule)                                  # format credibly worse
+    assert isinstance(worse, Rejected) and worse.harmed, worse
     assert isinstance(decide(pairs(), Rule(eval_size=200, looks=2, look=2)), Rejected)   # the loss not read

@@ -192,8 +192,8 @@ class Trainer:
         with torch.no_grad():
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
             hh, hg, gg = torch.stack([torch.stack([torch.sum(h * h), torch.sum(h * g), torch.sum(g * g)])
-                                      for h, g in zip(half, grads)]).sum(0).tolist()
-        if wa <= 0 or wb <= 0:
+                                      for h, g in zip(half, grads)]).double().sum(0).tolist()
+        if wa <= 0 or wb <= 0 or na <= 0 or nb <= 0:
             return {}
         sq_a, sq_b, dot = hh / wa ** 2, (gg - 2 * hg + hh) / wb ** 2, (hg - hh) / (wa * wb)
         return {"grad_dot": dot, "grad_sq": (sq_a + sq_b) / 2, "grad_half": 2.0 * na * nb / (na + nb),
