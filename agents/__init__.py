@@ -5,4 +5,4 @@ too; nothing in this package imports `swarm/`.
 """
 # the detector modules register their detectors in agents.detection.DETECTORS when imported; doing
 # it here makes the registry complete, in one order, whichever agents module a caller imports first
-from agents import detectors, harness_detectors  # noqa: F401,E402
+from agents import detectors, harness_detectors, step_detectors  # noqa: F401,E402

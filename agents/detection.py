@@ -6,8 +6,9 @@ detector shares.
 
 A detector is a pure function `(Evidence, Thresholds, Known) -> Diagnosis | None`, registered by
 name with `@detector("name")` (a duplicate name is an error). The detectors themselves live in
-`agents/detectors.py` (metrics, jobs) and `agents/harness_detectors.py` (harness, data); both import
-this module and neither imports the other. `agents/__init__.py` imports the two so that the registry
+`agents/detectors.py` (metrics, jobs), `agents/step_detectors.py` (the optimiser's step) and
+`agents/harness_detectors.py` (harness, data); each imports
+this module and none imports another. `agents/__init__.py` imports the three so that the registry
 is complete whichever agents module is imported first, in a fixed order (metric and job detectors
 first). Thresholds and their calibration are described in `agents/detectors.py`.
 """

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 from agents.detection import DETECTORS, THRESHOLDS  # noqa: E402
-from agents.detectors import BATCH_RAISE_MAX, noise_scale  # noqa: E402
+from agents.step_detectors import BATCH_RAISE_MAX, noise_scale  # noqa: E402
 from agents.domain import InterventionKind as K  # noqa: E402
 from agents.explorer import Explorer  # noqa: E402
 from agents.operators import Diagnostics  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 from agents.detection import DETECTORS, THRESHOLDS  # noqa: E402
-from agents.detectors import DECAY_CUT, DECAY_PULL_FLAT  # noqa: E402
+from agents.step_detectors import DECAY_CUT, DECAY_PULL_FLAT  # noqa: E402
 from agents.domain import InterventionKind as K  # noqa: E402
 from agents.explorer import Explorer  # noqa: E402
 from agents.operators import Diagnostics  # noqa: E402
