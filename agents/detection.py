@@ -150,6 +150,9 @@ class Thresholds:
     # built-in model's sort task (the tests' config) a batch of 2 then reads 0.23 of it after 8
     # measurements and 0.12 after 16, a batch of 64 4-5x it (at 2 SEs: 0.33 and 0.17 against 17-51)
     batch_signal_se: float = 1.0
+    # no family's first 200 steps showed a scale above ~150 (50-step windows); a run whose gradient
+    # reads far past that has lost its signal, which no batch size names: not judged
+    batch_noise_max: float = 256.0
     # departure harm: the target measured since the live config left the controller's, worse than at
     # the checkpoint before it by more than this (about 1.4 binomial SEs of a rate on 200 examples)
     departure_harm: float = 0.05

@@ -134,12 +134,16 @@ class Diagnostics(Operator):
             # the live weights (a tiny lr left them close to where they were: nothing to undo)
             d = found["small_updates"]
             lr, new_lr = _f(d.evidence.get("lr")), _f(d.evidence.get("lr_suggested"))
+            new_wd = _f(d.evidence.get("weight_decay_suggested"))
+            changes = {"recipe.lr": new_lr, **({"recipe.weight_decay": new_wd} if new_wd is not None else {})}
+            decay = (f" The weight decay {d.evidence.get('weight_decay'):g} → {new_wd:g} with it, so that at the raised lr "
+                     "it does not pull the weights in faster than the steps move them." if new_wd is not None else "")
             out.append(self.intervention(
-                K.RECIPE_EDIT, d, {"recipe.lr": new_lr}, risk=Risk.MEDIUM,
+                K.RECIPE_EDIT, d, changes, risk=Risk.MEDIUM,
                 rationale=f"{d.summary}. A step moves the weights about as the learning rate to the power "
                           f"{self.thresholds.small_updates_exponent:g}, so lr {lr:.3g} → {new_lr:.3g} brings a step "
                           "to the share a healthy run's first steps move "
-                          "(the backtest compares that with carrying on).",
+                          f"(the backtest compares that with carrying on).{decay}",
                 expected_effect="each step moving the weights several times more; the loss falling faster and "
                                 "held-out accuracy leaving its level within a few evals"))
         elif "strong_decay" in found:

@@ -22,6 +22,7 @@ from agents.domain import Diagnosis
 from agents.evidence import Evidence
 
 
+NORM_GROWN = 1.5   # weights this many times their first logged size: grown by an lr far too high (healthy: +2-5% in 150 steps)
 LR_CEILING = 1e-2   # Adam above ~1e-2 almost never trains a transformer: no raise goes past it
 SMALLEST_RAISE = 1.5   # a raise smaller than this is no cure for steps a tenth of a healthy one
 
@@ -55,6 +56,11 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     ratio = median_of(scaled)
     if ratio >= th.small_updates_max:
         return None
+    # a step's share of weights that grew far past their starting size (an lr far too high before)
+    # is small because they are large, not because the lr is low
+    norms = [to_float(r.get("weight_norm")) for r in ev.metrics if is_finite(to_float(r.get("weight_norm")))]
+    if norms and norms[0] > 0 and norms[-1] > NORM_GROWN * norms[0]:
+        return None
     # held-out measured in this segment (an eval before a change of harness says nothing of now)
     start, seg = int(rows[0].get("step", 0)), rows[-1].get("segment")
     held = [v for v in (to_float(r.get(known.target_metric)) for r in ev.evals
@@ -73,12 +79,17 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     suggested = float(f"{min(lr * factor, LR_CEILING):.3g}") if lr else None
     if suggested is None or suggested < SMALLEST_RAISE * lr:
         return None     # no raise worth a backtest left (the lr at the ceiling): not this finding's to name
+    # a raise must not turn a weak weight decay into a strong one (strong_decay): at the raised lr
+    # the decay pulls lr·wd per step, so it comes down with the raise where that would be strong
+    wd = to_float((ev.recipe or {}).get("weight_decay")) or 0.0
+    wd_suggested = (float(f"{DECAY_PULL_FLAT / suggested:.2g}")
+                    if wd > 0 and suggested * wd >= DECAY_STRONG * DECAY_PULL_FLAT else None)
     return make_diagnosis(ev, "small_updates",
                           f"each step moves the weights by {ratio:.2g} of their size (median of {len(scaled)} steps) and "
                           f"held-out is {held[-1]:.3g}: the learning rate is too low to learn",
                           "warning",
                           {"update_ratio_median": ratio, "lr": lr,
-                           "lr_suggested": suggested,
+                           "lr_suggested": suggested, "weight_decay": wd, "weight_decay_suggested": wd_suggested,
                            "heldout": held[-2:], "rows": len(scaled), "threshold_ratio": th.small_updates_max,
                            "aim_ratio": th.small_updates_aim})
 
@@ -211,7 +222,9 @@ def small_batch(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
         return None
     batch = median_of([float(r["grad_batch"]) for r in rows])
     scale = noise_scale(rows, th.batch_signal_se)
-    if scale is None or not batch < th.batch_snr_min * scale:
+    # a scale past any a learning run showed means the gradient lost its signal: the run is stuck
+    # for a reason no batch cures (an lr, a decay, a template), or near its end
+    if scale is None or scale > th.batch_noise_max or not batch < th.batch_snr_min * scale:
         return None
     start = int(rows[0].get("step", 0))
     held = held_out_stuck(ev, th, known, seg, start, floor_counts=True)

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 from agents.detection import DETECTORS, THRESHOLDS  # noqa: E402
-from agents.step_detectors import BATCH_RAISE_MAX, noise_scale  # noqa: E402
+from agents.step_detectors import BATCH_RAISE_MAX, noise_scale  # noqa: E402,F401
 from agents.domain import InterventionKind as K  # noqa: E402
 from agents.explorer import Explorer  # noqa: E402
 from agents.operators import Diagnostics  # noqa: E402
@@ -117,28 +117,29 @@ def test_fires_where_the_batch_is_far_below_the_noise_scale_and_names_the_batch_
     assert d is not None and d.evidence["noise_scale_lower"] == pytest.approx(40.0)
     assert d.evidence["batch_suggested"] == min(
         int(THRESHOLDS.batch_aim * 40), BATCH_RAISE_MAX * 2)
-    # no signal above the noise: the largest single raise
-    rows = batch_rows()
-    for r in rows:
-        if "grad_dot" in r:
-            r["grad_dot"] = -0.1
-    d = detect(make_ev(rows, recipe=RECIPE), THRESHOLDS, KNOWN)
-    assert d is not None and d.evidence["batch_suggested"] == BATCH_RAISE_MAX * 2
+    # a scale past any a learning run shows, or no signal above the noise at all: the run is stuck
+    # for another reason, which no batch cures
+    for dot, sq in ((1.0, 1.0 + 2 * THRESHOLDS.batch_noise_max), (-0.1, 41.0)):
+        rows = batch_rows()
+        for r in rows:
+            if "grad_dot" in r:
+                r.update(grad_dot=dot, grad_sq=sq)
+        assert detect(make_ev(rows, recipe=RECIPE), THRESHOLDS, KNOWN) is None
 
 
 def test_quiet_where_the_batch_is_large_enough_or_held_out_rises_or_the_target_is_met():
     big = batch_rows(half=32.0)
     assert detect(make_ev(big, recipe=dict(RECIPE, batch_size=64)), THRESHOLDS, KNOWN) is None
-    # late in a healthy run the products scatter around a small signal, a few of them large: the
-    # bound on the signal keeps the scale from looking huge
-    spiky = batch_rows(half=32.0)
+    # products scattered around a small signal, a few of them large: the bound on the signal keeps
+    # the scale from looking large (6 at one SE; the ratio of means alone reads 39)
+    spiky = batch_rows()
     dots = iter([0.5, -0.4, 0.6, -0.5, 0.02, 0.01, -0.03, 0.05, 0.0, 0.0])      # mean 0.03, se 0.14
     for r in spiky:
         if "grad_dot" in r:
             r.update(grad_dot=next(dots), grad_sq=1.2)
-    assert detect(make_ev(spiky, recipe=dict(RECIPE, batch_size=64)), THRESHOLDS, KNOWN) is None
+    assert detect(make_ev(spiky, recipe=RECIPE), THRESHOLDS, KNOWN) is None
     point = dataclasses.replace(THRESHOLDS, batch_signal_se=0.0)            # the ratio of means alone would fire
-    assert detect(make_ev(spiky, recipe=dict(RECIPE, batch_size=64)), point, KNOWN) is not None
+    assert detect(make_ev(spiky, recipe=RECIPE), point, KNOWN) is not None
     # labels the task's check rejects add noise of their own: not this finding's
     noisy = [dict(r, label_ok=0.6) for r in batch_rows()]
     assert detect(make_ev(noisy, recipe=RECIPE), THRESHOLDS, KNOWN) is None

@@ -282,3 +282,25 @@ def test_a_credible_answer_loss_gain_outweighs_a_target_lower_within_its_noise()
     worse = decide(pairs(ff_cand=0.6), rule)                                  # format credibly worse
     assert isinstance(worse, Rejected) and worse.harmed, worse
     assert isinstance(decide(pairs(), Rule(eval_size=200, looks=2, look=2)), Rejected)   # the loss not read
+
+
+def test_the_raise_lowers_a_decay_it_would_make_strong_and_weights_grown_large_are_not_judged():
+    """A weight decay that is weak at a tiny lr pulls the weights in fast at the raised one: it comes
+    down in the same change. Weights grown far past their start (an lr far too high before) make
+    every step look small: no finding."""
+    from agents.step_detectors import DECAY_PULL_FLAT, NORM_GROWN
+
+    d = detect(make_ev(low_rows(), recipe={"algorithm": "sft", "lr": 3e-5, "weight_decay": 5.0}), THRESHOLDS, KNOWN)
+    assert d.evidence["weight_decay_suggested"] == pytest.approx(DECAY_PULL_FLAT / d.evidence["lr_suggested"], rel=0.05)
+    c = ctx(recipe={"algorithm": "sft", "lr": 3e-5, "weight_decay": 5.0, "kl_coef": 0.0, "group_size": 8})
+    rows = low_rows()
+    for r in rows:
+        r["loss"] = 2.0
+    (iv,) = Diagnostics().builtin(make_ev(rows, recipe=copy.deepcopy(c.recipe)), c)
+    assert set(iv.changes) == {"recipe.lr", "recipe.weight_decay"} and iv.changes["recipe.weight_decay"] < 0.5, iv.changes
+    weak = detect(make_ev(low_rows(), recipe={"algorithm": "sft", "lr": 3e-5, "weight_decay": 0.01}), THRESHOLDS, KNOWN)
+    assert weak.evidence["weight_decay_suggested"] is None                    # stays weak at the raised lr
+    grown = low_rows()
+    for i, r in enumerate(grown):
+        r["weight_norm"] = 60.0 * (1.0 + (NORM_GROWN + 0.5) * i / len(grown))
+    assert detect(make_ev(grown, recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is None
