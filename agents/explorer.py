@@ -9,9 +9,10 @@ controller set, …) gets a targeted search: the fields the trainer declares tun
 force, one candidate per tick, each backtested against doing nothing and judged like any other
 intervention. It is the explore step of population-based training, gated by the decision model:
 a candidate that measures no gain is rejected, its arms counted as spent, and the next one is
-proposed. A run that never learnt (held-out at or below the not-learning level, its untrained
-checkpoint kept) is explored from that checkpoint: the damage is in the weights, so each
-candidate rolls back to the start. Candidates tried before in this run (same fields and values)
+proposed. A run whose weights are worth nothing (it never learnt, or its held-out is at the
+not-learning level with the weights grown far past their untrained size; its untrained checkpoint
+kept: `agents.operators.worthless_weights`) is explored from that checkpoint: the damage is in
+the weights, so each candidate rolls back to the start. Candidates tried before in this run (same fields and values)
 are skipped, so the search moves on instead of repeating itself; a fix kept moves the search's
 centre, and the candidates are computed again from the new values, bracketed by the value the fix
 moved away from (`moves`): a run stuck again after a move in one direction gets the move back
@@ -27,7 +28,7 @@ from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext
 from agents.detection import run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
-from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, inconclusive, never_learnt
+from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, inconclusive, worthless_weights
 from trainer.config import TUNABLE, Tunable
 from trainer.runlog import INIT_CHECKPOINT
 
@@ -150,11 +151,11 @@ class Explorer(Operator):
                f"most sensitive first: candidate {len(every) - len(todo) + 1} of {len(every)}, {field} "
                f"{ctx.get(field)!r} → {value!r} ({len(done)} change(s) tried in this run so far); the backtest "
                "compares it with carrying on")
-        best = never_learnt(ev, ctx.checkpoints, self.thresholds.not_learning_heldout_max)
-        if best is not None and stuck.name == "not_learning":
+        spoilt = worthless_weights(ev, ctx.checkpoints, self.thresholds.not_learning_heldout_max)
+        if spoilt is not None and stuck.name == "not_learning":
             return [self._propose(K.ROLLBACK, stuck, change, why + f", both from the untrained checkpoint "
-                                  f"{INIT_CHECKPOINT!r}: it never learnt (best held-out {best:.3g}), so the damage may "
-                                  "be in the weights.", rollback_to=INIT_CHECKPOINT)]
+                                  f"{INIT_CHECKPOINT!r}: {spoilt}, so the damage may be in the weights.",
+                                  rollback_to=INIT_CHECKPOINT)]
         kind = next(k for prefix, k in KIND.items() if field.startswith(prefix))
         return [self._propose(kind, stuck, change, why + ".")]
 

@@ -48,6 +48,7 @@ from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, Diagnosis, Inter
 from agents.evidence import Evidence
 from agents.progress import config_fields, departure_harmed, eval_series, rollback_stake
 from agents.recall import avoid_reason
+from agents.step_detectors import weights_grown
 from trainer.runlog import INIT_CHECKPOINT
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -71,13 +72,23 @@ def _f(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def never_learnt(ev: Evidence, checkpoints: list[dict[str, Any]], heldout_max: float) -> float | None:
-    """The best held-out accuracy of a run that never learnt (never above `heldout_max`) and whose
-    untrained checkpoint is among `checkpoints`, so a fix may start over from it; None otherwise."""
+def worthless_weights(ev: Evidence, checkpoints: list[dict[str, Any]], heldout_max: float) -> str | None:
+    """Why the weights of this run are worth nothing to carry on from, so a fix may start over from
+    its untrained checkpoint (when it is among `checkpoints`): it never learnt (held-out never above
+    `heldout_max`), or held-out is at that level now and the weights have grown far past their
+    untrained size (`weights_grown`: an lr far too high inflated them, and a lower lr from there
+    trains weights that size). None otherwise."""
     if not any(c.get("name") == INIT_CHECKPOINT for c in checkpoints):
         return None
-    best = max((v for v in (_f(r.get("heldout_acc")) for r in ev.evals) if v is not None), default=None)
-    return best if best is not None and best <= heldout_max else None
+    held = [v for v in (_f(r.get("heldout_acc")) for r in ev.evals) if v is not None]
+    if not held:
+        return None
+    if max(held) <= heldout_max:
+        return f"it never learnt (best held-out {max(held):.3g})"
+    grown = weights_grown(ev)
+    if grown is not None and held[-1] <= heldout_max:
+        return f"its weights grew to {grown:.3g}× their untrained size (held-out {held[-1]:.3g} now)"
+    return None
 
 
 class Diagnostics(Operator):
@@ -181,13 +192,13 @@ class Diagnostics(Operator):
             lr = max((x for x in (_f(ctx.get("recipe.lr")), _f(d.evidence.get("lr_now"))) if x), default=None)
             # Adam above ~1e-2 almost never trains a transformer: go at least to 1e-3 there
             new_lr = float(f"{min(lr * LR_FACTOR, 1e-3) if lr > 1e-2 else lr * LR_FACTOR:.6g}") if lr else None
-            best = never_learnt(ev, ctx.checkpoints, self.thresholds.not_learning_heldout_max)
-            if new_lr and best is not None:
-                # it never learnt: the weights trained at this lr are no better than the start (often
-                # worse: saturated units, Adam moments sized for the wrong lr), so start over
+            why = worthless_weights(ev, ctx.checkpoints, self.thresholds.not_learning_heldout_max)
+            if new_lr and why is not None:
+                # the weights trained at this lr are no better than the start (often worse: saturated
+                # units, inflated weights, Adam moments sized for the wrong lr), so start over
                 out.append(self.intervention(
                     K.ROLLBACK, d, {"recipe.lr": new_lr}, risk=Risk.MEDIUM, rollback_to=INIT_CHECKPOINT,
-                    rationale=f"{d.summary}. It never learnt (best held-out {best:.3g}) and no spike marks a "
+                    rationale=f"{d.summary}. {why[0].upper()}{why[1:]} and no spike marks a "
                               f"divergence: a learning rate of {lr:.3g} is the likeliest cause. The weights trained "
                               f"at it are no better than the start, so the run restarts from its untrained "
                               f"checkpoint {INIT_CHECKPOINT!r} at lr {new_lr:.3g} (the backtest compares that with "

@@ -5,7 +5,8 @@ learning rate, the weight decay and the batch size, which a loss curve does not.
     strong_decay    the weights' norm falls as fast as the decay pulls: the weight decay is too strong
     small_batch     a step's gradient is mostly noise: the batch is far below the noise scale
 
-The trainer logs `update_ratio` and `weight_norm` every step (trainer/loop.py `step_norms`) and the
+The trainer logs `update_ratio`, `weight_norm` and `weight_growth` (the norm over the untrained
+start's) every step (trainer/loop.py `step_norms`) and the
 half-batch measurements `grad_dot`, `grad_sq`, `grad_half`, `grad_batch` one SFT step in 20
 (`Trainer.backward_halves`). Each finding is a cause (Diagnostics acts on it, the explorer then
 stays quiet) and shows harm before it fires: held-out at the not-learning level or stuck short of
@@ -22,9 +23,18 @@ from agents.domain import Diagnosis
 from agents.evidence import Evidence
 
 
-NORM_GROWN = 1.5   # weights this many times their first logged size: grown by an lr far too high (healthy: +2-5% in 150 steps)
+NORM_GROWN = 1.5   # weights this many times their untrained size: grown by an lr far too high (healthy: +2-5% in 150 steps)
 LR_CEILING = 1e-2   # Adam above ~1e-2 almost never trains a transformer: no raise goes past it
 SMALLEST_RAISE = 1.5   # a raise smaller than this is no cure for steps a tenth of a healthy one
+
+
+def weights_grown(ev: Evidence) -> float | None:
+    """How many times their untrained size the weights are (the newest `weight_growth` logged),
+    where that is past NORM_GROWN: an lr far too high inflated them (×10 a healthy lr: +90% in 30
+    steps; ×30: 4×), and weights that size are worth nothing to carry on from, whatever the lr
+    after. None otherwise, and where the trainer does not log it."""
+    g = next((x for x in (to_float(r.get("weight_growth")) for r in reversed(ev.metrics)) if is_finite(x)), None)
+    return g if g is not None and g > NORM_GROWN else None
 
 
 @detector("small_updates")
@@ -58,8 +68,7 @@ def small_updates(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
         return None
     # a step's share of weights that grew far past their starting size (an lr far too high before)
     # is small because they are large, not because the lr is low
-    norms = [to_float(r.get("weight_norm")) for r in ev.metrics if is_finite(to_float(r.get("weight_norm")))]
-    if norms and norms[0] > 0 and norms[-1] > NORM_GROWN * norms[0]:
+    if weights_grown(ev) is not None:
         return None
     # held-out measured in this segment (an eval before a change of harness says nothing of now)
     start, seg = int(rows[0].get("step", 0)), rows[-1].get("segment")

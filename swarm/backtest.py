@@ -61,17 +61,18 @@ def rollback_horizon(horizon: int, start: int, live: int) -> int:
     return max(horizon, min(live - start, retry_horizon(horizon, RETRY_DOUBLINGS)))
 
 
-def start_over(kind: str, changes: dict[str, Any], tries_without_gain: int, never_learnt: bool) -> bool:
+def start_over(kind: str, changes: dict[str, Any], tries_without_gain: int, worthless: bool) -> bool:
     """Is a fix tried again from the run's untrained checkpoint (a rollback carrying its change)?
     Yes for a change of the config (harness, recipe, data) already backtested from the live
-    weights with a gain too small to tell, in a run that never learnt whose untrained checkpoint is
-    kept (`never_learnt`). The weights of such a run are worth nothing, and may be what keeps the
-    change from showing (a policy whose sampling collapsed, saturated units, Adam moments sized for
-    a wrong lr): the same change from the live weights again only repeats the first look. Both arms
-    then start at that checkpoint (nothing was staked since) and train the steps the rollback
-    gives up (`rollback_horizon`)."""
+    weights with a gain too small to tell, in a run whose weights are worth nothing and whose
+    untrained checkpoint is kept (`worthless`: agents.operators.worthless_weights — it never learnt,
+    or its weights grew far past their untrained size). The weights of such a run may be what keeps
+    the change from showing (a policy whose sampling collapsed, saturated units, inflated weights,
+    Adam moments sized for a wrong lr): the same change from the live weights again only repeats
+    the first look. Both arms then start at that checkpoint (nothing was staked since) and train the
+    steps the rollback gives up (`rollback_horizon`)."""
     return (kind in ("harness_edit", "recipe_edit", "data_change") and bool(changes) and tries_without_gain > 0
-            and never_learnt)
+            and worthless)
 
 
 def _mean_se(xs: list[float]) -> tuple[float | None, float | None]:

@@ -20,7 +20,7 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import is_eval_row
-from agents.operators import inconclusive, never_learnt
+from agents.operators import inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for, start_over
 from swarm.decisions import (BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
@@ -247,13 +247,13 @@ class Deciding:
         tries = self.tries_without_gain(iv)
         if not tries:
             return iv
-        best = never_learnt(self.evidence(JobStatus.RUNNING), self.checkpoints(), THRESHOLDS.not_learning_heldout_max)
-        if not start_over(iv.kind.value, iv.changes, tries, best is not None):
+        spoilt = worthless_weights(self.evidence(JobStatus.RUNNING), self.checkpoints(), THRESHOLDS.not_learning_heldout_max)
+        if not start_over(iv.kind.value, iv.changes, tries, spoilt is not None):
             return iv
         d = iv.diagnosis.model_copy(update={"evidence": {**iv.diagnosis.evidence, "rollback_to": INIT_CHECKPOINT}})
         return iv.model_copy(update={"kind": InterventionKind.ROLLBACK, "diagnosis": d, "rationale": iv.rationale + (
-            f" Backtested {tries} time(s) from the live weights with a gain too small to tell, in a run that never "
-            f"learnt (best held-out {best:.3g}): tried again from the untrained checkpoint {INIT_CHECKPOINT!r}, "
+            f" Backtested {tries} time(s) from the live weights with a gain too small to tell, where {spoilt}: "
+            f"tried again from the untrained checkpoint {INIT_CHECKPOINT!r}, "
             "its weights being worth nothing and perhaps what keeps the change from showing.")})
 
     def worth_it(self, proposals: list[Intervention], s: Any) -> list[Intervention]:

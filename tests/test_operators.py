@@ -695,6 +695,11 @@ def test_a_run_that_never_learnt_restarts_from_its_untrained_checkpoint_at_a_low
     rows[next(i for i, r in enumerate(rows) if "heldout_acc" in r)]["heldout_acc"] = 0.4   # it once scored
     (iv,) = [iv for iv in Diagnostics().builtin(make_ev(rows), ctx(checkpoints=cps)) if iv.diagnosis.name == "not_learning"]
     assert iv.kind == K.RECIPE_EDIT
+    # it once scored, but its weights have since grown to 3x their untrained size (an lr far too
+    # high inflates them) and held-out is back at the not-learning level: they are worth nothing
+    grown = [dict(r, weight_growth=3.0) if "loss" in r else r for r in rows]
+    (iv,) = [iv for iv in Diagnostics().builtin(make_ev(grown), ctx(checkpoints=cps)) if iv.diagnosis.name == "not_learning"]
+    assert (iv.kind, rollback_target(iv)) == (K.ROLLBACK, "init") and "grew to 3×" in iv.rationale, iv.rationale
 
 
 def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():

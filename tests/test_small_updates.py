@@ -34,7 +34,7 @@ def test_update_ratio_is_the_step_norm_over_the_weight_norm():
     assert step_norms([t.clone() for t in after], after) == (0.0, pytest.approx(10.0))
 
 
-def _ratios(tmp_path, lr: float, name: str) -> list[float]:
+def _rows(tmp_path, lr: float, name: str) -> list[dict]:
     cfg = RunConfig.model_validate({
         "name": name, "out_dir": str(tmp_path), "seed": 0, "task": {"name": "sort"}, "threads": 1,
         "model": {"kind": "builtin", "d_model": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": 16},
@@ -45,7 +45,11 @@ def _ratios(tmp_path, lr: float, name: str) -> list[float]:
         "checkpoint": {"interval": 0}, "samples_per_step": 0})
     rows: list[dict] = []
     Trainer(cfg, on_step=rows.append).run()
-    return [r["update_ratio"] for r in rows if "update_ratio" in r]
+    return rows
+
+
+def _ratios(tmp_path, lr: float, name: str) -> list[float]:
+    return [r["update_ratio"] for r in _rows(tmp_path, lr, name) if "update_ratio" in r]
 
 
 def test_a_real_run_at_a_hundredth_of_the_lr_moves_its_weights_below_the_floor(tmp_path):
@@ -300,7 +304,25 @@ def test_the_raise_lowers_a_decay_it_would_make_strong_and_weights_grown_large_a
     assert set(iv.changes) == {"recipe.lr", "recipe.weight_decay"} and iv.changes["recipe.weight_decay"] < 0.5, iv.changes
     weak = detect(make_ev(low_rows(), recipe={"algorithm": "sft", "lr": 3e-5, "weight_decay": 0.01}), THRESHOLDS, KNOWN)
     assert weak.evidence["weight_decay_suggested"] is None                    # stays weak at the raised lr
-    grown = low_rows()
-    for i, r in enumerate(grown):
-        r["weight_norm"] = 60.0 * (1.0 + (NORM_GROWN + 0.5) * i / len(grown))
-    assert detect(make_ev(grown, recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is None
+    # the growth is over the untrained start, not the window: weights inflated long before it and
+    # flat since count, weights that only grew as training does do not stop the finding
+    for growth, quiet in ((NORM_GROWN + 0.5, True), (1.05, False)):
+        rows = [dict(r, weight_norm=60.0 * growth, weight_growth=growth) for r in low_rows()]
+        assert (detect(make_ev(rows, recipe={"algorithm": "sft", "lr": 3e-5}), THRESHOLDS, KNOWN) is None) == quiet
+
+
+def test_a_real_run_at_a_hundred_times_the_lr_inflates_its_weights_past_the_growth_a_healthy_run_shows(tmp_path):
+    """The trainer logs the weights' norm over their untrained size: about 1 after the first step,
+    still below NORM_GROWN after 30 healthy steps, past it at 100× the lr; and the detector's reading
+    of it is the newest row's."""
+    from agents.step_detectors import NORM_GROWN, weights_grown
+
+    def growth(lr: float, name: str) -> list[float]:
+        return [r["weight_growth"] for r in _rows(tmp_path, lr, name) if "weight_growth" in r]
+
+    healthy, high = growth(3e-3, "ok"), growth(0.3, "high")
+    assert len(healthy) == len(high) == 30
+    assert healthy[0] == pytest.approx(1.0, abs=0.02) and high[0] == pytest.approx(1.0, abs=0.2)
+    assert healthy[-1] < NORM_GROWN < high[-1], (healthy[-1], high[-1])
+    assert weights_grown(make_ev([dict(r, weight_growth=g) for r, g in zip(sft_rows(n=30), high)])) == high[-1]
+    assert weights_grown(make_ev([dict(r, weight_growth=g) for r, g in zip(sft_rows(n=30), healthy)])) is None

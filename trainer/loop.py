@@ -115,6 +115,11 @@ class Trainer:
             self.policy.model.use_kernels(norm)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self._before: list[torch.Tensor] | None = None   # the weights before a step (step_norms)
+        # the weights' size as built, before any checkpoint is loaded: the untrained (or pretrained)
+        # start, the same for every process that builds this config (a seeded init). A logged norm
+        # over it says how far training has grown the weights: an lr far too high inflates them
+        with torch.no_grad():
+            self.norm_start = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self.params))))
         # the fused AdamW step: one kernel over all parameters instead of ~10 ops per tensor (measured
         # 1.9 -> 0.7 ms per step on the 0.8M-parameter example, one CPU thread)
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in self.params)
@@ -238,6 +243,7 @@ class Trainer:
                 torch._foreach_copy_(self._before, self.params)
             self.opt.step()
             out["update_ratio"], out["weight_norm"] = step_norms(self._before, self.params)
+            out["weight_growth"] = out["weight_norm"] / max(self.norm_start, 1e-12)
         out["t_update"] = time.perf_counter() - t0
         return out
 
