@@ -8,7 +8,7 @@ and the acknowledgements of `trainer.control.CommandInbox` (the controller's `se
     set_harness  {"harness": {…a full AgentHarness…}} or {"version": "<hash>"} (one stored under
                  RUN_DIR/harnesses/)
     checkpoint   {"name": "before-change"}  (name optional)
-    rollback     {"name": "<checkpoint name>"}
+    rollback     {"name": "<checkpoint name>"}  ("init": the untrained start, step 0 of the warm-up)
     pause | resume | stop
 
 A command is validated as a whole before anything changes: a harness the way `harness.agent`

@@ -134,6 +134,8 @@ def restore(tr: "AgentTrainer", st: dict[str, Any]) -> None:
     tr.heldout_start = st["heldout_start"]
     if st["heldout_warm"] is not None:
         tr.heldout_warm = st["heldout_warm"]
+    else:   # a state from before the warm-up ended (`init`): no warm-up result yet
+        tr.__dict__.pop("heldout_warm", None)
     random.setstate(st["rng"]["python"])
     np.random.set_state(st["rng"]["numpy"])
     torch.set_rng_state(st["rng"]["torch"])

@@ -52,11 +52,15 @@ harnesses/<version>.yaml (each harness the run used). Progress is printed one li
 Checkpoints, resume and fork (`trainer.agent_state`): every `checkpoint.interval` steps of the
 warm-up and the GRPO stages, at the end and on a `stop`, the whole state (weights, optimiser, the
 stage and the step within it, the harness as a full spec, RNGs, data cursor, the critic's verdicts)
-goes into RUN_DIR/checkpoints through `trainer.checkpoint.CheckpointManager`. A run started again
-goes on from its newest checkpoint that verifies to the same end; `fork_from` starts a new run
-from another run's checkpoint, with `fork_overrides`. The control inbox (`trainer.agent_control`,
-on `trainer.control.CommandInbox`) is read at the end of each of those steps: set_recipe,
-set_fields, set_harness, checkpoint, rollback, pause, resume, stop.
+goes into RUN_DIR/checkpoints through `trainer.checkpoint.CheckpointManager`. A fresh run (not a
+resume, not a fork) with `checkpoint.interval` set also saves its untrained state, after the
+untrained eval, as `init` (`trainer.runlog.INIT_CHECKPOINT`): a named checkpoint, so `keep_last`
+never prunes it, and a `rollback` to it puts the weights, optimiser and position back at step 0 of
+the warm-up, where a fix that starts over begins (`agents.operators.worthless_weights`). A run
+started again goes on from its newest checkpoint that verifies to the same end; `fork_from` starts
+a new run from another run's checkpoint, with `fork_overrides`. The control inbox
+(`trainer.agent_control`, on `trainer.control.CommandInbox`) is read at the end of each of those
+steps: set_recipe, set_fields, set_harness, checkpoint, rollback, pause, resume, stop.
 
 Deviations: the learning-rate schedule is constant per stage after a linear warm-up; no
 data-parallel workers; the optimiser step is its own few lines (`optimise`), not
@@ -94,7 +98,7 @@ from trainer.envs import make_env
 from trainer.envs.base import AgentEnv
 from trainer.logprobs import select_backend
 from trainer.policy import Policy
-from trainer.runlog import RunLog, atomic_write_text
+from trainer.runlog import INIT_CHECKPOINT, RunLog, atomic_write_text
 from trainer.tasks.base import Example, Split
 
 
@@ -515,7 +519,8 @@ class AgentTrainer(CriticStages):
     def start(self) -> None:
         """Open the run's log, checkpoints and control inbox, write the resolved config, and start:
         from the run's newest checkpoint that verifies, else from `fork_from`, else from scratch
-        with the untrained policy's held-out eval (`trainer.agent_state.begin`)."""
+        with the untrained policy's held-out eval (`trainer.agent_state.begin`), then, with
+        periodic checkpoints on, the untrained state as the `init` checkpoint."""
         cfg = self.cfg
         self.t_start = time.time()
         self.log = RunLog(cfg.run_dir)
@@ -535,6 +540,8 @@ class AgentTrainer(CriticStages):
             ev = self.evaluate()
             self.heldout_start = ev["heldout_acc"]
             self.write_row({**self.row_base("eval"), "step_time": 0.0, **ev})
+            if cfg.checkpoint.interval:   # the untrained start: a fix that starts over rolls back to it
+                agent_state.save(self, INIT_CHECKPOINT)
 
     def enter(self, stage: str) -> int:
         """Begin `stage`, or go on in it (a resume, a rollback): the index of its next step."""
