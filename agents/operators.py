@@ -75,7 +75,7 @@ def _f(x: Any) -> float | None:
 def worthless_weights(ev: Evidence, checkpoints: list[dict[str, Any]], heldout_max: float) -> str | None:
     """Why the weights of this run are worth nothing to carry on from, so a fix may start over from
     its untrained checkpoint (when it is among `checkpoints`): it never learnt (held-out never above
-    `heldout_max`), or held-out is at that level now and the weights have grown far past their
+    `heldout_max`), or the latest segment's last two evals are at that level and the weights have grown far past their
     untrained size (`weights_grown`: an lr far too high inflated them, and a lower lr from there
     trains weights that size). None otherwise."""
     if not any(c.get("name") == INIT_CHECKPOINT for c in checkpoints):
@@ -85,9 +85,13 @@ def worthless_weights(ev: Evidence, checkpoints: list[dict[str, Any]], heldout_m
         return None
     if max(held) <= heldout_max:
         return f"it never learnt (best held-out {max(held):.3g})"
+    # the latest segment's last two evals at the not-learning level: one low eval, or a drop just
+    # after a rollback or a change of harness, is not a run that stopped learning
+    seg = ev.metrics[-1].get("segment", 0) if ev.metrics else None
+    now = [v for v in (_f(r.get("heldout_acc")) for r in ev.evals if r.get("segment", 0) == seg) if v is not None]
     grown = weights_grown(ev)
-    if grown is not None and held[-1] <= heldout_max:
-        return f"its weights grew to {grown:.3g}× their untrained size (held-out {held[-1]:.3g} now)"
+    if grown is not None and len(now) >= 2 and max(now[-2:]) <= heldout_max:
+        return f"its weights grew to {grown:.3g}× their untrained size (held-out {now[-1]:.3g} now)"
     return None
 
 

@@ -700,6 +700,11 @@ def test_a_run_that_never_learnt_restarts_from_its_untrained_checkpoint_at_a_low
     grown = [dict(r, weight_growth=3.0) if "loss" in r else r for r in rows]
     (iv,) = [iv for iv in Diagnostics().builtin(make_ev(grown), ctx(checkpoints=cps)) if iv.diagnosis.name == "not_learning"]
     assert (iv.kind, rollback_target(iv)) == (K.ROLLBACK, "init") and "grew to 3×" in iv.rationale, iv.rationale
+    # one low eval after a good one is not a run that stopped learning: its weights are kept
+    evals = [i for i, r in enumerate(grown) if "heldout_acc" in r]
+    grown[evals[-2]]["heldout_acc"] = 0.4
+    (iv,) = [iv for iv in Diagnostics().builtin(make_ev(grown), ctx(checkpoints=cps)) if iv.diagnosis.name == "not_learning"]
+    assert iv.kind == K.RECIPE_EDIT
 
 
 def test_what_is_not_in_force_is_set_again_before_anything_is_tuned():

@@ -116,8 +116,9 @@ class Trainer:
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self._before: list[torch.Tensor] | None = None   # the weights before a step (step_norms)
         # the weights' size as built, before any checkpoint is loaded: the untrained (or pretrained)
-        # start, the same for every process that builds this config (a seeded init). A logged norm
-        # over it says how far training has grown the weights: an lr far too high inflates them
+        # start, the same for a resume, a rollback and every rank (the init is seeded), close to it
+        # for another seed (a random init's norm barely varies). A logged norm over it says how far
+        # training has grown the weights: an lr far too high inflates them
         with torch.no_grad():
             self.norm_start = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self.params))))
         # the fused AdamW step: one kernel over all parameters instead of ~10 ops per tensor (measured
