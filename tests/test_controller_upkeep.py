@@ -517,25 +517,30 @@ def test_a_fix_retried_after_an_inconclusive_gain_is_backtested_over_twice_the_h
     ctrl.lock.release()
 
 
-@pytest.mark.parametrize("best,init_kept,tried,kind", [
-    (0.0, True, True, InterventionKind.ROLLBACK),          # never learnt, tried from the live weights: from the start
-    (0.0, True, False, InterventionKind.HARNESS_EDIT),     # first try: from the live weights
-    (0.3, True, True, InterventionKind.HARNESS_EDIT),      # it learnt: its weights are worth keeping
-    (0.0, False, True, InterventionKind.HARNESS_EDIT),     # no untrained checkpoint to start from
+@pytest.mark.parametrize("best,init_kept,tried,kind,growth", [
+    (0.0, True, True, InterventionKind.ROLLBACK, 1.0),          # never learnt, tried from the live weights: from the start
+    (0.0, True, False, InterventionKind.HARNESS_EDIT, 1.0),     # first try: from the live weights
+    (0.3, True, True, InterventionKind.HARNESS_EDIT, 1.0),      # it learnt: its weights are worth keeping
+    (0.3, True, True, InterventionKind.ROLLBACK, 3.0),          # it learnt, fell back, its weights inflated: from the start
+    (0.0, False, True, InterventionKind.HARNESS_EDIT, 1.0),     # no untrained checkpoint to start from
 ])
 def test_a_fix_that_could_not_show_from_the_weights_of_a_run_that_never_learnt_starts_over(
-        tmp_path, monkeypatch, best, init_kept, tried, kind):
+        tmp_path, monkeypatch, best, init_kept, tried, kind, growth):
     """A config fix already backtested from the live weights with a gain too small to tell, in a
-    run that never learnt whose untrained checkpoint is kept, is proposed again as a rollback to
-    that checkpoint carrying the same change (swarm.backtest.start_over)."""
+    run whose weights are worth nothing (it never learnt, or it is back at the not-learning level
+    with its weights grown far past their untrained size) whose untrained checkpoint is kept, is
+    proposed again as a rollback to that checkpoint carrying the same change
+    (swarm.backtest.start_over)."""
     from agents.domain import BacktestResult
     from agents.evidence import Evidence
     from swarm.controller import Controller
 
     goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
     ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    held = [best, 0.0, 0.0] if growth > 1.0 else [best] * 3
     ev = Evidence(run_dir=str(tmp_path), job_status="RUNNING", step=150,
-                  evals=[{"step": s, "heldout_acc": best} for s in (50, 100, 150)])
+                  metrics=[{"step": 150, "loss": 1.0, "weight_growth": growth}],
+                  evals=[{"step": s, "heldout_acc": h} for s, h in zip((50, 100, 150), held)])
     monkeypatch.setattr(ctrl, "evidence", lambda status: ev)
     monkeypatch.setattr(ctrl, "checkpoints", lambda: ([{"name": "init", "step": 0}] if init_kept else [])
                         + [{"name": "ckpt-100", "step": 100}])
