@@ -235,6 +235,10 @@ class BacktestResult(_Strict):
     signal: str = Field("target", description="the signal that decided (swarm.decisions.decide)")
     cpu_s: float | None = Field(None, description="worker CPU seconds of the backtest's arms")
     eval_size: int | None = Field(None, description="held-out examples behind each arm's target, when it is a rate")
+    control_heldout_loss: float | None = Field(None, description="the control arms' mean held-out answer loss at the "
+                                               "horizon (SFT evals; None: not measured by every control arm)")
+    control_heldout_loss_se: float | None = Field(None, description="its standard error (the arms' own, combined)")
+    fork_step: int | None = Field(None, description="the live run's step its arms started from (None: not recorded)")
     harmed: bool | None = Field(None, description="rejected because a signal was credibly worse (swarm.decisions.decide): "
                                 "evidence against the fix; False: rejected without it (no gain found, which is not a "
                                 "loss); None: not recorded (a result stored before the field existed)")

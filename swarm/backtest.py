@@ -311,14 +311,17 @@ def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_
 
 
 def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, seeds: list[int] | tuple[int, ...],
-           cpu_s: float, note: str = "", eval_size: int | None = None) -> BacktestResult:
-    """The recorded result of a backtest's decision."""
+           cpu_s: float, note: str = "", eval_size: int | None = None, fork_step: int | None = None) -> BacktestResult:
+    """The recorded result of a backtest's decision, with the control arms' answer loss where each
+    measured it (the post-apply judge compares the live run's with it: `swarm.judging.AnswerLoss`)."""
     worst = 0.0
     sig = decision.signal if isinstance(decision, Validated) else (decision.signals[0] if decision.signals else None)
     missing = [f"{a} seed {p.seed}" for p in pairs for a, s in (("candidate", p.candidate), ("control", p.control))
                if s.target is None]
     notes = [n for n in (note, "; ".join(f"{m} produced no eval" for m in missing), decision.reason) if n]
     level = getattr(decision, "level", 0.0)
+    ctl = [(p.control.heldout_loss, p.control.heldout_loss_se) for p in pairs]
+    measured = bool(ctl) and all(x is not None and se is not None for x, se in ctl)
     return BacktestResult(
         metric=metric, candidate=[p.candidate.target if p.candidate.target is not None else worst for p in pairs],
         control=[p.control.target if p.control.target is not None else worst for p in pairs],
@@ -327,6 +330,9 @@ def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, 
               + ", ".join(s.name for s in decision.signals) + " (swarm.decisions.decide)") if decision.signals else "no signal",
         horizon_steps=horizon, seeds=list(seeds), passed=isinstance(decision, Validated), note="; ".join(notes),
         signal=sig.name if sig else "none", cpu_s=cpu_s, eval_size=eval_size if metric in HELDOUT_METRICS else None,
-        harmed=isinstance(decision, Rejected) and decision.harmed)
+        harmed=isinstance(decision, Rejected) and decision.harmed,
+        control_heldout_loss=sum(x for x, _ in ctl) / len(ctl) if measured else None,   # type: ignore[misc]
+        control_heldout_loss_se=math.sqrt(sum(se ** 2 for _, se in ctl)) / len(ctl) if measured else None,  # type: ignore[operator]
+        fork_step=fork_step)
 
 

@@ -22,11 +22,12 @@ from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, Int
 from agents.evidence import is_eval_row
 from agents.operators import inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
-from swarm.backtest import check_change, nearest_valid, noop_edit, result, rollback_horizon, rule_for, start_over
+from swarm.backtest import (check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
+                            start_over)
 from swarm.decisions import (BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
                              corroborated_by, outlook, persistence, plan, rate_var, retry_horizon, run_looks, schedule,
                              segment_steps, smaller_step, try_share, worth_verifying)
-from swarm.judging import Control, Kept, Pending, RolledBack, Window, judge, restart_hold, wasted
+from swarm.judging import AnswerLoss, Control, Kept, Pending, RolledBack, Window, judge, restart_hold, wasted
 from trainer.config import get_dotted
 from trainer.runlog import INIT_CHECKPOINT, read_heartbeat
 
@@ -408,11 +409,12 @@ class Deciding:
                             metric=self.goal.target.metric, eval_size=bt.eval_size, looks=len(looks), look=n)
 
         d, pairs, look, extended = run_looks(looks, measure, rule_at)
-        self.record_backtest(iid, d, pairs, looks, look, extended, base, notes, cpu)
+        self.record_backtest(iid, d, pairs, looks, look, extended, base, notes, cpu,
+                             fork_step=fork[1] if fork else int(ack["step"]))
 
     def record_backtest(self, iid: str, d: Any, pairs: list[Pair], looks: list[Look], look: Look,
                         extended: list[tuple[Look, Any]], base: int, notes: list[str], cpu: float,
-                        after: tuple[str, ...] = ()) -> None:
+                        after: tuple[str, ...] = (), fork_step: int | None = None) -> None:
         """Store a finished backtest's result on its intervention (each look that was extended, and
         why, in its note, then `after`) and validate or reject it by the result."""
         notes = list(notes)
@@ -426,7 +428,7 @@ class Deciding:
         # a script's arms are scored on its own eval set, whose size the goal does not state
         size = None if self.goal.entrypoint is not None else self.goal.swarm.backtest.eval_size
         res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu,
-                     note="; ".join(notes), eval_size=size)
+                     note="; ".join(notes), eval_size=size, fork_step=fork_step)
         iv = self.store.get(iid)
         iv.backtest = res
         iv.outcome.backtest_cpu_s = round(cpu, 3)
@@ -532,7 +534,8 @@ class Deciding:
             w = Window(iv.kind, after[-1] if after else None, steps, window if not final else min(window, max(steps, 1)),
                        eval_size=self.held_out_size(),
                        target_is_rate=control.se is not None, higher_is_better=self.goal.target.op == ">=",
-                       look=looks + 1, last_look=final, **self.pace(iv, ev, start, t_applied))
+                       look=looks + 1, last_look=final, loss=self.answer_loss(iv, evals),
+                       **self.pace(iv, ev, start, t_applied))
             verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)
             iv.outcome.looks = looks + 1
             if final and steps < window and isinstance(verdict, RolledBack) and not verdict.undo:
@@ -564,6 +567,24 @@ class Deciding:
                 self.store.put(iv)
                 self.store.transition(iv.id, Status.ROLLED_BACK, f"{verdict.reason}; counted as a loss, left in force")
         return {}
+
+    def answer_loss(self, iv: Intervention, evals: list[dict[str, Any]]) -> AnswerLoss | None:
+        """The live run's held-out answer loss against the backtest's control arms', for a change
+        applied where its arms forked (not a rollback: the live run then restarts elsewhere) whose
+        both sides render the held-out answers alike (`heldout_comparable`): the first of `evals`
+        (the timeline since applying) at least the backtest's horizon past the fork, so both sides
+        trained as many steps from one state. None where either side did not measure it."""
+        bt = iv.backtest
+        if (bt is None or not bt.passed or iv.kind == InterventionKind.ROLLBACK or bt.control_heldout_loss is None
+                or bt.control_heldout_loss_se is None or not heldout_comparable(self.base_cfg, iv.changes)):
+            return None
+        at = (bt.fork_step if bt.fork_step is not None else int(iv.applied_step or 0)) + bt.horizon_steps
+        row = next((r for r in evals if int(r.get("step", 0)) >= at
+                    and all(isinstance(r.get(k), (int, float)) for k in ("heldout_loss", "heldout_loss_se"))), None)
+        if row is None:
+            return None
+        return AnswerLoss(float(row["heldout_loss"]), float(row["heldout_loss_se"]),
+                          bt.control_heldout_loss, bt.control_heldout_loss_se)
 
     @staticmethod
     def pace(iv: Intervention, ev: Any, start: int, since: float) -> dict[str, float | None]:

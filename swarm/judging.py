@@ -15,11 +15,22 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from agents.domain import InterventionKind as K, Outcome
-from swarm.decisions import phi, rate_var
+from swarm.decisions import SEED_SPREAD, phi, rate_var
 
 # a restart of a slow worker is kept when its steps got at least this many times faster (the
 # input_bound finding needs a slowdown of Thresholds.input_slowdown; this asks for most of it back)
 RESTART_SPEEDUP = 1.25
+
+
+@dataclass(frozen=True)
+class AnswerLoss:
+    """The held-out answer loss (mean NLL of the task's answers, SFT evals) of the live run's first
+    eval at least the backtest's horizon after its fork, and of the backtest's control arms at the
+    horizon: the same steps from the same state, one with the change and one without."""
+    after: float
+    after_se: float
+    control: float
+    control_se: float
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,9 @@ class Window:
     # a restart of a slow worker: median seconds per training step before it and in the window
     pace_before: float | None = None
     pace_after: float | None = None
+    # a change validated by a backtest whose arms wrote the answer loss, the changed run's and the
+    # control arms' at the same steps from the fork (None: not measured, not comparable)
+    loss: AnswerLoss | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,11 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     P(better by delta) >= 1 - alpha / 2^look → Kept (the error rate spent over the looks: at most
     alpha in all, however many windows are looked at); otherwise Pending until the last look
     (the end of the run), then RolledBack(undo=False): no measured gain is counted as a loss, and
-    the run is not set back for it (the pre-apply state was no better). A restart of a job that
+    the run is not set back for it (the pre-apply state was no better). Where the window carries
+    the held-out answer loss of the changed run and of the backtest's control arms at the same steps
+    from the fork (`AnswerLoss`), it is a second signal: the two split the error rate, and a credible
+    drop of the loss keeps the change with the target not lower (lower within its noise: at the
+    last look only). A restart of a job that
     was alive but slow (`pace_before`) is kept when its steps in the window are at least
     RESTART_SPEEDUP times faster than before it; a slow job trains too, so steps alone prove nothing."""
     if window.kind == K.RESTART and window.pace_before is not None:
@@ -119,11 +137,34 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
     if p_harm >= 1 - alpha:
         return RolledBack(f"{what}: credibly worse ({odds})", undo=True)
-    if p_gain >= 1 - alpha / 2 ** max(window.look, 1):
+    # the answer loss, where measured, is a second signal: the error rate is split between the two
+    loss = answer_loss(window.loss)
+    level = 1 - alpha / (2 if loss else 1) / 2 ** max(window.look, 1)
+    if p_gain >= level:
         return Kept(f"{what}: credibly better ({odds})")
+    if loss is not None and loss[1] >= level and (d >= -delta or window.last_look):
+        # exact match moves by whole examples, and a run leaving the floor shows in the answers'
+        # likelihood first: a credible gain there, the target not credibly worse, is a measured gain
+        # (a target lower within its noise only at the last look, as in `decide`)
+        return Kept(f"{what}, {loss[0]}: credibly better on the held-out answer loss ({odds})")
     if not window.last_look:
         return Pending(f"{what}: no measured gain yet ({odds})")
     return RolledBack(f"{what}: no measured gain ({odds})", undo=False)
+
+
+def answer_loss(m: AnswerLoss | None) -> tuple[str, float] | None:
+    """The answer loss's (text, P(gain)): the control's minus the changed run's, against the noise
+    of both evals and a between-seed spread of SEED_SPREAD of the control's loss (the live run and
+    the arms train on different seeds, as a one-seed look of `decide` assumes); the minimum effect
+    is 1% of the control's loss, as there. None where not measured."""
+    if m is None or not all(math.isfinite(x) for x in (m.after, m.after_se, m.control, m.control_se)):
+        return None
+    d = m.control - m.after
+    se = math.sqrt(m.after_se ** 2 + m.control_se ** 2 + (SEED_SPREAD * abs(m.control)) ** 2)
+    if se <= 0:
+        return None
+    p = phi((d - 0.01 * abs(m.control)) / se)
+    return f"answer loss {m.control:.4g} (control arms) → {m.after:.4g}, P(gain) = {p:.3f}", p
 
 
 @dataclass(frozen=True)

@@ -285,6 +285,34 @@ def test_judge_waits_for_a_later_window_while_inconclusive():
     assert isinstance(got, RolledBack) and not got.undo
 
 
+def test_judge_reads_the_answer_loss_a_change_was_validated_on_beside_the_target():
+    """A run leaving the floor shows in the answers' likelihood before exact match: a credible drop
+    of the held-out answer loss against the backtest's control arms at the same steps from the fork
+    keeps the change while the target has not moved; a target lower within its noise only at the
+    last look; a target credibly worse is undone whatever the loss says; and the error rate is
+    split between the two signals."""
+    from swarm.judging import AnswerLoss, answer_loss
+
+    floor, ctl = Control(0.0, 0.005, "backtest control"), Control(0.05, 0.015, "backtest control")
+    fell, flat = AnswerLoss(0.8, 0.02, 2.0, 0.02), AnswerLoss(1.98, 0.02, 2.0, 0.02)
+    got = judge(Window(K.RECIPE_EDIT, 0.0, 100, 100, look=1, last_look=False, loss=fell), floor)
+    assert isinstance(got, Kept) and "answer loss" in got.reason, got
+    assert isinstance(judge(Window(K.RECIPE_EDIT, 0.0, 100, 100, look=1, last_look=False, loss=flat), floor), Pending)
+    assert isinstance(judge(Window(K.RECIPE_EDIT, 0.0, 100, 100, look=1, last_look=False), floor), Pending)
+    lower = Window(K.RECIPE_EDIT, 0.03, 100, 100, look=1, last_look=False, loss=fell)   # 0.05 → 0.03, not credibly
+    assert isinstance(judge(lower, ctl), Pending)
+    assert isinstance(judge(Window(K.RECIPE_EDIT, 0.03, 100, 100, look=2, last_look=True, loss=fell), ctl), Kept)
+    worse = judge(Window(K.RECIPE_EDIT, 0.0, 100, 100, look=1, loss=fell), Control(0.3, 0.03, "backtest control"))
+    assert isinstance(worse, RolledBack) and worse.undo
+    # with the loss measured, the target alone needs alpha/2: 5 of 200 vs 0 (P(gain) 0.94) is kept
+    # without it, not with a flat loss
+    assert isinstance(judge(Window(K.RECIPE_EDIT, 0.025, 100, 100, look=1), floor), Kept)
+    assert not isinstance(judge(Window(K.RECIPE_EDIT, 0.025, 100, 100, look=1, loss=flat), floor), Kept)
+    # the spread between seeds counts: a drop of 2% of a loss of 2 is no gain, however small the evals' noise
+    assert answer_loss(AnswerLoss(1.96, 0.001, 2.0, 0.001))[1] < 0.6
+    assert answer_loss(None) is None and answer_loss(AnswerLoss(float("nan"), 0.1, 2.0, 0.1)) is None
+
+
 def test_waste():
     assert wasted("rejected", Outcome(backtest_cpu_s=12.0)).total == 12.0
     assert wasted("rolled_back", Outcome(backtest_cpu_s=5.0, window_cpu_s=7.0, undone=True)).total == 12.0
