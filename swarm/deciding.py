@@ -24,7 +24,7 @@ from agents.operators import inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import (check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
                             start_over)
-from swarm.decisions import (BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
+from swarm.decisions import (HELDOUT_LOSS_SIGNAL, BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
                              corroborated_by, outlook, persistence, plan, rate_var, retry_horizon, run_looks, schedule,
                              segment_steps, smaller_step, try_share, worth_verifying)
 from swarm.judging import AnswerLoss, Control, Kept, Pending, RolledBack, Window, judge, restart_hold, wasted
@@ -569,22 +569,29 @@ class Deciding:
         return {}
 
     def answer_loss(self, iv: Intervention, evals: list[dict[str, Any]]) -> AnswerLoss | None:
-        """The live run's held-out answer loss against the backtest's control arms', for a change
-        applied where its arms forked (not a rollback: the live run then restarts elsewhere) whose
-        both sides render the held-out answers alike (`heldout_comparable`): the first of `evals`
-        (the timeline since applying) at least the backtest's horizon past the fork, so both sides
-        trained as many steps from one state. None where either side did not measure it."""
+        """The live run's held-out answer loss against the backtest's control arms', for a change its
+        backtest validated on that loss (`HELDOUT_LOSS_SIGNAL`), applied to the live state the arms
+        forked (not a rollback: the live run then restarts elsewhere) whose fork step is recorded:
+        the newest of `evals` (the timeline since applying) at most the backtest's horizon past the
+        fork. The live run went on a few steps at the old config before the change was applied, so
+        at that eval it has trained at most as many steps since the fork as the control arms, fewer
+        of them with the change: a comparison that can only understate the change's effect. None
+        where no such eval is there, or either side did not measure the loss."""
         bt = iv.backtest
-        if (bt is None or not bt.passed or iv.kind == InterventionKind.ROLLBACK or bt.control_heldout_loss is None
-                or bt.control_heldout_loss_se is None or not heldout_comparable(self.base_cfg, iv.changes)):
+        if (bt is None or not bt.passed or bt.signal != HELDOUT_LOSS_SIGNAL or iv.kind == InterventionKind.ROLLBACK
+                or bt.fork_step is None or bt.control_heldout_loss is None or bt.control_heldout_loss_se is None
+                or not heldout_comparable(self.base_cfg, iv.changes)):
             return None
-        at = (bt.fork_step if bt.fork_step is not None else int(iv.applied_step or 0)) + bt.horizon_steps
-        row = next((r for r in evals if int(r.get("step", 0)) >= at
-                    and all(isinstance(r.get(k), (int, float)) for k in ("heldout_loss", "heldout_loss_se"))), None)
-        if row is None:
+
+        def num(v: Any) -> float | None:
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+        at = bt.fork_step + bt.horizon_steps
+        row = next((r for r in reversed(evals) if isinstance(r.get("step"), int) and r["step"] <= at), None)
+        if row is None or num(row.get("heldout_loss")) is None or num(row.get("heldout_loss_se")) is None:
             return None
         return AnswerLoss(float(row["heldout_loss"]), float(row["heldout_loss_se"]),
-                          bt.control_heldout_loss, bt.control_heldout_loss_se)
+                          bt.control_heldout_loss, bt.control_heldout_loss_se, arms=max(len(bt.control), 1))
 
     @staticmethod
     def pace(iv: Intervention, ev: Any, start: int, since: float) -> dict[str, float | None]:

@@ -24,13 +24,14 @@ RESTART_SPEEDUP = 1.25
 
 @dataclass(frozen=True)
 class AnswerLoss:
-    """The held-out answer loss (mean NLL of the task's answers, SFT evals) of the live run's first
-    eval at least the backtest's horizon after its fork, and of the backtest's control arms at the
-    horizon: the same steps from the same state, one with the change and one without."""
+    """The held-out answer loss (mean NLL of the task's answers, SFT evals) of the live run at most
+    the backtest's horizon after its fork, and the mean of the backtest's `arms` control arms at the
+    horizon: from one state, the live run with the change for at most as many steps."""
     after: float
     after_se: float
     control: float
     control_se: float
+    arms: int = 1
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,8 @@ class Window:
     # a restart of a slow worker: median seconds per training step before it and in the window
     pace_before: float | None = None
     pace_after: float | None = None
-    # a change validated by a backtest whose arms wrote the answer loss, the changed run's and the
-    # control arms' at the same steps from the fork (None: not measured, not comparable)
+    # a change validated on the answer loss: the changed run's, at most the horizon past the fork,
+    # and the control arms' at it (None: not measured, not comparable)
     loss: AnswerLoss | None = None
 
 
@@ -91,8 +92,8 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     alpha in all, however many windows are looked at); otherwise Pending until the last look
     (the end of the run), then RolledBack(undo=False): no measured gain is counted as a loss, and
     the run is not set back for it (the pre-apply state was no better). Where the window carries
-    the held-out answer loss of the changed run and of the backtest's control arms at the same steps
-    from the fork (`AnswerLoss`), it is a second signal: the two split the error rate, and a credible
+    the held-out answer loss of the changed run, at most the backtest's horizon past its fork, and
+    of the backtest's control arms at the horizon (`AnswerLoss`), it is a second signal: the two split the error rate, and a credible
     drop of the loss keeps the change with the target not lower (lower within its noise: at the
     last look only). A restart of a job that
     was alive but slow (`pace_before`) is kept when its steps in the window are at least
@@ -155,12 +156,14 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
 def answer_loss(m: AnswerLoss | None) -> tuple[str, float] | None:
     """The answer loss's (text, P(gain)): the control's minus the changed run's, against the noise
     of both evals and a between-seed spread of SEED_SPREAD of the control's loss (the live run and
-    the arms train on different seeds, as a one-seed look of `decide` assumes); the minimum effect
-    is 1% of the control's loss, as there. None where not measured."""
+    the arms train on different seeds, as a one-seed look of `decide` assumes) for the live run and
+    for the arms' mean (unpaired: τ²(1 + 1/arms)); the minimum effect is 1% of the control's loss,
+    as there. None where not measured."""
     if m is None or not all(math.isfinite(x) for x in (m.after, m.after_se, m.control, m.control_se)):
         return None
     d = m.control - m.after
-    se = math.sqrt(m.after_se ** 2 + m.control_se ** 2 + (SEED_SPREAD * abs(m.control)) ** 2)
+    tau2 = (SEED_SPREAD * abs(m.control)) ** 2 * (1.0 + 1.0 / max(m.arms, 1))
+    se = math.sqrt(m.after_se ** 2 + m.control_se ** 2 + tau2)
     if se <= 0:
         return None
     p = phi((d - 0.01 * abs(m.control)) / se)

@@ -328,10 +328,12 @@ def test_a_real_run_at_a_hundred_times_the_lr_inflates_its_weights_past_the_grow
     assert weights_grown(make_ev([dict(r, weight_growth=g) for r, g in zip(sft_rows(n=30), healthy)])) is None
 
 
-def test_the_judge_reads_the_live_answer_loss_at_the_backtests_horizon_from_its_fork():
+def test_the_judge_reads_the_live_answer_loss_at_most_the_backtests_horizon_from_its_fork():
     """The backtest records its control arms' answer loss and where they forked; after applying, the
-    judge reads the live run's first eval at least the horizon past the fork (both sides trained as
-    many steps from one state), for a change applied where it forked that renders the answers alike."""
+    judge reads the live run's newest eval at most the horizon past the fork (it has trained at most
+    as many steps since the fork as the arms, some of them before the change: a comparison that can
+    only understate the change), for a change validated on that loss, applied to the state its arms
+    forked, rendering the answers alike."""
     import types
 
     from agents.domain import Diagnosis, Intervention
@@ -343,7 +345,7 @@ def test_the_judge_reads_the_live_answer_loss_at_the_backtests_horizon_from_its_
     ps = [Pair(s, ArmScore(0.0, heldout_loss=1.0, heldout_loss_se=0.02),
                ArmScore(0.0, heldout_loss=2.0 + 0.2 * s, heldout_loss_se=0.03)) for s in (0, 1)]
     d = decide(ps, Rule(eval_size=200, looks=1, look=1, heldout_compares=True))
-    bt = result(d, ps, metric="heldout_acc", horizon=40, seeds=[0, 1], cpu_s=1.0, eval_size=200, fork_step=160)
+    bt = result(d, ps, metric="heldout_acc", horizon=80, seeds=[0, 1], cpu_s=1.0, eval_size=200, fork_step=160)
     assert bt.passed and bt.signal == "held-out answer loss", bt
     assert (bt.control_heldout_loss, bt.fork_step) == (pytest.approx(2.1), 160)
     assert bt.control_heldout_loss_se == pytest.approx((2 * 0.03 ** 2) ** 0.5 / 2)
@@ -356,11 +358,15 @@ def test_the_judge_reads_the_live_answer_loss_at_the_backtests_horizon_from_its_
                             operator="diagnostics", policy="builtin", applied_step=175,
                             backtest=bt.model_copy(update=bt_update))
 
-    evals = [{"step": s, "heldout_acc": 0.0, "heldout_loss": 1.9 - s / 1000, "heldout_loss_se": 0.02} for s in (190, 200, 250)]
-    got = Deciding.answer_loss(me, iv(), evals)
-    assert got == AnswerLoss(pytest.approx(1.7), 0.02, pytest.approx(2.1), bt.control_heldout_loss_se)   # step 200 = 160 + 40
-    assert Deciding.answer_loss(me, iv(fork_step=None), evals).after == pytest.approx(1.65)           # 175 + 40: step 250
-    assert Deciding.answer_loss(me, iv(), evals[:1]) is None                                            # not there yet
+    # the timeline since applying at step 175: evals at 200, 225, 250, 275
+    evals = [{"step": s, "heldout_acc": 0.0, "heldout_loss": 1.9 - s / 1000, "heldout_loss_se": 0.02} for s in (200, 225, 250, 275)]
+    got = Deciding.answer_loss(me, iv(), evals)            # 160 + 80 = 240: the eval at 225
+    assert got == AnswerLoss(pytest.approx(1.675), 0.02, pytest.approx(2.1), bt.control_heldout_loss_se, arms=2)
+    assert Deciding.answer_loss(me, iv(), evals[1:]).after == pytest.approx(1.675)
+    assert Deciding.answer_loss(me, iv(), evals[2:]) is None                                            # none by 240
+    assert Deciding.answer_loss(me, iv(), [dict(evals[1], heldout_loss="nan")]) is None
+    assert Deciding.answer_loss(me, iv(fork_step=None), evals) is None                                  # fork unknown
+    assert Deciding.answer_loss(me, iv(signal="held-out format failures"), evals) is None               # validated otherwise
     assert Deciding.answer_loss(me, iv(kind=K.ROLLBACK), evals) is None
     assert Deciding.answer_loss(me, iv(changes={"harness.template": "{question}:"}), evals) is None      # answers rendered anew
     assert Deciding.answer_loss(me, iv(passed=False), evals) is None
