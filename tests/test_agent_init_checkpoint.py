@@ -27,19 +27,11 @@ from trainer.control import send_command
 from trainer.runlog import INIT_CHECKPOINT, read_jsonl
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_agent_rollback import TINY as ROLLBACK_TINY, moments, same  # noqa: E402
+from test_agent_rollback import TINY as ROLLBACK_TINY, _threads, moments, same  # noqa: E402,F401 (_threads: autouse)
 
 TINY = {**ROLLBACK_TINY, "sft": {"steps": 4, "batch_size": 4, "warmup_steps": 0},
         "grpo": {"steps": 2, "prompts": 2, "group_size": 2}}
 STEPS = 6
-
-
-@pytest.fixture(autouse=True)
-def _threads(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 def config(out: pathlib.Path, name: str, **over: Any) -> AgentTrainConfig:
