@@ -85,6 +85,7 @@ def test_ray_job_streams_metrics_and_obeys_commands(make_cfg, tmp_path):
     assert not pathlib.Path(head.token_path).exists()
 
 
+@pytest.mark.slow   # about a minute of real Ray workers (the default run stays under ~20 min)
 def test_ray_train_data_parallel_two_workers(make_cfg, tmp_path):
     cfg = RunConfig.parse(make_cfg(num_workers=2, recipe={"steps": 4, "batch_size": 8, "eval_interval": 4,
                                                           "eval_size": 8}, checkpoint={"interval": 2}))

@@ -180,6 +180,7 @@ def test_a_cluster_given_by_address_is_never_replaced_or_stopped(tmp_path, monke
         jobs.close()
 
 
+@pytest.mark.slow   # about a minute of a real Ray head (the default run stays under ~20 min)
 @pytest.mark.ray
 def test_resume_after_the_head_died_relaunches_from_the_checkpoint(tmp_path, env, reap):
     log = tmp_path / "controller.log"
@@ -216,6 +217,7 @@ def test_resume_after_the_head_died_relaunches_from_the_checkpoint(tmp_path, env
     assert_nothing_left(tmp_path, ws, [head], [proc.pid, resumed.pid])
 
 
+@pytest.mark.slow   # about a minute of a real Ray head (the default run stays under ~20 min)
 @pytest.mark.ray
 def test_a_resumed_run_stops_the_head_its_run_started(tmp_path, env, reap):
     log = tmp_path / "controller.log"

@@ -659,6 +659,7 @@ def test_a_trainer_that_keeps_crashing_stops_cleanly_after_max_restarts(tmp_path
     assert "finished" in [r["kind"] for r in timeline(ws)] and (ws / "reports" / "final" / "REPORT.md").exists()
 
 
+@pytest.mark.slow   # about a minute of real Ray workers (the default run stays under ~20 min)
 def test_a_worker_out_of_memory_restarts_with_half_the_batch_and_trains_on(tmp_path, reap):
     """A worker that dies of out-of-memory at every start while its batch is above a limit: the
     trainer records the allocator's message as the error that ended it, `out_of_memory` names it,
