@@ -321,7 +321,10 @@ def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, 
     notes = [n for n in (note, "; ".join(f"{m} produced no eval" for m in missing), decision.reason) if n]
     level = getattr(decision, "level", 0.0)
     ctl = [(p.control.heldout_loss, p.control.heldout_loss_se) for p in pairs]
-    measured = bool(ctl) and all(x is not None and se is not None for x, se in ctl)
+    ctl_loss = ctl_se = None          # the control arms' mean answer loss, where every one measured it
+    if ctl and all(x is not None and se is not None for x, se in ctl):
+        ctl_loss = sum(float(x) for x, _ in ctl) / len(ctl)                      # type: ignore[arg-type]
+        ctl_se = math.sqrt(sum(float(se) ** 2 for _, se in ctl)) / len(ctl)      # type: ignore[arg-type]
     return BacktestResult(
         metric=metric, candidate=[p.candidate.target if p.candidate.target is not None else worst for p in pairs],
         control=[p.control.target if p.control.target is not None else worst for p in pairs],
@@ -331,8 +334,7 @@ def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, 
         horizon_steps=horizon, seeds=list(seeds), passed=isinstance(decision, Validated), note="; ".join(notes),
         signal=sig.name if sig else "none", cpu_s=cpu_s, eval_size=eval_size if metric in HELDOUT_METRICS else None,
         harmed=isinstance(decision, Rejected) and decision.harmed,
-        control_heldout_loss=sum(x for x, _ in ctl) / len(ctl) if measured else None,   # type: ignore[misc]
-        control_heldout_loss_se=math.sqrt(sum(se ** 2 for _, se in ctl)) / len(ctl) if measured else None,  # type: ignore[operator]
+        control_heldout_loss=ctl_loss, control_heldout_loss_se=ctl_se,
         fork_step=fork_step)
 
 
