@@ -239,6 +239,9 @@ class BacktestResult(_Strict):
                                                "horizon (SFT evals; None: not measured by every control arm)")
     control_heldout_loss_se: float | None = Field(None, description="its standard error (the arms' own, combined)")
     fork_step: int | None = Field(None, description="the live run's step its arms started from (None: not recorded)")
+    candidate_arms: list[str] = Field(default_factory=list, description="the candidate arms' folders under the "
+                                      "backtests folder, in the order of `seeds` (a validated change may adopt one: "
+                                      "swarm.backtest.adoptable)")
     harmed: bool | None = Field(None, description="rejected because a signal was credibly worse (swarm.decisions.decide): "
                                 "evidence against the fix; False: rejected without it (no gain found, which is not a "
                                 "loss); None: not recorded (a result stored before the field existed)")
@@ -287,6 +290,9 @@ class Outcome(_Strict):
     cpu_at_apply: float | None = Field(None, description="the live run's worker CPU-s when it was applied")
     carried_over: list[str] | None = Field(None, description="later fixes set again after its rollback")
     rollback_skipped: str | None = Field(None, description="why its rollback only set the fields again")
+    adopted: str | None = Field(None, description="the backtest arm whose state the live run took on when it was "
+                                "applied (swarm.backtest.adoptable), and that state's step")
+    not_adopted: str | None = Field(None, description="why it was applied to the live state, not by adopting an arm")
     # judge (swarm.judging.judge)
     looks: int | None = Field(None, description="evaluation windows looked at")
     pending: str | None = Field(None, description="why the last look was inconclusive")

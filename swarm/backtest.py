@@ -16,6 +16,7 @@ arm starts), `nearest_valid` (the closest change the trainer accepts), `noop_edi
 """
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import shutil
@@ -34,6 +35,17 @@ from trainer.run_storage import release, sync_run
 from trainer.runlog import HELDOUT_METRICS, read_heartbeat, read_jsonl
 
 
+# the recipe fields an arm sets for itself (how it evaluates, that it never stops early): a live run
+# that adopts an arm's state gets its own values of them back (`adoptable`)
+ARM_ONLY = ("recipe.eval_interval", "recipe.eval_size", "recipe.stop_at_heldout")
+ADOPTED = "adopt"    # the live run's checkpoint `adopt-<id>`: the arm state an intervention was applied by
+
+
+def arm_name(iid: str, label: str, arm: str, seed: int) -> str:
+    """The folder (under the backtests folder) and job name of one arm."""
+    return f"bt-{iid}{label}-{arm}-s{seed}"
+
+
 def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: int, step: int,
                horizon: int, eval_size: int, changes: dict[str, Any]) -> dict[str, Any]:
     cfg = {k: v for k, v in base.items() if k not in ("perturbations", "fork_from", "fork_mode", "fork_overrides")}
@@ -41,7 +53,7 @@ def arm_config(base: dict[str, Any], name: str, out_dir: str, ckpt: str, seed: i
     # stays the run's): a schedule over the horizon alone would anneal both arms to their minimum lr.
     # It is scored by its final evaluation alone (periodic ones would fall on steps that are multiples
     # of the interval, inside the arm or on its last step a second time)
-    overrides = {"recipe.eval_interval": 0, "recipe.eval_size": eval_size, "recipe.stop_at_heldout": None, **changes}
+    overrides = {**dict(zip(ARM_ONLY, (0, eval_size, None))), **changes}
     return {**cfg, "name": name, "out_dir": out_dir, "seed": seed, "fork_from": ckpt, "fork_mode": "state",
             "fork_overrides": overrides, "stop_step": step + horizon, "checkpoint": {"interval": 0, "keep_last": 1},
             "samples_per_step": 1, "perturbations": []}
@@ -287,7 +299,7 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
     handles: dict[tuple[str, int], tuple[Any, pathlib.Path]] = {}   # a job handle, or a leftover arm
     for seed in seeds:
         for arm, changes in (("candidate", iv.changes), ("control", {})):
-            name = f"bt-{iv.id}{label}-{arm}-s{seed}"
+            name = arm_name(iv.id, label, arm, seed)
             fork, at = (candidate_ckpt, candidate_step) if arm == "candidate" and candidate_ckpt else (ckpt, step)
             cfg = arm_config(base_config, name, str(workdir), fork, seed, at or 0, horizon, eval_size, changes)
             handles[(arm, seed)] = (start_arm(jobs, name, cfg, workdir, config_dir), workdir / name)
@@ -298,6 +310,46 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
     for _, d in handles.values():
         release(d)
     return pairs, cpu
+
+
+def adoptable(res: BacktestResult | None, backtests_dir: pathlib.Path, resume_step: int,
+              higher_is_better: bool) -> tuple[pathlib.Path, int] | str:
+    """The final checkpoint of the candidate arm a validated change is applied by, and its step
+    (else why none): population-based training's exploit. The candidate arm is the run as it
+    would have been had the change been made at the arm's fork, trained `horizon` steps further and
+    validated against a control that trained the same steps without it; applying the change to the
+    live run instead trains those steps again. Adopted only when the arm ended past
+    `resume_step`, the step the change would otherwise start from (the live step; a rollback's
+    checkpoint step): the live steps the adoption discards are fewer than the arm's, and were
+    trained without the change. Of the candidate arms that completed with a checkpoint, the one
+    with the best target (the lowest seed on a tie)."""
+    if res is None or not res.passed:
+        return "not validated by a backtest"
+    if not res.candidate_arms:
+        return "its backtest recorded no candidate arm to adopt"
+    sign = 1.0 if higher_is_better else -1.0
+    order = sorted(range(len(res.candidate_arms)), key=lambda i: (-sign * res.candidate[i], i))
+    why = []
+    for i in order:
+        d = backtests_dir / res.candidate_arms[i]
+        if (read_heartbeat(d) or {}).get("state") != "completed":
+            why.append(f"{d.name} did not complete")
+            continue
+        best = None
+        for m in sorted((d / "checkpoints").glob("*.json")):
+            try:
+                man = json.loads(m.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if m.with_suffix(".pt").is_file() and isinstance(man.get("step"), int) and (best is None or man["step"] > best[1]):
+                best = (m.with_suffix(".pt"), int(man["step"]))
+        if best is None:
+            why.append(f"{d.name} kept no checkpoint here")
+        elif best[1] <= resume_step:
+            why.append(f"{d.name} ended at step {best[1]}, not past step {resume_step} where the change would start")
+        else:
+            return best
+    return "; ".join(why) or "no candidate arm"
 
 
 def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_better: bool, metric: str,
@@ -311,7 +363,8 @@ def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_
 
 
 def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, seeds: list[int] | tuple[int, ...],
-           cpu_s: float, note: str = "", eval_size: int | None = None, fork_step: int | None = None) -> BacktestResult:
+           cpu_s: float, note: str = "", eval_size: int | None = None, fork_step: int | None = None,
+           candidate_arms: list[str] | None = None) -> BacktestResult:
     """The recorded result of a backtest's decision, with the control arms' answer loss where each
     measured it (the post-apply judge compares the live run's with it: `swarm.judging.AnswerLoss`)."""
     worst = 0.0
@@ -335,6 +388,6 @@ def result(decision: Decision, pairs: list[Pair], *, metric: str, horizon: int, 
         signal=sig.name if sig else "none", cpu_s=cpu_s, eval_size=eval_size if metric in HELDOUT_METRICS else None,
         harmed=isinstance(decision, Rejected) and decision.harmed,
         control_heldout_loss=ctl_loss, control_heldout_loss_se=ctl_se,
-        fork_step=fork_step)
+        fork_step=fork_step, candidate_arms=list(candidate_arms or []))
 
 

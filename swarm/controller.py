@@ -36,7 +36,7 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import private_dir, write_private
 from swarm.agent_run import AgentSteering, agent_jobs, job_config
 from swarm.agent_run import task_name as agent_task
-from swarm.backtest import BacktestRunner, question_chars, run_arms, task_range
+from swarm.backtest import ADOPTED, ARM_ONLY, BacktestRunner, adoptable, question_chars, run_arms, task_range
 from swarm.deciding import Deciding, in_force, recent_pace
 from swarm.decisions import PERSIST_WITHIN
 from swarm.goal import Goal
@@ -538,6 +538,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
             pre = self.command("checkpoint", f"{iv.id}-pre", name=f"pre-{iv.id}")
             changes = iv.changes
             target = self.rollback_target(iv) if iv.kind == InterventionKind.ROLLBACK else None
+            arm_from = target      # where a rollback's candidate arm started (a change's forked the live state)
             far = self.too_far_back(iv, target, pre) if target else None
             if far:
                 iv = self.store.get(iv.id)
@@ -545,9 +546,20 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
                 self.store.put(iv)
                 self.store.log("rollback_skipped", id=iv.id, reason=far)
                 target = None
+            adopted = self.adoption(iv, target, pre)
             # a rollback and its changes land at one safe point (Deciding.one_safe_point)
-            with self.one_safe_point(iv.id) if target else contextlib.nullcontext():
-                if target:
+            with self.one_safe_point(iv.id) if target or adopted else contextlib.nullcontext():
+                if adopted and not accepted(ack := self.command("rollback", f"{iv.id}-adopt", name=adopted)):
+                    iv = self.store.get(iv.id)
+                    iv.outcome.adopted, iv.outcome.not_adopted = None, f"the trainer refused it: {ack and ack.get('reason')}"
+                    self.store.put(iv)
+                    adopted = None
+                if adopted:
+                    at = int(ack["step"])
+                    # the arm's state predates what was applied since it started: that is set again
+                    changes = (self.carry_over(iv.id, arm_from) if arm_from else
+                               self.carry_over(iv.id, since=self.forked_at(iv))) | changes
+                elif target:
                     self.command("rollback", f"{iv.id}-rb", name=target)
                     # the checkpoint predates later fixes: its harness and recipe do not have them
                     changes = self.carry_over(iv.id, target) | changes
@@ -559,11 +571,13 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
                         self.store.log("apply_deferred", id=iv.id, reason="the job stopped answering", step=s.step)
                         return {}
                     if not accepted(ack):   # `restart` too: the relauncher relaunches with the change
+                        if adopted and pre:   # the arm's state holds the change: back to the live one
+                            self.command("rollback", f"{iv.id}-unadopt", name=f"pre-{iv.id}")
                         self.refused(iv, f"the trainer refused the change: {ack and ack.get('reason')}")
                         return {}
                     step = ack["step"]
                 else:
-                    step = pre["step"] if pre else s.step
+                    step = at if adopted else pre["step"] if pre else s.step
             iv = self.store.get(iv.id)
             iv.checkpoint_before = f"pre-{iv.id}" if pre else None
             if iv.changes and iv.outcome.before is None:   # what the change replaced, as the run publishes it (agents/miner.py)
@@ -594,21 +608,64 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         self.store.transition(iv.id, Status.REJECTED, why)
         self.ws.reject(iv.id)
 
-    def changes_since(self, checkpoint: str, exclude: str) -> dict[str, dict[str, Any]]:
+    def adoption(self, iv: Intervention, target: str | None, pre: dict[str, Any] | None) -> str | None:
+        """The live run's checkpoint `adopt-<id>`, written now, holding the state of the backtest arm
+        `iv` is applied by (`swarm.backtest.adoptable`: the arm trained the change's first steps
+        already), with the live run's own values of the fields an arm sets for itself (how it
+        evaluates, its early stop); None where the change is applied to the live state (why, in
+        `outcome.not_adopted`). The built-in trainer's runs whose checkpoints are on this disk: a
+        stored run's replica holds no weights, and a script's or the agent trainer's arms keep none."""
+        if self.script or self.agent or iv.kind == InterventionKind.RESTART or iv.backtest is None:
+            return None
+        from trainer.checkpoint import CheckpointError, CheckpointManager
+        from trainer.run_storage import bound_uri
+
+        src: tuple[pathlib.Path, int] | str
+        start = next((int(c["step"]) for c in self.checkpoints() if c["name"] == target), None) if target else None
+        if bound_uri(self.run_dir) is not None:
+            src = "the run is on storage, where the arms' weights are"
+        elif start is None and not (pre and isinstance(pre.get("step"), int)):
+            src = "the live step is unknown"
+        else:
+            src = adoptable(iv.backtest, self.sdir / "backtests", start if start is not None else int(pre["step"]),  # type: ignore[index]
+                            self.goal.target.op == ">=")
+        name = f"{ADOPTED}-{iv.id}"
+        if not isinstance(src, str):
+            try:
+                st = CheckpointManager(src[0].parent).load(src[0].stem)
+                st["recipe"] = {**st["recipe"], **{k.removeprefix("recipe."): self.base_cfg["recipe"].get(k.removeprefix("recipe."))
+                                                   for k in ARM_ONLY}}
+                CheckpointManager(self.run_dir / "checkpoints").save(st, int(st["step"]), name)
+            except (CheckpointError, OSError, KeyError, RuntimeError, ValueError) as e:
+                src = f"its state did not load: {e}"
+        iv = self.store.get(iv.id)
+        if isinstance(src, str):
+            iv.outcome.not_adopted = src
+        else:
+            iv.outcome.adopted = f"{src[0].parent.parent.name} at step {src[1]}"
+        self.store.put(iv)
+        return None if isinstance(src, str) else name
+
+    def forked_at(self, iv: Intervention) -> float:
+        """When its (last) backtest forked the live run."""
+        return max((float(h["time"]) for h in iv.history if h.get("to") == Status.BACKTESTING.value), default=0.0)
+
+    def changes_since(self, checkpoint: str | None, exclude: str, since: float | None = None) -> dict[str, dict[str, Any]]:
         """Field changes of the interventions in force (applied, being judged or kept) that were
-        applied after `checkpoint` was written, oldest first, by id: rolling the trainer back to it
-        restores its harness and recipe, so these are set again."""
-        t_ckpt = next((c.get("time", 0.0) for c in self.checkpoints() if c["name"] == checkpoint), None)
+        applied after `checkpoint` was written (or after the time `since`), oldest first, by id:
+        rolling the trainer back to it restores its harness and recipe, so these are set again."""
+        t_ckpt = since if since is not None else next((c.get("time", 0.0) for c in self.checkpoints() if c["name"] == checkpoint), None)
         if t_ckpt is None:
             return {}
         later = [x for x in self.store.list() if x.id != exclude and in_force(x) and x.changes
                  and (x.outcome.since_time or 0.0) > t_ckpt]
         return {x.id: dict(x.changes) for x in sorted(later, key=lambda x: x.outcome.since_time)}
 
-    def carry_over(self, iid: str, checkpoint: str) -> dict[str, Any]:
+    def carry_over(self, iid: str, checkpoint: str | None = None, since: float | None = None) -> dict[str, Any]:
         """The fields to set again after intervention `iid` rolls the trainer back to `checkpoint`
-        (`changes_since`, later values winning); the carried ids go into its outcome."""
-        carried = self.changes_since(checkpoint, exclude=iid)
+        (or to a state from the time `since`): `changes_since`, later values winning; the carried ids
+        go into its outcome."""
+        carried = self.changes_since(checkpoint, exclude=iid, since=since)
         if not carried:
             return {}
         iv = self.store.get(iid)

@@ -22,7 +22,7 @@ from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, Int
 from agents.evidence import is_eval_row
 from agents.operators import inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
-from swarm.backtest import (check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
+from swarm.backtest import (arm_name, check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
                             start_over)
 from swarm.decisions import (HELDOUT_LOSS_SIGNAL, BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
                              corroborated_by, outlook, persistence, plan, rate_var, retry_horizon, run_looks, schedule,
@@ -400,7 +400,7 @@ class Deciding:
                 candidate_step=cand["step"] if cand else None, metric=self.goal.target.metric,
                 horizon=base * look.horizon_factor, seeds=seeds, eval_size=bt.eval_size, jobs=self.jobs,
                 workdir=self.sdir / "backtests", config_dir=self.private / "backtests",
-                label=f"-x{look.horizon_factor}" if look.horizon_factor > 1 else "")
+                label=f"-x{look.horizon_factor}" if look.horizon_factor > 1 else "")   # arm_name's label
             cpu += c
             return ps
 
@@ -409,12 +409,15 @@ class Deciding:
                             metric=self.goal.target.metric, eval_size=bt.eval_size, looks=len(looks), look=n)
 
         d, pairs, look, extended = run_looks(looks, measure, rule_at)
+        label = f"-x{look.horizon_factor}" if look.horizon_factor > 1 else ""
         self.record_backtest(iid, d, pairs, looks, look, extended, base, notes, cpu,
-                             fork_step=fork[1] if fork else int(ack["step"]))
+                             fork_step=fork[1] if fork else int(ack["step"]),
+                             candidate_arms=[arm_name(iid, label, "candidate", p.seed) for p in pairs])
 
     def record_backtest(self, iid: str, d: Any, pairs: list[Pair], looks: list[Look], look: Look,
                         extended: list[tuple[Look, Any]], base: int, notes: list[str], cpu: float,
-                        after: tuple[str, ...] = (), fork_step: int | None = None) -> None:
+                        after: tuple[str, ...] = (), fork_step: int | None = None,
+                        candidate_arms: list[str] | None = None) -> None:
         """Store a finished backtest's result on its intervention (each look that was extended, and
         why, in its note, then `after`) and validate or reject it by the result."""
         notes = list(notes)
@@ -428,7 +431,7 @@ class Deciding:
         # a script's arms are scored on its own eval set, whose size the goal does not state
         size = None if self.goal.entrypoint is not None else self.goal.swarm.backtest.eval_size
         res = result(d, pairs, metric=self.goal.target.metric, horizon=horizon, seeds=look.seeds, cpu_s=cpu,
-                     note="; ".join(notes), eval_size=size, fork_step=fork_step)
+                     note="; ".join(notes), eval_size=size, fork_step=fork_step, candidate_arms=candidate_arms)
         iv = self.store.get(iid)
         iv.backtest = res
         iv.outcome.backtest_cpu_s = round(cpu, 3)
@@ -571,7 +574,8 @@ class Deciding:
     def answer_loss(self, iv: Intervention, evals: list[dict[str, Any]]) -> AnswerLoss | None:
         """The live run's held-out answer loss against the backtest's control arms', for a change its
         backtest validated on that loss (`HELDOUT_LOSS_SIGNAL`), applied to the live state the arms
-        forked (not a rollback: the live run then restarts elsewhere) whose fork step is recorded:
+        forked (not a rollback: the live run then restarts elsewhere; not an adopted arm: the live run
+        then starts where the arms stopped) whose fork step is recorded:
         the newest of `evals` (the timeline since applying) at most the backtest's horizon past the
         fork. The live run went on a few steps at the old config before the change was applied, so
         at that eval it has trained at most as many steps since the fork as the control arms, fewer
@@ -579,7 +583,7 @@ class Deciding:
         where no such eval is there, or either side did not measure the loss."""
         bt = iv.backtest
         if (bt is None or not bt.passed or bt.signal != HELDOUT_LOSS_SIGNAL or iv.kind == InterventionKind.ROLLBACK
-                or bt.fork_step is None or bt.control_heldout_loss is None or bt.control_heldout_loss_se is None
+                or iv.outcome.adopted or bt.fork_step is None or bt.control_heldout_loss is None or bt.control_heldout_loss_se is None
                 or not heldout_comparable(self.base_cfg, iv.changes)):
             return None
 

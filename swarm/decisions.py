@@ -361,12 +361,17 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
 # more than RAISE_HIGH× up or LOWER_HIGH× down from its value in force with no gain measured on
 # held-out behaviour behind it (before its backtest, after a skipped one, or validated only on a
 # training loss or pass rate, which such a move can improve while held-out answers do not), since
-# damage of such a move may build up past the judge's window; (3) a numeric field with no value in
-# force to compare with. A rollback discards the steps since its checkpoint: the controller caps
+# damage of such a move may build up past the judge's window — except a raise of a field that only
+# says how many samples an update averages over (SAMPLE_SIZE) once a backtest validated it: the
+# update's expected direction stays the same with less noise, so it cannot teach the weights what
+# the examples do not, its cost is compute, which the budget counts, and its arm ran it on this
+# machine, so its memory fits; (3) a numeric field with no value in force to compare with. A rollback discards the steps since its checkpoint: the controller caps
 # that at the backtest's stake when it applies one (`too_far_back`). The proposer's risk is ignored.
 # Stated as a table in docs/decisions.md and tested row by row in tests/test_decisions.py.
 
 RAISE_HIGH = 3.0        # a numeric field raised more than this factor is a large move
+# fields that say how many samples one update averages over (examples per step, completions per prompt)
+SAMPLE_SIZE = ("recipe.batch_size", "recipe.sft_warmup_batch_size", "recipe.group_size")
 LOWER_HIGH = 1000.0     # or lowered more than this factor
 # fields whose value says what counts as correct (the harness says which of its own do), or how
 # the run is trained
@@ -418,7 +423,9 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
             continue
         if cur > 0 and new > 0 and (new / cur > RAISE_HIGH or cur / new > LOWER_HIGH):
             move = f"raises it {new / cur:.3g}×" if new > cur else f"lowers it {cur / new:.3g}×"
-            if not measured:
+            if k in SAMPLE_SIZE and new > cur and validated_on is not None:
+                why += f"; {k} {cur:g} → {new:g} {move}: more samples per update, validated on the {validated_on}"
+            elif not measured:
                 return RiskCall(Risk.HIGH, f"{k} {cur:g} → {new:g} {move} with no held-out gain measured", "size")
             why += f"; {k} {cur:g} → {new:g} {move}, validated on the held-out {validated_on}"
         if new != cur or iv.kind == K.DATA_CHANGE:

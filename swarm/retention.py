@@ -14,10 +14,11 @@ names on disk; `enforce_retention` gathers those names, applies the plan and ret
 
 What is kept (everything else named `bt-<id>…`/`pre-<id>` of a known intervention goes):
 - `bt-<id>` and the arms `bt-<id>…-<arm>-s<seed>` while the intervention is proposed or being
-  backtested (the arms fork from it; a restarted controller reuses arms that finished);
+  backtested (the arms fork from it; a restarted controller reuses arms that finished), and its
+  candidate arms until it is applied (applying it may adopt one's state: `swarm.backtest.adoptable`);
 - an arm folder until the CPU meter has recorded its final reading (the worker-CPU budget counts
   it), i.e. until `metered_arms` names it;
-- `pre-<id>` while the intervention can still be undone by the swarm (applied, evaluating) and
+- `pre-<id>` (and `adopt-<id>`, the arm state it was applied by) while the intervention can still be undone by the swarm (applied, evaluating) and
   for the newest `keep_kept` kept ones (a human's `swarm rollback ID` restores the run from it);
 - every `pre-` checkpoint while a rollback is pending (proposed … awaiting approval): the
   checkpoint it rolls back to is chosen again when it is applied and must be the one its
@@ -35,8 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from agents.domain import Intervention, InterventionKind, Status
 
 KEEP_KEPT = 3     # kept interventions whose pre-apply checkpoint stays for a human rollback
-_NAME = re.compile(r"^(bt|pre)-([0-9a-f]{8})$")
-_ARM = re.compile(r"^bt-([0-9a-f]{8})(?:-.+)?-(?:candidate|control)-s\d+$")
+_NAME = re.compile(r"^(bt|pre|adopt)-([0-9a-f]{8})$")
+_ARM = re.compile(r"^bt-([0-9a-f]{8})(?:-.+)?-(candidate|control)-s\d+$")
 BACKTESTING = (Status.PROPOSED, Status.BACKTESTING)
 UNDOABLE = (Status.APPLIED, Status.EVALUATING)
 PENDING = (Status.PROPOSED, Status.BACKTESTING, Status.VALIDATED, Status.AWAITING_APPROVAL)
@@ -83,13 +84,15 @@ def plan_retention(interventions: Sequence[Intervention], checkpoints: Iterable[
             continue
         if iv.status in (Status.KEPT, Status.ROLLED_BACK, Status.REJECTED):
             del_ck.add(name)
-            why[name] = (f"pre-apply checkpoint of {iv.id}, {iv.status.value}"
+            why[name] = (f"{'pre-apply' if m.group(1) == 'pre' else 'adopted arm'} checkpoint of {iv.id}, {iv.status.value}"
                          + (f" (older than the newest {keep_kept} kept)" if iv.status == Status.KEPT else ""))
     for name in arms:
         m = _ARM.match(name)
         iv = by_id.get(m.group(1)) if m else None
         if iv is None or iv.status in BACKTESTING or name not in metered:
             continue
+        if m.group(2) == "candidate" and iv.status in PENDING:
+            continue     # applying it may adopt the arm's state (swarm.backtest.adoptable)
         del_arms.add(name)
         why[name] = f"backtest arm of {iv.id}, which is {iv.status.value}"
     return RetentionPlan(frozenset(del_ck), frozenset(del_arms), why)

@@ -125,7 +125,7 @@ def test_risk_is_assigned_from_the_change(proposal, want):
 
 # the goal's own starting config is the fault: nothing to go back to, so the model must stand on
 # what can be undone and what was measured, not on "back to the start"
-BAD_START = {"recipe.lr": 0.09, "harness.sampling.temperature": 0.05, "harness.sampling.max_new_tokens": 3,
+BAD_START = {"recipe.lr": 0.09, "recipe.batch_size": 3, "recipe.group_size": 4, "harness.sampling.temperature": 0.05, "harness.sampling.max_new_tokens": 3,
              "harness.reward.verifier": "digits_any_order", "harness.reward.format_bonus": 0.0, "recipe.algorithm": "grpo"}
 
 
@@ -137,6 +137,11 @@ BAD_START = {"recipe.lr": 0.09, "harness.sampling.temperature": 0.05, "harness.s
     ({"harness.sampling.temperature": 1.0}, "training pass rate", Risk.HIGH, "size"),   # a training statistic only
     ({"harness.sampling.temperature": 1.0}, "SFT training loss", Risk.HIGH, "size"),
     ({"recipe.lr": 0.003}, None, Risk.MEDIUM, ""),                                       # 30× down: not large
+    # more samples per update: the same expected update with less noise, its memory shown by its arm
+    ({"recipe.batch_size": 96}, "SFT training loss", Risk.MEDIUM, ""),                  # 32× up
+    ({"recipe.group_size": 32}, "training pass rate", Risk.MEDIUM, ""),
+    ({"recipe.batch_size": 96}, None, Risk.HIGH, "size"),                                # before any backtest
+    ({"recipe.batch_size": 1}, "SFT training loss", Risk.MEDIUM, ""),                    # 3× down: not large
     # the objective: towards the task's own scoring is not a new objective; away from it is, measured or not
     ({"harness.reward.verifier": "task"}, None, Risk.MEDIUM, ""),
     ({"harness.reward.format_bonus": 0.3}, "target", Risk.HIGH, "objective"),

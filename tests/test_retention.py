@@ -51,8 +51,20 @@ def test_backtest_forks_and_arms_go_once_decided_and_metered():
     assert plan.checkpoints == {f"bt-{rejected.id}", f"bt-{validated.id}"}   # periodic and unknown names stay
     # a second, longer backtest's arms (label -x4) go with the first's; an arm the CPU meter has not
     # read since it finished stays until it has
-    assert plan.arms == set(arms(rejected) + arms(rejected, "-x4") + arms(validated)) - {unmetered}
+    # a validated change's candidate arms stay until it is applied (applying it may adopt one's state)
+    controls = [a for a in arms(validated) if "-control-" in a]
+    assert plan.arms == set(arms(rejected) + arms(rejected, "-x4") + controls)
     assert "rejected" in plan.why[f"bt-{rejected.id}"]
+    applied = iv(Status.APPLIED)
+    plan = plan_retention([applied], [f"adopt-{applied.id}"], arms(applied), metered_arms=set(arms(applied)))
+    assert plan.arms == set(arms(applied)) and not plan.checkpoints   # the adopted state: undoable still
+
+
+def test_an_adopted_arms_checkpoint_goes_as_a_pre_apply_one_does():
+    kept, done = iv(Status.KEPT), iv(Status.ROLLED_BACK)
+    plan = plan_retention([kept, done], [f"adopt-{kept.id}", f"adopt-{done.id}"], [], keep_kept=1)
+    assert plan.checkpoints == {f"adopt-{done.id}"}
+    assert plan.why[f"adopt-{done.id}"] == f"adopted arm checkpoint of {done.id}, rolled_back"
 
 
 def test_pre_apply_checkpoints_stay_while_undoable_and_for_the_newest_kept():
