@@ -53,7 +53,7 @@ from swarm.script_run import ScriptSteering, accepted, pr_view, resolved, script
 from swarm.store import Store, acquire_lock
 from swarm.workspace import Workspace
 from trainer.run_storage import sync_run
-from trainer.runlog import atomic_write_text, metrics_history, tail_jsonl
+from trainer.runlog import atomic_write_text, iter_jsonl, metrics_history, tail_jsonl
 
 RECURSION_LIMIT = 10_000_000  # a tick is ~10 supersteps; runs last days
 STATUS_EVERY_S = 10.0         # status.json (steps, budget spent) is rewritten at least this often while the timeline is quiet
@@ -549,11 +549,19 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
             adopted = self.adoption(iv, target, pre)
             # a rollback and its changes land at one safe point (Deciding.one_safe_point)
             with self.one_safe_point(iv.id) if target or adopted else contextlib.nullcontext():
-                if adopted and not accepted(ack := self.command("rollback", f"{iv.id}-adopt", name=adopted)):
-                    iv = self.store.get(iv.id)
-                    iv.outcome.adopted, iv.outcome.not_adopted = None, f"the trainer refused it: {ack and ack.get('reason')}"
-                    self.store.put(iv)
-                    adopted = None
+                if adopted:
+                    ack = self.command("rollback", f"{iv.id}-adopt", name=adopted)
+                    if ack is None:
+                        # no answer says nothing (the job may be busy loading it, or have died): the
+                        # command stays in the inbox, and the next tick's apply reads its answer
+                        self.store.log("apply_deferred", id=iv.id, reason="no answer to the adoption yet", step=s.step)
+                        return {}
+                    if not accepted(ack):
+                        iv = self.store.get(iv.id)
+                        iv.outcome.adopted, iv.outcome.not_adopted = None, f"the trainer refused it: {ack.get('reason')}"
+                        self.store.put(iv)
+                        self.drop_adopted(iv.id)
+                        adopted = None
                 if adopted:
                     at = int(ack["step"])
                     # the arm's state predates what was applied since it started: that is set again
@@ -571,8 +579,11 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
                         self.store.log("apply_deferred", id=iv.id, reason="the job stopped answering", step=s.step)
                         return {}
                     if not accepted(ack):   # `restart` too: the relauncher relaunches with the change
-                        if adopted and pre:   # the arm's state holds the change: back to the live one
-                            self.command("rollback", f"{iv.id}-unadopt", name=f"pre-{iv.id}")
+                        if adopted:   # the arm's state holds the change: back to the live one
+                            undo = self.command("rollback", f"{iv.id}-unadopt", name=f"pre-{iv.id}")
+                            if not accepted(undo):
+                                self.store.log("unadopt_failed", id=iv.id, reason=str(undo and undo.get("reason")))
+                            self.drop_adopted(iv.id)
                         self.refused(iv, f"the trainer refused the change: {ack and ack.get('reason')}")
                         return {}
                     step = ack["step"]
@@ -620,16 +631,21 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         from trainer.checkpoint import CheckpointError, CheckpointManager
         from trainer.run_storage import bound_uri
 
+        name = f"{ADOPTED}-{iv.id}"
+        if any(r.get("id") == f"{iv.id}-adopt" for r in iter_jsonl(self.run_dir / "command_log.jsonl")):
+            return name          # sent before a crash and answered: the answer decides, nothing is copied again
         src: tuple[pathlib.Path, int] | str
         start = next((int(c["step"]) for c in self.checkpoints() if c["name"] == target), None) if target else None
         if bound_uri(self.run_dir) is not None:
             src = "the run is on storage, where the arms' weights are"
-        elif start is None and not (pre and isinstance(pre.get("step"), int)):
-            src = "the live step is unknown"
+        elif not pre or pre.get("status") != "applied" or not isinstance(pre.get("step"), int):
+            src = "no checkpoint of the live state to undo it to"
+        elif iv.kind != InterventionKind.ROLLBACK and self.settled_since() >= self.forked_at(iv):
+            src = ("the live run was changed since its arms forked it (a fix applied, undone or restarted): the "
+                   "arm's state would bring back what is no longer in force, or drop what is")
         else:
-            src = adoptable(iv.backtest, self.sdir / "backtests", start if start is not None else int(pre["step"]),  # type: ignore[index]
+            src = adoptable(iv.backtest, self.sdir / "backtests", start if start is not None else int(pre["step"]),
                             self.goal.target.op == ">=")
-        name = f"{ADOPTED}-{iv.id}"
         if not isinstance(src, str):
             try:
                 st = CheckpointManager(src[0].parent).load(src[0].stem)
@@ -645,6 +661,12 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
             iv.outcome.adopted = f"{src[0].parent.parent.name} at step {src[1]}"
         self.store.put(iv)
         return None if isinstance(src, str) else name
+
+    def drop_adopted(self, iid: str) -> None:
+        """Delete the live run's copy of an arm's state that was not, or no longer, taken on: as the
+        newest checkpoint written, a restart would resume from it."""
+        for suffix in (".json", ".pt"):   # the manifest first: a checkpoint without one is incomplete
+            (self.run_dir / "checkpoints" / f"{ADOPTED}-{iid}{suffix}").unlink(missing_ok=True)
 
     def forked_at(self, iv: Intervention) -> float:
         """When its (last) backtest forked the live run."""

@@ -478,10 +478,19 @@ class Deciding:
         return int(n or 200)
 
     def control_for(self, iv: Intervention) -> Control:
-        """The backtest's control arms (mean, binomial standard error), else the value measured just
-        before applying (with its own measurement noise)."""
+        """The adopted arm's score (an adopted change), else the backtest's control arms (mean,
+        binomial standard error), else the value measured just before applying (with its own
+        measurement noise)."""
         rate = self.goal.target.metric in ("heldout_acc", "heldout_malformed", "heldout_truncated")
         bt = iv.backtest
+        arm = (iv.outcome.adopted or "").split(" at step ")[0]
+        if bt is not None and arm in bt.candidate_arms and len(bt.candidate) == len(bt.candidate_arms):
+            # the live run took on this arm's state: its score is the value just before applying, with
+            # the change in force (the control arms stopped where the window starts, and would put the
+            # window's own training on the change's side)
+            n = self.goal.swarm.backtest.eval_size
+            v = bt.candidate[bt.candidate_arms.index(arm)]
+            return Control(v, math.sqrt(rate_var(v, n)) if rate else None, f"the adopted arm after {bt.horizon_steps} steps")
         if bt is not None and bt.control:
             n = self.held_out_size() if self.script else self.goal.swarm.backtest.eval_size   # a script's arms eval its set
             m = sum(bt.control) / len(bt.control)

@@ -370,8 +370,9 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
 # Stated as a table in docs/decisions.md and tested row by row in tests/test_decisions.py.
 
 RAISE_HIGH = 3.0        # a numeric field raised more than this factor is a large move
-# fields that say how many samples one update averages over (examples per step, completions per prompt)
-SAMPLE_SIZE = ("recipe.batch_size", "recipe.sft_warmup_batch_size", "recipe.group_size")
+# fields that say how many examples one update averages over (not GRPO's group size: advantages are
+# normalised within a group and the pass-rate filter reads it, so the expected update changes with it)
+SAMPLE_SIZE = ("recipe.batch_size", "recipe.sft_warmup_batch_size")
 LOWER_HIGH = 1000.0     # or lowered more than this factor
 # fields whose value says what counts as correct (the harness says which of its own do), or how
 # the run is trained
@@ -427,7 +428,8 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
                 why += f"; {k} {cur:g} → {new:g} {move}: more samples per update, validated on the {validated_on}"
             elif not measured:
                 return RiskCall(Risk.HIGH, f"{k} {cur:g} → {new:g} {move} with no held-out gain measured", "size")
-            why += f"; {k} {cur:g} → {new:g} {move}, validated on the held-out {validated_on}"
+            else:
+                why += f"; {k} {cur:g} → {new:g} {move}, validated on the held-out {validated_on}"
         if new != cur or iv.kind == K.DATA_CHANGE:
             risk = max(risk, Risk.MEDIUM, key=_RANK.get)
     return RiskCall(risk, why)

@@ -33,7 +33,7 @@ def arm(root: pathlib.Path, name: str, step: int | None, state: str = "completed
     (d / "checkpoints").mkdir(parents=True)
     (d / "heartbeat.json").write_text(json.dumps({"state": state, "step": step or 0}))
     if step is not None:
-        CheckpointManager(d / "checkpoints").save({"step": step, "w": torch.ones(2) * step}, step)
+        CheckpointManager(d / "checkpoints").save({"step": step, "w": torch.ones(2) * step, "recipe": {"eval_interval": 0}}, step)
     return d
 
 
@@ -137,8 +137,56 @@ def test_a_validated_change_takes_on_its_arms_state_with_the_live_eval_settings(
         rows = [r for r in read_jsonl(ctrl.run_dir / "metrics.jsonl") if r.get("time", 0) > iv.outcome.since_time]
         train = [r for r in rows if "loss" in r]
         assert train[0]["step"] == fork + 21, train[:3]
+        # a timeline of its own: numbered past every one the live run wrote (the arm's state says 0)
+        earlier = [r["segment"] for r in read_jsonl(ctrl.run_dir / "metrics.jsonl") if r.get("time", 0) <= iv.outcome.since_time]
+        assert train[0]["segment"] == max(earlier) + 1, (train[0], set(earlier))
         assert all(r["step"] > fork + 20 for r in rows)
         assert any("heldout_acc" in r for r in rows)
+    finally:
+        ctrl.jobs.close()
+        ctrl._conn.close()
+        ctrl.knowledge.close()
+
+
+def test_an_arm_is_not_adopted_when_the_live_run_changed_since_it_forked_and_the_judge_starts_from_it(tmp_path):
+    """Its state would bring back a fix undone since, or drop one applied since; and without a
+    checkpoint of the live state there is nothing to undo it to. An adopted change is judged
+    against the adopted arm's score, the value just before applying."""
+    from swarm.controller import Controller
+    from swarm.goal import Goal
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process")
+    try:
+        arm(ctrl.sdir / "backtests", "bt-aaaaaaaa-candidate-s0", 140)
+        d = Diagnosis(name="plateau", summary="flat", operator="diagnostics", policy="builtin")
+        iv = Intervention(id="aaaaaaaa", kind=InterventionKind.RECIPE_EDIT, changes={"recipe.lr": 0.002}, diagnosis=d,
+                          rationale="r", operator="diagnostics", policy="builtin",
+                          backtest=result([0.42], ["bt-aaaaaaaa-candidate-s0"]))
+        iv.move(Status.BACKTESTING)
+        iv.move(Status.VALIDATED)
+        ctrl.store.put(iv)
+        other = Intervention(kind=InterventionKind.HARNESS_EDIT, changes={"harness.sampling.temperature": 0.9},
+                             diagnosis=d, rationale="r", operator="harness_critic", policy="builtin")
+        other.outcome.since_time = time.time() + 5       # applied after the fork
+        ctrl.store.put(other)
+        pre = {"status": "applied", "step": 120}
+        assert ctrl.adoption(ctrl.store.get(iv.id), None, pre) is None
+        assert "changed since its arms forked it" in ctrl.store.get(iv.id).outcome.not_adopted
+
+        other.outcome.since_time = time.time() - 3600   # before the fork: nothing changed since
+        ctrl.store.put(other)
+        assert ctrl.adoption(ctrl.store.get(iv.id), None, {"status": "rejected", "step": 120}) is None
+        assert ctrl.store.get(iv.id).outcome.not_adopted == "no checkpoint of the live state to undo it to"
+        assert ctrl.adoption(ctrl.store.get(iv.id), None, pre) == "adopt-aaaaaaaa"
+        got = ctrl.store.get(iv.id)
+        assert got.outcome.adopted == "bt-aaaaaaaa-candidate-s0 at step 140"
+        assert CheckpointManager(ctrl.run_dir / "checkpoints").load("adopt-aaaaaaaa")["step"] == 140
+
+        control = ctrl.control_for(got)
+        assert control.value == 0.42 and control.source == "the adopted arm after 20 steps" and control.se > 0
+        ctrl.drop_adopted(iv.id)     # not taken on after all: a restart must not resume from it
+        assert not list((ctrl.run_dir / "checkpoints").glob("adopt-*"))
     finally:
         ctrl.jobs.close()
         ctrl._conn.close()

@@ -139,7 +139,7 @@ BAD_START = {"recipe.lr": 0.09, "recipe.batch_size": 3, "recipe.group_size": 4, 
     ({"recipe.lr": 0.003}, None, Risk.MEDIUM, ""),                                       # 30× down: not large
     # more samples per update: the same expected update with less noise, its memory shown by its arm
     ({"recipe.batch_size": 96}, "SFT training loss", Risk.MEDIUM, ""),                  # 32× up
-    ({"recipe.group_size": 32}, "training pass rate", Risk.MEDIUM, ""),
+    ({"recipe.group_size": 32}, "training pass rate", Risk.HIGH, "size"),              # changes GRPO's advantages
     ({"recipe.batch_size": 96}, None, Risk.HIGH, "size"),                                # before any backtest
     ({"recipe.batch_size": 1}, "SFT training loss", Risk.MEDIUM, ""),                    # 3× down: not large
     # the objective: towards the task's own scoring is not a new objective; away from it is, measured or not

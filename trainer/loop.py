@@ -509,8 +509,11 @@ class Trainer:
             if not cmd.name:
                 raise ValueError("rollback needs 'name' (a checkpoint name)")
             st = self.read_checkpoint(cmd.name)
+            before = self.segment
             self.load_state(st)
-            self.segment += 1
+            # a new timeline: numbered past every one this run wrote (the checkpoint's own segment may
+            # be older, or another run's: a backtest arm's state starts at 0)
+            self.segment = max(before, self.segment) + 1
             return {"rolled_back_to": cmd.name, "step": self.step}
         if cmd.cmd == "pause":
             self.paused = True
