@@ -329,6 +329,10 @@ def test_warm_up_then_grpo_raises_held_out_success_and_changes_every_parameter(t
     grpo = [r for r in rows if r["algorithm"] == "grpo"]
     assert len(grpo) == 4 and all(r["drift"] == 0 and r["turns_mean"] >= 1 for r in grpo)
     assert any(r["informative_groups"] > 0 and r["skipped"] == 0 for r in grpo)
+    # every step that updated logs how far it moved the weights and their size over the untrained
+    # model's (the step detectors' evidence: an lr far too low, weights an lr far too high inflated)
+    stepped = [r for r in rows if r["algorithm"] in ("sft", "grpo") and r.get("skipped") == 0]
+    assert stepped and all(r["update_ratio"] > 0 and 0.5 < r["weight_growth"] < 3.0 for r in stepped), stepped[:2]
     assert rows[-1]["final"] and rows[-1]["heldout_acc"] == final
     assert (tmp_path / "e2e" / "config.yaml").is_file() and (tmp_path / "e2e" / "heartbeat.json").is_file()
     samples = [json.loads(x) for x in (tmp_path / "e2e" / "samples.jsonl").read_text().splitlines()]

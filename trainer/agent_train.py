@@ -43,8 +43,10 @@ rounds periodic: before every N-th GRPO step, so a fault that arrives mid-run me
 
 The run writes the trainer's run format (`trainer.runlog.RunLog`) under OUT/NAME: metrics.jsonl
 (`algorithm` "eval", "sft" every `log_every` steps or "grpo" every step; held-out fields on eval
-rows; `drift` = calls that could not be merged into their trajectory's row; `segment` = resumes and
-rollbacks so far; a last `final` row), samples.jsonl (trajectories as text), events.jsonl (start or
+rows; `drift` = calls that could not be merged into their trajectory's row; `update_ratio`, `weight_norm`
+and `weight_growth` = how far the step moved the weights relative to their size, their size, and that
+size over the untrained model's, as `trainer.loop` logs them; `segment` = resumes and rollbacks so
+far; a last `final` row), samples.jsonl (trajectories as text), events.jsonl (start or
 resume, checkpoint, harness_change, end), heartbeat.json, config.yaml (this config, resolved, its
 harness faults left out) and
 harnesses/<version>.yaml (each harness the run used). Progress is printed one line per logged step.
@@ -97,6 +99,7 @@ from trainer.config import ConfigError, ModelConfig, parse_config
 from trainer.envs import make_env
 from trainer.envs.base import AgentEnv
 from trainer.logprobs import select_backend
+from trainer.loop import step_norms
 from trainer.policy import Policy
 from trainer.runlog import INIT_CHECKPOINT, RunLog, atomic_write_text
 from trainer.tasks.base import Example, Split
@@ -288,6 +291,11 @@ class AgentTrainer(CriticStages):
         self.backend, _ = select_backend("torch" if cfg.model.kernels == "auto" and device.type == "cpu"
                                          else cfg.model.kernels, device)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        # the weights' size as built, before any checkpoint loads (as trainer.loop's): a logged norm
+        # over it says how far training grew them
+        with torch.no_grad():
+            self.norm_start = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self.params))))
+        self._before: list[torch.Tensor] | None = None   # the weights before a step (step_norms)
         self.opt = torch.optim.AdamW(self.params, lr=cfg.sft.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.rng = torch.Generator().manual_seed(cfg.seed * 1000 + 29)
         self.step = 0
@@ -354,8 +362,14 @@ class AgentTrainer(CriticStages):
             return {"loss": v, "grad_norm": gn, "skipped": 1.0}
         for g in self.opt.param_groups:
             g["lr"] = lr
+        with torch.no_grad():   # the update is measured, not inferred (one buffer, reused)
+            if self._before is None:
+                self._before = [torch.empty_like(p) for p in self.params]
+            torch._foreach_copy_(self._before, self.params)
         self.opt.step()
-        return {"loss": v, "grad_norm": gn, "skipped": 0.0}
+        ratio, norm = step_norms(self._before, self.params)
+        return {"loss": v, "grad_norm": gn, "skipped": 0.0, "update_ratio": ratio, "weight_norm": norm,
+                "weight_growth": norm / max(self.norm_start, 1e-12)}
 
     @staticmethod
     def _lr(base: float, warmup: int, i: int) -> float:
