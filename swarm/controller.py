@@ -470,6 +470,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
                 iv = self.reassess(iv)
             if iv.status == Status.VALIDATED and self.goal.approval.needs_human(iv.risk):
                 self.store.transition(iid, Status.AWAITING_APPROVAL, f"risk {iv.risk.value} needs a human: swarm approve {iid}")
+                self.resume_paused(iid)   # held at its fork since its backtest: the run goes on meanwhile
                 # the run does not idle while a human decides: the largest step not rated high goes on
                 self.smaller_alternative(self.store.get(iid))
         return {}
@@ -522,6 +523,10 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
                 self.stop_job(s.job)
             if iv.changes:   # in the inbox before the job starts: the new worker reads it before its first step
                 self.send("set_fields", f"{iv.id}-apply", fields=self.trainer_fields(iv.changes))
+            if self.store.get(iv.id).outcome.paused_for_backtest:   # the job it paused is gone: nothing to resume
+                iv = self.store.get(iv.id)
+                iv.outcome.paused_for_backtest = False
+                self.store.put(iv)
             job = self.start_job(s.restarts + 1)
             self.state_job = job
             upd = {"job": job, "restarts": s.restarts + 1, "job_status": JobStatus.PENDING, "launched": time.time()}
@@ -589,6 +594,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
                     step = ack["step"]
                 else:
                     step = at if adopted else pre["step"] if pre else s.step
+            self.resume_paused(iv.id)   # held at its fork since its backtest validated it
             iv = self.store.get(iv.id)
             iv.checkpoint_before = f"pre-{iv.id}" if pre else None
             if iv.changes and iv.outcome.before is None:   # what the change replaced, as the run publishes it (agents/miner.py)

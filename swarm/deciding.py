@@ -343,7 +343,9 @@ class Deciding:
         # the live job waits at the fork while the arms run: its steps meanwhile would train the
         # state the arms measure (a rollback discards them, a validated change is applied to it),
         # and the arms get its cores; it goes on when the arms are done (resume_paused, also after
-        # a controller crash)
+        # a controller crash) — a validated change's only once it is applied, on this tick (gate and
+        # apply follow), or sent to a human: steps at the old config in between would be discarded
+        # by taking on its arm's state, or make the change start later than its arms measured
         iv = self.store.get(iid)
         iv.outcome.paused_for_backtest = True
         self.store.put(iv)
@@ -351,7 +353,8 @@ class Deciding:
         try:
             self._backtest_arms(iv, ack)
         finally:
-            self.resume_paused(iid)
+            if self.store.get(iid).status != Status.VALIDATED:
+                self.resume_paused(iid)     # else apply or the gate resumes it, or the next tick's sweep
 
     def resume_paused(self, only: str | None = None) -> None:
         """Resume the live job wherever a backtest paused it and is no longer running (`only`: that

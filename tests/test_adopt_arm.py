@@ -106,12 +106,15 @@ def test_a_validated_change_takes_on_its_arms_state_with_the_live_eval_settings(
                           rationale="lower the lr.", operator="diagnostics", policy="builtin", risk=Risk.LOW)
         ctrl.store.put(iv)
         ctrl.backtest(ctrl.store.get(iv.id))
-        # the tiny live run trains ~20 steps a second once the backtest resumes it: held here, as the
-        # gate and apply of the same tick find it in a run of real size (a few steps past the fork)
-        assert ctrl.command("pause", "test-hold")["status"] == "applied"
         iv = ctrl.store.get(iv.id)
         assert iv.status == Status.VALIDATED, iv.history
         fork = iv.backtest.fork_step
+        # validated: the live run waits where its backtest paused it (the step it read the pause at,
+        # a few past the fork) until the apply: the tiny run would train ~20 steps a second meanwhile
+        assert iv.outcome.paused_for_backtest
+        held = live_step()
+        time.sleep(1.0)
+        assert live_step() == held < fork + 20
         assert iv.backtest.candidate_arms == [f"bt-{iv.id}-candidate-s0"]
         arm_dir = ctrl.sdir / "backtests" / f"bt-{iv.id}-candidate-s0"
         (arm_ckpt,) = [m for m in (arm_dir / "checkpoints").glob("*.json")]
@@ -125,6 +128,7 @@ def test_a_validated_change_takes_on_its_arms_state_with_the_live_eval_settings(
         assert iv.outcome.adopted == f"bt-{iv.id}-candidate-s0 at step {fork + 20}", iv.outcome
         assert iv.outcome.not_adopted is None and iv.applied_step == fork + 20
         assert iv.checkpoint_before == f"pre-{iv.id}"     # the judge's undo goes back to the live state
+        assert iv.outcome.paused_for_backtest is False    # and the run goes on
         # the state taken on is the arm's, with the live run's own eval settings and early stop
         mine = CheckpointManager(ctrl.run_dir / "checkpoints").load(f"adopt-{iv.id}")
         assert all(torch.equal(mine["model"][k], v) for k, v in arm_state["model"].items())

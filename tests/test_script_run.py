@@ -192,6 +192,10 @@ def test_the_controller_checks_applies_and_relaunches_a_script_runs_changes(tmp_
         assert got.backtest_skipped is None and got.outcome.backtest_cpu_s > 0
         assert "held-out size 64 (the script's)" in got.backtest.note
         acks = {r["id"]: r for r in read_jsonl(ctrl.run_dir / "command_log.jsonl")}
+        if got.status == Status.VALIDATED:   # held at the fork until it is applied or sent to a human
+            assert got.outcome.paused_for_backtest and f"{bt.id}-bt-resume" not in acks
+            ctrl.resume_paused(bt.id)
+            acks = {r["id"]: r for r in read_jsonl(ctrl.run_dir / "command_log.jsonl")}
         fork = acks[f"{bt.id}-bt"]
         assert fork["status"] == "applied" and pathlib.Path(fork["result"]["checkpoint"]).is_dir()
         paused, resumed = acks[f"{bt.id}-bt-pause"], acks[f"{bt.id}-bt-resume"]
