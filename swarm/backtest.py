@@ -9,7 +9,8 @@ optimiser, data cursor, the run's current recipe and harness, and the data fault
 under — the trainer's fork carries them; the controller never hands any fault to an arm): the
 control keeps them, the candidate applies the intervention's changes. Both train `horizon_steps`
 with the same seed (hence the same data and sampling stream) and end with a held-out eval.
-A rollback's candidate forks the checkpoint it rolls back to.
+A rollback's candidate forks the checkpoint it rolls back to, with the fixes applied since and in
+force (`carried`: its config predates them, and applying the rollback sets them again).
 
 Also here: `check_change` (the validation the live trainer applies to a change, run before any
 arm starts), `nearest_valid` (the closest change the trainer accepts), `noop_edit`.
@@ -282,17 +283,21 @@ class BacktestRunner(Protocol):
     def __call__(self, iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, metric: str,
                  horizon: int, seeds: list[int] | tuple[int, ...], eval_size: int, jobs: Jobs, workdir: pathlib.Path,
                  config_dir: pathlib.Path | None = None, candidate_ckpt: str | None = None,
-                 candidate_step: int | None = None, label: str = "") -> tuple[list[Pair], float]: ...
+                 candidate_step: int | None = None, label: str = "",
+                 carried: dict[str, Any] | None = None) -> tuple[list[Pair], float]: ...
 
 
 def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: int, metric: str,
              horizon: int, seeds: list[int] | tuple[int, ...], eval_size: int, jobs: Jobs, workdir: pathlib.Path,
              config_dir: pathlib.Path | None = None, timeout_s: float = 1800.0,
              candidate_ckpt: str | None = None, candidate_step: int | None = None,
-             label: str = "") -> tuple[list[Pair], float]:
+             label: str = "", carried: dict[str, Any] | None = None) -> tuple[list[Pair], float]:
     """Run a candidate and a control arm per seed; returns their scores and the arms' worker CPU
     seconds. `config_dir` holds the arms' job configs; the arms' run files go to `workdir`.
-    `label` tells the arms of a second look at the same intervention from the first's."""
+    `label` tells the arms of a second look at the same intervention from the first's. `carried`:
+    fields applied to the live run since `candidate_ckpt` (a rollback's checkpoint) was written and
+    in force now, set in every arm that forks that checkpoint (the candidate; the control too when
+    both start there), as applying the rollback sets them again: its config predates them."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_dir = config_dir or workdir
     config_dir.mkdir(parents=True, exist_ok=True)
@@ -301,6 +306,8 @@ def run_arms(iv: Intervention, *, base_config: dict[str, Any], ckpt: str, step: 
         for arm, changes in (("candidate", iv.changes), ("control", {})):
             name = arm_name(iv.id, label, arm, seed)
             fork, at = (candidate_ckpt, candidate_step) if arm == "candidate" and candidate_ckpt else (ckpt, step)
+            if carried and candidate_ckpt and fork == candidate_ckpt:
+                changes = {**carried, **changes}
             cfg = arm_config(base_config, name, str(workdir), fork, seed, at or 0, horizon, eval_size, changes)
             handles[(arm, seed)] = (start_arm(jobs, name, cfg, workdir, config_dir), workdir / name)
     wait_arms(jobs, handles.values(), timeout_s, sync=sync_run)

@@ -383,12 +383,19 @@ class Deciding:
         # hundreds of steps on scores its head start, not the change)
         common = cand is not None and self.nothing_staked(int(cand["step"]))
         fork = (str(self.run_dir / "checkpoints" / f"{target}.pt"), int(cand["step"])) if common else None
+        # the checkpoint's harness and recipe predate the fixes applied since: arms that fork it carry
+        # those in force, as applying the rollback sets them again (Controller.carry_over)
+        since = self.changes_since(target, exclude=iid) if cand is not None else {}
+        carried = {k: v for c in since.values() for k, v in c.items()}
         looks = schedule(bt.seeds, iv.diagnosis.severity == "critical", bt.critical_extend)
         before = self.tries_without_gain(iv)
         retry = retry_horizon(bt.horizon_steps, before)
         base = rollback_horizon(retry, int(cand["step"]), max(int(ack["step"]), int(cand["step"]))) if common else retry
         cpu = 0.0
         notes = [f"{before} earlier backtest(s) of this fix gained too little to tell: horizon {retry} steps"] if retry > bt.horizon_steps else []
+        if carried:
+            notes.append(f"the arms from checkpoint {target} carry the fixes applied since and in force "
+                         f"({', '.join(since)}): {', '.join(sorted(carried))}")
         if common:
             notes.append(f"both arms from checkpoint {target} (step {cand['step']}): the steps since gained nothing measurable"
                          + (f"; they train {base} steps (the rollback gives up {int(ack['step']) - int(cand['step'])})"
@@ -403,7 +410,8 @@ class Deciding:
                 candidate_step=cand["step"] if cand else None, metric=self.goal.target.metric,
                 horizon=base * look.horizon_factor, seeds=seeds, eval_size=bt.eval_size, jobs=self.jobs,
                 workdir=self.sdir / "backtests", config_dir=self.private / "backtests",
-                label=f"-x{look.horizon_factor}" if look.horizon_factor > 1 else "")   # arm_name's label
+                label=f"-x{look.horizon_factor}" if look.horizon_factor > 1 else "",   # arm_name's label
+                carried=carried)
             cpu += c
             return ps
 

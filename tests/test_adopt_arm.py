@@ -195,3 +195,33 @@ def test_an_arm_is_not_adopted_when_the_live_run_changed_since_it_forked_and_the
         ctrl.jobs.close()
         ctrl._conn.close()
         ctrl.knowledge.close()
+
+
+@pytest.mark.parametrize("common", [True, False])
+def test_the_arms_that_fork_a_rollbacks_checkpoint_carry_the_fixes_in_force(tmp_path, common):
+    """`run_arms` writes the carried fields into every arm that forks the rollback's checkpoint (the
+    candidate always; the control when both start there), the change itself winning."""
+    import yaml
+
+    from agents.domain import JobStatus
+
+    class Jobs:
+        def start(self, name, path):
+            return name
+
+        def status(self, handle):
+            return JobStatus.SUCCEEDED
+
+    d = Diagnosis(name="not_learning", summary="flat", operator="x", policy="builtin")
+    iv = Intervention(id="bbbbbbbb", kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.003}, diagnosis=d,
+                      rationale="r", operator="x", policy="builtin")
+    old, live = str(tmp_path / "init.pt"), str(tmp_path / "bt-bbbbbbbb.pt")
+    run_arms(iv, base_config={"recipe": {}, "harness": {}}, ckpt=old if common else live, step=0 if common else 120,
+             metric="heldout_acc", horizon=10, seeds=[0], eval_size=50, jobs=Jobs(), workdir=tmp_path / "bt",
+             candidate_ckpt=old, candidate_step=0, carried={"harness.sampling.max_new_tokens": 6, "recipe.lr": 0.5})
+    cand = yaml.safe_load((tmp_path / "bt" / "bt-bbbbbbbb-candidate-s0.yaml").read_text())
+    ctl = yaml.safe_load((tmp_path / "bt" / "bt-bbbbbbbb-control-s0.yaml").read_text())
+    assert cand["fork_from"] == old and cand["fork_overrides"]["harness.sampling.max_new_tokens"] == 6
+    assert cand["fork_overrides"]["recipe.lr"] == 0.003
+    assert ("harness.sampling.max_new_tokens" in ctl["fork_overrides"]) is common
+    assert ctl["fork_overrides"].get("recipe.lr") == (0.5 if common else None)

@@ -710,3 +710,56 @@ def test_a_rollback_that_stakes_nothing_is_backtested_from_one_start(tmp_path, m
     ctrl.knowledge.close()
     ctrl._conn.close()
     ctrl.lock.release()
+
+
+def test_a_rollbacks_arms_carry_the_fixes_applied_since_its_checkpoint(tmp_path, monkeypatch):
+    """A rollback's checkpoint holds the harness and recipe of its moment; applying it sets the fixes
+    in force since then again, so the arms that fork it (the candidate; both, when both start
+    there) carry them too: else they measure a run without those fixes (answers still cut at the
+    old limit, say), not the run the rollback makes. Fixes undone since, or applied before the
+    checkpoint, are not carried; the change itself wins over a carried value of the same field."""
+    import json
+    import pathlib
+    import time
+
+    from swarm.controller import Controller
+    from swarm.decisions import ArmScore, Pair
+    from swarm.graph import SwarmState
+
+    goal = Goal.parse(tiny_goal(memory={"backend": "memory", "seed_skills": False}))
+    seen = []
+
+    def fake_arms(iv, *, carried=None, **kw):
+        seen.append(dict(carried or {}))
+        return [Pair(s, ArmScore(0.5), ArmScore(0.0)) for s in kw["seeds"]], 1.0
+
+    ctrl = Controller.create(tmp_path / "ws", goal, jobs="process", backtest_runner=fake_arms)
+    monkeypatch.setattr(ctrl, "command", lambda *a, **k: {"status": "applied", "step": 120, "time": 0.0})
+    ckdir = ctrl.run_dir / "checkpoints"
+    ckdir.mkdir(parents=True)
+    t0 = time.time()
+    (ckdir / "init.json").write_text(json.dumps({"name": "init", "step": 0, "time": t0}))
+    rows = [{"step": s, "segment": 0, "time": float(s), "heldout_acc": 0.0} for s in (40, 80, 120)]
+    (ctrl.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = Diagnosis(name="not_learning", summary="flat", operator="x", policy="builtin", evidence={"rollback_to": "init"})
+
+    def applied(changes, status, since):
+        x = Intervention(kind=InterventionKind.HARNESS_EDIT, changes=changes, diagnosis=d, rationale="r",
+                         operator="x", policy="builtin")
+        x.status, x.outcome.since_time = status, since
+        ctrl.store.put(x)
+        return x
+
+    tokens = applied({"harness.sampling.max_new_tokens": 6, "recipe.lr": 0.5}, Status.EVALUATING, t0 + 10)
+    applied({"harness.sampling.temperature": 0.3}, Status.ROLLED_BACK, t0 + 20)      # undone: not in force
+    applied({"harness.sampling.top_p": 0.9}, Status.KEPT, t0 - 10)                    # the checkpoint has it
+    iv = Intervention(kind=InterventionKind.ROLLBACK, changes={"recipe.lr": 0.003}, diagnosis=d, rationale="r",
+                      operator="x", policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.node_backtest(SwarmState(job_status="RUNNING", tick=1, step=120))
+    assert seen and all(c == {"harness.sampling.max_new_tokens": 6, "recipe.lr": 0.5} for c in seen), seen
+    note = ctrl.store.get(iv.id).backtest.note
+    assert f"carry the fixes applied since and in force ({tokens.id}): harness.sampling.max_new_tokens, recipe.lr" in note
+    ctrl.knowledge.close()
+    ctrl._conn.close()
+    ctrl.lock.release()
