@@ -99,7 +99,7 @@ from trainer.config import ConfigError, ModelConfig, parse_config
 from trainer.envs import make_env
 from trainer.envs.base import AgentEnv
 from trainer.logprobs import select_backend
-from trainer.loop import step_norms
+from trainer.loop import StepMeter
 from trainer.policy import Policy
 from trainer.runlog import INIT_CHECKPOINT, RunLog, atomic_write_text
 from trainer.tasks.base import Example, Split
@@ -291,11 +291,7 @@ class AgentTrainer(CriticStages):
         self.backend, _ = select_backend("torch" if cfg.model.kernels == "auto" and device.type == "cpu"
                                          else cfg.model.kernels, device)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        # the weights' size as built, before any checkpoint loads (as trainer.loop's): a logged norm
-        # over it says how far training grew them
-        with torch.no_grad():
-            self.norm_start = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self.params))))
-        self._before: list[torch.Tensor] | None = None   # the weights before a step (step_norms)
+        self.meter = StepMeter(self.params)   # built before any checkpoint loads (its start is the untrained size)
         self.opt = torch.optim.AdamW(self.params, lr=cfg.sft.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.rng = torch.Generator().manual_seed(cfg.seed * 1000 + 29)
         self.step = 0
@@ -362,14 +358,9 @@ class AgentTrainer(CriticStages):
             return {"loss": v, "grad_norm": gn, "skipped": 1.0}
         for g in self.opt.param_groups:
             g["lr"] = lr
-        with torch.no_grad():   # the update is measured, not inferred (one buffer, reused)
-            if self._before is None:
-                self._before = [torch.empty_like(p) for p in self.params]
-            torch._foreach_copy_(self._before, self.params)
+        self.meter.before()
         self.opt.step()
-        ratio, norm = step_norms(self._before, self.params)
-        return {"loss": v, "grad_norm": gn, "skipped": 0.0, "update_ratio": ratio, "weight_norm": norm,
-                "weight_growth": norm / max(self.norm_start, 1e-12)}
+        return {"loss": v, "grad_norm": gn, "skipped": 0.0, **self.meter.after()}
 
     @staticmethod
     def _lr(base: float, warmup: int, i: int) -> float:
