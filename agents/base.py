@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 BUILTIN = "builtin"
 
 
+
+def finite(x: Any) -> float | None:
+    """`x` as a float when it is a finite number (not a bool), else None."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
 class OperatorContext(BaseModel):
     """What the controller knows beyond the run's files. Plain data (it goes into LLM prompts and
     the checkpointed graph state); perturbation settings are never part of it."""

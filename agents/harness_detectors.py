@@ -182,7 +182,8 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
       accuracy is no more than `departure_harm` below its value then. Same data, same config, same
       answers, a loss that rose and stays up: what the policy is trained towards is not what it
       answers. (A curriculum step, a harness or recipe edit, a rollback each start a new level to
-      compare with; a loss that rose because the policy got worse fails the accuracy check.)
+      compare with; a loss that rose because the policy got worse fails the accuracy check.) The
+      evidence names the last step of the low block (`good_before_step`): the data before it was right.
     - **a high flat floor**: the loss sits flat at ≥ `label_noise_floor` nats/token (<
       `label_noise_rel` relative improvement over `label_noise_rows` rows) and held-out accuracy
       has stopped improving over the last `label_noise_heldout_evals` evals (a healthy run whose
@@ -207,6 +208,7 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                               f"SFT loss rose to {shift['loss_now']:.3g} nats/token from {shift['loss_low']:.3g} on the same "
                               f"data and config while the policy answers {right:.0%} correctly: the targets changed",
                               "warning", dict(shift, heldout_acc=held, pass_rate_recent=pr[-th.recent :],
+                                              good_before_step=shift["low_at_step"],
                                               threshold_ratio=th.label_shift_ratio, threshold_abs=th.label_shift_abs,
                                               threshold_pass=th.label_noise_pass_min))
     halves = loss_halves(ev, th.label_noise_rows)
@@ -236,7 +238,8 @@ def labels_fail_check(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
     time; a data source that corrupts some of them, or writes them in another format, does not.
     With the label check filter on, the finding is reported (info): the step trains on those that
     pass. A trainer that does not check its labels (a foreign one, a task verified in a sandbox or
-    whose answers only the data holds) gives nothing to read."""
+    whose answers only the data holds) gives nothing to read. Where labels passed before, the
+    evidence names the first step whose labels failed (`good_before_step`)."""
     if algorithm(ev) != "sft":
         return None
     steps, ok = column(current_rows(ev), "label_ok", skip_eval=True, finite=True)
@@ -260,7 +263,9 @@ def labels_fail_check(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
         + ("; the label check filter trains on those that pass" if filtered else ""),
         "info" if filtered else "warning",
         {"label_ok_recent": ok[-th.recent:], "label_ok_mean": now, "label_ok_before": before,
-         "onset_step": steps[i], "filter_on": filtered, "threshold_label_ok": th.label_ok_min})
+         "onset_step": steps[i], "filter_on": filtered, "threshold_label_ok": th.label_ok_min,
+         # row s is the update on step s - 1's data: the first step whose labels went wrong
+         **({"good_before_step": steps[i] - 1} if before is not None else {})})
 
 
 def labels_changed(ev: Evidence, th: Thresholds) -> dict[str, Any] | None:
@@ -304,7 +309,9 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     learnt has no fall to show and may have no earlier block: where the controller knows the task's
     own question lengths (`known.question_chars`), the newest block is also held against the task's
     length at the difficulty asked for — at least `shift_len_ratio`x it, and nearest the length of
-    a higher difficulty."""
+    a higher difficulty. Where the questions were shorter at the segment's first sampled steps, the
+    evidence names the first step whose data may have changed (`good_before_step`: the first of
+    `shift_rows` steps whose median length is that much longer, at or before the change)."""
     rows = [r for r in current_rows(ev) if not r.get("final") and isinstance(r.get("step"), int)]
     if not rows:
         return None
@@ -330,10 +337,18 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
         pr = [x for x in pr if x is not None and math.isfinite(x)]
         return median_of([x for s in ss for x in lengths[s]]), (median_of(pr) if pr else None)
 
+    def rose_from(ref: float, after: int) -> dict[str, int]:
+        # the first step (from index `after`) whose `n` steps' median length is shift_len_ratio x `ref`:
+        # a window half across the change is already that long, so the step is at or before it
+        for j in range(after, len(steps) - n + 1):
+            if median_of([x for s in steps[j : j + n] for x in lengths[s]]) >= th.shift_len_ratio * ref:
+                return {"good_before_step": steps[j]} if j > 0 else {}
+        return {}
+
     now_len, now_pass = block(steps[-n:])
     if len(steps) >= 2 * n:
-        earlier = [block(steps[i : i + n]) for i in range(0, len(steps) - 2 * n + 1, n)]
-        then_len, then_pass = min(earlier, key=lambda b: b[0])
+        earlier = [(block(steps[i : i + n]), i) for i in range(0, len(steps) - 2 * n + 1, n)]
+        (then_len, then_pass), at = min(earlier, key=lambda b: b[0][0])
         if now_pass is not None and then_pass is not None and now_len >= th.shift_len_ratio * then_len \
                 and then_pass - now_pass >= th.shift_pass_drop:
             return make_diagnosis(ev, "harder_data",
@@ -343,7 +358,8 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                                   "warning",
                                   {"difficulty": k[1], "question_chars_then": then_len, "question_chars_now": now_len,
                                    "pass_rate_then": then_pass, "pass_rate_now": now_pass, "steps_per_block": n,
-                                   "threshold_len_ratio": th.shift_len_ratio, "threshold_pass_drop": th.shift_pass_drop})
+                                   "threshold_len_ratio": th.shift_len_ratio, "threshold_pass_drop": th.shift_pass_drop,
+                                   **rose_from(then_len, at)})
     task, asked = known.question_chars or {}, k[1]
     if not (isinstance(asked, int) and task.get(asked, 0) > 0 and now_len >= th.shift_len_ratio * task[asked]):
         return None
@@ -356,7 +372,7 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                           f"{drawn}. The data stream draws harder problems than the curriculum asks for", "warning",
                           {"difficulty": asked, "question_chars_now": now_len, "task_question_chars": task[asked],
                            "nearest_task_difficulty": drawn, "pass_rate_now": now_pass, "steps_per_block": n,
-                           "threshold_len_ratio": th.shift_len_ratio})
+                           "threshold_len_ratio": th.shift_len_ratio, **rose_from(task[asked], 0)})
 
 
 @detector("repeated_examples")

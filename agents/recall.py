@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from agents.base import Operator, OperatorContext
 from agents.domain import Intervention, InterventionKind, Risk
 from agents.evidence import Evidence, as_number
+from harness.changes import of_one_run
 from trainer.config import apply_changes
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,8 @@ def apply_skills(proposals: list[Intervention], fired: list[tuple[Any, dict[str,
             changes.update(program_prop["changes"])
         if set(spec.fields) != set(changes):
             continue     # the skill does not know every value, or its program strays outside its fields
+        if any(of_one_run(k) for k in changes):
+            continue     # a step of the run it was learnt from says nothing of this one (an operator computes it here)
         try:
             apply_changes(ctx.recipe or {}, ctx.harness or {}, changes)   # validates the values (data, not code)
         except (ValueError, TypeError) as e:

@@ -33,6 +33,11 @@ PREFIX = "harness."
 OBJECTIVE_FIELDS = ("harness.reward.",)
 # fields that change which examples are trained on
 DATA_FIELDS = ("harness.curriculum.", "harness.filters.")
+# fields whose number is a position (a difficulty, a step of the data source's history), not a
+# magnitude: how far such a value moves says nothing of how large the change is
+POSITION_FIELDS = ("harness.curriculum.", "harness.filters.as_of_step")
+# fields whose value is a step of one run's history: no value for another run
+RUN_HISTORY_FIELDS = ("harness.filters.as_of_step",)
 # fields that change neither the SFT targets nor the examples: the template (it wraps the same
 # question; it can hold nothing but {question}) and sampling (SFT does not sample)
 SAME_SFT_TARGET_FIELDS = ("harness.template", "harness.sampling.")
@@ -51,6 +56,14 @@ def changes_objective(key: str) -> bool:
 
 def changes_data(key: str) -> bool:
     return key.startswith(DATA_FIELDS)
+
+
+def positional(key: str) -> bool:
+    return key.startswith(POSITION_FIELDS)
+
+
+def of_one_run(key: str) -> bool:
+    return key in RUN_HISTORY_FIELDS
 
 
 def keeps_sft_targets(key: str) -> bool:

@@ -112,11 +112,14 @@ class DataFilters(_Strict):
     check_labels: bool = Field(False, description="SFT: skip examples whose label, written as this harness writes a "
                                "target and read back as it reads a completion, the task's own verifier does not accept "
                                "(a label the run would learn wrong); tasks verified in a sandbox are not checked")
+    as_of_step: int | None = Field(None, ge=1, description="read the data source as it was before this step of the run "
+                                   "(a pinned revision: a change made to the source at or after it is not read); "
+                                   "None reads the source as it is now")
 
 
 # fields added after versions were recorded: at their default they stay out of the content hash,
 # so a spec that does not set them keeps the version it always had
-UNHASHED_DEFAULTS = {("filters", "check_labels"): False}
+UNHASHED_DEFAULTS = {("filters", "check_labels"): False, ("filters", "as_of_step"): None}
 
 
 TEMPLATE_MAX_CHARS = 8192      # a prompt template, before the question goes in

@@ -62,7 +62,7 @@ from typing import Any, Callable, NamedTuple, Union
 
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, RESTART_FINDINGS, SLOW_WORKER, Intervention, InterventionKind as K, Risk
-from harness.changes import OBJECTIVE_FIELDS, TASK_SCORING, changes_data
+from harness.changes import OBJECTIVE_FIELDS, TASK_SCORING, changes_data, positional
 
 # ---- plan ---------------------------------------------------------------------------------------
 
@@ -353,7 +353,8 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
 # harness fields) is reversible: it is applied after a `pre-` checkpoint, and the post-apply judge
 # compares the target with a control and, on credible harm, rolls the weights back to that
 # checkpoint with the fields; the most it costs is the judge's window of training. So an edit is
-# MEDIUM, and LOW for a restart or a curriculum change to data no harder than now. Three things make
+# MEDIUM, and LOW for a restart, a curriculum change to data no harder than now, or a data change
+# that pins the data source to an earlier revision (a position, never rated by size). Three things make
 # a change HIGH, because the judge could not see or undo them: (1) it changes the objective — a
 # reward field set to a value under which training no longer scores an answer the way the target
 # does (neither the goal's starting value nor the task's own scoring), or a new algorithm (other than
@@ -414,13 +415,13 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
                 risk = max(risk, Risk.MEDIUM, key=_RANK.get)
             continue
         if not isinstance(cur, (int, float)) or isinstance(cur, bool) or not math.isfinite(float(cur)):
-            if k.startswith("harness.curriculum."):
+            if positional(k):
                 continue
             return RiskCall(Risk.HIGH, f"{k} → {v!r}: no value in force to compare with", "unknown")
         cur, new = float(cur), float(v)
-        if k.startswith("harness.curriculum."):
-            if k.rsplit(".", 1)[-1] in ("start", "end") and new > cur:   # harder data than now
-                risk = max(risk, Risk.MEDIUM, key=_RANK.get)
+        if positional(k):
+            if k.startswith("harness.curriculum.") and k.rsplit(".", 1)[-1] in ("start", "end") and new > cur:
+                risk = max(risk, Risk.MEDIUM, key=_RANK.get)             # harder data than now
             continue
         if cur > 0 and new > 0 and (new / cur > RAISE_HIGH or cur / new > LOWER_HIGH):
             move = f"raises it {new / cur:.3g}×" if new > cur else f"lowers it {cur / new:.3g}×"
@@ -444,7 +445,7 @@ def smaller_step(changes: dict[str, Any], current: dict[str, Any]) -> dict[str, 
         cur = current.get(k)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or isinstance(cur, bool) or not isinstance(cur, (int, float)):
             continue
-        if not (cur > 0 and v > 0) or k.startswith("harness.curriculum."):
+        if not (cur > 0 and v > 0) or positional(k):
             continue
         if v / cur > RAISE_HIGH:
             step = cur * RAISE_HIGH

@@ -113,6 +113,8 @@ START = {"recipe.lr": 0.003, "harness.sampling.max_new_tokens": 5, "harness.curr
     (iv(K.DATA_CHANGE, {"harness.curriculum.start": 2, "harness.curriculum.end": 2}), Risk.LOW),
     (iv(K.DATA_CHANGE, {"harness.curriculum.start": 7, "harness.curriculum.ramp_steps": 160}), Risk.LOW),
     (iv(K.DATA_CHANGE, {"harness.curriculum.start": 9}), Risk.MEDIUM),                # harder than now
+    (iv(K.DATA_CHANGE, {"harness.filters.as_of_step": 40}), Risk.LOW),               # the source's revision: no value in force
+    (iv(K.ROLLBACK, {"harness.filters.as_of_step": 40}), Risk.MEDIUM),
     (iv(K.DISTILL, {"recipe.algorithm": "distill"}), Risk.MEDIUM),
     (iv(K.RECIPE_EDIT, {"recipe.algorithm": "grpo"}), Risk.HIGH),
     (iv(K.RECIPE_EDIT, {"recipe.warmup_steps": 10}), Risk.HIGH),                   # no value in force to compare with

@@ -442,6 +442,8 @@ def test_harder_data_fires_when_questions_lengthen_and_pass_rate_falls_at_an_unc
     d = fired(make_ev(rows, questions=qs), "harder_data")
     assert d.evidence["question_chars_then"] == 6 and d.evidence["question_chars_now"] == 9
     assert d.evidence["difficulty"] == 2 and d.evidence["pass_rate_then"] == 0.9
+    # the first step whose data may have changed: at or before the first longer question (step 60)
+    assert 50 <= d.evidence["good_before_step"] <= 60
     for kw in ({"grow": False}, {"drop": False}, {"key_change": True}):    # only one of the two, or the curriculum's
         rows, qs = shifted(60, **kw)
         assert DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, KNOWN) is None, kw
@@ -461,6 +463,7 @@ def test_harder_data_from_the_start_is_held_against_the_tasks_own_lengths():
     d = DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, knows)
     assert d is not None and d.evidence["question_chars_now"] == 9 and d.evidence["nearest_task_difficulty"] == 4
     assert d.evidence["difficulty"] == 2 and d.evidence["task_question_chars"] == 5.0
+    assert "good_before_step" not in d.evidence             # long from the first sampled step: no step it changed from
     assert DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, KNOWN) is None     # lengths unknown
     rows, qs = shifted(0, grow=False, drop=False)            # 6 characters: 1.2x the task's 5, but nearest difficulty 2
     assert DETECTORS["harder_data"](make_ev(rows, questions=qs), THRESHOLDS, knows) is None

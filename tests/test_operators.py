@@ -15,6 +15,7 @@ import torch
 from agents.base import LLMPolicyLike, Operator, OperatorContext, rollback_target, tainted
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Outcome, Risk, Status, Target
 from agents.evidence import collect
+from agents.data_curation import PIN
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead, default_operators
 from test_detectors import HARNESS, grpo_rows, identical_groups, make_ev, real_run, samples, sft_rows, shifted
 
@@ -90,14 +91,14 @@ def test_data_curation_filters_labels_the_task_rejects_while_some_pass():
         r["label_ok"] = 1.0
     for r in rows[-8:]:
         r["label_ok"] = 0.6
-    ivs = [iv for iv in op.builtin(make_ev(rows), ctx()) if iv.diagnosis.name == "labels_fail_check"]
+    ivs = [iv for iv in op.builtin(make_ev(rows), ctx()) if iv.diagnosis.name == "labels_fail_check" and PIN not in iv.changes]
     assert len(ivs) == 1
     iv = ivs[0]
     check_record(iv, op)
     assert iv.kind == K.DATA_CHANGE and iv.changes == {"harness.filters.check_labels": True} and iv.risk == Risk.LOW
     # the filter already on: nothing more to propose (the finding is reported)
     on = make_ev(rows, harness={**HARNESS, "filters": {"check_labels": True}})
-    assert not [iv for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check"]
+    assert not [iv for iv in op.builtin(on, ctx()) if iv.diagnosis.name == "labels_fail_check" and PIN not in iv.changes]
 
 
 def test_the_checkpoint_before_an_onset_whose_weights_answered_right():
@@ -110,6 +111,7 @@ def test_the_checkpoint_before_an_onset_whose_weights_answered_right():
 
 def test_data_curation_trains_without_labels_when_none_passes_the_check():
     op = DataCuration()
+    op.builtin = lambda ev, ctx, b=op.builtin: [iv for iv in b(ev, ctx) if PIN not in iv.changes]   # the pin: below
     rows = sft_rows()
     for r in rows:
         r["label_ok"] = 1.0
@@ -160,6 +162,41 @@ def test_cluster_ops_restarts_a_worker_that_ran_out_of_memory_with_half_the_batc
     assert iv.kind == K.RESTART and iv.changes == {} and iv.risk == Risk.LOW
 
 
+def test_data_curation_pins_the_source_before_the_step_its_data_changed():
+    """A finding that names the step its data changed from (`good_before_step`) gets the data source
+    read as it was before it, proposed first: from a checkpoint before it whose weights answered
+    right when the steps since learnt wrong labels, from where the run is when they only learnt less."""
+    op = DataCuration()
+    rows = sft_rows()
+    for r in rows:
+        r["label_ok"] = 0.6 if r["step"] > rows[-8]["step"] - 1 else 1.0
+    onset = rows[-8]["step"]                                   # the first row whose labels failed: step onset - 1's data
+    evals = [{"step": 40, "heldout_acc": 0.3}]
+    c = ctx(checkpoints=[{"name": f"step_{s:07d}", "step": s} for s in (20, 40, 55)])
+    iv = op.builtin(make_ev(rows, evals=evals), c)[0]
+    check_record(iv, op)
+    assert iv.changes == {PIN: onset - 1} and iv.kind == K.ROLLBACK and rollback_target(iv) == "step_0000040"
+    assert f"before step {onset - 1}" in iv.rationale and "unpins" in iv.rationale
+    # no checkpoint before it: from where the run is; a pin to that revision or an earlier one in force: none
+    assert [(iv.kind, iv.changes) for iv in op.builtin(make_ev(rows, evals=evals), ctx(checkpoints=[]))][0] == \
+        (K.DATA_CHANGE, {PIN: onset - 1})
+    pinned = {**HARNESS, "filters": {"as_of_step": onset - 5}}
+    c_pinned = ctx(harness=pinned, checkpoints=c.checkpoints)
+    assert all(PIN not in iv.changes for iv in op.builtin(make_ev(rows, evals=evals, harness=pinned), c_pinned))
+    # harder problems only teach less: pinned from where the run is, before the lowered curriculum
+    rows, qs = shifted(60)
+    lens = {1: 3.0, 2: 5.0, 3: 7.0, 4: 9.0, 5: 11.0}
+    ivs = op.builtin(make_ev(rows, questions=qs), ctx(question_chars=lens, harness={**HARNESS, "curriculum": {"start": 3}},
+                                                      checkpoints=[{"name": "step_0000040", "step": 40}]))
+    assert [iv.kind for iv in ivs] == [K.DATA_CHANGE, K.DATA_CHANGE] and PIN in ivs[0].changes
+    assert 50 <= ivs[0].changes[PIN] <= 60 and ivs[0].risk == Risk.LOW
+    # data wrong from the first step shows no step it changed from: no pin
+    rows, qs = shifted(0, drop=False)
+    for r in rows:
+        r["pass_rate"] = 0.0
+    assert all(PIN not in iv.changes for iv in op.builtin(make_ev(rows, questions=qs), ctx(question_chars=lens)))
+
+
 def test_data_curation_turns_dedupe_on_for_a_stream_that_repeats_a_small_pool():
     op = DataCuration()
     pool = [{"step": s, "segment": 0, "question": f"{(s * 4 + k) % 16}+7"} for s in range(20, 60) for k in range(4)]
@@ -175,14 +212,16 @@ def test_data_curation_lowers_the_curriculum_by_the_levels_the_questions_rose():
     ev = make_ev(rows, questions=qs)
     lens = {1: 3.0, 2: 5.0, 3: 7.0, 4: 9.0, 5: 11.0}            # the task's own: 2-digit sums are 5 characters
     harness = {**HARNESS, "curriculum": {"start": 2, "end": 3}}
-    [iv] = op.builtin(ev, ctx(question_chars=lens, harness=harness, min_difficulty=1))
+    pin, iv = op.builtin(ev, ctx(question_chars=lens, harness=harness, min_difficulty=1))
     check_record(iv, op)
+    assert PIN in pin.changes                                  # proposed first (above)
     # the stream's 9-character questions are difficulty 4, two above the 2 asked for
     assert iv.kind == K.DATA_CHANGE and iv.diagnosis.name == "harder_data" and iv.risk == Risk.LOW
     assert iv.changes == {"harness.curriculum.start": 1, "harness.curriculum.end": 1}   # floored at the task's lowest
-    assert op.builtin(ev, ctx(harness=harness)) == []                              # lengths unknown: nothing to say
+    assert [iv.changes for iv in op.builtin(ev, ctx(harness=harness))] == [pin.changes]   # lengths unknown: no level
     floor = {**HARNESS, "curriculum": {"start": 1}}
-    assert op.builtin(ev, ctx(question_chars=lens, harness=floor, min_difficulty=1)) == []   # nowhere lower
+    assert [iv.changes for iv in op.builtin(ev, ctx(question_chars=lens, harness=floor, min_difficulty=1))] \
+        == [pin.changes]                                                                    # nowhere lower
 
 
 def spiked(lr_jump: bool = True):

@@ -131,6 +131,14 @@ def test_firing_skills_are_attributed_or_propose_what_no_operator_did():
     # a skill proposes only for a finding the detectors made
     assert apply_skills([], fired, default_operators(), [], ctx) == []
 
+    # nor with a value that is a step of the run it was learnt from (the source's revision)
+    temp = next(sk for sk in skills if sk.name == "temperature-back-to-one")
+    spec = temp.swarmlab.intervention.model_copy(update={"kind": "data_change", "changes": {"harness.filters.as_of_step": 40},
+                                                         "fields": ["harness.filters.as_of_step"]})
+    pin = temp.model_copy(update={"swarmlab": temp.swarmlab.model_copy(update={"intervention": spec, "diagnosis": "harder_data"})})
+    assert pin.swarmlab.intervention.fields == ["harness.filters.as_of_step"]
+    assert apply_skills([], [(pin, None, None)], default_operators(), [_diag("harder_data")], ctx) == []
+
 
 def test_lead_does_not_repeat_a_fix_memory_says_lost():
     lost = episode(1, "label_noise", "distill", {"recipe.algorithm": "distill"}, "rejected", -0.05)

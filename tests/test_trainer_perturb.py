@@ -439,6 +439,41 @@ def test_data_faults_go_on_after_a_rollback_and_in_a_state_fork(make_cfg):
     assert q.data_faults() == [expand(Perturbation(kind="data_shift", levels=2))]
 
 
+def test_a_fork_reads_the_source_as_it_is_now_and_a_pinned_revision_reads_it_as_it_was(make_cfg):
+    """A backtest forked from a checkpoint written before a data change still reads the changed
+    source (every reader does); `harness.filters.as_of_step` pins the source to its revision before
+    a step — live, in a fork and for label noise alike — and a revision after the change pins nothing."""
+    def changed(q: str) -> bool:
+        return len(q) == len("r:12345")     # two levels harder than the curriculum's 3 digits
+
+    faults = [{"kind": "data_shift", "levels": 2, "at_step": 3},
+              {"kind": "label_noise", "fraction": 1.0, "at_step": 3}]
+    cfg = RunConfig.parse(make_cfg(recipe={"steps": 6}, checkpoint={"interval": 2}, samples_per_step=8,
+                                   perturbations=faults))
+    tr = Trainer(cfg)
+    tr.on_step = lambda row: row["step"] == 4 and send_command(cfg.run_dir, "set_fields",
+                                                               fields={"harness.filters.as_of_step": 3})
+    tr.run()
+    by_step = collections.defaultdict(set)
+    for s in read_jsonl(cfg.run_dir / "samples.jsonl"):
+        by_step[s["step"]].add(changed(s["question"]))
+    rows = {r["step"]: r for r in step_rows(cfg.run_dir)}
+    assert by_step[2] == {False} and by_step[3] == {True} and by_step[5] == {False}, dict(by_step)
+    assert [rows[s]["label_ok"] for s in (3, 4, 5, 6)] == [1.0, 0.0, 1.0, 1.0], rows   # row s: the update of step s - 1
+
+    def fork(name: str, pin: int | None) -> set[bool]:
+        over = {"recipe.steps": 5, **({"harness.filters.as_of_step": pin} if pin else {})}
+        arm = RunConfig.parse(make_cfg(name=name, samples_per_step=8, fork_mode="state", fork_overrides=over,
+                                       fork_from=str(cfg.run_dir / "checkpoints" / "step_0000002.pt")))
+        Trainer(arm).run()
+        return ({changed(s["question"]) for s in read_jsonl(arm.run_dir / "samples.jsonl")}
+                | {r["label_ok"] == 1.0 for r in step_rows(arm.run_dir)} - {True})
+
+    assert fork("now", None) == {True, False}      # changed questions, and labels that fail (label_ok < 1)
+    assert fork("before", 3) == {False}
+    assert fork("after", 4) == {True, False}
+
+
 # ---- the machine: a slow worker, out of memory ------------------------------------------------------
 
 

@@ -301,7 +301,8 @@ class Trainer:
         warming_up = r.algorithm != "sft" and self.step < r.sft_warmup_steps
         B = r.sft_warmup_batch_size if warming_up and r.sft_warmup_batch_size else r.batch_size
         diff = difficulty(self.harness, self.step, self.task.min_difficulty, self.task.max_difficulty)
-        stream = self.perturber.stream(self.task)   # the train split as the data pipeline hands it over
+        # the train split as the data pipeline hands it over (the source's revision the harness pins)
+        stream = self.perturber.stream(self.task, self.harness.filters.as_of_step)
         try:
             out, self.cursor = draw_batch(self.harness, lambda i: stream(i, diff), self.cursor, B, self.seen)
         except FiltersRejectEverything as e:
@@ -627,6 +628,7 @@ class Trainer:
                 self.harness = self.shown = self.cfg.harness.model_copy(deep=True)
             if self.cfg.fork_mode == "state":   # the forked run's data faults go on in the fork (backtests)
                 self.perturber.inherit(st.get("faults") or {})
+                self.perturber.read_source(path)
             # this run's seed picks its own sampling stream and data (same seed → same stream)
             self.gen.manual_seed(self.cfg.seed * 1000 + 17 + self.dist.rank)
             self.cursor += self.cfg.seed * 1_000_003

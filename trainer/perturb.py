@@ -11,8 +11,12 @@ The trainer applies them silently: nothing about them is written to metrics, sam
 command log or the logged config — the operators must find the problem from its effects. Which
 faults have fired is kept in `OUT_DIR/.perturb/NAME.json`, outside the run directory, so a
 restarted worker is not killed again by the same one-shot fault, and a data fault stays in force.
-The data faults in force travel in a checkpoint's state (`carried`), so a backtest forked from a
-run trains on the same data; the machine's faults stay with the machine.
+The data faults are the data source's: they travel in a checkpoint's state (`carried`), and a
+backtest forked from any checkpoint of a run also reads the faults that run's source has now
+(`read_source`), so it trains on the data every reader gets, never on a source from before a change
+because its checkpoint is. Each fault keeps the step it began at: a harness that pins the source to
+its revision before a step (`harness.filters.as_of_step`) reads none that began at or after it.
+The machine's faults stay with the machine.
 """
 from __future__ import annotations
 
@@ -175,55 +179,81 @@ class Perturber:
 
     def _mark(self, i: int) -> None:
         self.fired.add(i)
+        self._save()
+
+    def _save(self) -> None:
+        """What fired, and the data faults in force (what a fork of this run reads: `read_source`)."""
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"fired": sorted(self.fired)}))
+        tmp.write_text(json.dumps({"fired": sorted(self.fired), "data": self.carried()["data"]}))
         os.replace(tmp, self.state_path)
 
-    inherited: tuple[float, str] = (0.0, "random_char")   # a fork's: the label noise of the run it forked
-    inherited_data: tuple[Perturbation, ...] = ()          # a fork's: the other data faults of the run it forked
+    inherited: tuple[float, str] = (0.0, "random_char")   # label noise of a checkpoint that kept no step with it
+    inherited_data: tuple[Perturbation, ...] = ()          # a fork's: the data faults of the run it forked
     slow_here: frozenset[int] = frozenset()                # slow_worker faults that fired in this process
 
-    def label_noise(self) -> tuple[float, str]:
-        """(fraction of SFT labels to corrupt now, how) — label_noise applies from its step on, and
-        in a run forked (fork_mode state) from one where it was on."""
-        return max([(p.fraction, p.noise) for i, p in enumerate(self.items) if p.kind == "label_noise" and i in self.fired]
-                   + [self.inherited])
-
-    def data_faults(self) -> list[Perturbation]:
-        """The data faults in force other than label noise: those that fired (from their step on,
+    def _in_force(self, as_of: int | None) -> list[Perturbation]:
+        """The data faults in force (label noise included): those that fired (from their step on,
         after a restart or a rollback too: the data source changed, not the run) and a fork's, each
-        once (a Ray Tune trial restored from a checkpoint has both)."""
-        fired = [p for i, p in enumerate(self.items) if p.kind in DATA_KINDS and i in self.fired]
+        once (a Ray Tune trial restored from a checkpoint has both). With `as_of` (the harness's
+        `filters.as_of_step`: the source read as it was before that step of the run, a pinned
+        revision), only those the source had before it."""
         out: list[Perturbation] = []
+        fired = [p for i, p in enumerate(self.items) if p.kind in DATA_KINDS and i in self.fired]
         for p in fired + list(self.inherited_data):
-            if p.kind != "label_noise" and p not in out:
+            if p not in out and (as_of is None or p.at_step < as_of):
                 out.append(p)
         return out
+
+    def label_noise(self, as_of: int | None = None) -> tuple[float, str]:
+        """(fraction of SFT labels to corrupt now, how) — label_noise applies from its step on, and
+        in a run forked (fork_mode state) from one where it was on."""
+        return max([(p.fraction, p.noise) for p in self._in_force(as_of) if p.kind == "label_noise"] + [self.inherited])
+
+    def data_faults(self, as_of: int | None = None) -> list[Perturbation]:
+        """The data faults in force other than label noise (`_in_force`)."""
+        return [p for p in self._in_force(as_of) if p.kind != "label_noise"]
 
     def carried(self) -> dict[str, Any]:
         """The data faults in force, as a checkpoint's state keeps them for a fork (`inherit`)."""
         return {"label_noise": list(self.label_noise()),
-                "data": [p.model_dump(mode="json", exclude_defaults=True) for p in self.data_faults()]}
+                "data": [p.model_dump(mode="json", exclude_defaults=True) for p in self._in_force(None)]}
 
     def inherit(self, faults: dict[str, Any]) -> None:
-        """Keep the data faults of the run a fork (fork_mode state) starts from."""
-        frac, how = faults.get("label_noise") or (0.0, "random_char")
-        self.inherited = (float(frac), str(how))
-        self.inherited_data = tuple(Perturbation.model_validate(d) for d in faults.get("data") or [])
+        """Keep the data faults of the run a fork (fork_mode state) starts from, with the steps they
+        began at (a checkpoint written before label noise travelled with its step keeps only its
+        fraction, in force throughout)."""
+        data = tuple(Perturbation.model_validate(d) for d in faults.get("data") or [])
+        self.inherited_data = self.inherited_data + tuple(p for p in data if p not in self.inherited_data)
+        if not any(p.kind == "label_noise" for p in data):
+            frac, how = faults.get("label_noise") or (0.0, "random_char")
+            self.inherited = max(self.inherited, (float(frac), str(how)))
+
+    def read_source(self, checkpoint: pathlib.Path) -> None:
+        """Also keep the data faults the run that wrote `checkpoint` has in force now: its data
+        source as it is today, which a fork reads as every reader does, whatever step the
+        checkpoint is from (`OUT_DIR/.perturb/NAME.json` of that run; nothing where it keeps none)."""
+        run_dir = checkpoint.parent.parent
+        try:
+            saved = json.loads((run_dir.parent / ".perturb" / f"{run_dir.name}.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        if isinstance(saved, dict) and isinstance(saved.get("data"), list):
+            self.inherit({"data": saved["data"]})
 
     def _slow(self, where: str) -> float:
         return sum(p.seconds for i, p in enumerate(self.items) if p.kind == "slow_worker" and p.where == where
                    and (i in self.slow_here if p.once else i in self.fired))
 
-    def stream(self, task: Any) -> Callable[[int, int], Example]:
+    def stream(self, task: Any, as_of: int | None = None) -> Callable[[int, int], Example]:
         """`draw(index, difficulty)`: how this step's training examples come out of the data pipeline
-        (`draw_example` with the data faults in force). A slow worker's delay (`where: data`) is
-        spent here, inside the step's time, as a slow loader or disk spends it."""
+        (`draw_example` with the data faults in force; with `as_of`, those the source had before
+        that step). A slow worker's delay (`where: data`) is spent here, inside the step's time, as
+        a slow loader or disk spends it."""
         delay = self._slow("data")
         if delay:
             time.sleep(delay)
-        faults = self.data_faults()
+        faults = self.data_faults(as_of)
         if not faults:
             return lambda index, difficulty: task.example(Split.TRAIN, index, difficulty)
         return lambda index, difficulty: draw_example(task, index, difficulty, faults)

@@ -73,7 +73,7 @@ def sft_step(trainer, examples) -> dict[str, float]:
     the share that pass is logged (`label_ok`), and with `filters.check_labels` the others are not
     trained on."""
     h = trainer.harness
-    fraction, how = trainer.perturber.label_noise()
+    fraction, how = trainer.perturber.label_noise(h.filters.as_of_step)
     labels = []
     for ex in examples:
         label = ex.solution or ex.answer

@@ -1,0 +1,177 @@
+"""DataCuration: what the run trains on — the curriculum, the data filters, the labels, and which
+revision of the data source it reads.
+
+| finding                                             | intervention                                                  | risk   |
+|-----------------------------------------------------|---------------------------------------------------------------|--------|
+| a data change with an onset (labels that went wrong, harder problems): the config unchanged | the source pinned to its revision before the onset (`harness.filters.as_of_step`); ROLLBACK to a checkpoint before it where the weights learnt wrong labels since | low / medium |
+| too-hard curriculum                                 | DATA_CHANGE curriculum back to the eval difficulty            | low    |
+| harder problems than the curriculum asks for        | DATA_CHANGE curriculum lowered by the levels they rose        | low    |
+| a stream repeating a small pool                     | DATA_CHANGE filters.dedupe on                                 | low    |
+| SFT labels the task's verifier rejects (some pass)  | DATA_CHANGE filters.check_labels on                           | low    |
+| SFT labels the task's verifier rejects (none passes) | ROLLBACK to before the onset with DISTILL's change (DISTILL without such a checkpoint) | medium |
+| label noise                                         | DISTILL (SFT on the policy's verified successes)              | medium |
+
+A pin reads the source as it was: it undoes a change made to the data (a new export, a resampled
+source, relabelled rows), not a fault of the reader, and it leaves the run on the data of that
+revision until someone unpins it — the rationale tells the user the source changed and when.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from agents.base import Operator, OperatorContext, finite as _f
+from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
+from agents.evidence import Evidence
+
+CURRICULUM_RAMP_STEPS = 100     # steps over which a lowered curriculum climbs back to the eval difficulty
+PIN = "harness.filters.as_of_step"
+# the findings that name where the data changed, and whether the steps since learnt something wrong
+# (wrong labels: roll back to before the change) or only learnt less (harder problems: pin from here)
+DATA_ONSET = {"labels_fail_check": True, "label_noise": True, "harder_data": False}
+
+
+class DataCuration(Operator):
+    name = "data_curation"
+    role = ("Data curation: watches per-step pass rates, the training difficulty against the eval difficulty, "
+            "the SFT loss floor and whether the stream repeats itself or got harder. A curriculum nothing can be "
+            "learnt from goes back to the eval difficulty (one lower first, ramping up); SFT on noisy labels "
+            "switches to distillation on the policy's own verified successes; a stream that repeats a small pool "
+            "of questions gets the dedupe filter; a stream that draws harder problems than the curriculum asks "
+            "for gets a curriculum lowered by as many levels as its questions' lengths say it rose; SFT labels the "
+            "task's own verifier rejects get the label check filter, which trains only on those it accepts, or, when none "
+            "passes, distillation, which reads no label.")
+    tools = frozenset({K.DATA_CHANGE, K.DISTILL, K.ROLLBACK})
+    detectors = ("too_hard_curriculum", "label_noise", "labels_fail_check", "repeated_examples", "harder_data")
+
+    def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
+        found = {d.name: d for d in self.diagnose(ev, ctx)}
+        out: list[Intervention] = []
+        pin = self._pin(found, ev, ctx)
+        if pin is not None:
+            out.append(pin)
+        if "too_hard_curriculum" in found:
+            out.append(self._curriculum(found["too_hard_curriculum"], ev, ctx))
+        if "harder_data" in found:
+            iv = self._lower(found["harder_data"], ctx)
+            if iv is not None:
+                out.append(iv)
+        if "repeated_examples" in found:
+            out.append(self._filter(
+                found["repeated_examples"], "dedupe",
+                "A policy trained on a few questions over and over memorises them instead of the task; the dedupe "
+                "filter skips every question the run has already trained on, so each step sees new problems again.",
+                "sampled questions distinct again at once; held-out accuracy rising where it had stalled"))
+        d = found.get("labels_fail_check")
+        passing = (_f(d.evidence.get("label_ok_mean")) or 0.0) if d is not None else None
+        if d is not None and not d.evidence.get("filter_on") and passing > 0:
+            out.append(self._filter(
+                d, "check_labels",
+                "A label the task itself calls wrong teaches a wrong answer; the label check filter trains only on "
+                "the labels the task's verifier accepts (what it rejects is counted, never read).",
+                "the SFT loss on the labels kept falling again; held-out accuracy rising where it had stalled or fallen"))
+        elif d is not None and passing == 0 and max((_f(r.get("heldout_acc")) or 0.0 for r in ev.evals), default=0.0) > 0:
+            # no label passes: a filter would leave nothing to train on, so train without the labels,
+            # on what the policy answers right (it did on the held-out split)
+            # from before the onset only when a passing stretch was seen before it: a window that fails
+            # throughout shows no onset (its first row is not where the labels went wrong)
+            before = d.evidence.get("onset_step") if d.evidence.get("label_ok_before") is not None else None
+            out.append(self._distill(d, ctx, "None of the recent labels passes the task's own check, so a filter would "
+                                     "leave nothing to train on. ", ctx.answering_before(before, ev.evals)))
+        if "label_noise" in found and not any(iv.changes.get("recipe.algorithm") == "distill" for iv in out):
+            out.append(self._distill(found["label_noise"], ctx))
+        return out
+
+    def _pin(self, found: dict[str, Diagnosis], ev: Evidence, ctx: OperatorContext) -> Intervention | None:
+        """The data source read as it was before the earliest step a finding names as the first whose
+        data changed (`good_before_step`, DATA_ONSET), from a checkpoint before it when the steps since
+        learnt wrong labels (one whose weights answered right: `answering_before`). None where no
+        finding names such a step, or the source is read from that revision or an earlier one already."""
+        named = [(d.evidence["good_before_step"], d) for n, d in found.items()
+                 if n in DATA_ONSET and isinstance(d.evidence.get("good_before_step"), int)
+                 and d.evidence["good_before_step"] >= 1]
+        if not named:
+            return None
+        step, d = min(named, key=lambda x: x[0])
+        now = ctx.get(PIN)
+        if isinstance(now, int) and now <= step:
+            return None
+        why = (f"{d.summary}. The data changed from step {step} on, the config did not: the data source is read as it "
+               f"was before step {step} (its revision then), so the run trains on data like what it learnt from before. "
+               "The source itself needs fixing; the run stays on that revision until someone unpins it")
+        effect = "the training signal back to its level before the change within ~20 steps; held-out accuracy rising again"
+        ckpt = ctx.answering_before(step + 1, ev.evals) if DATA_ONSET[d.name] else None
+        if ckpt is None:
+            return self.intervention(K.DATA_CHANGE, d, {PIN: step}, risk=Risk.LOW, rationale=why + ".",
+                                     expected_effect=effect)
+        return self.intervention(
+            K.ROLLBACK, d, {PIN: step}, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
+            rationale=f"{why}; the run rolls back to checkpoint {ckpt['name']} (step {ckpt['step']}), since the steps "
+                      "after it learnt from the changed data.", expected_effect=effect)
+
+    def _distill(self, d: Diagnosis, ctx: OperatorContext, lead: str = "",
+                 ckpt: dict[str, Any] | None = None) -> Intervention:
+        """The recipe switched to distillation for finding `d`: the policy's own answers the task's
+        verifier accepts as targets, no label read (medium risk: the objective changes); from
+        checkpoint `ckpt` when the weights since it learnt from what the finding names."""
+        changes: dict[str, Any] = {"recipe.algorithm": "distill"}
+        if (_f(ctx.get("recipe.group_size")) or 8) < 2:
+            changes["recipe.group_size"] = 4
+        why = (f"{d.summary}. {lead}Distillation trains only on the policy's own answers that the task's verifier "
+               "accepts, so wrong labels stop pulling it away from right answers")
+        effect = "held-out accuracy rises past its SFT plateau within ~100 steps"
+        if ckpt is None:
+            return self.intervention(K.DISTILL, d, changes, risk=Risk.MEDIUM, rationale=why + ".", expected_effect=effect)
+        return self.intervention(
+            K.ROLLBACK, d, changes, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
+            rationale=f"{why}; the run rolls back to checkpoint {ckpt['name']} (step {ckpt['step']}, before the "
+                      "labels went wrong), since the steps after it learnt them.", expected_effect=effect)
+
+    def _filter(self, d: Diagnosis, name: str, why: str, effect: str) -> Intervention:
+        """The data filter `harness.filters.NAME` turned on for finding `d` (low risk: it only skips data)."""
+        return self.intervention(K.DATA_CHANGE, d, {f"harness.filters.{name}": True}, risk=Risk.LOW,
+                                 rationale=f"{d.summary}. {why}", expected_effect=effect)
+
+    def _lower(self, d: Diagnosis, ctx: OperatorContext) -> Intervention | None:
+        """The curriculum lowered by the levels the stream rose: the difficulty whose questions are
+        as long as the stream's now (the task's own lengths, `ctx.question_chars`) minus the one the
+        curriculum asks for. None when the lengths do not say (or the curriculum is at its floor)."""
+        e, lens = d.evidence, ctx.question_chars
+        asked, now = e.get("difficulty"), _f(e.get("question_chars_now"))
+        if not isinstance(asked, int) or asked not in lens or now is None:
+            return None
+        drawn = min(lens, key=lambda x: (abs(lens[x] - now), x))
+        levels = drawn - asked
+        start = ctx.get("harness.curriculum.start")
+        if levels < 1 or not isinstance(start, int):
+            return None
+        changes: dict[str, Any] = {"harness.curriculum.start": max(ctx.min_difficulty, start - levels)}
+        end = ctx.get("harness.curriculum.end")
+        if isinstance(end, int):
+            changes["harness.curriculum.end"] = max(ctx.min_difficulty, end - levels)
+        if all(ctx.get(k) == v for k, v in changes.items()):
+            return None
+        return self.intervention(
+            K.DATA_CHANGE, d, changes, risk=Risk.LOW,
+            rationale=f"{d.summary}. Questions of {now:.3g} characters are the task's difficulty {drawn} (its own "
+                      f"lengths), {levels} above the {asked} the curriculum asks for; the curriculum goes {levels} "
+                      "lower so that what the stream hands over is what was asked for again.",
+            expected_effect="train pass rate back near its level before the shift within ~20 steps; held-out "
+                            "accuracy rising again")
+
+    def _curriculum(self, d: Diagnosis, ev: Evidence, ctx: OperatorContext) -> Intervention:
+        e = d.evidence
+        target = e.get("eval_difficulty")
+        if not isinstance(target, int):
+            target = int(e.get("window_min_difficulty") or ctx.min_difficulty or 1)
+        start = max(ctx.min_difficulty, target - 1)
+        changes: dict[str, Any] = {"harness.curriculum.start": start, "harness.curriculum.end": target,
+                                   # the schedule counts from step 0: the ramp ends CURRICULUM_RAMP_STEPS from now
+                                   "harness.curriculum.ramp_steps": (ev.step + CURRICULUM_RAMP_STEPS) if start != target else 0}
+        return self.intervention(
+            K.DATA_CHANGE, d, changes, risk=Risk.LOW,
+            rationale=f"{d.summary}. Nothing is solved at difficulty {e.get('train_difficulty')}, so there is no "
+                      f"learning signal; training moves to difficulty {start} and ramps to the eval difficulty {target}.",
+            expected_effect=f"train pass rate above 0 within ~20 steps at difficulty {start}; held-out accuracy "
+                            "rising as the ramp reaches the eval difficulty")
+
+
