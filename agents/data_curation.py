@@ -10,6 +10,7 @@ revision of the data source it reads.
 | SFT labels the task's verifier rejects (some pass)  | DATA_CHANGE filters.check_labels on                           | low    |
 | SFT labels the task's verifier rejects (none passes) | ROLLBACK to before the onset with DISTILL's change (DISTILL without such a checkpoint) | medium |
 | label noise                                         | DISTILL (SFT on the policy's verified successes)              | medium |
+| two or more of these at once, each with a DATA_CHANGE | first one DATA_CHANGE making the first of each together (fields disjoint) | low |
 
 A pin reads the source as it was: it undoes a change made to the data (a new export, a resampled
 source, relabelled rows), not a fault of the reader, and it leaves the run on the data of that
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.base import Operator, OperatorContext, finite as _f
-from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
+from agents.domain import SEVERITY_RANK, Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
 
 CURRICULUM_RAMP_STEPS = 100     # steps over which a lowered curriculum climbs back to the eval difficulty
@@ -79,7 +80,33 @@ class DataCuration(Operator):
                                      "leave nothing to train on. ", ctx.answering_before(before, ev.evals)))
         if "label_noise" in found and not any(iv.changes.get("recipe.algorithm") == "distill" for iv in out):
             out.append(self._distill(found["label_noise"], ctx))
-        return out
+        joint = self._together(out)
+        return [joint, *out] if joint is not None else out
+
+    def _together(self, out: list[Intervention]) -> Intervention | None:
+        """One data change made of the first data change proposed for each finding, where two or more
+        findings each have one and their fields do not overlap. Faults of the data come together (a
+        stream that repeats a pool and got harder): each fix alone leaves the other fault holding the
+        run, so a backtest of either alone measures no gain, and both are rejected. Proposed first;
+        the single fixes follow if it is rejected. Its diagnosis is the most severe part's."""
+        firsts: dict[str, Intervention] = {}
+        for iv in out:
+            if iv.kind == K.DATA_CHANGE:
+                firsts.setdefault(iv.diagnosis.name, iv)
+        parts = sorted(firsts.values(), key=lambda iv: SEVERITY_RANK.get(iv.diagnosis.severity, 3))
+        changes: dict[str, Any] = {}
+        for iv in parts:
+            if set(iv.changes) & set(changes):
+                return None
+            changes.update(iv.changes)
+        if len(parts) < 2:
+            return None
+        risk = max((iv.risk for iv in parts), key=[Risk.LOW, Risk.MEDIUM, Risk.HIGH].index)
+        return self.intervention(
+            K.DATA_CHANGE, parts[0].diagnosis, changes, risk=risk,
+            rationale=" ".join(iv.rationale for iv in parts) + f" The {len(parts)} findings name different faults of "
+                      "the data; their fixes are made together, since either alone leaves the other in force.",
+            expected_effect="; ".join(iv.expected_effect for iv in parts))
 
     def _pin(self, found: dict[str, Diagnosis], ev: Evidence, ctx: OperatorContext) -> Intervention | None:
         """The data source read as it was before the earliest step a finding names as the first whose

@@ -206,6 +206,9 @@ class LLMSettings(_Setting):
     replay: bool = Field(False, description="answer from record_dir instead of calling the provider")
 
 
+SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}     # most severe first
+
+
 class Diagnosis(_Strict):
     name: str                              # e.g. "loss_spike", "stale_heartbeat"
     summary: str

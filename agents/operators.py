@@ -42,14 +42,13 @@ import yaml
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, finite as _f, rollback_target
 from agents.cluster_ops import ClusterOps
 from agents.data_curation import DataCuration
-from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, Diagnosis, Intervention, InterventionKind as K, Risk, Status
+from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, SEVERITY_RANK, Diagnosis, Intervention, InterventionKind as K, Risk, Status
 from agents.evidence import Evidence
 from agents.progress import config_fields, departure_harmed, eval_series, rollback_stake
 from agents.recall import avoid_reason
 from agents.step_detectors import weights_grown
 from trainer.runlog import INIT_CHECKPOINT
 
-SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 # act on the job first, then on the data, then on the harness, then on the recipe
 KIND_RANK = {K.RESTART: 0, K.ROLLBACK: 1, K.DATA_CHANGE: 2, K.DISTILL: 3, K.HARNESS_EDIT: 4, K.RECIPE_EDIT: 5}
 

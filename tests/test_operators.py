@@ -197,6 +197,25 @@ def test_data_curation_pins_the_source_before_the_step_its_data_changed():
     assert all(PIN not in iv.changes for iv in op.builtin(make_ev(rows, questions=qs), ctx(question_chars=lens)))
 
 
+def test_data_curation_fixes_two_faults_of_the_data_together_first():
+    """A stream that got harder and repeats a small pool: each fix alone leaves the other fault in
+    force, so the first proposal makes both (the pin and the dedupe filter); the single ones follow."""
+    from test_detectors import questions
+
+    op = DataCuration()
+    rows, _ = shifted(60)
+    qs = questions(range(0, 100), lambda s, k: f"{s:03d}+{k}4" if s < 60 else f"{(s * 4 + k) % 8:03d}+{k}4567")
+    ivs = op.builtin(make_ev(rows, questions=qs), ctx())
+    assert sorted(iv.diagnosis.name for iv in ivs[1:]) == ["harder_data", "repeated_examples"]
+    joint = ivs[0]
+    check_record(joint, op)
+    assert joint.kind == K.DATA_CHANGE and set(joint.changes) == {PIN, "harness.filters.dedupe"}
+    assert joint.changes == {**ivs[1].changes, **ivs[2].changes} and "together" in joint.rationale
+    # one finding: nothing to join
+    assert [iv.changes for iv in op.builtin(make_ev(rows, questions=shifted(60)[1]), ctx())] == \
+        [{PIN: joint.changes[PIN]}]
+
+
 def test_data_curation_turns_dedupe_on_for_a_stream_that_repeats_a_small_pool():
     op = DataCuration()
     pool = [{"step": s, "segment": 0, "question": f"{(s * 4 + k) % 16}+7"} for s in range(20, 60) for k in range(4)]
