@@ -88,9 +88,14 @@ class DataCuration(Operator):
         findings each have one and their fields do not overlap. Faults of the data come together (a
         stream that repeats a pool and got harder): each fix alone leaves the other fault holding the
         run, so a backtest of either alone measures no gain, and both are rejected. Proposed first;
-        the single fixes follow if it is rejected. Its diagnosis is the most severe part's."""
+        the single fixes follow if it is rejected. Its diagnosis is the most severe part's. A finding
+        whose data changed at or after a proposed pin's step has no part: the pin undoes it."""
+        pinned = next((iv.changes[PIN] for iv in out if PIN in iv.changes), None)
         firsts: dict[str, Intervention] = {}
         for iv in out:
+            began = iv.diagnosis.evidence.get("good_before_step")
+            if PIN not in iv.changes and pinned is not None and isinstance(began, int) and began >= pinned:
+                continue     # a fault the pin reads from before already: its own fix would correct it twice
             if iv.kind == K.DATA_CHANGE:
                 firsts.setdefault(iv.diagnosis.name, iv)
         parts = sorted(firsts.values(), key=lambda iv: SEVERITY_RANK.get(iv.diagnosis.severity, 3))
@@ -126,7 +131,9 @@ class DataCuration(Operator):
                f"was before step {step} (its revision then), so the run trains on data like what it learnt from before. "
                "The source itself needs fixing; the run stays on that revision until someone unpins it")
         effect = "the training signal back to its level before the change within ~20 steps; held-out accuracy rising again"
-        ckpt = ctx.answering_before(step + 1, ev.evals) if DATA_ONSET[d.name] else None
+        # wrong labels were learnt unless the label check filter kept them out
+        learnt = DATA_ONSET[d.name] and not d.evidence.get("filter_on")
+        ckpt = ctx.answering_before(step + 1, ev.evals) if learnt else None
         if ckpt is None:
             return self.intervention(K.DATA_CHANGE, d, {PIN: step}, risk=Risk.LOW, rationale=why + ".",
                                      expected_effect=effect)

@@ -183,7 +183,8 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
       answers, a loss that rose and stays up: what the policy is trained towards is not what it
       answers. (A curriculum step, a harness or recipe edit, a rollback each start a new level to
       compare with; a loss that rose because the policy got worse fails the accuracy check.) The
-      evidence names the last step of the low block (`good_before_step`): the data before it was right.
+      evidence names the step whose data the first row at the raised level trained on, counted
+      from the low block's start (`good_before_step`): the data before it was as in that block.
     - **a high flat floor**: the loss sits flat at ≥ `label_noise_floor` nats/token (<
       `label_noise_rel` relative improvement over `label_noise_rows` rows) and held-out accuracy
       has stopped improving over the last `label_noise_heldout_evals` evals (a healthy run whose
@@ -208,7 +209,7 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                               f"SFT loss rose to {shift['loss_now']:.3g} nats/token from {shift['loss_low']:.3g} on the same "
                               f"data and config while the policy answers {right:.0%} correctly: the targets changed",
                               "warning", dict(shift, heldout_acc=held, pass_rate_recent=pr[-th.recent :],
-                                              good_before_step=shift["low_at_step"],
+                                              good_before_step=shift["rose_at_step"] - 1,
                                               threshold_ratio=th.label_shift_ratio, threshold_abs=th.label_shift_abs,
                                               threshold_pass=th.label_noise_pass_min))
     halves = loss_halves(ev, th.label_noise_rows)
@@ -284,18 +285,22 @@ def labels_changed(ev: Evidence, th: Thresholds) -> dict[str, Any] | None:
         return None
     k = key(rows[-1])
     now = median_of([float(r["loss"]) for r in rows[-n:]])
-    blocks = [rows[i - n : i] for i in range(len(rows) - n, n - 1, -n)]
-    low = min(((median_of([float(r["loss"]) for r in b]), int(b[-1]["step"])) for b in blocks
-               if all(key(r) == k for r in b)), default=None)
+    starts = range(len(rows) - 2 * n, -1, -n)       # consecutive blocks before the newest, newest aligned
+    low = min(((median_of([float(r["loss"]) for r in rows[i : i + n]]), int(rows[i + n - 1]["step"]), i) for i in starts
+               if all(key(r) == k for r in rows[i : i + n])), default=None)
     if low is None or not (now >= th.label_shift_ratio * low[0] and now - low[0] >= th.label_shift_abs):
         return None
+    # where it rose: the first row from the low block's start at the bound (a change in the block's
+    # second half leaves its median low), so the data before that row's step was as in the low block
+    bound = max(th.label_shift_ratio * low[0], low[0] + th.label_shift_abs)
+    rose = next((int(r["step"]) for r in rows[low[2]:] if float(r["loss"]) >= bound), low[1] + 1)
     then = [to_float(r.get("heldout_acc")) for r in ev.evals if int(r.get("step", 0)) <= low[1]]
     then = [v for v in then if is_finite(v)]
     acc_now = ev.latest_eval("heldout_acc")
     if then and acc_now is not None and acc_now < then[-1] - th.departure_harm:
         return None
-    return {"loss_now": now, "loss_low": low[0], "low_at_step": low[1], "heldout_then": then[-1] if then else None,
-            "rows": n, "difficulty": k[1]}
+    return {"loss_now": now, "loss_low": low[0], "low_at_step": low[1], "rose_at_step": rose,
+            "heldout_then": then[-1] if then else None, "rows": n, "difficulty": k[1]}
 
 
 @detector("harder_data")

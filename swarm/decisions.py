@@ -354,7 +354,8 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
 # compares the target with a control and, on credible harm, rolls the weights back to that
 # checkpoint with the fields; the most it costs is the judge's window of training. So an edit is
 # MEDIUM, and LOW for a restart, a curriculum change to data no harder than now, or a data change
-# that pins the data source to an earlier revision (a position, never rated by size). Three things make
+# that pins the data source to an earlier revision (a position, never rated by size; a later revision
+# or none, which reads data a pin kept out, is MEDIUM). Three things make
 # a change HIGH, because the judge could not see or undo them: (1) it changes the objective — a
 # reward field set to a value under which training no longer scores an answer the way the target
 # does (neither the goal's starting value nor the task's own scoring), or a new algorithm (other than
@@ -385,6 +386,16 @@ TARGET_SIGNAL, FORMAT_SIGNAL, HELDOUT_LOSS_SIGNAL = "target", "held-out format f
 HELD_OUT_SIGNALS = (TARGET_SIGNAL, FORMAT_SIGNAL, HELDOUT_LOSS_SIGNAL)
 
 
+# the source's revision (harness.filters.as_of_step): a later one, or none, reads data a pin kept out
+LATER_DATA = ("harness.filters.as_of_step",)
+
+
+def later_data(cur: Any, new: Any) -> bool:
+    """Whether setting a pinned revision from `cur` to `new` reads data from after it (None: the
+    source as it is now)."""
+    return isinstance(cur, int) and (new is None or (isinstance(new, int) and new > cur))
+
+
 class RiskCall(NamedTuple):
     risk: Risk
     why: str
@@ -410,6 +421,9 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
                 continue
             return RiskCall(Risk.HIGH, f"{k} → {v!r} changes what counts as correct or how the run trains", "objective")
         cur = current.get(k)
+        if k in LATER_DATA and later_data(cur, v):
+            risk = max(risk, Risk.MEDIUM, key=_RANK.get)     # back to data from after a pinned revision
+            continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             if not changes_data(k):
                 risk = max(risk, Risk.MEDIUM, key=_RANK.get)

@@ -125,6 +125,14 @@ def test_risk_is_assigned_from_the_change(proposal, want):
     assert why and (cause != "") == (risk == Risk.HIGH)
 
 
+@pytest.mark.parametrize("pin, want", [(20, Risk.LOW), (40, Risk.LOW), (80, Risk.MEDIUM), (None, Risk.MEDIUM)])
+def test_a_later_revision_of_the_data_source_than_the_one_pinned_is_not_low(pin, want):
+    """An earlier revision reads data from before the one in force; a later one, or unpinning, reads
+    data the pin kept out."""
+    proposal = iv(K.DATA_CHANGE, {"harness.filters.as_of_step": pin})
+    assert assign_risk(proposal, {**CUR, "harness.filters.as_of_step": 40}, START).risk == want
+
+
 # the goal's own starting config is the fault: nothing to go back to, so the model must stand on
 # what can be undone and what was measured, not on "back to the start"
 BAD_START = {"recipe.lr": 0.09, "recipe.batch_size": 3, "recipe.group_size": 4, "harness.sampling.temperature": 0.05, "harness.sampling.max_new_tokens": 3,

@@ -597,16 +597,21 @@ def test_label_noise_when_the_loss_rises_on_the_same_data_and_config_while_answe
     lowest it reached on the same segment, difficulty, harness and recipe, and held-out accuracy did
     not fall. A curriculum step, a harness edit or a rollback in between, a policy that got worse,
     or one that answers nothing right, is not it."""
-    def run(**last):
+    def run(since: int = 20, **last):
         rows = sft_rows(100)
         rng = random.Random(2)
-        for r in rows[-20:]:
+        for r in rows[-since:]:
             r.update({"loss": 0.4 + rng.uniform(-0.02, 0.02), "pass_rate": 0.9, **last})
         return rows
 
     d = fired(make_ev(run()), "label_noise")
     assert d.evidence["loss_low"] < 0.1 < 0.38 < d.evidence["loss_now"] and "targets changed" in d.summary
     assert d.evidence["heldout_then"] == 0.92 and d.evidence["low_at_step"] == 80
+    # row 81 is the first at the raised level: it trained on step 80's data, the first changed
+    assert d.evidence["good_before_step"] == 80
+    # a change in the second half of a block leaves that block's median low: counted from its start
+    d = fired(make_ev(run(since=28)), "label_noise")
+    assert d.evidence["good_before_step"] == 72, d.evidence
     # (the flat-floor way may still see these: held-out has stalled at its best; this way does not)
     for changed in ({"difficulty": 4}, {"harness_version": "bbbb"}, {"recipe_version": "r2"}, {"segment": 1}):
         assert labels_changed(make_ev(run(**changed)), THRESHOLDS) is None, changed

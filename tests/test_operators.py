@@ -183,6 +183,10 @@ def test_data_curation_pins_the_source_before_the_step_its_data_changed():
     pinned = {**HARNESS, "filters": {"as_of_step": onset - 5}}
     c_pinned = ctx(harness=pinned, checkpoints=c.checkpoints)
     assert all(PIN not in iv.changes for iv in op.builtin(make_ev(rows, evals=evals, harness=pinned), c_pinned))
+    # with the label check filter on, the steps since learnt none of the failing labels: no rollback
+    filtered = {**HARNESS, "filters": {"check_labels": True}}
+    assert [(iv.kind, iv.changes) for iv in op.builtin(make_ev(rows, evals=evals, harness=filtered), c)
+            if PIN in iv.changes] == [(K.DATA_CHANGE, {PIN: onset - 1})]
     # harder problems only teach less: pinned from where the run is, before the lowered curriculum
     rows, qs = shifted(60)
     lens = {1: 3.0, 2: 5.0, 3: 7.0, 4: 9.0, 5: 11.0}
@@ -211,8 +215,17 @@ def test_data_curation_fixes_two_faults_of_the_data_together_first():
     check_record(joint, op)
     assert joint.kind == K.DATA_CHANGE and set(joint.changes) == {PIN, "harness.filters.dedupe"}
     assert joint.changes == {**ivs[1].changes, **ivs[2].changes} and "together" in joint.rationale
+    # a finding whose data changed after the pin's step has no part: the pin undoes it already
+    rows, qs = shifted(60)
+    for r in rows:
+        r["label_ok"] = 0.6 if r["step"] > 40 else 1.0           # labels wrong from step 40's data
+    lens = {1: 3.0, 2: 5.0, 3: 7.0, 4: 9.0, 5: 11.0}
+    ivs = op.builtin(make_ev(rows, questions=qs), ctx(question_chars=lens, checkpoints=[],
+                                                      harness={**HARNESS, "curriculum": {"start": 3}}))
+    assert ivs[0].changes == {PIN: 40} and any("harness.curriculum.start" in iv.changes for iv in ivs)
+    assert not any(PIN in iv.changes and len(iv.changes) > 1 for iv in ivs), [iv.changes for iv in ivs]
     # one finding: nothing to join
-    assert [iv.changes for iv in op.builtin(make_ev(rows, questions=shifted(60)[1]), ctx())] == \
+    assert [iv.changes for iv in op.builtin(make_ev(*shifted(60)[:1], questions=shifted(60)[1]), ctx())] == \
         [{PIN: joint.changes[PIN]}]
 
 

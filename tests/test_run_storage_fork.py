@@ -10,6 +10,7 @@ test never reads: what is checked is on the storage, or in the controller's repl
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 import torch
@@ -66,3 +67,28 @@ def test_a_full_fork_with_run_storage_keeps_the_source_init(tmp_path, monkeypatc
     inherited = [e for e in events if e["event"] == "checkpoint" and e.get("name") == "init"]
     assert len(inherited) == 1 and "inherited_from" in inherited[0], inherited
     assert [(e["event"], e["step"]) for e in events if e["event"] in ("start", "resume", "end")] == [("start", 4), ("end", 6)]
+
+
+def test_a_checkpoint_fetched_from_run_storage_brings_its_runs_data_faults_as_they_are_now(tmp_path):
+    """A backtest arm forked from a run on storage reads that run's data source as it is now, as
+    one forked on this machine does (`Perturber.read_source`): the faults' state travels with the
+    fetched checkpoint; a source with none brings none."""
+    from trainer.config import Perturbation
+    from trainer.perturb import SOURCE_FAULTS, Perturber
+
+    uri = f"file://{tmp_path / 'store' / 'run'}"
+    store = open_storage(uri)
+    store.put("checkpoints/step_0000002.json", b"{}")
+    store.put("checkpoints/step_0000002.pt", b"weights")
+    shift = {"kind": "data_shift", "levels": 2, "at_step": 5}
+    store.put("private/perturb.json", json.dumps({"fired": [0], "data": [shift]}).encode())
+    path = run_storage.fetch_checkpoint(uri, "step_0000002", tmp_path / "scratch" / ".fork", wait_s=0)
+    p = Perturber([], tmp_path / "arm.json")
+    p.read_source(path)
+    assert p.data_faults() == [Perturbation.model_validate(shift)] and p.data_faults(as_of=5) == []
+    store.delete("private/perturb.json")
+    path = run_storage.fetch_checkpoint(uri, "step_0000002", tmp_path / "scratch" / ".fork", wait_s=0)
+    assert not (path.parent / SOURCE_FAULTS).exists()
+    q = Perturber([], tmp_path / "arm2.json")
+    q.read_source(path)
+    assert q.data_faults() == []

@@ -461,17 +461,17 @@ def test_a_fork_reads_the_source_as_it_is_now_and_a_pinned_revision_reads_it_as_
     assert by_step[2] == {False} and by_step[3] == {True} and by_step[5] == {False}, dict(by_step)
     assert [rows[s]["label_ok"] for s in (3, 4, 5, 6)] == [1.0, 0.0, 1.0, 1.0], rows   # row s: the update of step s - 1
 
-    def fork(name: str, pin: int | None) -> set[bool]:
+    def fork(name: str, pin: int | None) -> tuple[set[bool], set[float]]:
         over = {"recipe.steps": 5, **({"harness.filters.as_of_step": pin} if pin else {})}
         arm = RunConfig.parse(make_cfg(name=name, samples_per_step=8, fork_mode="state", fork_overrides=over,
                                        fork_from=str(cfg.run_dir / "checkpoints" / "step_0000002.pt")))
         Trainer(arm).run()
-        return ({changed(s["question"]) for s in read_jsonl(arm.run_dir / "samples.jsonl")}
-                | {r["label_ok"] == 1.0 for r in step_rows(arm.run_dir)} - {True})
+        questions = {changed(s["question"]) for s in read_jsonl(arm.run_dir / "samples.jsonl")}
+        return questions, {r["label_ok"] for r in step_rows(arm.run_dir)}
 
-    assert fork("now", None) == {True, False}      # changed questions, and labels that fail (label_ok < 1)
-    assert fork("before", 3) == {False}
-    assert fork("after", 4) == {True, False}
+    assert fork("now", None) == ({True}, {0.0})     # harder questions, labels that all fail
+    assert fork("before", 3) == ({False}, {1.0})
+    assert fork("after", 4) == ({True}, {0.0})
 
 
 # ---- the machine: a slow worker, out of memory ------------------------------------------------------

@@ -130,6 +130,7 @@ DATA_FORMATS: dict[str, Callable[[Example], Example]] = {
     "question_prefix": lambda ex: dataclasses.replace(ex, question="=" + ex.question),
     "question_spaced": lambda ex: dataclasses.replace(ex, question=" ".join(ex.question)),
 }
+SOURCE_FAULTS = ".source-faults.json"   # beside a checkpoint fetched from run storage: its run's fault state
 POOL_BASE = 1 << 40    # train-split indices of a duplicates pool: far from any cursor a run or a fork reaches
 
 
@@ -232,14 +233,17 @@ class Perturber:
     def read_source(self, checkpoint: pathlib.Path) -> None:
         """Also keep the data faults the run that wrote `checkpoint` has in force now: its data
         source as it is today, which a fork reads as every reader does, whatever step the
-        checkpoint is from (`OUT_DIR/.perturb/NAME.json` of that run; nothing where it keeps none)."""
+        checkpoint is from (`OUT_DIR/.perturb/NAME.json` of that run, or the copy fetched beside a
+        checkpoint from run storage, SOURCE_FAULTS; nothing where it keeps none)."""
         run_dir = checkpoint.parent.parent
-        try:
-            saved = json.loads((run_dir.parent / ".perturb" / f"{run_dir.name}.json").read_text())
-        except (OSError, json.JSONDecodeError):
+        for path in (checkpoint.parent / SOURCE_FAULTS, run_dir.parent / ".perturb" / f"{run_dir.name}.json"):
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if isinstance(saved, dict) and isinstance(saved.get("data"), list):
+                self.inherit({"data": saved["data"]})
             return
-        if isinstance(saved, dict) and isinstance(saved.get("data"), list):
-            self.inherit({"data": saved["data"]})
 
     def _slow(self, where: str) -> float:
         return sum(p.seconds for i, p in enumerate(self.items) if p.kind == "slow_worker" and p.where == where

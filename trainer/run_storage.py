@@ -24,7 +24,8 @@ Layout of a run on storage (only whole-object put/get/list/delete, so an object 
     inbox/<seq:09d>-<id>.json       commands, one object each (the controller's local line number:
                                     re-pushing after a crash writes the same key)
     checkpoints/<name>.pt, <name>.json   the manifest last: a checkpoint without one is incomplete
-    private/perturb.json            the injected faults' state (evaluation only; never pulled)
+    private/perturb.json            the injected faults' state (evaluation only; the controller never
+                                    pulls it; a fork's trainer reads its data faults: the source now)
 
 The job (`main`): its run folder is on the node's scratch (`$SWARMLAB_SCRATCH_DIR`, default the
 temp dir); it first restores from storage what a resumed trainer reads (checkpoints, the command
@@ -76,6 +77,7 @@ import threading
 import time
 from typing import Any
 
+from trainer.perturb import SOURCE_FAULTS
 from trainer.runlog import INIT_CHECKPOINT, SUMMARY, JsonlWriter, Rotation, RunLog, atomic_write_text, rotated_parts
 from trainer.storage import Storage, StorageError, join_uri, open_storage
 
@@ -350,6 +352,10 @@ def fetch_checkpoint(source_uri: str, name: str, dest: pathlib.Path, wait_s: flo
         if init is not None:
             (dest / f"{INIT_CHECKPOINT}.pt").write_bytes(init[1])
             (dest / f"{INIT_CHECKPOINT}.json").write_bytes(init[0])
+    try:   # the source's injected data faults as they are now, for the fork (trainer.perturb.read_source)
+        (dest / SOURCE_FAULTS).write_bytes(src.get("private/perturb.json"))
+    except FileNotFoundError:
+        (dest / SOURCE_FAULTS).unlink(missing_ok=True)
     return dest / f"{name}.pt"
 
 
