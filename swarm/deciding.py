@@ -489,19 +489,22 @@ class Deciding:
         return int(n or 200)
 
     def control_for(self, iv: Intervention) -> Control:
-        """The adopted arm's score (an adopted change), else the backtest's control arms (mean,
-        binomial standard error), else the value measured just before applying (with its own
-        measurement noise)."""
+        """For an adopted change, the candidate arms' scores (mean, binomial standard error), else the
+        backtest's control arms (the same), else the value measured just before applying (with its
+        own measurement noise)."""
         rate = self.goal.target.metric in ("heldout_acc", "heldout_malformed", "heldout_truncated")
         bt = iv.backtest
         arm = (iv.outcome.adopted or "").split(" at step ")[0]
         if bt is not None and arm in bt.candidate_arms and len(bt.candidate) == len(bt.candidate_arms):
-            # the live run took on this arm's state: its score is the value just before applying, with
-            # the change in force (the control arms stopped where the window starts, and would put the
-            # window's own training on the change's side)
+            # the live run took on one candidate arm's state: where a run with the change stands just
+            # before applying (the control arms stopped where the window starts, and would put the
+            # window's own training on the change's side). Not the adopted arm's own score: it was
+            # chosen as the best of the candidates' noisy evals, which biases it up, and the window's
+            # evals would then read as harm
             n = self.goal.swarm.backtest.eval_size
-            v = bt.candidate[bt.candidate_arms.index(arm)]
-            return Control(v, math.sqrt(rate_var(v, n)) if rate else None, f"the adopted arm after {bt.horizon_steps} steps")
+            m = sum(bt.candidate) / len(bt.candidate)
+            se = math.sqrt(sum(rate_var(c, n) for c in bt.candidate)) / len(bt.candidate) if rate else None
+            return Control(m, se, f"the candidate arms after {bt.horizon_steps} steps, one of them adopted")
         if bt is not None and bt.control:
             n = self.held_out_size() if self.script else self.goal.swarm.backtest.eval_size   # a script's arms eval its set
             m = sum(bt.control) / len(bt.control)
