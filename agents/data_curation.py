@@ -3,7 +3,7 @@ revision of the data source it reads.
 
 | finding                                             | intervention                                                  | risk   |
 |-----------------------------------------------------|---------------------------------------------------------------|--------|
-| a data change with an onset (labels that went wrong, harder problems): the config unchanged | the source pinned to its revision before the onset (`harness.filters.as_of_step`); ROLLBACK to a checkpoint before it where the weights learnt wrong labels since | low / medium |
+| a data change with an onset (labels that went wrong, harder problems): the config unchanged | the source pinned to its revision before the onset (`harness.filters.as_of_step`); ROLLBACK to the newest checkpoint before it where the weights learnt wrong labels since | low / medium |
 | too-hard curriculum                                 | DATA_CHANGE curriculum back to the eval difficulty            | low    |
 | harder problems than the curriculum asks for        | DATA_CHANGE curriculum lowered by the levels they rose        | low    |
 | a stream repeating a small pool                     | DATA_CHANGE filters.dedupe on                                 | low    |
@@ -115,8 +115,8 @@ class DataCuration(Operator):
 
     def _pin(self, found: dict[str, Diagnosis], ev: Evidence, ctx: OperatorContext) -> Intervention | None:
         """The data source read as it was before the earliest step a finding names as the first whose
-        data changed (`good_before_step`, DATA_ONSET), from a checkpoint before it when the steps since
-        learnt wrong labels (one whose weights answered right: `answering_before`). None where no
+        data changed (`good_before_step`, DATA_ONSET), from the newest checkpoint before it when the
+        steps since learnt wrong labels (the untrained one too). None where no
         finding names such a step, or the source is read from that revision or an earlier one already."""
         named = [(d.evidence["good_before_step"], d) for n, d in found.items()
                  if n in DATA_ONSET and isinstance(d.evidence.get("good_before_step"), int)
@@ -133,7 +133,9 @@ class DataCuration(Operator):
         effect = "the training signal back to its level before the change within ~20 steps; held-out accuracy rising again"
         # wrong labels were learnt unless the label check filter kept them out
         learnt = DATA_ONSET[d.name] and not d.evidence.get("filter_on")
-        ckpt = ctx.answering_before(step + 1, ev.evals) if learnt else None
+        # any checkpoint from before the change: its weights learnt nothing of it (whether they
+        # answered anything yet does not matter: the pinned data is right)
+        ckpt = ctx.checkpoint_before(step) if learnt else None
         if ckpt is None:
             return self.intervention(K.DATA_CHANGE, d, {PIN: step}, risk=Risk.LOW, rationale=why + ".",
                                      expected_effect=effect)

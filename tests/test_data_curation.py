@@ -92,6 +92,10 @@ def test_data_curation_pins_the_source_before_the_step_its_data_changed():
     check_record(iv, op)
     assert iv.changes == {PIN: onset - 1} and iv.kind == K.ROLLBACK and rollback_target(iv) == "step_0000040"
     assert f"before step {onset - 1}" in iv.rationale and "unpins" in iv.rationale
+    # weights that answered nothing yet before the change learnt nothing wrong either: from the untrained start
+    start = ctx(checkpoints=[{"name": "init", "step": 0}, {"name": "step_0000055", "step": 55}])
+    iv = op.builtin(make_ev(rows, evals=[{"step": 40, "heldout_acc": 0.0}]), start)[0]
+    assert iv.kind == K.ROLLBACK and rollback_target(iv) == "init" and iv.changes == {PIN: onset - 1}
     # no checkpoint before it: from where the run is; a pin to that revision or an earlier one in force: none
     assert [(iv.kind, iv.changes) for iv in op.builtin(make_ev(rows, evals=evals), ctx(checkpoints=[]))][0] == \
         (K.DATA_CHANGE, {PIN: onset - 1})
