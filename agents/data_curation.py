@@ -23,9 +23,10 @@ from typing import Any
 from agents.base import Operator, OperatorContext, finite as _f
 from agents.domain import SEVERITY_RANK, Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
+from harness.changes import SOURCE_REVISION
 
 CURRICULUM_RAMP_STEPS = 100     # steps over which a lowered curriculum climbs back to the eval difficulty
-PIN = "harness.filters.as_of_step"
+PIN = SOURCE_REVISION
 # the findings that name where the data changed, and whether the steps since learnt something wrong
 # (wrong labels: roll back to before the change) or only learnt less (harder problems: pin from here)
 DATA_ONSET = {"labels_fail_check": True, "label_noise": True, "harder_data": False}
@@ -40,7 +41,9 @@ class DataCuration(Operator):
             "of questions gets the dedupe filter; a stream that draws harder problems than the curriculum asks "
             "for gets a curriculum lowered by as many levels as its questions' lengths say it rose; SFT labels the "
             "task's own verifier rejects get the label check filter, which trains only on those it accepts, or, when none "
-            "passes, distillation, which reads no label.")
+            "passes, distillation, which reads no label. Where the data changed at a step the evidence names, the data "
+            "source is first read as it was before that step (harness.filters.as_of_step), and the fixes of faults of "
+            "the data that come together are tried together.")
     tools = frozenset({K.DATA_CHANGE, K.DISTILL, K.ROLLBACK})
     detectors = ("too_hard_curriculum", "label_noise", "labels_fail_check", "repeated_examples", "harder_data")
 
@@ -136,13 +139,8 @@ class DataCuration(Operator):
         # any checkpoint from before the change: its weights learnt nothing of it (whether they
         # answered anything yet does not matter: the pinned data is right)
         ckpt = ctx.checkpoint_before(step) if learnt else None
-        if ckpt is None:
-            return self.intervention(K.DATA_CHANGE, d, {PIN: step}, risk=Risk.LOW, rationale=why + ".",
-                                     expected_effect=effect)
-        return self.intervention(
-            K.ROLLBACK, d, {PIN: step}, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
-            rationale=f"{why}; the run rolls back to checkpoint {ckpt['name']} (step {ckpt['step']}), since the steps "
-                      "after it learnt from the changed data.", expected_effect=effect)
+        return self._from(ckpt, K.DATA_CHANGE, d, {PIN: step}, Risk.LOW, why, effect,
+                          "), since the steps after it learnt from the changed data")
 
     def _distill(self, d: Diagnosis, ctx: OperatorContext, lead: str = "",
                  ckpt: dict[str, Any] | None = None) -> Intervention:
@@ -155,12 +153,19 @@ class DataCuration(Operator):
         why = (f"{d.summary}. {lead}Distillation trains only on the policy's own answers that the task's verifier "
                "accepts, so wrong labels stop pulling it away from right answers")
         effect = "held-out accuracy rises past its SFT plateau within ~100 steps"
+        return self._from(ckpt, K.DISTILL, d, changes, Risk.MEDIUM, why, effect,
+                          ", before the labels went wrong), since the steps after it learnt them")
+
+    def _from(self, ckpt: dict[str, Any] | None, kind: K, d: Diagnosis, changes: dict[str, Any], risk: Risk,
+              why: str, effect: str, since: str) -> Intervention:
+        """`changes` as a `kind` change from where the run is, or, from checkpoint `ckpt`, as a
+        rollback (medium risk) whose rationale ends with why the steps `since` it are given up."""
         if ckpt is None:
-            return self.intervention(K.DISTILL, d, changes, risk=Risk.MEDIUM, rationale=why + ".", expected_effect=effect)
+            return self.intervention(kind, d, changes, risk=risk, rationale=why + ".", expected_effect=effect)
         return self.intervention(
             K.ROLLBACK, d, changes, risk=Risk.MEDIUM, rollback_to=str(ckpt["name"]),
-            rationale=f"{why}; the run rolls back to checkpoint {ckpt['name']} (step {ckpt['step']}, before the "
-                      "labels went wrong), since the steps after it learnt them.", expected_effect=effect)
+            rationale=f"{why}; the run rolls back to checkpoint {ckpt['name']} (step {ckpt['step']}{since}.",
+            expected_effect=effect)
 
     def _filter(self, d: Diagnosis, name: str, why: str, effect: str) -> Intervention:
         """The data filter `harness.filters.NAME` turned on for finding `d` (low risk: it only skips data)."""

@@ -35,9 +35,8 @@ OBJECTIVE_FIELDS = ("harness.reward.",)
 DATA_FIELDS = ("harness.curriculum.", "harness.filters.")
 # fields whose number is a position (a difficulty, a step of the data source's history), not a
 # magnitude: how far such a value moves says nothing of how large the change is
-POSITION_FIELDS = ("harness.curriculum.", "harness.filters.as_of_step")
-# fields whose value is a step of one run's history: no value for another run
-RUN_HISTORY_FIELDS = ("harness.filters.as_of_step",)
+SOURCE_REVISION = "harness.filters.as_of_step"   # the data source read as it was before this step of the run
+POSITION_FIELDS = ("harness.curriculum.", SOURCE_REVISION)
 # fields that change neither the SFT targets nor the examples: the template (it wraps the same
 # question; it can hold nothing but {question}) and sampling (SFT does not sample)
 SAME_SFT_TARGET_FIELDS = ("harness.template", "harness.sampling.")
@@ -63,7 +62,14 @@ def positional(key: str) -> bool:
 
 
 def of_one_run(key: str) -> bool:
-    return key in RUN_HISTORY_FIELDS
+    """Whether the field's value is a step of one run's history: no value for another run."""
+    return key == SOURCE_REVISION
+
+
+def reads_later_data(key: str, cur: Any, new: Any) -> bool:
+    """Whether setting `key` from `cur` to `new` reads data a pinned revision kept out: a later
+    revision than the one pinned, or none (the source as it is now)."""
+    return key == SOURCE_REVISION and isinstance(cur, int) and (new is None or (isinstance(new, int) and new > cur))
 
 
 def keeps_sft_targets(key: str) -> bool:

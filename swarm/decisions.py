@@ -62,7 +62,7 @@ from typing import Any, Callable, NamedTuple, Union
 
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, DIVERGENCE, JOB_FINDINGS, RESTART_FINDINGS, SLOW_WORKER, Intervention, InterventionKind as K, Risk
-from harness.changes import OBJECTIVE_FIELDS, TASK_SCORING, changes_data, positional
+from harness.changes import OBJECTIVE_FIELDS, TASK_SCORING, changes_data, positional, reads_later_data
 
 # ---- plan ---------------------------------------------------------------------------------------
 
@@ -386,16 +386,6 @@ TARGET_SIGNAL, FORMAT_SIGNAL, HELDOUT_LOSS_SIGNAL = "target", "held-out format f
 HELD_OUT_SIGNALS = (TARGET_SIGNAL, FORMAT_SIGNAL, HELDOUT_LOSS_SIGNAL)
 
 
-# the source's revision (harness.filters.as_of_step): a later one, or none, reads data a pin kept out
-LATER_DATA = ("harness.filters.as_of_step",)
-
-
-def later_data(cur: Any, new: Any) -> bool:
-    """Whether setting a pinned revision from `cur` to `new` reads data from after it (None: the
-    source as it is now)."""
-    return isinstance(cur, int) and (new is None or (isinstance(new, int) and new > cur))
-
-
 class RiskCall(NamedTuple):
     risk: Risk
     why: str
@@ -421,7 +411,7 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
                 continue
             return RiskCall(Risk.HIGH, f"{k} → {v!r} changes what counts as correct or how the run trains", "objective")
         cur = current.get(k)
-        if k in LATER_DATA and later_data(cur, v):
+        if reads_later_data(k, cur, v):
             risk = max(risk, Risk.MEDIUM, key=_RANK.get)     # back to data from after a pinned revision
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
