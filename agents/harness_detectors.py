@@ -310,7 +310,8 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     stream draws harder problems than the curriculum says (a shifted source, a sampler changed
     upstream). Block against block of `shift_rows` steps with samples: the newest block's median
     question length at least `shift_len_ratio`x the shortest earlier block's of the same config, and
-    its median pass rate at least `shift_pass_drop` below that block's. A shift before anything was
+    its median pass rate at least `shift_pass_drop` below that block's. The lengths are the rows' mean
+    of each step's batch (`question_chars`) where the trainer logs it, else the sampled questions'. A shift before anything was
     learnt has no fall to show and may have no earlier block: where the controller knows the task's
     own question lengths (`known.question_chars`), the newest block is also held against the task's
     length at the difficulty asked for — at least `shift_len_ratio`x it, and nearest the length of
@@ -326,13 +327,19 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
 
     k, n = key(rows[-1]), th.shift_rows
     by_step = {r["step"]: r for r in rows if key(r) == k}
-    lengths: dict[int, list[int]] = {}
-    for q in ev.questions:
-        s = q.get("step")
-        # the samples written at step s come from the update that writes metrics row s + 1
-        if isinstance(s, int) and isinstance(q.get("question"), str) and int(q.get("segment") or 0) == k[0] \
-                and s + 1 in by_step:
-            lengths.setdefault(s, []).append(len(q["question"]))
+    # keyed by the step whose data it is: row s + 1 is the update on step s's batch, and the samples
+    # written at step s come from it. The rows' per-step mean covers every step of the metrics'
+    # window; the sampled questions, where a trainer does not log it, only the newest few hundred
+    lengths: dict[int, list[float]] = {s - 1: [float(r["question_chars"])] for s, r in by_step.items()
+                                       if is_finite(to_float(r.get("question_chars")))}
+    batch_means = len(lengths) >= n
+    if not batch_means:
+        lengths = {}
+        for q in ev.questions:
+            s = q.get("step")
+            if isinstance(s, int) and isinstance(q.get("question"), str) and int(q.get("segment") or 0) == k[0] \
+                    and s + 1 in by_step:
+                lengths.setdefault(s, []).append(len(q["question"]))
     steps = sorted(lengths)
     if len(steps) < n:
         return None
@@ -343,11 +350,16 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
         return median_of([x for s in ss for x in lengths[s]]), (median_of(pr) if pr else None)
 
     def rose_from(ref: float, after: int) -> dict[str, int]:
-        # the first step (from index `after`) whose `n` steps' median length is shift_len_ratio x `ref`:
-        # a window half across the change is already that long, so the step is at or before it
+        # the first window (from index `after`) of `n` steps whose median length is shift_len_ratio x
+        # `ref`: one half across the change is already that long, so the change is in it or before.
+        # A step's batch mean is exact enough to name the window's first step at the bound, each step
+        # before it below; a few sampled questions are not, and the window's first step is named.
+        # Only a step with one of the stream's own before it: long from the first is no change seen
+        bound = th.shift_len_ratio * ref
         for j in range(after, len(steps) - n + 1):
-            if median_of([x for s in steps[j : j + n] for x in lengths[s]]) >= th.shift_len_ratio * ref:
-                return {"good_before_step": steps[j]} if j > 0 else {}
+            if median_of([x for s in steps[j : j + n] for x in lengths[s]]) >= bound:
+                i = next(i for i in range(j, j + n) if lengths[steps[i]][0] >= bound) if batch_means else j
+                return {"good_before_step": steps[i]} if i > 0 else {}
         return {}
 
     now_len, now_pass = block(steps[-n:])

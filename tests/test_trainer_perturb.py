@@ -356,6 +356,8 @@ def test_data_shift_draws_harder_problems_than_the_curriculum_reports(make_cfg):
     assert [r["difficulty"] for r in step_rows(cfg.run_dir)] == [3, 3, 3, 3]      # what the curriculum says
     lens = {(s["step"], len(s["question"])) for s in read_jsonl(cfg.run_dir / "samples.jsonl")}
     assert lens == {(0, len("r:123")), (1, len("r:123")), (2, len("r:123456")), (3, len("r:123456"))}
+    # every step's batch, as the trainer logs its input: row s + 1 trained on step s's data
+    assert [r["question_chars"] for r in step_rows(cfg.run_dir)] == [len("r:123")] * 2 + [len("r:123456")] * 2
     assert versions(cfg) == {(cfg.harness.version, cfg.recipe.version)}
     assert_hidden(cfg, "data_shift")
     task = make_task("reverse")     # capped at the task's hardest

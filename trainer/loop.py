@@ -698,6 +698,9 @@ class Trainer:
             self.ref_state, self.ref_policy = copy.deepcopy(self.policy.model.state_dict()), None
         stats = STEPS[algo](self, examples)
         stats["t_data"] = t_data
+        # what the step was fed, as a trainer logs its input lengths: a data stream that changes shows
+        # here on every step, where the sampled questions cover only the newest few hundred
+        stats["question_chars"] = sum(len(e.question) for e in examples) / max(1, len(examples))
         # every rank, not only the one that logs: mean_dict below needs the same keys on all ranks
         if algo == "sft" and self.cfg.samples_per_step:
             t1 = time.perf_counter()

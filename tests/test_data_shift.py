@@ -1,0 +1,49 @@
+"""`harder_data` read from the trainer's per-step input lengths (`question_chars`, the mean length of
+each step's training questions): the step the stream changed at is named wherever it lies in the
+metrics' window, also when every sampled question the evidence holds is from after it, and a stream
+long from its first step names none. (The trainer's own logging of the field:
+tests/test_trainer_perturb.py.)"""
+from __future__ import annotations
+
+import dataclasses
+
+from agents.detection import DETECTORS, THRESHOLDS
+from test_detectors import KNOWN, make_ev, questions, sft_rows
+
+
+def logged(at: int, n: int = 150, short: float = 5.0, long: float = 9.0) -> list[dict]:
+    """SFT rows whose batches' questions are `short` characters until the update on step `at`'s data
+    (row `at` + 1) and `long` from it, with the pass rate falling from 0.9 to 0.3 there."""
+    rows = sft_rows(n)
+    for r in rows:
+        after = r["step"] - 1 >= at
+        r.update(question_chars=long if after else short, pass_rate=0.3 if after else 0.9, difficulty=2,
+                 harness_version="h1", recipe_version="r1")
+    return rows
+
+
+def test_the_step_the_stream_grew_at_is_named_from_the_rows_when_every_sample_is_newer():
+    rows = logged(at=80)
+    late = questions(range(120, 150), lambda s, k: f"{s:03d}+{k}4567")      # the newest samples: all long
+    d = DETECTORS["harder_data"](make_ev(rows, questions=late), THRESHOLDS, KNOWN)
+    assert d is not None and d.evidence["question_chars_then"] == 5.0 and d.evidence["question_chars_now"] == 9.0
+    assert d.evidence["good_before_step"] == 80                             # the first step whose batch was long
+    # the same samples without the rows' lengths: no earlier block to compare, no step named
+    bare = [{k: v for k, v in r.items() if k != "question_chars"} for r in rows]
+    assert DETECTORS["harder_data"](make_ev(bare, questions=late), THRESHOLDS, KNOWN) is None
+    # unchanged lengths with the same fall of the pass rate: not the data's length
+    same = logged(at=80, long=5.0)
+    assert DETECTORS["harder_data"](make_ev(same, questions=late), THRESHOLDS, KNOWN) is None
+
+
+def test_a_change_in_the_first_block_is_named_only_with_a_step_of_the_stream_before_it():
+    lens = {1: 3.0, 2: 5.0, 3: 7.0, 4: 9.0}                  # the task's own lengths by difficulty
+    knows = dataclasses.replace(KNOWN, question_chars=lens)
+    for at, named in ((6, 6), (0, None)):                    # long from step 6, and from the first step
+        rows = logged(at=at, n=60)
+        for r in rows:
+            r["pass_rate"] = 0.0                             # nothing learnt: no fall to see
+        d = DETECTORS["harder_data"](make_ev(rows, questions=[]), THRESHOLDS, knows)
+        assert d is not None and d.evidence["nearest_task_difficulty"] == 4
+        assert d.evidence.get("good_before_step") == named, at
+
