@@ -202,6 +202,9 @@ class Known:
                                            # (None: the controller tracks none, so nothing is known to be in force)
     question_chars: dict[int, float] | None = None   # the task's own median question length per difficulty
                                            # (measured by the controller once the run has samples; None: not known)
+    answer_chars: dict[int, dict[int, int]] | None = None  # per difficulty, how many of the task's own held-out
+                                           # answers have each length, where that is the fewest tokens a right answer
+                                           # takes (None: not known)
 
 
 NOTHING = Known()

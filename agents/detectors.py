@@ -205,7 +205,15 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
     `truncation_max` over the recent rows): answers are cut off and scored truncated. Evidence
     adds the lengths involved (response_len, the longest correct sample) for sizing the fix. Quiet
     while greedy held-out answers fit the limit (sampled ones run on: harder data, high temperature),
-    and before the first held-out eval (an untrained model's samples run on too)."""
+    and before the first held-out eval (an untrained model's samples run on too) — unless the task's
+    own facts say the limit cuts the answers: see `answers_cut`."""
+    fact = answers_cut(ev, known)
+    if fact is not None:
+        return make_diagnosis(
+            ev, "truncation", f"max_new_tokens {fact['limit']} cuts {fact['share_cut']:.0%} of the task's own held-out "
+            f"answers (up to {fact['needed_max']} tokens, with the answer's prefix): at most {1 - fact['share_cut']:.0%} "
+            f"of them can be right, below the target's {fact['threshold']:.0%}", "warning",
+            {**fact, "task_fact": "harness.sampling.max_new_tokens", "response_len_max": None})
     rows = ev.metrics
     if len(rows) < th.min_rows:
         return None
@@ -234,6 +242,28 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
                            "longest_truncated_chars": max(truncated) if truncated else None,
                            "samples_truncated": len(truncated), "samples_seen": len(recent_samples),
                            "heldout_truncated": to_float(last["heldout_truncated"]) if last else None, "threshold": th.truncation_max})
+
+
+def answers_cut(ev: Evidence, known: Known) -> dict[str, Any] | None:
+    """The answer limit in force against the task's own held-out answers: where the controller
+    knows their lengths in tokens at the difficulty held-out evals run at (`known.answer_chars`: the
+    fewest tokens a right answer takes), the share of them that, written after the harness's answer
+    prefix, need more than `max_new_tokens` — when so many are cut that the held-out accuracy the
+    target asks for is out of reach. A fact of the config and the task, no statistic: it holds on
+    every look from the first step, or on none. None otherwise."""
+    lens = (known.answer_chars or {}).get(known.eval_difficulty) if known.eval_difficulty is not None else None
+    h = ev.harness or {}
+    limit, prefix = (h.get("sampling") or {}).get("max_new_tokens"), (h.get("answer") or {}).get("prefix") or ""
+    if not lens or not isinstance(limit, int) or isinstance(limit, bool) or not isinstance(prefix, str) \
+            or known.target_metric != "heldout_acc" or known.target_op != ">=" or known.target_threshold is None:
+        return None
+    need = {len(prefix) + int(n): int(c) for n, c in lens.items()}
+    total = sum(need.values())
+    share = sum(c for n, c in need.items() if n > limit) / total if total else 0.0
+    if not total or 1 - share >= known.target_threshold:
+        return None
+    return {"limit": limit, "share_cut": share, "needed_max": max(need), "needed_min": min(need),
+            "threshold": known.target_threshold, "answers_probed": total}
 
 
 @detector("malformed_rate")

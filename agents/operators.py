@@ -348,18 +348,24 @@ class HarnessCritic(Operator):
         # sized from metrics only (response_len is what the trainer counted), never from sample text
         cut = math.ceil(_f(d.evidence.get("response_len_max")) or 0.0)   # tokens generated when cut off
         cands = [2 * cut + TOKENS_SLACK]
+        need = _f(d.evidence.get("needed_max"))      # the task's own longest answer, where its facts are known
+        if need:
+            cands.append(int(need) + TOKENS_SLACK)
         known = _f(ctx.get("harness.sampling.max_new_tokens"))
         drifted = any(f.name == "harness_drift" for f in ctx.findings or [])
-        if known and known > cut and drifted:
+        if known and known > cut and drifted and not need:
             cands = [int(known)]    # the harness in force is not the one set, and the set limit is above the cut: set it again
         elif known and known > cut:
             cands.append(int(known))                         # the controller's value is not what runs
         new = int(min(MAX_NEW_TOKENS_CAP, max(cands)))
         return self.intervention(
             K.HARNESS_EDIT, d, {"harness.sampling.max_new_tokens": new}, risk=Risk.MEDIUM,
-            rationale=f"{d.summary}. Completions stop at ~{cut:.0f} tokens without the stop text, so answers are cut "
-                      f"off; max_new_tokens goes to {new} "
+            rationale=f"{d.summary}. "
+                      + (f"Completions stop at ~{cut:.0f} tokens without the stop text, so answers are cut off; " if cut
+                         else "The task's answers do not fit the limit; ")
+                      + f"max_new_tokens goes to {new} "
                       + (f"(the controller's limit: the live harness is not the one it set, harness_drift)." if new == known and drifted
+                         else f"(the task's longest answer + {TOKENS_SLACK})." if need and new == int(need) + TOKENS_SLACK
                          else f"(2× the cut-off length + {TOKENS_SLACK}, at least the intended limit)."),
             expected_effect="truncation_rate near 0 and malformed/truncated verdicts turning into scored answers "
                             "within a few steps")

@@ -170,22 +170,46 @@ def task_range(base: dict[str, Any]) -> tuple[int, int]:
     return int(t.min_difficulty), int(t.max_difficulty)
 
 
-def question_chars(base: dict[str, Any], probes: int = 24) -> dict[int, float]:
-    """The task's median training-question length in characters at each of its difficulties (at
-    most 16 of them, from the lowest), measured on `probes` generated examples each."""
-    import statistics
-
+def _per_difficulty(base: dict[str, Any], split: str, probes: int, read: Any, task: Any = None) -> dict[int, Any]:
+    """`read(examples)` of `probes` generated examples of `split` at each of the task's difficulties
+    (at most 16 of them, from the lowest); a difficulty with no question in the split is left out."""
     from trainer.tasks import Split, make_task
 
-    task = base.get("task") or {}
-    t = make_task(task.get("name"), seed=int(base.get("seed", 0)), **(task.get("options") or {}))
-    out: dict[int, float] = {}
+    spec = base.get("task") or {}
+    t = task or make_task(spec.get("name"), seed=int(base.get("seed", 0)), **(spec.get("options") or {}))
+    out: dict[int, Any] = {}
     for d in range(int(t.min_difficulty), min(int(t.max_difficulty), int(t.min_difficulty) + 15) + 1):
         try:
-            out[d] = float(statistics.median(len(t.example(Split.TRAIN, i, d).question) for i in range(probes)))
+            out[d] = read([t.example(Split(split), i, d) for i in range(probes)])
         except ValueError:    # no question of this split at this difficulty
             continue
     return out
+
+
+def question_chars(base: dict[str, Any], probes: int = 24) -> dict[int, float]:
+    """The task's median training-question length in characters at each of its difficulties."""
+    import statistics
+
+    return _per_difficulty(base, "train", probes, lambda exs: float(statistics.median(len(e.question) for e in exs)))
+
+
+def answer_chars(base: dict[str, Any], probes: int = 256) -> dict[int, dict[int, int]]:
+    """How many of `probes` held-out answers have each length, at each of the task's difficulties,
+    where their lengths are the fewest tokens a right answer takes: the built-in model writes a token
+    a character, and the task's verifier accepts no shorter answer (`Task.answer_is_shortest`).
+    Empty otherwise."""
+    import collections
+
+    from trainer.tasks import make_task
+
+    spec = base.get("task") or {}
+    if (base.get("model") or {}).get("kind", "builtin") != "builtin":
+        return {}
+    t = make_task(spec.get("name"), seed=int(base.get("seed", 0)), **(spec.get("options") or {}))
+    if not t.answer_is_shortest:
+        return {}
+    return _per_difficulty(base, "heldout", probes, lambda exs: dict(sorted(collections.Counter(len(e.answer) for e in exs).items())),
+                           task=t)
 
 
 def nearest_valid(changes: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:

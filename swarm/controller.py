@@ -36,7 +36,8 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import private_dir, write_private
 from swarm.agent_run import AgentSteering, agent_jobs, job_config
 from swarm.agent_run import task_name as agent_task
-from swarm.backtest import ADOPTED, ARM_ONLY, BacktestRunner, adoptable, question_chars, run_arms, task_range
+from swarm.backtest import (ADOPTED, ARM_ONLY, BacktestRunner, adoptable, answer_chars, question_chars, run_arms,
+                            task_range)
 from swarm.deciding import Deciding, in_force, recent_pace
 from swarm.decisions import PERSIST_WITHIN
 from swarm.goal import Goal
@@ -96,6 +97,7 @@ class Memo:
     ckpts: tuple[int, list[dict[str, Any]]] | None = None
     recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
     question_chars: dict[int, float] | None = None   # the task's, measured once at first need
+    answer_chars: dict[int, dict[int, int]] | None = None   # the task's, measured once
 
 
 class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
@@ -326,6 +328,10 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
             self.memo.question_chars = question_chars(self.base_cfg)
         if self.memo.question_chars:
             ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars})
+        if not self.script and not self.agent and self.memo.answer_chars is None:
+            self.memo.answer_chars = answer_chars(self.base_cfg)
+        if ctx.eval_difficulty in (self.memo.answer_chars or {}):     # what the target is scored at
+            ctx = ctx.model_copy(update={"answer_chars": {ctx.eval_difficulty: self.memo.answer_chars[ctx.eval_difficulty]}})
         findings = (self.agent_findings(ev, self.known(ctx, s)) if self.agent else
                     run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s)))   # once: the operators reuse them
         self.tick.findings = findings

@@ -269,14 +269,21 @@ def persistence(looks: list[Sighting], now: Sighting, since: float) -> tuple[int
     return len(seen), max(0, now.step - seen[0].step)
 
 
+TASK_FACT = "the task's facts"
+
+
 def corroborated_by(diagnosis: Any, findings: list[Any]) -> str | None:
     """The departure finding (DEPARTURE: the live config left what the controller set, read from the
     versions and lr the run reports) that began at or before `diagnosis`' onset, or None. A finding
     that follows a config change nobody commanded is not the one-look false alarm of a healthy run:
     on those nothing changed. A departure finding corroborates itself (it already holds on
-    `recent` rows in a row)."""
+    `recent` rows in a row). So does a finding the detectors read now from the config and the task's
+    own facts, no statistic (evidence `task_fact`: the field whose value the task's answers contradict),
+    answered TASK_FACT: it holds on every look or on none."""
     if diagnosis.name in DEPARTURE:
         return diagnosis.name
+    if any(d.name == diagnosis.name and d.evidence.get("task_fact") for d in findings):
+        return TASK_FACT
     onset = diagnosis.evidence.get("onset_step", diagnosis.step)
     for d in findings:
         since = d.evidence.get("since_step")
@@ -324,7 +331,9 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     `persistence()` counts them; None when its diagnosis is no current finding) waits for a later look:
     holding for one look only is how false alarms look — unless
     a departure finding `corroborated` it (corroborated_by: the config changed behind the
-    controller's back at or before its onset). A run is on course only if it gets there within its
+    controller's back at or before its onset), or the task's facts did (TASK_FACT: the config keeps
+    the target out of reach, which no eval of it can contradict, so there is no eval to wait for
+    either). A run is on course only if it gets there within its
     budget: a projection past `steps_left` (the training steps the budget still pays for at the
     run's CPU per step so far, arms included) holds nothing back. The projection is stretched by
     OUTLOOK_SLACK before either comparison: near the target a straight line is optimistic."""
@@ -333,7 +342,7 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     if corroborated is None and held_for is not None and (held_for[0] < PERSIST_LOOKS or held_for[1] < PERSIST_STEPS):
         return (f"{iv.diagnosis.name} seen on {held_for[0]} look(s) over {held_for[1]} step(s): on healthy runs a "
                 f"detector's false alarm lasts one look, so the fix waits for a look at newer rows")
-    if view.evals < 2 and next_eval_in is not None and next_eval_in < verify_steps:
+    if view.evals < 2 and next_eval_in is not None and next_eval_in < verify_steps and corroborated != TASK_FACT:
         return (f"no trend yet ({view.evals} held-out eval(s) in this timeline): the next eval, due in {next_eval_in} steps, "
                 f"costs less than verifying this change ({verify_steps} steps of arms) and says whether it can pay for itself")
     if view.steps_to_target is None:

@@ -45,6 +45,7 @@ class _BinaryArithmetic(Task):
     min_difficulty = 1
     max_difficulty = 12
     charset: ClassVar[str] = "0123456789+*-"  # '-' only ever in a (wrong) negative answer
+    answer_is_shortest: ClassVar[bool] = True   # one integer, read canonically: leading zeros only lengthen it
     words = ("number", "numbers", "integer", "integers", "digit", "digits", "arithmetic")
     difficulty_patterns = (r"(\d+)[- ]digits?\b", r"\bof (\d+) digits\b") + Task.difficulty_patterns
     difficulty_label = "{d} digits"

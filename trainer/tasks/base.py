@@ -113,6 +113,9 @@ class Task(abc.ABC):
     template: ClassVar[str | None] = None
     length_probes: ClassVar[int] = 64   # examples per split generated when lengths are measured, not derived
     charset: ClassVar[str] = ""         # every character questions and answers use; "" = free text
+    # the verifier accepts no answer shorter than an example's own `answer` (one right answer, written
+    # at its shortest): an answer limit below that length cuts every right answer, a fact of the task
+    answer_is_shortest: ClassVar[bool] = False
 
     def max_lengths(self, difficulty: int) -> tuple[int, int]:
         """(question, answer) length bounds in characters at `difficulty`; the answer is the longer of

@@ -29,6 +29,7 @@ class _DigitSequence(Task):
     min_difficulty = 2
     max_difficulty = 12
     charset: ClassVar[str] = "0123456789sr:"
+    answer_is_shortest: ClassVar[bool] = True   # the one digit sequence, compared exactly
     words = ("list", "lists", "sequence", "sequences", "string", "strings", "digit", "digits", "array", "arrays")
     difficulty_patterns = (
         r"(\d+)[- ](?:digits?|elements?|items?|characters?)\b",
