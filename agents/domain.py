@@ -291,6 +291,8 @@ class Outcome(_Strict):
     pace_before: float | None = Field(None, description="a restart of a slow job: the median seconds per training "
                                       "step over the last rows before it, as the controller read them")
     cpu_at_apply: float | None = Field(None, description="the live run's worker CPU-s when it was applied")
+    faults_at_apply: list[str] | None = Field(None, description="the causes the detectors named when it was applied, "
+                                              "other than its own diagnosis: faults the run was already under")
     carried_over: list[str] | None = Field(None, description="later fixes set again after its rollback")
     rollback_skipped: str | None = Field(None, description="why its rollback only set the fields again")
     adopted: str | None = Field(None, description="the backtest arm whose state the live run took on when it was "

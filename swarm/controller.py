@@ -29,7 +29,7 @@ from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
 from agents.domain import JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status, cannot_wait
 from agents.evidence import Evidence, collect
-from agents.explorer import Explorer
+from agents.explorer import CAUSES, Explorer
 from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
@@ -615,6 +615,8 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         iv.outcome.since_time = pre["time"] if pre and "time" in pre else began
         if iv.outcome.cpu_at_apply is None:   # the evaluation window's CPU counts from here
             iv.outcome.cpu_at_apply = round(self.live_cpu(), 3)
+            iv.outcome.faults_at_apply = sorted({d.name for d in self.tick.findings if d.severity != "info"
+                                                 and d.name in CAUSES and d.name != iv.diagnosis.name})
         self.store.put(iv)
         if iv.status in Status.passed() and self.ws.pr_state(iv.id) == "open":
             self.ws.approve(iv.id)   # merged before a crash: not again

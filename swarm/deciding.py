@@ -561,6 +561,7 @@ class Deciding:
                        eval_size=self.held_out_size(),
                        target_is_rate=control.se is not None, higher_is_better=self.goal.target.op == ">=",
                        look=looks + 1, last_look=final, loss=self.answer_loss(iv, evals),
+                       confounded=tuple(sorted(set(iv.outcome.faults_at_apply or ()) & {d.name for d in self.tick.findings})),
                        **self.pace(iv, ev, start, t_applied))
             verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)
             iv.outcome.looks = looks + 1

@@ -52,6 +52,9 @@ class Window:
     # a change validated on the answer loss: the changed run's, at most the horizon past the fork,
     # and the control arms' at it (None: not measured, not comparable)
     loss: AnswerLoss | None = None
+    # faults the detectors named when it was applied, other than the one it answers, that they
+    # still name: the run was under them before the change and still is
+    confounded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     drop of the loss keeps the change with the target not lower (lower within its noise: at the
     last look only). A restart of a job that
     was alive but slow (`pace_before`) is kept when its steps in the window are at least
-    RESTART_SPEEDUP times faster than before it; a slow job trains too, so steps alone prove nothing."""
+    RESTART_SPEEDUP times faster than before it; a slow job trains too, so steps alone prove nothing.
+    A fall that faults the change does not answer may explain is not undone (`worse`)."""
     if window.kind == K.RESTART and window.pace_before is not None:
         if not window.last_look and (window.pace_after is None or window.steps < window.window_steps):
             return Pending(f"the job trained {window.steps} of {window.window_steps} steps after the restart so far")
@@ -132,12 +136,13 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
             return Kept(f"{what}: better")
         if d >= -delta and not window.last_look:
             return Pending(f"{what}: no measured gain yet")
-        return RolledBack(f"{what}: no measured gain", undo=d < -delta)
+        return worse(f"{what}: no measured gain", window.confounded) if d < -delta else \
+            RolledBack(f"{what}: no measured gain", undo=False)
     se = math.sqrt(var)
     p_gain, p_harm = phi((d - delta) / se), phi((-delta - d) / se)
     odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
     if p_harm >= 1 - alpha:
-        return RolledBack(f"{what}: credibly worse ({odds})", undo=True)
+        return worse(f"{what}: credibly worse ({odds})", window.confounded)
     # the answer loss, where measured, is a second signal: the error rate is split between the two
     loss = answer_loss(window.loss)
     level = 1 - alpha / (2 if loss else 1) / 2 ** max(window.look, 1)
@@ -151,6 +156,18 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     if not window.last_look:
         return Pending(f"{what}: no measured gain yet ({odds})")
     return RolledBack(f"{what}: no measured gain ({odds})", undo=False)
+
+
+def worse(why: str, confounded: tuple[str, ...]) -> RolledBack:
+    """A window below its control: undone, unless faults the run was under before the change, which
+    it does not answer, still hold it (`Window.confounded`). The backtest measured the change against a
+    control under the same faults; the fall since is theirs as much as the change's, and undoing it
+    would leave those faults and take the change's measured gain away. Then it is counted as a loss
+    and left in force, and their own fixes go on."""
+    if confounded:
+        return RolledBack(f"{why}, with {', '.join(confounded)} named before it was applied and still: not the "
+                          "change's fall to undo", undo=False)
+    return RolledBack(why, undo=True)
 
 
 def answer_loss(m: AnswerLoss | None) -> tuple[str, float] | None:

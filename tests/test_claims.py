@@ -222,8 +222,9 @@ def test_restarts_wait_for_the_launch_grace_and_the_backoff_and_stop_at_the_cap(
     close(ctrl)
 
 
-def judged(ctrl, iv, after, s):
-    """Apply bookkeeping as the controller's apply leaves it, then evaluation rows and the judge."""
+def judged(ctrl, iv, after, s, findings=()):
+    """Apply bookkeeping as the controller's apply leaves it, then evaluation rows and the judge (the
+    detectors naming `findings` on its tick)."""
     iv.applied_step, iv.outcome.since_time = 60, time.time() - 1
     ctrl.store.put(iv)
     ctrl.open_pr(ctrl.store.get(iv.id))
@@ -233,6 +234,7 @@ def judged(ctrl, iv, after, s):
     with open(ctrl.run_dir / "metrics.jsonl", "a") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     ctrl.tick = type(ctrl.tick)()
+    ctrl.tick.findings = [Diagnosis(name=n, summary="s", operator="detectors", policy="builtin") for n in findings]
     ctrl.node_evaluate(s, final=True)
     return ctrl.store.get(iv.id)
 
@@ -262,6 +264,43 @@ def test_no_measured_gain_is_never_kept_remembered_as_a_win_or_mined(tmp_path):
     assert ("rollback", f"{worse.id}-undo", {"name": "pre-x"}) in rec.sent
     better = judged(ctrl, iv("not_learning"), 0.6, s)
     assert better.status == Status.KEPT and better.outcome.gain is True
+    close(ctrl)
+
+
+def test_a_fall_that_faults_named_before_the_change_explain_is_not_undone(tmp_path):
+    """The run was under a fault the change does not answer when it was applied (`faults_at_apply`,
+    recorded by apply from the findings then) and the detectors still name it: the window's fall
+    is counted as a loss and the change left in force, not undone; once that fault is no longer
+    named, the same fall is undone."""
+    s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=90)
+    for still, undone in ((("harder_data", "plateau"), False), (("plateau",), True)):
+        ctrl = controller(tmp_path / str(undone), swarm={"evaluate_window_steps": 30})
+        rec = ctrl.command = Recorder()
+        d = Diagnosis(name="repeated_examples", summary="s", operator="data_curation", policy="builtin")
+        iv = Intervention(kind=K.DATA_CHANGE, changes={"harness.filters.dedupe": True}, diagnosis=d, rationale="r",
+                          operator="data_curation", policy="builtin", checkpoint_before="pre-x",
+                          outcome={"baseline": 0.74, "faults_at_apply": ["harder_data"]})
+        got = judged(ctrl, iv, 0.0, s, findings=still)
+        assert got.status == Status.ROLLED_BACK and got.outcome.gain is False and got.outcome.undone is undone
+        assert (("rollback", f"{got.id}-undo", {"name": "pre-x"}) in rec.sent) is undone
+        close(ctrl)
+
+
+def test_apply_records_the_faults_the_run_is_under_other_than_the_one_it_answers(tmp_path):
+    ctrl = controller(tmp_path)
+    ctrl.command = Recorder()
+    d = Diagnosis(name="repeated_examples", summary="s", operator="data_curation", policy="builtin")
+    iv = Intervention(kind=K.DATA_CHANGE, changes={"harness.filters.dedupe": True}, diagnosis=d, rationale="r",
+                      operator="data_curation", policy="builtin")
+    ctrl.store.put(iv)
+    ctrl.open_pr(ctrl.store.get(iv.id))
+    ctrl.store.transition(iv.id, Status.VALIDATED, "v")
+    ctrl.tick.findings = [Diagnosis(name=n, summary="s", operator="detectors", policy="builtin", severity=sev)
+                          for n, sev in (("repeated_examples", "warning"), ("harder_data", "warning"),
+                                         ("plateau", "warning"), ("slow_steps", "info"))]
+    ctrl.apply(ctrl.store.get(iv.id), SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60))
+    # its own diagnosis, a symptom (not a cause) and an informational finding are left out
+    assert ctrl.store.get(iv.id).outcome.faults_at_apply == ["harder_data"]
     close(ctrl)
 
 

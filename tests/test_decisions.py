@@ -266,6 +266,14 @@ def test_more_signals_and_looks_raise_the_bar():
     ("no effect 0.0 → 0.0", Window(K.ROLLBACK, 0.0, 100, 100), Control(0.0, None, "before applying"), RolledBack, False),
     ("small noisy gain", Window(K.HARNESS_EDIT, 0.01, 100, 100), Control(0.0, 0.005, "backtest control"), RolledBack, False),
     ("harm", Window(K.ROLLBACK, 0.0, 100, 100), Control(0.74, None, "before applying"), RolledBack, True),
+    # a fall while faults named before the change, which it does not answer, still hold the run:
+    # a loss, left in force (their fixes go on); a gain is a gain whatever else holds the run
+    ("harm with faults it does not answer", Window(K.DATA_CHANGE, 0.0, 100, 100, confounded=("harder_data",)),
+     Control(0.3, 0.03, "candidate arms"), RolledBack, False),
+    ("no noise, below, with such faults", Window(K.ROLLBACK, 0.0, 100, 100, confounded=("label_noise",)),
+     Control(0.74, None, "before applying"), RolledBack, False),
+    ("gain with such faults", Window(K.HARNESS_EDIT, 0.6, 100, 100, confounded=("harder_data",)),
+     Control(0.1, 0.02, "backtest control"), Kept, None),
     ("no eval after", Window(K.RECIPE_EDIT, None, 100, 100), Control(0.5, None, "before applying"), RolledBack, False),
     ("restart that trained", Window(K.RESTART, None, 120, 100), Control(None, None, "a dead job"), Kept, None),
     ("restart that did not", Window(K.RESTART, None, 3, 100), Control(None, None, "a dead job"), RolledBack, False),
