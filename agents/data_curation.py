@@ -110,8 +110,10 @@ class DataCuration(Operator):
         if len(parts) < 2:
             return None
         risk = max((iv.risk for iv in parts), key=[Risk.LOW, Risk.MEDIUM, Risk.HIGH].index)
+        lead = parts[0].diagnosis
+        answers = {"answers": sorted({iv.diagnosis.name for iv in parts})}
         return self.intervention(
-            K.DATA_CHANGE, parts[0].diagnosis, changes, risk=risk,
+            K.DATA_CHANGE, lead.model_copy(update={"evidence": {**lead.evidence, **answers}}), changes, risk=risk,
             rationale=" ".join(iv.rationale for iv in parts) + f" The {len(parts)} findings name different faults of "
                       "the data; their fixes are made together, since either alone leaves the other in force.",
             expected_effect="; ".join(iv.expected_effect for iv in parts))

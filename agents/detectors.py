@@ -33,6 +33,8 @@ from agents.detection import (NOTHING, THRESHOLDS, algorithm, column, current_ro
                               spike_onset, Thresholds, to_float)
 from agents.domain import Diagnosis, JobStatus
 from agents.evidence import Evidence, is_eval_row
+from harness.render import fewest_to_read, render_answer
+from harness.spec import AnswerFormat
 
 
 # ---- metric detectors ---------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
     if fact is not None:
         return make_diagnosis(
             ev, "truncation", f"max_new_tokens {fact['limit']} cuts {fact['share_cut']:.0%} of the task's own held-out "
-            f"answers (up to {fact['needed_max']} tokens, with the answer's prefix): at most {1 - fact['share_cut']:.0%} "
+            f"answers (a whole one takes up to {fact['written_max']} tokens): at most {1 - fact['share_cut']:.0%} "
             f"of them can be right, below the target's {fact['threshold']:.0%}", "warning",
             {**fact, "task_fact": "harness.sampling.max_new_tokens", "response_len_max": None})
     rows = ev.metrics
@@ -245,25 +247,33 @@ def truncation(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING
 
 
 def answers_cut(ev: Evidence, known: Known) -> dict[str, Any] | None:
-    """The answer limit in force against the task's own held-out answers: where the controller
-    knows their lengths in tokens at the difficulty held-out evals run at (`known.answer_chars`: the
-    fewest tokens a right answer takes), the share of them that, written after the harness's answer
-    prefix, need more than `max_new_tokens` — when so many are cut that the held-out accuracy the
-    target asks for is out of reach. A fact of the config and the task, no statistic: it holds on
-    every look from the first step, or on none. None otherwise."""
+    """The answer limit in force against the task's own held-out set: where the controller knows the
+    lengths of the answers its evals score (`known.answer_chars`, at the difficulty they run at, in
+    characters that are tokens, of a task that takes no shorter right answer), the share of them
+    the harness's answer format cannot write within `max_new_tokens` so that its parser reads them
+    back (`fewest_to_read`: its prefix, the answer, the stop where the pattern needs it) — when so
+    many are cut that the held-out accuracy the target asks for is out of reach. A fact of the
+    config and the task, no statistic: it holds on every look from the first step, or on none. The
+    evidence also names the most tokens a whole answer takes (with its stop, or the end token),
+    what a limit must let through. None otherwise."""
     lens = (known.answer_chars or {}).get(known.eval_difficulty) if known.eval_difficulty is not None else None
     h = ev.harness or {}
-    limit, prefix = (h.get("sampling") or {}).get("max_new_tokens"), (h.get("answer") or {}).get("prefix") or ""
-    if not lens or not isinstance(limit, int) or isinstance(limit, bool) or not isinstance(prefix, str) \
+    limit = (h.get("sampling") or {}).get("max_new_tokens")
+    if not lens or not isinstance(limit, int) or isinstance(limit, bool) \
             or known.target_metric != "heldout_acc" or known.target_op != ">=" or known.target_threshold is None:
         return None
-    need = {len(prefix) + int(n): int(c) for n, c in lens.items()}
-    total = sum(need.values())
-    share = sum(c for n, c in need.items() if n > limit) / total if total else 0.0
+    try:
+        fmt = AnswerFormat.model_validate(h.get("answer") or {})
+    except ValueError:
+        return None
+    need = {int(n): fewest_to_read(fmt, "1" * int(n)) for n in lens}      # by length: the content does not matter
+    total = sum(int(c) for c in lens.values())
+    share = sum(int(c) for n, c in lens.items() if need[int(n)] is None or need[int(n)] > limit) / total if total else 0.0
     if not total or 1 - share >= known.target_threshold:
         return None
-    return {"limit": limit, "share_cut": share, "needed_max": max(need), "needed_min": min(need),
-            "threshold": known.target_threshold, "answers_probed": total}
+    whole = max(len(render_answer(fmt, "1" * int(n))) for n in lens) + (0 if fmt.stop else 1)
+    return {"limit": limit, "share_cut": share, "needed_max": max((k for k in need.values() if k), default=None),
+            "written_max": whole, "threshold": known.target_threshold, "answers_probed": total}
 
 
 @detector("malformed_rate")

@@ -103,12 +103,12 @@ def candidates(ctx: OperatorContext, algorithm: str) -> list[dict[str, Any]]:
     return out
 
 
-def spent(ctx: OperatorContext, finding: str) -> bool:
-    """Whether the newest fix proposed in this run for `finding` failed for good (rejected with
-    evidence against it or out of retries, or rolled back), with none of its fixes still pending or
-    in effect: the cause it names is then no reason to hold the search back, or one false finding
-    would stop it for good. A fix waiting for its retry over a longer horizon is not spent."""
-    fixes = [iv for iv in ctx.history if iv.diagnosis.name == finding]
+def spent(history: list[Intervention], finding: str) -> bool:
+    """Whether the newest fix proposed in this run (`history`) for `finding` failed for good
+    (rejected with evidence against it or out of retries, or rolled back), with none of its fixes
+    still pending or in effect: the cause it names is then no reason to hold the search back, or one
+    false finding would stop it for good. A fix waiting for its retry over a longer horizon is not spent."""
+    fixes = [iv for iv in history if iv.diagnosis.name == finding]
     return bool(fixes) and fixes[-1].status in FAILED and not inconclusive(fixes[-1]) and not any(
         iv.status in PENDING or iv.status in IN_EFFECT for iv in fixes)
 
@@ -138,7 +138,7 @@ class Explorer(Operator):
         if stuck is None:
             return []
         findings = ctx.findings if ctx.findings is not None else run_detectors(self.view(ev, ctx), known=ctx.known())
-        if any(d.name in CAUSES and d.severity != "info" and not spent(ctx, d.name) for d in findings):
+        if any(d.name in CAUSES and d.severity != "info" and not spent(ctx.history, d.name) for d in findings):
             return []
         done = tried(ctx)
         every = candidates(ctx, str(ctx.get("recipe.algorithm") or "sft"))

@@ -348,7 +348,7 @@ class HarnessCritic(Operator):
         # sized from metrics only (response_len is what the trainer counted), never from sample text
         cut = math.ceil(_f(d.evidence.get("response_len_max")) or 0.0)   # tokens generated when cut off
         cands = [2 * cut + TOKENS_SLACK]
-        need = _f(d.evidence.get("needed_max"))      # the task's own longest answer, where its facts are known
+        need = _f(d.evidence.get("written_max"))     # the task's own longest answer, where its facts are known
         if need:
             cands.append(int(need) + TOKENS_SLACK)
         known = _f(ctx.get("harness.sampling.max_new_tokens"))

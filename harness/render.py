@@ -53,6 +53,14 @@ def render_answer(fmt: AnswerFormat, answer: str) -> str:
     return fmt.prefix + body + (fmt.stop or "")
 
 
+def fewest_to_read(fmt: AnswerFormat, answer: str) -> int | None:
+    """The fewest characters of the completion a perfect policy writes for `answer` (`render_answer`)
+    from which `extract_answer` reads `answer` back: what an answer limit must let through for it to
+    be right; None when even the whole completion does not read back."""
+    text = render_answer(fmt, answer)
+    return next((k for k in range(1, len(text) + 1) if extract_answer(fmt, text[:k]) == answer), None)
+
+
 def sft_target(spec: HarnessSpec, label: str) -> str:
     """The SFT target completion for a reference answer (or solution) `label`."""
     return render_answer(spec.answer, label)

@@ -193,12 +193,14 @@ def question_chars(base: dict[str, Any], probes: int = 24) -> dict[int, float]:
     return _per_difficulty(base, "train", probes, lambda exs: float(statistics.median(len(e.question) for e in exs)))
 
 
-def answer_chars(base: dict[str, Any], probes: int = 256) -> dict[int, dict[int, int]]:
-    """How many of `probes` held-out answers have each length, at each of the task's difficulties,
-    where their lengths are the fewest tokens a right answer takes: the built-in model writes a token
-    a character, and the task's verifier accepts no shorter answer (`Task.answer_is_shortest`).
-    Empty otherwise."""
+def answer_chars(base: dict[str, Any]) -> dict[int, dict[int, int]]:
+    """How many answers of the held-out set the trainer evaluates (its first `recipe.eval_size`
+    held-out examples, at each of the task's difficulties) have each length, where their lengths are
+    what a right answer takes: the built-in model writes a token a character, and the task's
+    verifier accepts no shorter answer (`Task.answer_is_shortest`). Empty otherwise."""
     import collections
+
+    from trainer.config import Recipe
 
     from trainer.tasks import make_task
 
@@ -208,7 +210,8 @@ def answer_chars(base: dict[str, Any], probes: int = 256) -> dict[int, dict[int,
     t = make_task(spec.get("name"), seed=int(base.get("seed", 0)), **(spec.get("options") or {}))
     if not t.answer_is_shortest:
         return {}
-    return _per_difficulty(base, "heldout", probes, lambda exs: dict(sorted(collections.Counter(len(e.answer) for e in exs).items())),
+    n = int((base.get("recipe") or {}).get("eval_size") or Recipe.model_fields["eval_size"].default)
+    return _per_difficulty(base, "heldout", n, lambda exs: dict(sorted(collections.Counter(len(e.answer) for e in exs).items())),
                            task=t)
 
 

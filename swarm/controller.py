@@ -39,7 +39,7 @@ from swarm.agent_run import task_name as agent_task
 from swarm.backtest import (ADOPTED, ARM_ONLY, BacktestRunner, adoptable, answer_chars, question_chars, run_arms,
                             task_range)
 from swarm.deciding import Deciding, in_force, recent_pace
-from swarm.decisions import PERSIST_WITHIN
+from swarm.decisions import PERSIST_LOOKS, PERSIST_WITHIN
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.job_control import JobControl
@@ -69,6 +69,7 @@ class Tick:
     a resumed tick computes it again)."""
     evidence: Evidence | None = None               # read once by observe; dropped after a command
     findings: list[Any] = field(default_factory=list)       # every detector's, on the controller's own run
+    diagnosed: bool = False                        # the detectors ran on this tick
     proposals: list[Intervention] = field(default_factory=list)
     view: dict[str, Any] = field(default_factory=dict)      # the evidence view the proposals were made on
     recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])   # skills, episodes
@@ -319,6 +320,17 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         return dataclasses.replace(ctx.known(), stale_heartbeat_s=self.goal.swarm.stale_heartbeat_s,
                                    since_launch_s=(time.time() - s.launched) if s.launched else None)
 
+    def faults_besides(self, iv: Intervention) -> list[str]:
+        """The causes the detectors name now, seen on at least PERSIST_LOOKS looks (a one-look false
+        alarm is not a fault the run is under), other than those `iv` answers (its diagnosis, and the
+        parts of a joint change: `answers`). None for a change whose diagnosis is no current finding:
+        what a proposer names is not the controller's to trust."""
+        now = {d.name for d in self.tick.findings if d.severity != "info"}
+        if iv.diagnosis.name not in {d.name for d in self.tick.findings}:
+            return []
+        answered = {iv.diagnosis.name, *(iv.diagnosis.evidence.get("answers") or [])}
+        return sorted(n for n in now & CAUSES - answered if len(self.store.sightings(n)) >= PERSIST_LOOKS)
+
     def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
         ev = self.evidence(s.job_status)
         ctx = self.context(ev)
@@ -334,7 +346,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
             ctx = ctx.model_copy(update={"answer_chars": {ctx.eval_difficulty: self.memo.answer_chars[ctx.eval_difficulty]}})
         findings = (self.agent_findings(ev, self.known(ctx, s)) if self.agent else
                     run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s)))   # once: the operators reuse them
-        self.tick.findings = findings
+        self.tick.findings, self.tick.diagnosed = findings, True
         ctx.with_findings(findings)
         self.log_findings(findings)
         self.memo.looks += 1      # the looks each finding was seen on are kept in the store
@@ -615,8 +627,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         iv.outcome.since_time = pre["time"] if pre and "time" in pre else began
         if iv.outcome.cpu_at_apply is None:   # the evaluation window's CPU counts from here
             iv.outcome.cpu_at_apply = round(self.live_cpu(), 3)
-            iv.outcome.faults_at_apply = sorted({d.name for d in self.tick.findings if d.severity != "info"
-                                                 and d.name in CAUSES and d.name != iv.diagnosis.name})
+            iv.outcome.faults_at_apply = self.faults_besides(iv)
         self.store.put(iv)
         if iv.status in Status.passed() and self.ws.pr_state(iv.id) == "open":
             self.ws.approve(iv.id)   # merged before a crash: not again

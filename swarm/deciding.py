@@ -20,6 +20,7 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import is_eval_row
+from agents.explorer import spent
 from agents.operators import inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import (arm_name, check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
@@ -287,7 +288,7 @@ class Deciding:
             held = (persistence([Sighting(*x) for x in self.store.sightings(iv.diagnosis.name)], now, since)
                     if iv.diagnosis.name in findings else None)
             why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
-                                  corroborated_by(iv.diagnosis, self.tick.findings), steps_left)
+                                  corroborated_by(iv.diagnosis, self.tick.findings, iv.changes), steps_left)
             if why is None:
                 keep.append(iv)
                 continue
@@ -561,7 +562,7 @@ class Deciding:
                        eval_size=self.held_out_size(),
                        target_is_rate=control.se is not None, higher_is_better=self.goal.target.op == ">=",
                        look=looks + 1, last_look=final, loss=self.answer_loss(iv, evals),
-                       confounded=tuple(sorted(set(iv.outcome.faults_at_apply or ()) & {d.name for d in self.tick.findings})),
+                       confounded=self.confounders(iv),
                        **self.pace(iv, ev, start, t_applied))
             verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)
             iv.outcome.looks = looks + 1
@@ -594,6 +595,19 @@ class Deciding:
                 self.store.put(iv)
                 self.store.transition(iv.id, Status.ROLLED_BACK, f"{verdict.reason}; counted as a loss, left in force")
         return {}
+
+    def confounders(self, iv: Intervention) -> tuple[str, ...]:
+        """The faults the run was under when `iv` was applied (`faults_at_apply`) that the detectors
+        still name — on this tick, or, on a tick that ran none (the end of the run), on the newest
+        look, when it is this controller's latest — and whose own fixes are not spent
+        (agents.explorer.spent): their fixes go on."""
+        if self.tick.diagnosed:
+            named = {d.name for d in self.tick.findings if d.severity != "info"}
+        else:
+            newest = self.store.newest_look()
+            named = set(newest[1]) if newest and newest[0] == self.memo.looks else set()
+        history = self.store.list()
+        return tuple(f for f in iv.outcome.faults_at_apply or () if f in named and not spent(history, f))
 
     def answer_loss(self, iv: Intervention, evals: list[dict[str, Any]]) -> AnswerLoss | None:
         """The live run's held-out answer loss against the backtest's control arms', for a change its

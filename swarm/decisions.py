@@ -272,17 +272,17 @@ def persistence(looks: list[Sighting], now: Sighting, since: float) -> tuple[int
 TASK_FACT = "the task's facts"
 
 
-def corroborated_by(diagnosis: Any, findings: list[Any]) -> str | None:
+def corroborated_by(diagnosis: Any, findings: list[Any], changes: dict[str, Any] | None = None) -> str | None:
     """The departure finding (DEPARTURE: the live config left what the controller set, read from the
     versions and lr the run reports) that began at or before `diagnosis`' onset, or None. A finding
     that follows a config change nobody commanded is not the one-look false alarm of a healthy run:
     on those nothing changed. A departure finding corroborates itself (it already holds on
     `recent` rows in a row). So does a finding the detectors read now from the config and the task's
     own facts, no statistic (evidence `task_fact`: the field whose value the task's answers contradict),
-    answered TASK_FACT: it holds on every look or on none."""
+    for a change of that field (`changes`), answered TASK_FACT: it holds on every look or on none."""
     if diagnosis.name in DEPARTURE:
         return diagnosis.name
-    if any(d.name == diagnosis.name and d.evidence.get("task_fact") for d in findings):
+    if any(d.name == diagnosis.name and d.evidence.get("task_fact") in (changes or {}) for d in findings):
         return TASK_FACT
     onset = diagnosis.evidence.get("onset_step", diagnosis.step)
     for d in findings:

@@ -136,13 +136,13 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
             return Kept(f"{what}: better")
         if d >= -delta and not window.last_look:
             return Pending(f"{what}: no measured gain yet")
-        return worse(f"{what}: no measured gain", window.confounded) if d < -delta else \
+        return worse(f"{what}: no measured gain", window) if d < -delta else \
             RolledBack(f"{what}: no measured gain", undo=False)
     se = math.sqrt(var)
     p_gain, p_harm = phi((d - delta) / se), phi((-delta - d) / se)
     odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
     if p_harm >= 1 - alpha:
-        return worse(f"{what}: credibly worse ({odds})", window.confounded)
+        return worse(f"{what}: credibly worse ({odds})", window)
     # the answer loss, where measured, is a second signal: the error rate is split between the two
     loss = answer_loss(window.loss)
     level = 1 - alpha / (2 if loss else 1) / 2 ** max(window.look, 1)
@@ -158,16 +158,20 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     return RolledBack(f"{what}: no measured gain ({odds})", undo=False)
 
 
-def worse(why: str, confounded: tuple[str, ...]) -> RolledBack:
+def worse(why: str, window: Window) -> RolledBack | Pending:
     """A window below its control: undone, unless faults the run was under before the change, which
-    it does not answer, still hold it (`Window.confounded`). The backtest measured the change against a
-    control under the same faults; the fall since is theirs as much as the change's, and undoing it
-    would leave those faults and take the change's measured gain away. Then it is counted as a loss
-    and left in force, and their own fixes go on."""
-    if confounded:
-        return RolledBack(f"{why}, with {', '.join(confounded)} named before it was applied and still: not the "
-                          "change's fall to undo", undo=False)
-    return RolledBack(why, undo=True)
+    it does not answer, still hold it (`Window.confounded`). The control's value is from the arms'
+    horizon (or from before applying), earlier than the window's end: a fault left in force that
+    keeps wearing the run down takes the window below it whatever the change did, and undoing the
+    change would leave that fault and take away the gain its backtest measured against a control
+    under it. Then the change waits for a later window (Pending), while that fault's own fixes go
+    on; still so at the last look, it is counted as a loss and left in force."""
+    if not window.confounded:
+        return RolledBack(why, undo=True)
+    held = f"{why}, with {', '.join(window.confounded)} named before it was applied and still"
+    if not window.last_look:
+        return Pending(f"{held}: judged again once they are answered")
+    return RolledBack(f"{held}: not the change's fall to undo", undo=False)
 
 
 def answer_loss(m: AnswerLoss | None) -> tuple[str, float] | None:

@@ -318,6 +318,11 @@ class Store:
         """The newest recorded look's number (0 before the first)."""
         return int(self._rows("SELECT COALESCE(MAX(n), 0) AS n FROM looks")[0]["n"])
 
+    def newest_look(self) -> tuple[int, list[str]] | None:
+        """(look, findings) of the newest recorded look (looks that saw nothing are not recorded)."""
+        rows = self._rows("SELECT n, findings FROM looks ORDER BY n DESC LIMIT 1")
+        return (int(rows[0]["n"]), json.loads(rows[0]["findings"])) if rows else None
+
     def sightings(self, finding: str) -> list[tuple[int, int, float]]:
         """(look, step, time) of the kept looks that saw `finding`, oldest first."""
         return [(int(r["n"]), int(r["step"]), float(r["time"])) for r in self._rows("SELECT * FROM looks ORDER BY n")

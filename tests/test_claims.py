@@ -222,9 +222,9 @@ def test_restarts_wait_for_the_launch_grace_and_the_backoff_and_stop_at_the_cap(
     close(ctrl)
 
 
-def judged(ctrl, iv, after, s, findings=()):
+def judged(ctrl, iv, after, s, findings=(), diagnosed=True):
     """Apply bookkeeping as the controller's apply leaves it, then evaluation rows and the judge (the
-    detectors naming `findings` on its tick)."""
+    detectors naming `findings` on its tick; `diagnosed=False`: a tick that ran no detector)."""
     iv.applied_step, iv.outcome.since_time = 60, time.time() - 1
     ctrl.store.put(iv)
     ctrl.open_pr(ctrl.store.get(iv.id))
@@ -235,6 +235,7 @@ def judged(ctrl, iv, after, s, findings=()):
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     ctrl.tick = type(ctrl.tick)()
     ctrl.tick.findings = [Diagnosis(name=n, summary="s", operator="detectors", policy="builtin") for n in findings]
+    ctrl.tick.diagnosed = diagnosed
     ctrl.node_evaluate(s, final=True)
     return ctrl.store.get(iv.id)
 
@@ -267,41 +268,72 @@ def test_no_measured_gain_is_never_kept_remembered_as_a_win_or_mined(tmp_path):
     close(ctrl)
 
 
+def dedupe(**outcome) -> Intervention:
+    d = Diagnosis(name="repeated_examples", summary="s", operator="data_curation", policy="builtin")
+    return Intervention(kind=K.DATA_CHANGE, changes={"harness.filters.dedupe": True}, diagnosis=d, rationale="r",
+                        operator="data_curation", policy="builtin", checkpoint_before="pre-x", outcome=outcome)
+
+
 def test_a_fall_that_faults_named_before_the_change_explain_is_not_undone(tmp_path):
-    """The run was under a fault the change does not answer when it was applied (`faults_at_apply`,
-    recorded by apply from the findings then) and the detectors still name it: the window's fall
-    is counted as a loss and the change left in force, not undone; once that fault is no longer
-    named, the same fall is undone."""
+    """The run was under a fault the change does not answer when it was applied (`faults_at_apply`)
+    and the detectors still name it at the end of the run: the window's fall is counted as a loss
+    and the change left in force, not undone. Once that fault is no longer named, or its own fixes
+    are spent (nothing goes on to answer it), the same fall is undone."""
     s = SwarmState(job="ghost", job_status="RUNNING", tick=1, step=90)
-    for still, undone in ((("harder_data", "plateau"), False), (("plateau",), True)):
-        ctrl = controller(tmp_path / str(undone), swarm={"evaluate_window_steps": 30})
+    for case, still, undone in (("named", ("harder_data", "plateau"), False), ("answered", ("plateau",), True),
+                                ("spent", ("harder_data",), True)):
+        ctrl = controller(tmp_path / case, swarm={"evaluate_window_steps": 30})
         rec = ctrl.command = Recorder()
-        d = Diagnosis(name="repeated_examples", summary="s", operator="data_curation", policy="builtin")
-        iv = Intervention(kind=K.DATA_CHANGE, changes={"harness.filters.dedupe": True}, diagnosis=d, rationale="r",
-                          operator="data_curation", policy="builtin", checkpoint_before="pre-x",
-                          outcome={"baseline": 0.74, "faults_at_apply": ["harder_data"]})
-        got = judged(ctrl, iv, 0.0, s, findings=still)
-        assert got.status == Status.ROLLED_BACK and got.outcome.gain is False and got.outcome.undone is undone
+        if case == "spent":     # its fix was applied and rolled back: nothing answers it
+            lost = Intervention(kind=K.DATA_CHANGE, changes={"harness.curriculum.start": 1}, rationale="r",
+                                diagnosis=Diagnosis(name="harder_data", summary="s", operator="data_curation",
+                                                    policy="builtin"), operator="data_curation", policy="builtin")
+            for st in (Status.BACKTESTING, Status.VALIDATED, Status.APPLIED, Status.EVALUATING, Status.ROLLED_BACK):
+                lost.move(st)
+            ctrl.store.put(lost)
+        got = judged(ctrl, dedupe(baseline=0.74, faults_at_apply=["harder_data"]), 0.0, s, findings=still)
+        assert got.status == Status.ROLLED_BACK and got.outcome.gain is False and got.outcome.undone is undone, case
         assert (("rollback", f"{got.id}-undo", {"name": "pre-x"}) in rec.sent) is undone
+        close(ctrl)
+    # the end of the run runs no detector: the newest look says what they named, when it is the latest
+    for latest, undone in ((True, False), (False, True)):
+        ctrl = controller(tmp_path / f"end-{latest}", swarm={"evaluate_window_steps": 30})
+        ctrl.command = Recorder()
+        ctrl.store.record_look(3, 85, ["harder_data"], keep=10)
+        ctrl.memo.looks = 3 if latest else 4          # a later look saw nothing
+        got = judged(ctrl, dedupe(baseline=0.74, faults_at_apply=["harder_data"]), 0.0, s, diagnosed=False)
+        assert got.outcome.undone is undone, latest
         close(ctrl)
 
 
-def test_apply_records_the_faults_the_run_is_under_other_than_the_one_it_answers(tmp_path):
-    ctrl = controller(tmp_path)
-    ctrl.command = Recorder()
-    d = Diagnosis(name="repeated_examples", summary="s", operator="data_curation", policy="builtin")
-    iv = Intervention(kind=K.DATA_CHANGE, changes={"harness.filters.dedupe": True}, diagnosis=d, rationale="r",
-                      operator="data_curation", policy="builtin")
-    ctrl.store.put(iv)
-    ctrl.open_pr(ctrl.store.get(iv.id))
-    ctrl.store.transition(iv.id, Status.VALIDATED, "v")
-    ctrl.tick.findings = [Diagnosis(name=n, summary="s", operator="detectors", policy="builtin", severity=sev)
-                          for n, sev in (("repeated_examples", "warning"), ("harder_data", "warning"),
-                                         ("plateau", "warning"), ("slow_steps", "info"))]
-    ctrl.apply(ctrl.store.get(iv.id), SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60))
+def test_apply_records_the_faults_the_run_is_under_other_than_those_it_answers(tmp_path):
+    def applied(iv, findings, looks=2):
+        ctrl = controller(tmp_path / iv.id)
+        ctrl.command = Recorder()
+        for n in range(1, looks + 1):
+            ctrl.store.record_look(n, 10 * n, [name for name, _ in findings], keep=10)
+        ctrl.store.put(iv)
+        ctrl.open_pr(ctrl.store.get(iv.id))
+        ctrl.store.transition(iv.id, Status.VALIDATED, "v")
+        ctrl.tick.findings = [Diagnosis(name=n, summary="s", operator="detectors", policy="builtin", severity=sev)
+                              for n, sev in findings]
+        ctrl.apply(ctrl.store.get(iv.id), SwarmState(job="ghost", job_status="RUNNING", tick=1, step=60))
+        got = ctrl.store.get(iv.id).outcome.faults_at_apply
+        close(ctrl)
+        return got
+
+    seen = (("repeated_examples", "warning"), ("harder_data", "warning"), ("label_noise", "warning"),
+            ("plateau", "warning"), ("labels_fail_check", "info"))
     # its own diagnosis, a symptom (not a cause) and an informational finding are left out
-    assert ctrl.store.get(iv.id).outcome.faults_at_apply == ["harder_data"]
-    close(ctrl)
+    assert applied(dedupe(), seen) == ["harder_data", "label_noise"]
+    # a fault seen on one look only is how a false alarm looks
+    assert applied(dedupe(), seen, looks=1) == []
+    # a joint change answers each of its parts
+    joint = dedupe()
+    joint.diagnosis = joint.diagnosis.model_copy(update={"evidence": {"answers": ["harder_data", "repeated_examples"]}})
+    assert applied(joint, seen) == ["label_noise"]
+    # a change named after no current finding: what its proposer claims is not the controller's finding
+    assert applied(dedupe(), seen[1:]) == []
 
 
 def test_a_window_the_run_ended_inside_is_not_judged_a_loss(tmp_path):

@@ -270,6 +270,8 @@ def test_more_signals_and_looks_raise_the_bar():
     # a loss, left in force (their fixes go on); a gain is a gain whatever else holds the run
     ("harm with faults it does not answer", Window(K.DATA_CHANGE, 0.0, 100, 100, confounded=("harder_data",)),
      Control(0.3, 0.03, "candidate arms"), RolledBack, False),
+    ("the same before the last look", Window(K.DATA_CHANGE, 0.0, 100, 100, confounded=("harder_data",), last_look=False),
+     Control(0.3, 0.03, "candidate arms"), Pending, None),
     ("no noise, below, with such faults", Window(K.ROLLBACK, 0.0, 100, 100, confounded=("label_noise",)),
      Control(0.74, None, "before applying"), RolledBack, False),
     ("gain with such faults", Window(K.HARNESS_EDIT, 0.6, 100, 100, confounded=("harder_data",)),
