@@ -23,7 +23,7 @@ Measurements
                        when reached.
   steps                the live run's optimizer steps (swarm: the summary's; plain: the last row)
 
-    python benchmarks/steer_examples.py [--goals lr_too_high short_completions] [--seeds 0 1 2]
+    python benchmarks/steer_examples.py [--goals lr_too_high short_completions trl_sft_lr_too_high] [--seeds 0 1 2]
         [--cap-s 900] [--arms swarm plain healthy] [--parallel 1] [--src head|worktree] [--fresh]
 
 The code under test is a snapshot of git HEAD (`git archive`, as swarm_vs_train.py), unless
@@ -57,10 +57,11 @@ sys.path.remove(str(HERE))   # benchmarks/memory, /sandboxes, /kernels must not 
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 GOALS_DIR = ROOT / "examples" / "steer"
-GOALS = ["lr_too_high", "short_completions"]
+GOALS = ["lr_too_high", "short_completions", "trl_sft_lr_too_high"]
 POLL_S = 0.5
 # the flag of each example goal that holds its fault (the healthy arm leaves it out)
-FAULTS = {"lr_too_high": "--learning_rate", "short_completions": "--max_completion_length"}
+FAULTS = {"lr_too_high": "--learning_rate", "short_completions": "--max_completion_length",
+          "trl_sft_lr_too_high": "--learning_rate"}
 
 
 def without_flag(args: list[str], flag: str) -> list[str]:

@@ -1,11 +1,12 @@
 """What SwarmCallback costs a training step: the same run with and without it, side by side.
 
-The run is the steering example, `examples/steer/sft_addition.py`: a plain `transformers.Trainer`
-on a tiny random Qwen2, on the CPU, logging every step (one metrics row per step, the callback's
-busiest setting). Each round trains the run twice from the same seed, once plain and once with
-SwarmCallback polling its inbox at every step end. The order alternates between rounds, so a
-machine that slows down over time does not favour one side. One plain and one steered run go
-first, uncounted, as a warm-up.
+The run is a steering example (`--script`): `examples/steer/sft_addition.py` (the default), a plain
+`transformers.Trainer`, or `examples/steer/sft_trl.py`, TRL's `SFTTrainer` on the same task (it
+needs TRL, which the `test` and `bench` extras install). Either trains a tiny random Qwen2 on the
+CPU, logging every step (one metrics row per step, the callback's busiest setting). Each round
+trains the run twice from the same seed, once plain and once with SwarmCallback polling its inbox
+at every step end. The order alternates between rounds, so a machine that slows down over time
+does not favour one side. One plain and one steered run go first, uncounted, as a warm-up.
 
 The step time is the process's CPU time (`time.process_time`, one torch thread): the other tenants
 of a shared machine disturb it far less than wall time. A timer callback placed after SwarmCallback
@@ -19,10 +20,10 @@ step: the same overhead, without the noise of comparing two runs.
 
     .venv/bin/python benchmarks/steer_overhead.py                          # 7 rounds x 300 steps
     .venv/bin/python benchmarks/steer_overhead.py --rounds 3 --steps 200 --out /tmp/steer.md
+    .venv/bin/python benchmarks/steer_overhead.py --script sft_trl     # writes steer_overhead_sft_trl.md
 
-Target: ≤ 2% (a median ratio ≤ 1.02). TRL is not in the default install, so the run is the plain
-Trainer's. TRL's trainers call the same hooks, and a GRPO step is far longer than this one, so the
-same absolute cost is a smaller share there.
+Target: ≤ 2% (a median ratio ≤ 1.02). TRL's trainers call the same hooks as the plain Trainer; a GRPO
+step is far longer than an SFT step, so the same absolute cost is a smaller share there.
 """
 from __future__ import annotations
 
@@ -40,11 +41,22 @@ import torch
 from transformers import TrainerCallback
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "steer" / "sft_addition.py"
+# the example scripts this can measure (they share sft_addition.py's arguments), and what each trains with
+SCRIPTS = {"sft_addition": "a plain `transformers.Trainer`", "sft_trl": "TRL's `SFTTrainer`"}
+RESULTS = ROOT / "benchmarks" / "results"
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("steer_sft_example", EXAMPLE)
+def example_path(name: str) -> pathlib.Path:
+    return ROOT / "examples" / "steer" / f"{name}.py"
+
+
+def default_out(name: str) -> pathlib.Path:
+    """The report's file: steer_overhead.md for the default script, steer_overhead_<name>.md otherwise."""
+    return RESULTS / ("steer_overhead.md" if name == "sft_addition" else f"steer_overhead_{name}.md")
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"steer_overhead_{name}", example_path(name))
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -123,12 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-layers", type=int, default=2)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: less noise on a shared machine)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "steer_overhead.md"))
+    p.add_argument("--script", choices=sorted(SCRIPTS), default="sft_addition",
+                   help="the example script to run: examples/steer/<script>.py")
+    p.add_argument("--out", default=None, help="the report (default: benchmarks/results/steer_overhead.md for "
+                   "sft_addition, steer_overhead_<script>.md for another script)")
     a = p.parse_args(argv)
+    out = pathlib.Path(a.out) if a.out else default_out(a.script)
     if a.steps < 200 or not 0 < a.warmup < a.steps:
         p.error(f"--steps={a.steps} must be >= 200 and --warmup={a.warmup} within (0, steps)")
     torch.set_num_threads(a.threads)
-    mod = load_example()
+    mod = load_example(a.script)
     for side in (False, True):   # warm-up (imports, allocator, first-call costs), not counted
         one_run(mod, side, a.steps, a.warmup, a.d_model, a.n_layers, a.batch)
     plain, steered, ratios, mean_ratios, hooks = [], [], [], [], []
@@ -146,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     med = statistics.median(ratios)
     q1, q3 = quartiles(ratios) if len(ratios) >= 2 else (med, med)
-    result = {"rounds": a.rounds, "steps": a.steps, "warmup": a.warmup, "model": {"d_model": a.d_model, "n_layers": a.n_layers},
+    result = {"script": a.script, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
+              "model": {"d_model": a.d_model, "n_layers": a.n_layers},
               "batch": a.batch, "threads": a.threads, "plain_ms": [x * 1e3 for x in plain],
               "steered_ms": [x * 1e3 for x in steered], "ratios": ratios, "mean_ratios": mean_ratios, "median_ratio": med,
               "ratio_iqr": [q1, q3], "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -157,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# SwarmCallback overhead per training step",
         "",
-        f"`.venv/bin/python benchmarks/steer_overhead.py --rounds {a.rounds} --steps {a.steps}` on "
+        f"`.venv/bin/python benchmarks/steer_overhead.py --rounds {a.rounds} --steps {a.steps}"
+        + (f" --script {a.script}" if a.script != "sft_addition" else "") + "` on "
         f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, {a.threads} torch thread(s), "
-        "on a shared 2-core machine. The run is `examples/steer/sft_addition.py`: a plain `transformers.Trainer` on a "
+        f"on a shared 2-core machine. The run is `examples/steer/{a.script}.py`: {SCRIPTS[a.script]} on a "
         f"tiny random Qwen2 (d_model {a.d_model}, {a.n_layers} layers), batch {a.batch}, a log row every step, no "
         f"eval or save. Each round runs the plain and the steered run from the same seed, in alternating order. "
         f"Times are this process's CPU time (`time.process_time`), which the machine's other tenants disturb far "
@@ -189,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         "TRL GRPO step with generation) pays a smaller share.",
         "",
     ]
-    pathlib.Path(a.out).write_text("\n".join(lines))
-    print(f"wrote {a.out}")
+    out.write_text("\n".join(lines))
+    print(f"wrote {out}")
     return 0
 
 

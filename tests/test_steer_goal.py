@@ -105,11 +105,13 @@ def test_a_script_goal_on_ray_jobs_gets_the_ray_launcher_of_scripts(tmp_path, mo
         ctrl.knowledge.close()
 
 
-def test_swarm_validate_names_the_script_and_the_target(monkeypatch):
+@pytest.mark.parametrize("goal, script", [(EXAMPLE, "sft_addition.py"),
+                                          (EXAMPLE.with_name("goal_trl_sft_lr_too_high.yaml"), "sft_trl.py")])
+def test_swarm_validate_names_the_script_and_the_target(monkeypatch, goal, script):
     monkeypatch.chdir(ROOT)
-    r = CliRunner().invoke(app, ["validate", str(EXAMPLE)])
+    r = CliRunner().invoke(app, ["validate", str(goal)])
     assert r.exit_code == 0 and "Traceback" not in r.output, r.output
-    assert r.output.strip() == "ok: script examples/steer/sft_addition.py, target heldout_acc >= 0.2"
+    assert r.output.strip() == f"ok: script examples/steer/{script}, target heldout_acc >= 0.2"
 
 
 def wait(pred, timeout: float = 240.0) -> None:

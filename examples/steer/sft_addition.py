@@ -109,13 +109,17 @@ def exact_match(p: EvalPrediction) -> dict[str, float]:
     return {"accuracy": float(ok.all(axis=1).mean())}
 
 
+# this script's defaults for the Trainer (any flag on the command line wins); sft_trl.py trains with the same
+TRAINER_DEFAULTS: dict[str, Any] = dict(
+    output_dir="runs/steer-sft", max_steps=300, per_device_train_batch_size=32, per_device_eval_batch_size=256,
+    learning_rate=3e-3, lr_scheduler_type="cosine", warmup_steps=10, weight_decay=0.01, logging_steps=1,
+    eval_strategy="steps", eval_steps=50, save_strategy="steps", save_steps=50, report_to="none", use_cpu=True,
+    disable_tqdm=True, dataloader_num_workers=0)
+
+
 def parser() -> HfArgumentParser:
     p = HfArgumentParser((ScriptArguments, TrainingArguments))
-    # this script's defaults for the Trainer (any flag on the command line wins)
-    p.set_defaults(output_dir="runs/steer-sft", max_steps=300, per_device_train_batch_size=32,
-                   per_device_eval_batch_size=256, learning_rate=3e-3, lr_scheduler_type="cosine", warmup_steps=10,
-                   weight_decay=0.01, logging_steps=1, eval_strategy="steps", eval_steps=50, save_strategy="steps",
-                   save_steps=50, report_to="none", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    p.set_defaults(**TRAINER_DEFAULTS)
     return p
 
 
