@@ -346,6 +346,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
             ctx = ctx.model_copy(update={"answer_chars": {ctx.eval_difficulty: self.memo.answer_chars[ctx.eval_difficulty]}})
         findings = (self.agent_findings(ev, self.known(ctx, s)) if self.agent else
                     run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s)))   # once: the operators reuse them
+        findings = self.with_onsets(findings)      # where a data change began, once named, stays named
         self.tick.findings, self.tick.diagnosed = findings, True
         ctx.with_findings(findings)
         self.log_findings(findings)

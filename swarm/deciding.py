@@ -596,6 +596,19 @@ class Deciding:
                 self.store.transition(iv.id, Status.ROLLED_BACK, f"{verdict.reason}; counted as a loss, left in force")
         return {}
 
+    def with_onsets(self, findings: list[Any]) -> list[Any]:
+        """`findings` with the step each names as the first whose data changed (`good_before_step`)
+        kept from the looks that named it, for as long as it holds (Store.onsets). A detector reads a
+        window of the newest rows and samples: a look that comes after the window moved past the
+        change sees the fault and no longer where it began, and where it began is what undoes it."""
+        def named(d: Any) -> int | None:
+            step = d.evidence.get("good_before_step")
+            return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+        kept = self.store.onsets({d.name: named(d) for d in findings})
+        return [d.model_copy(update={"evidence": {**d.evidence, "good_before_step": kept[d.name]}})
+                if d.name in kept and named(d) != kept[d.name] else d for d in findings]
+
     def confounders(self, iv: Intervention) -> tuple[str, ...]:
         """The faults the run was under when `iv` was applied (`faults_at_apply`) that the detectors
         still name — on this tick, or, on a tick that ran none (the end of the run), on the newest

@@ -80,6 +80,10 @@ CREATE TABLE IF NOT EXISTS looks (
     time REAL NOT NULL,
     findings TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS onsets (
+    finding TEXT PRIMARY KEY,
+    step INTEGER NOT NULL
+);
 """
 
 
@@ -317,6 +321,19 @@ class Store:
     def last_look(self) -> int:
         """The newest recorded look's number (0 before the first)."""
         return int(self._rows("SELECT COALESCE(MAX(n), 0) AS n FROM looks")[0]["n"])
+
+    def onsets(self, seen: dict[str, int | None]) -> dict[str, int]:
+        """The step each finding of a look names as the first whose data changed, kept over the
+        looks while the finding holds: `seen` maps this look's findings to the step its evidence
+        names (None where it names none). A finding this look does not see is forgotten; of two
+        steps named for one finding the earlier is kept. Returns finding -> step, for this look's."""
+        with self._tx() as db:
+            db.execute(f"DELETE FROM onsets WHERE finding NOT IN ({','.join('?' * len(seen))})", list(seen))
+            for finding, step in seen.items():
+                if step is not None:
+                    db.execute("INSERT INTO onsets(finding, step) VALUES (?, ?) ON CONFLICT(finding) "
+                               "DO UPDATE SET step = MIN(step, excluded.step)", (finding, int(step)))
+        return {r["finding"]: int(r["step"]) for r in self._rows("SELECT * FROM onsets")}
 
     def newest_look(self) -> tuple[int, list[str]] | None:
         """(look, findings) of the newest recorded look (looks that saw nothing are not recorded)."""

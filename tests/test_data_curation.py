@@ -173,3 +173,22 @@ def test_data_curation_lowers_the_curriculum_by_the_levels_the_questions_rose():
     floor = {**HARNESS, "curriculum": {"start": 1}}
     assert [iv.changes for iv in op.builtin(ev, ctx(question_chars=lens, harness=floor, min_difficulty=1))] \
         == [pin.changes]                                                                    # nowhere lower
+
+
+def test_the_controller_keeps_where_a_data_change_began_while_its_finding_holds(tmp_path):
+    """A look after the evidence's window moved past the change still finds the fault, and the pin
+    it proposes still reads the source from before where it began (Deciding.with_onsets)."""
+    from agents.domain import Diagnosis
+    from test_claims import close, controller
+
+    ctrl = controller(tmp_path)
+
+    def look(**evidence):
+        d = Diagnosis(name="label_noise", summary="s", operator="detectors", policy="builtin", evidence=evidence)
+        return ctrl.with_onsets([d])[0].evidence.get("good_before_step")
+
+    assert look(good_before_step=250, rose_at_step=251) == 250
+    assert look(rose_at_step=None) == 250                       # named no longer: kept
+    ctrl.with_onsets([])                                         # a look without it
+    assert look() is None
+    close(ctrl)

@@ -207,3 +207,20 @@ def test_the_looks_that_gate_persistence_survive_a_restart(tmp_path):
     assert [x[0] for x in s2.sightings("truncation")] == [6, 7, 9]
     held = persistence([Sighting(*x) for x in s2.sightings("truncation")], Sighting(9, 90, got[-1][2] + 1), since=0.0)
     assert held == (3, 30)
+
+
+def test_a_data_changes_onset_is_kept_while_its_finding_holds(tmp_path):
+    """The step a finding named as the first whose data changed stays named on later looks whose
+    evidence window has moved past it, while the finding holds; a look without it forgets it, and of
+    two steps named the earlier is kept. It survives a reopen (it gates the pin)."""
+    st = Store(tmp_path / "s.db")
+    assert st.onsets({"label_noise": 250, "plateau": None}) == {"label_noise": 250}
+    assert st.onsets({"label_noise": None}) == {"label_noise": 250}          # the window moved past it
+    assert st.onsets({"label_noise": 300}) == {"label_noise": 250}           # the earlier is kept
+    st.close()
+    st = Store(tmp_path / "s.db")
+    assert st.onsets({"label_noise": None, "harder_data": 40}) == {"label_noise": 250, "harder_data": 40}
+    assert st.onsets({"harder_data": None}) == {"harder_data": 40}           # label_noise not seen: forgotten
+    assert st.onsets({"label_noise": None}) == {}
+    assert st.onsets({}) == {}
+    st.close()
