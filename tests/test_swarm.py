@@ -516,6 +516,9 @@ def test_approve_then_rollback_through_the_cli_while_the_run_goes_on(tmp_path, r
 
     iv = wait_for("an intervention awaiting approval", lambda: awaiting(ws), 120, proc, log)
     assert iv.diagnosis.name == "truncation" and iv.risk.value == "medium" and iv.backtest.passed
+    # read from the task's own answers against the limit, a fact: it waited for no second look
+    assert iv.diagnosis.evidence["task_fact"] == "harness.sampling.max_new_tokens"
+    assert not [r for r in timeline(ws) if r["kind"] == "deferred" and r.get("diagnosis") == "truncation"]
     step_then = read_heartbeat(run_dir)["step"]
     wait_for("training to go on while the intervention waits", lambda: read_heartbeat(run_dir)["step"] > step_then + 20, 30, proc, log)
     review = swarm(tmp_path, "review", iv.id, "--workspace", str(ws))
