@@ -18,7 +18,7 @@ Each built-in policy maps its detectors' findings (agents/detectors.py) to typed
 |               | strong decay (the weights' norm falling as fast as the decay pulls) | RECIPE_EDIT weight_decay lowered | medium |
 |               | small batch (a step's gradient mostly noise: the batch far below the noise scale) | RECIPE_EDIT batch_size raised | medium |
 |               | not learning (no divergence, no lr moved for it yet) | ROLLBACK to the untrained checkpoint with lr × 0.1 (RECIPE_EDIT without it) | medium |
-| HarnessCritic | truncation                                | HARNESS_EDIT sampling.max_new_tokens raised       | medium |
+| HarnessCritic | truncation (sampled answers cut off, or the task's own answers longer than the limit) | HARNESS_EDIT sampling.max_new_tokens raised: 2× the cut-off length, or the task's longest answer, + 2 | medium |
 |               | template mismatch                         | ROLLBACK to before the harness changed, template restored from the goal's harness (HARNESS_EDIT without such a checkpoint) | medium |
 |               | reward hacking                            | ROLLBACK to before its onset with reward.verifier → task (HARNESS_EDIT without such a checkpoint) | medium |
 |               | harness drift (the live harness version is not the one set; only when no finding names the field) | HARNESS_EDIT every harness field → the controller's value | medium |
