@@ -53,7 +53,8 @@ def replay(runs: list[tuple[str, str, float, list[float]]], lag: int, eval_size:
     `all`, and `moving` (the control between 0.05 and 0.95, where a rate moves from eval to eval)."""
     out = {"all": Counter(), "moving": Counter()}
     for _, _, target, vals in runs:
-        below = [v for v in vals if v < target]
+        reached = next((i for i, v in enumerate(vals) if v >= target), len(vals))
+        below = vals[:reached]                  # the run stops at the eval that meets its target
         for k in range(len(below) - lag):
             v = verdict(below[k], below[k + lag], eval_size)
             out["all"][v] += 1
