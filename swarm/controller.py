@@ -29,7 +29,7 @@ from agents.detection import run_detectors
 from agents.detectors import TRAINER_NOTICES
 from agents.domain import JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status, cannot_wait
 from agents.evidence import Evidence, collect
-from agents.explorer import CAUSES, Explorer
+from agents.explorer import Explorer
 from agents.llm import LLMPolicy
 from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, Lead
 from agents.recall import apply_skills, episode_summaries, evidence_view, firing_skills, skill_summary
@@ -39,7 +39,7 @@ from swarm.agent_run import task_name as agent_task
 from swarm.backtest import (ADOPTED, ARM_ONLY, BacktestRunner, adoptable, answer_chars, question_chars, run_arms,
                             task_range)
 from swarm.deciding import Deciding, in_force, recent_pace
-from swarm.decisions import PERSIST_LOOKS, PERSIST_WITHIN
+from swarm.decisions import PERSIST_WITHIN
 from swarm.goal import Goal
 from swarm.graph import SwarmState, build_graph, prune_checkpoints
 from swarm.job_control import JobControl
@@ -319,17 +319,6 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         heartbeat threshold and how long ago the live job was launched (its grace)."""
         return dataclasses.replace(ctx.known(), stale_heartbeat_s=self.goal.swarm.stale_heartbeat_s,
                                    since_launch_s=(time.time() - s.launched) if s.launched else None)
-
-    def faults_besides(self, iv: Intervention) -> list[str]:
-        """The causes the detectors name now, seen on at least PERSIST_LOOKS looks (a one-look false
-        alarm is not a fault the run is under), other than those `iv` answers (its diagnosis, and the
-        parts of a joint change: `answers`). None for a change whose diagnosis is no current finding:
-        what a proposer names is not the controller's to trust."""
-        now = {d.name for d in self.tick.findings if d.severity != "info"}
-        if iv.diagnosis.name not in {d.name for d in self.tick.findings}:
-            return []
-        answered = {iv.diagnosis.name, *(iv.diagnosis.evidence.get("answers") or [])}
-        return sorted(n for n in now & CAUSES - answered if len(self.store.sightings(n)) >= PERSIST_LOOKS)
 
     def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
         ev = self.evidence(s.job_status)

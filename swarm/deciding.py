@@ -20,14 +20,14 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import is_eval_row
-from agents.explorer import spent
+from agents.explorer import CAUSES, spent
 from agents.operators import inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import (arm_name, check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
                             start_over)
-from swarm.decisions import (HELDOUT_LOSS_SIGNAL, BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip, arm_step_cost, assign_risk,
-                             corroborated_by, outlook, persistence, plan, rate_var, retry_horizon, run_looks, schedule,
-                             segment_steps, smaller_step, try_share, worth_verifying)
+from swarm.decisions import (HELDOUT_LOSS_SIGNAL, PERSIST_LOOKS, BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip,
+                             arm_step_cost, assign_risk, corroborated_by, outlook, persistence, plan, rate_var, retry_horizon,
+                             run_looks, schedule, segment_steps, smaller_step, try_share, worth_verifying)
 from swarm.judging import AnswerLoss, Control, Kept, Pending, RolledBack, Window, judge, restart_hold, wasted
 from trainer.config import get_dotted
 from trainer.runlog import INIT_CHECKPOINT, read_heartbeat
@@ -608,6 +608,17 @@ class Deciding:
         kept = self.store.onsets({d.name: named(d) for d in findings})
         return [d.model_copy(update={"evidence": {**d.evidence, "good_before_step": kept[d.name]}})
                 if d.name in kept and named(d) != kept[d.name] else d for d in findings]
+
+    def faults_besides(self, iv: Intervention) -> list[str]:
+        """The causes the detectors name now, seen on at least PERSIST_LOOKS looks (a one-look false
+        alarm is not a fault the run is under), other than those `iv` answers (its diagnosis, and the
+        parts of a joint change: `answers`). None for a change whose diagnosis is no current finding:
+        what a proposer names is not the controller's to trust."""
+        now = {d.name for d in self.tick.findings if d.severity != "info"}
+        if iv.diagnosis.name not in {d.name for d in self.tick.findings}:
+            return []
+        answered = {iv.diagnosis.name, *(iv.diagnosis.evidence.get("answers") or [])}
+        return sorted(n for n in now & CAUSES - answered if len(self.store.sightings(n)) >= PERSIST_LOOKS)
 
     def confounders(self, iv: Intervention) -> tuple[str, ...]:
         """The faults the run was under when `iv` was applied (`faults_at_apply`) that the detectors
