@@ -301,6 +301,8 @@ class Outcome(_Strict):
     # judge (swarm.judging.judge)
     looks: int | None = Field(None, description="evaluation windows looked at")
     pending: str | None = Field(None, description="why the last look was inconclusive")
+    fell: bool | None = Field(None, description="the last look found it credibly worse, not by enough to undo "
+                              "on one look: the next undoes it if it finds it so too")
     after: float | None = Field(None, description="the target metric at the end of its window")
     window_steps: int | None = Field(None, description="training steps of its window")
     control: float | None = Field(None, description="the value it was compared with")

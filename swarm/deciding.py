@@ -562,7 +562,7 @@ class Deciding:
                        eval_size=self.held_out_size(),
                        target_is_rate=control.se is not None, higher_is_better=self.goal.target.op == ">=",
                        look=looks + 1, last_look=final, loss=self.answer_loss(iv, evals),
-                       confounded=self.confounders(iv),
+                       confounded=self.confounders(iv), fell=bool(iv.outcome.fell),
                        **self.pace(iv, ev, start, t_applied))
             verdict = judge(w, control, alpha=self.goal.swarm.backtest.alpha)
             iv.outcome.looks = looks + 1
@@ -572,11 +572,12 @@ class Deciding:
                 # is neither a win nor a loss in memory; it stays evaluating, with no episode
                 verdict = Pending(f"{verdict.reason}; not judged: the run ended {steps} steps into the {window}-step window")
             if isinstance(verdict, Pending):
-                iv.outcome.pending = verdict.reason
+                iv.outcome.pending, iv.outcome.fell = verdict.reason, verdict.fell or None
                 self.store.put(iv)
                 continue
             iv.outcome = iv.outcome.model_copy(update={
-                               "after": w.after, "window_steps": steps, "control": control.value, "control_source": control.source, "pending": None,
+                               "after": w.after, "window_steps": steps, "control": control.value, "control_source": control.source,
+                               "pending": None, "fell": None,
                                "window_cpu_s": round(max(self.live_cpu() - float(iv.outcome.cpu_at_apply or 0.0), 0.0), 3),
                                "rule": "swarm.judging.judge: kept only on a measured gain over the control"
                                        + (" (judged at the end of the run, before the full window)" if steps < window else "")})

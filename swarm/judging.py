@@ -20,6 +20,9 @@ from swarm.decisions import SEED_SPREAD, phi, rate_var
 # a restart of a slow worker is kept when its steps got at least this many times faster (the
 # input_bound finding needs a slowdown of Thresholds.input_slowdown; this asks for most of it back)
 RESTART_SPEEDUP = 1.25
+# a fall credible at 1 - alpha/CONFIRM is undone on one look; one credible only at 1 - alpha needs
+# the next look to find it too (at alpha 0.2: P(harm) 0.95 at once, 0.8 on two looks in a row)
+CONFIRM = 4
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Window:
     # faults the detectors named when it was applied, other than the one it answers, that they
     # still name: the run was under them before the change and still is
     confounded: tuple[str, ...] = ()
+    # the previous look found the window credibly worse and waited for this one to confirm it
+    fell: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,10 @@ class RolledBack:
 
 @dataclass(frozen=True)
 class Pending:
-    """Inconclusive, and a later window will be looked at."""
+    """Inconclusive, and a later window will be looked at (`fell`: this one was credibly worse, but
+    not by enough to undo on one look; the next look undoes it if it is worse there too)."""
     reason: str
+    fell: bool = False
 
 
 Judgement = Union[Kept, RolledBack, Pending]
@@ -101,7 +108,13 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     last look only). A restart of a job that
     was alive but slow (`pace_before`) is kept when its steps in the window are at least
     RESTART_SPEEDUP times faster than before it; a slow job trains too, so steps alone prove nothing.
-    A fall that faults the change does not answer may explain is not undone (`worse`)."""
+    A fall that faults the change does not answer may explain is not undone (`worse`).
+
+    A fall is undone at once when it is credible at 1 - alpha/CONFIRM, the last look, or the
+    previous look found one too (`Window.fell`); a fall credible only at 1 - alpha waits one look
+    for that confirmation (Pending(fell=True)). A run's held-out evals move between evals by more
+    than their binomial noise (benchmarks/judge_calibration.py): one eval's dip below the control
+    undid changes that did nothing, and undoing costs the window's training and the change's gain."""
     if window.kind == K.RESTART and window.pace_before is not None:
         if not window.last_look and (window.pace_after is None or window.steps < window.window_steps):
             return Pending(f"the job trained {window.steps} of {window.window_steps} steps after the restart so far")
@@ -142,7 +155,9 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     p_gain, p_harm = phi((d - delta) / se), phi((-delta - d) / se)
     odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
     if p_harm >= 1 - alpha:
-        return worse(f"{what}: credibly worse ({odds})", window)
+        if p_harm >= 1 - alpha / CONFIRM or window.fell or window.last_look:
+            return worse(f"{what}: credibly worse ({odds})" + (" on two looks in a row" if window.fell else ""), window)
+        return Pending(f"{what}: worse ({odds}); undone if the next look finds it credibly worse too", fell=True)
     # the answer loss, where measured, is a second signal: the error rate is split between the two
     loss = answer_loss(window.loss)
     level = 1 - alpha / (2 if loss else 1) / 2 ** max(window.look, 1)

@@ -306,6 +306,36 @@ def test_a_fall_that_faults_named_before_the_change_explain_is_not_undone(tmp_pa
         close(ctrl)
 
 
+def test_a_small_fall_is_undone_only_when_the_next_look_finds_it_too(tmp_path):
+    """0.5 before applying, 0.41 after the first window (100 held-out examples: P(harm) about 0.87): the change waits, the
+    fall recorded with it (`Outcome.fell`); a second window as low undoes it (the undo sent to the
+    trainer), one back at 0.5 clears the fall and the change goes on being judged."""
+    for case, second, undone in (("again", 0.41, True), ("recovered", 0.5, False)):
+        ctrl = controller(tmp_path / case, swarm={"evaluate_window_steps": 30})
+        rec = ctrl.command = Recorder()
+        iv = dedupe(baseline=0.5)
+        iv.applied_step, iv.outcome.since_time = 60, time.time() - 1
+        ctrl.store.put(iv)
+        ctrl.open_pr(ctrl.store.get(iv.id))
+        ctrl.store.transition(iv.id, Status.APPLIED, "applied at step 60")
+        for end, acc in ((90, 0.41), (120, second)):
+            rows = [{"step": s, "segment": 0, "time": time.time(), "loss": 0.5, "algorithm": "sft"} for s in range(end - 29, end + 1)]
+            rows.append({"step": end, "segment": 0, "time": time.time(), "heldout_acc": acc})
+            with open(ctrl.run_dir / "metrics.jsonl", "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
+            ctrl.tick = type(ctrl.tick)()
+            ctrl.node_evaluate(SwarmState(job="ghost", job_status="RUNNING", tick=1, step=end))
+            got = ctrl.store.get(iv.id)
+            if end == 90:
+                assert got.status == Status.EVALUATING and got.outcome.fell is True, got.outcome.pending
+                assert ("rollback", f"{iv.id}-undo", {"name": "pre-x"}) not in rec.sent
+        assert (got.status == Status.ROLLED_BACK and got.outcome.undone is True) is undone, (case, got.outcome)
+        assert (("rollback", f"{iv.id}-undo", {"name": "pre-x"}) in rec.sent) is undone
+        if not undone:
+            assert got.status == Status.EVALUATING and not got.outcome.fell, got.outcome
+        close(ctrl)
+
+
 def test_apply_records_the_faults_the_run_is_under_other_than_those_it_answers(tmp_path):
     def applied(iv, findings, looks=2):
         ctrl = controller(tmp_path / iv.id)

@@ -310,6 +310,26 @@ def test_judge_waits_for_a_later_window_while_inconclusive():
     assert isinstance(got, RolledBack) and not got.undo
 
 
+def test_a_fall_credible_only_at_alpha_is_undone_when_the_next_look_finds_it_too():
+    """One eval's dip below the control is no reason to undo: a fall credible at 1 - alpha (here
+    P(harm) about 0.87) waits one look and is undone when that look finds it credibly worse too; a
+    fall credible at 1 - alpha/4 is undone at once, and so is any credible fall at the last look."""
+    ctl = Control(0.5, 0.035, "before applying")
+    first = judge(Window(K.DATA_CHANGE, 0.44, 100, 100, look=1, last_look=False), ctl)
+    assert isinstance(first, Pending) and first.fell and "P(harm) = 0.8" in first.reason, first
+    again = judge(Window(K.DATA_CHANGE, 0.44, 100, 100, look=2, last_look=False, fell=True), ctl)
+    assert isinstance(again, RolledBack) and again.undo and "two looks" in again.reason, again
+    back = judge(Window(K.DATA_CHANGE, 0.5, 100, 100, look=2, last_look=False, fell=True), ctl)
+    assert isinstance(back, Pending) and not back.fell, back     # the dip did not last: no fall carried on
+    last = judge(Window(K.DATA_CHANGE, 0.44, 100, 100, look=1, last_look=True), ctl)
+    assert isinstance(last, RolledBack) and last.undo
+    steep = judge(Window(K.DATA_CHANGE, 0.38, 100, 100, look=1, last_look=False), ctl)
+    assert isinstance(steep, RolledBack) and steep.undo, steep
+    # a fall faults it does not answer explain is held, not confirmed into an undo
+    held = judge(Window(K.DATA_CHANGE, 0.44, 100, 100, look=2, last_look=False, fell=True, confounded=("harder_data",)), ctl)
+    assert isinstance(held, Pending), held
+
+
 def test_judge_reads_the_answer_loss_a_change_was_validated_on_beside_the_target():
     """A run leaving the floor shows in the answers' likelihood before exact match: a credible drop
     of the held-out answer loss against the backtest's control arms at the same steps from the fork
