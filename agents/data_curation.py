@@ -3,7 +3,7 @@ revision of the data source it reads.
 
 | finding                                             | intervention                                                  | risk   |
 |-----------------------------------------------------|---------------------------------------------------------------|--------|
-| a data change with an onset (labels that went wrong, harder problems): the config unchanged | the source pinned to its revision before the onset (`harness.filters.as_of_step`); ROLLBACK to the newest checkpoint before it where the weights learnt wrong labels since | low / medium |
+| a data change with an onset (labels that went wrong, harder problems, questions in another format): the config unchanged | the source pinned to its revision before the onset (`harness.filters.as_of_step`); ROLLBACK to the newest checkpoint before it where the weights learnt wrong labels since | low / medium |
 | too-hard curriculum                                 | DATA_CHANGE curriculum back to the eval difficulty            | low    |
 | harder problems than the curriculum asks for        | DATA_CHANGE curriculum lowered by the levels they rose        | low    |
 | a stream repeating a small pool                     | DATA_CHANGE filters.dedupe on                                 | low    |
@@ -29,13 +29,14 @@ CURRICULUM_RAMP_STEPS = 100     # steps over which a lowered curriculum climbs b
 PIN = SOURCE_REVISION
 # the findings that name where the data changed, and whether the steps since learnt something wrong
 # (wrong labels: roll back to before the change) or only learnt less (harder problems: pin from here)
-DATA_ONSET = {"labels_fail_check": True, "label_noise": True, "harder_data": False}
+DATA_ONSET = {"labels_fail_check": True, "label_noise": True, "harder_data": False, "question_format": False}
 
 
 class DataCuration(Operator):
     name = "data_curation"
     role = ("Data curation: watches per-step pass rates, the training difficulty against the eval difficulty, "
-            "the SFT loss floor and whether the stream repeats itself or got harder. A curriculum nothing can be "
+            "the SFT loss floor and whether the stream repeats itself, got harder or writes its questions in another "
+            "format than the task's own. A curriculum nothing can be "
             "learnt from goes back to the eval difficulty (one lower first, ramping up); SFT on noisy labels "
             "switches to distillation on the policy's own verified successes; a stream that repeats a small pool "
             "of questions gets the dedupe filter; a stream that draws harder problems than the curriculum asks "
@@ -45,7 +46,8 @@ class DataCuration(Operator):
             "source is first read as it was before that step (harness.filters.as_of_step), and the fixes of faults of "
             "the data that come together are tried together.")
     tools = frozenset({K.DATA_CHANGE, K.DISTILL, K.ROLLBACK})
-    detectors = ("too_hard_curriculum", "label_noise", "labels_fail_check", "repeated_examples", "harder_data")
+    detectors = ("too_hard_curriculum", "label_noise", "labels_fail_check", "repeated_examples", "harder_data",
+                 "question_format")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}

@@ -109,6 +109,10 @@ class Thresholds:
     shift_rows: int = 20               # steps with samples per block compared
     shift_len_ratio: float = 1.2       # the newest block's median question length at least this multiple
     shift_pass_drop: float = 0.2       # and its median train pass rate at least this much lower
+    # questions in another format: the newest `shift_rows` sampled steps' questions carry characters
+    # none of the task's own questions use, at least this share of them. A format change rewrites
+    # every question; a character the task's probes happened to miss shows in a few
+    format_share: float = 0.5
     # not learning: the loss has barely moved since the run began and held-out stays near zero
     not_learning_rows: int = 100
     not_learning_rel: float = 0.1
@@ -202,6 +206,7 @@ class Known:
                                            # (None: the controller tracks none, so nothing is known to be in force)
     question_chars: dict[int, float] | None = None   # the task's own median question length per difficulty
                                            # (measured by the controller once the run has samples; None: not known)
+    question_alphabet: str | None = None   # every character the task's own questions use (None: not known)
     answer_chars: dict[int, dict[int, int]] | None = None  # per difficulty, how many of the task's own held-out
                                            # answers have each length, where that is the fewest tokens a right answer
                                            # takes (None: not known)

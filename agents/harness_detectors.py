@@ -392,6 +392,51 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                            "threshold_len_ratio": th.shift_len_ratio, **rose_from(task[asked], 0)})
 
 
+@detector("question_format")
+def question_format(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The training questions are written in another format than the task's own: of the distinct
+    questions sampled over the newest `shift_rows` sampled steps of the current segment, at least
+    `format_share` carry a character none of the task's own training questions uses at any
+    difficulty (`known.question_alphabet`, measured from the task by the controller). A changed
+    export or parser rewrites every question it hands over (a prefix, a delimiter, a spacing, a
+    markup); a character the task's probes missed shows in a few. Where the segment's earlier sampled
+    steps had their questions in the task's own characters, the evidence names the first step of the
+    newest stretch that has not (`good_before_step`): the data changed there, and its source can be
+    read as it was before (a warning). Written so from the segment's first sample: nothing to go
+    back to (info)."""
+    alphabet = set(known.question_alphabet or "")
+    if not alphabet:
+        return None
+    seg = max((int(q.get("segment") or 0) for q in ev.questions), default=0)
+    per_step: dict[int, set[str]] = {}        # a GRPO group's completions share one question: counted once
+    for q in ev.questions:
+        if int(q.get("segment") or 0) == seg and isinstance(q.get("question"), str) and isinstance(q.get("step"), int):
+            per_step.setdefault(q["step"], set()).add(q["question"])
+    steps, n = sorted(per_step), th.shift_rows
+    if len(steps) < n:
+        return None
+
+    def odd(ss: list[int]) -> float:
+        qs = [q for s in ss for q in per_step[s]]
+        return sum(not set(q) <= alphabet for q in qs) / len(qs)
+
+    share = odd(steps[-n:])
+    if share < th.format_share:
+        return None
+    new = sorted({c for s in steps[-n:] for q in per_step[s] for c in q} - alphabet)
+    i = len(steps)
+    while i > 0 and odd([steps[i - 1]]) >= th.format_share:
+        i -= 1
+    onset = {"good_before_step": steps[i]} if i > 0 else {}
+    since = f" since step {steps[i]}" if onset else ", from the segment's first sampled step"
+    return make_diagnosis(ev, "question_format",
+                          f"{share:.0%} of the training questions sampled over the last {n} steps carry characters the "
+                          f"task's own questions never use ({''.join(new)!r}){since}: the data source writes its questions "
+                          "in another format", "warning" if onset else "info",
+                          {"odd_share": share, "new_chars": "".join(new), "steps": n, "threshold_share": th.format_share,
+                           **onset})
+
+
 @detector("repeated_examples")
 def repeated_examples(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The training stream repeats itself: of the newest `repeat_window` questions sampled in the

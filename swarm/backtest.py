@@ -193,6 +193,12 @@ def question_chars(base: dict[str, Any], probes: int = 24) -> dict[int, float]:
     return _per_difficulty(base, "train", probes, lambda exs: float(statistics.median(len(e.question) for e in exs)))
 
 
+def question_alphabet(base: dict[str, Any], probes: int = 64) -> str:
+    """Every character the task's own training questions use, at any of its difficulties (sorted)."""
+    return "".join(sorted(set().union(*_per_difficulty(base, "train", probes,
+                                                       lambda exs: set("".join(e.question for e in exs))).values())))
+
+
 def answer_chars(base: dict[str, Any]) -> dict[int, dict[int, int]]:
     """How many answers of the held-out set the trainer evaluates (its first `recipe.eval_size`
     held-out examples, at each of the task's difficulties) have each length, where their lengths are

@@ -36,7 +36,7 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import private_dir, write_private
 from swarm.agent_run import AgentSteering, agent_jobs, job_config
 from swarm.agent_run import task_name as agent_task
-from swarm.backtest import (ADOPTED, ARM_ONLY, BacktestRunner, adoptable, answer_chars, question_chars, run_arms,
+from swarm.backtest import (ADOPTED, ARM_ONLY, BacktestRunner, adoptable, answer_chars, question_alphabet, question_chars, run_arms,
                             task_range)
 from swarm.deciding import Deciding, in_force, recent_pace
 from swarm.decisions import PERSIST_WITHIN
@@ -98,6 +98,7 @@ class Memo:
     ckpts: tuple[int, list[dict[str, Any]]] | None = None
     recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
     question_chars: dict[int, float] | None = None   # the task's, measured once at first need
+    question_alphabet: str | None = None              # the same
     answer_chars: dict[int, dict[int, int]] | None = None   # the task's, measured once
 
 
@@ -327,8 +328,10 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         # against them (once even when the task yields none)
         if not self.script and not self.agent and self.memo.question_chars is None and ev.questions:
             self.memo.question_chars = question_chars(self.base_cfg)
+            self.memo.question_alphabet = question_alphabet(self.base_cfg)
         if self.memo.question_chars:
-            ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars})
+            ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars,
+                                         "question_alphabet": self.memo.question_alphabet or ""})
         if not self.script and not self.agent and self.memo.answer_chars is None:
             self.memo.answer_chars = answer_chars(self.base_cfg)
         if ctx.eval_difficulty in (self.memo.answer_chars or {}):     # what the target is scored at

@@ -192,3 +192,20 @@ def test_the_controller_keeps_where_a_data_change_began_while_its_finding_holds(
     ctrl.with_onsets([])                                         # a look without it
     assert look() is None
     close(ctrl)
+
+
+def test_questions_in_another_format_get_the_source_as_it_was_before_they_began():
+    """The questions carry a character the task's own never use from step 60: the source is read as
+    it was before step 60, from where the run is (the labels stayed right: nothing wrong was learnt).
+    Written so from the first sample, there is no revision to go back to: no proposal."""
+    from test_data_shift import ALPHABET, sums
+    from test_detectors import sft_rows as rows_of
+
+    op = DataCuration()
+    ev = make_ev(rows_of(100), questions=sums(range(0, 60)) + sums(range(60, 100), prefix="="))
+    (iv,) = op.builtin(ev, ctx(question_alphabet=ALPHABET, question_chars={3: 4.0}))
+    check_record(iv, op)
+    assert iv.diagnosis.name == "question_format" and iv.kind == K.DATA_CHANGE and iv.changes == {PIN: 60}
+    assert iv.risk == Risk.LOW and "step 60" in iv.rationale
+    always = make_ev(rows_of(100), questions=sums(range(0, 100), prefix="="))
+    assert op.builtin(always, ctx(question_alphabet=ALPHABET, question_chars={3: 4.0})) == []

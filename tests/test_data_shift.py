@@ -1,8 +1,9 @@
-"""`harder_data` read from the trainer's per-step input lengths (`question_chars`, the mean length of
+"""Data changes at an unchanged config. `harder_data` read from the trainer's per-step input lengths (`question_chars`, the mean length of
 each step's training questions): the step the stream changed at is named wherever it lies in the
 metrics' window, also when every sampled question the evidence holds is from after it, and a stream
 long from its first step names none. (The trainer's own logging of the field:
-tests/test_trainer_perturb.py.)"""
+tests/test_trainer_perturb.py.) `question_format`: questions carrying characters none of the task's own
+questions uses, and the step that began."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,3 +48,45 @@ def test_a_change_in_the_first_block_is_named_only_with_a_step_of_the_stream_bef
         assert d is not None and d.evidence["nearest_task_difficulty"] == 4
         assert d.evidence.get("good_before_step") == named, at
 
+
+
+ALPHABET = "+0123456789"        # the task's own questions: sums of numbers
+
+
+def sums(steps: range, prefix: str = "") -> list[dict]:
+    return questions(steps, lambda s, k: f"{prefix}{s % 50}+{k}")
+
+
+def test_questions_in_another_format_are_found_with_the_step_they_began_at():
+    knows = dataclasses.replace(KNOWN, question_alphabet=ALPHABET)
+    rows = sft_rows(100)
+    qs = sums(range(0, 60)) + sums(range(60, 100), prefix="=")     # an export that writes '=' first, from step 60
+    d = DETECTORS["question_format"](make_ev(rows, questions=qs), THRESHOLDS, knows)
+    assert d is not None and d.severity == "warning" and d.evidence["new_chars"] == "="
+    assert d.evidence["good_before_step"] == 60 and d.evidence["odd_share"] == 1.0
+    # written so from the segment's first sample: no step to go back to, reported only
+    d = DETECTORS["question_format"](make_ev(rows, questions=sums(range(0, 100), prefix="=")), THRESHOLDS, knows)
+    assert d is not None and d.severity == "info" and "good_before_step" not in d.evidence
+    # the task's own characters, or a rare one in a few questions (a character its probes missed): nothing
+    assert DETECTORS["question_format"](make_ev(rows, questions=sums(range(0, 100))), THRESHOLDS, knows) is None
+    rare = sums(range(0, 100)) + [{"step": s, "segment": 0, "question": "7-1"} for s in range(80, 100, 4)]
+    assert DETECTORS["question_format"](make_ev(rows, questions=rare), THRESHOLDS, knows) is None
+    # an earlier segment's questions do not count; the task's alphabet unknown: nothing to hold them against
+    old = [{**q, "segment": 0} for q in sums(range(0, 60), prefix="=")]
+    assert DETECTORS["question_format"](make_ev(rows, questions=old + [{**q, "segment": 1} for q in sums(range(60, 100))]),
+                                        THRESHOLDS, knows) is None
+    assert DETECTORS["question_format"](make_ev(rows, questions=qs), THRESHOLDS, KNOWN) is None
+    # too few sampled steps to judge
+    assert DETECTORS["question_format"](make_ev(rows, questions=sums(range(90, 100), prefix="=")), THRESHOLDS, knows) is None
+
+
+def test_the_tasks_question_alphabet_covers_its_questions_at_every_difficulty():
+    from swarm.backtest import question_alphabet
+    from trainer.tasks import Split, make_task
+
+    for name in ("countdown", "addition"):
+        a, t = set(question_alphabet({"task": {"name": name}, "seed": 0})), make_task(name, seed=0)
+        # questions the probes never drew (other indices) are written in the same characters
+        assert all(set(t.example(Split.TRAIN, i, d).question) <= a
+                   for d in range(t.min_difficulty, t.max_difficulty + 1) for i in range(500, 540)), name
+    assert "=" not in question_alphabet({"task": {"name": "countdown"}, "seed": 0})
