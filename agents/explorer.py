@@ -17,7 +17,9 @@ are skipped, so the search moves on instead of repeating itself; a fix kept move
 centre, and the candidates are computed again from the new values, bracketed by the value the fix
 moved away from (`moves`): a run stuck again after a move in one direction gets the move back
 first, short of where it came from. A cause whose every fix in this run failed holds the search back
-no longer.
+no longer. Nor does one whose fix's backtest measured nothing (every arm at the same bound of the
+target: something else holds the run there too); then each candidate carries that fix, as two faults
+of the data are fixed together: either alone leaves the other in force and measures nothing.
 """
 from __future__ import annotations
 
@@ -113,6 +115,18 @@ def spent(history: list[Intervention], finding: str) -> bool:
         iv.status in PENDING or iv.status in IN_EFFECT for iv in fixes)
 
 
+def held_at_floor(history: list[Intervention], finding: str) -> Intervention | None:
+    """The newest fix proposed in this run for `finding`, when its backtest measured nothing (every
+    arm at the same bound of the target: `BacktestResult.measured_nothing`) and none of its fixes is
+    pending or in effect. Arms that cannot leave the floor with the fix show that something else
+    holds the run there too: the fix may be right and wait for the other fault's."""
+    fixes = [iv for iv in history if iv.diagnosis.name == finding]
+    if not fixes or any(iv.status in PENDING or iv.status in IN_EFFECT for iv in fixes):
+        return None
+    last = fixes[-1]
+    return last if last.status in FAILED and last.backtest is not None and last.backtest.measured_nothing() else None
+
+
 def tried(ctx: OperatorContext) -> list[dict[str, Any]]:
     return [iv.changes for iv in ctx.history if iv.changes]
 
@@ -138,16 +152,27 @@ class Explorer(Operator):
         if stuck is None:
             return []
         findings = ctx.findings if ctx.findings is not None else run_detectors(self.view(ev, ctx), known=ctx.known())
-        if any(d.name in CAUSES and d.severity != "info" and not spent(ctx.history, d.name) for d in findings):
-            return []
+        carried: dict[str, Any] = {}
+        held = []
+        for d in findings:
+            if d.name in CAUSES and d.severity != "info" and not spent(ctx.history, d.name):
+                fix = held_at_floor(ctx.history, d.name)
+                if fix is None or set(fix.changes) & set(carried):
+                    return []       # that cause's fix goes on (or was never tried): not a search
+                carried.update(fix.changes)
+                held.append(d.name)
         done = tried(ctx)
-        every = candidates(ctx, str(ctx.get("recipe.algorithm") or "sft"))
-        todo = [c for c in every if c not in done]
+        every = [c for c in candidates(ctx, str(ctx.get("recipe.algorithm") or "sft")) if not set(c) & set(carried)]
+        todo = [c for c in every if {**c, **carried} not in done]
         if not todo:
             return []
-        change = todo[0]
-        (field, value), = change.items()
-        why = (f"{stuck.summary}. No detector names a cause, so the fields the trainer declares tunable are searched, "
+        (field, value), = todo[0].items()
+        change = {**todo[0], **carried}
+        cause = ("No detector names a cause" if not held else
+                 f"The fix for {', '.join(held)} ({', '.join(f'{k}={v!r}' for k, v in carried.items())}) measured nothing: "
+                 "every arm of its backtest stayed at the same bound, so something else holds the run there too. "
+                 "Each candidate carries that fix")
+        why = (f"{stuck.summary}. {cause}, so the fields the trainer declares tunable are searched, "
                f"most sensitive first: candidate {len(every) - len(todo) + 1} of {len(every)}, {field} "
                f"{ctx.get(field)!r} → {value!r} ({len(done)} change(s) tried in this run so far); the backtest "
                "compares it with carrying on")

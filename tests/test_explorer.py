@@ -138,3 +138,34 @@ def test_stuck_again_after_a_lower_lr_was_kept_the_search_goes_back_up_from_the_
     assert not [iv for iv in Diagnostics().builtin(make_ev(rows), c) if iv.diagnosis.name == "not_learning"]
     (iv,) = Explorer().builtin(make_ev(rows), c)
     assert (iv.kind, iv.changes, rollback_target(iv)) == (K.ROLLBACK, {"recipe.lr": 0.003}, "init")
+
+
+def test_a_fix_that_measured_nothing_is_carried_by_each_candidate_of_the_search():
+    """The fix for a named cause was backtested with every arm at 0: something else holds the run at
+    the floor too (an answer limit too short and an lr far too high, say). The search goes on, each
+    candidate with that fix in it, skipping the fix's own fields; a fix that measured something
+    against it, or goes on, still holds the search back."""
+    from agents.domain import BacktestResult
+
+    c = ctx(**STUCK_CTX)
+    found = run_detectors(make_ev(stuck_rows()), known=c.known())
+    cause = Diagnosis(name="truncation", summary="answers cut", severity="warning", operator="t", policy="builtin")
+    floor = BacktestResult(metric="heldout_acc", candidate=[0.0, 0.0], control=[0.0, 0.0], effect=0.0, p_value=1.0,
+                           test="t", horizon_steps=40, seeds=[0, 1], passed=False, harmed=False, eval_size=200)
+    fix = iv_(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    lost = fix.model_copy(update={"status": Status.REJECTED, "backtest": floor})
+    (first,) = Explorer().builtin(make_ev(stuck_rows()), ctx(**STUCK_CTX, history=[lost]).with_findings(found + [cause]))
+    assert first.changes == {"recipe.lr": 0.03, "harness.sampling.max_new_tokens": 8}, first.changes
+    assert first.kind == K.RECIPE_EDIT and "measured nothing" in first.rationale and "truncation" in first.rationale
+    # that candidate tried: the next one, with the fix still carried
+    (second,) = Explorer().builtin(make_ev(stuck_rows()), ctx(**STUCK_CTX, history=[
+        lost, first.model_copy(update={"status": Status.REJECTED})]).with_findings(found + [cause]))
+    assert second.changes == {"recipe.lr": 0.1, "harness.sampling.max_new_tokens": 8}
+    # arms that left the floor measured the fix: no gain there is its own answer (its retry first)
+    moved = floor.model_copy(update={"candidate": [0.2, 0.3], "control": [0.25, 0.3], "effect": -0.025})
+    c = ctx(**STUCK_CTX, history=[fix.model_copy(update={"status": Status.REJECTED, "backtest": moved})])
+    assert Explorer().builtin(make_ev(stuck_rows()), c.with_findings(found + [cause])) == []
+    # the fix proposed again and waiting for its backtest: it goes first
+    again = fix.model_copy(update={"id": "again", "status": Status.BACKTESTING})
+    c = ctx(**STUCK_CTX, history=[lost, again])
+    assert Explorer().builtin(make_ev(stuck_rows()), c.with_findings(found + [cause])) == []
