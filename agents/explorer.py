@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext
+from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
 from agents.detection import run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
@@ -152,17 +152,27 @@ class Explorer(Operator):
         if stuck is None:
             return []
         findings = ctx.findings if ctx.findings is not None else run_detectors(self.view(ev, ctx), known=ctx.known())
+        causes = [d.name for d in findings if d.name in CAUSES and d.severity != "info" and not spent(ctx.history, d.name)]
+        fixes = {n: held_at_floor(ctx.history, n) for n in causes}
+        # a joint fix answers each of its parts: they are held at the floor with it
+        answered = {a for fix in fixes.values() if fix is not None for a in fix.diagnosis.evidence.get("answers") or ()}
+        if any(fix is None and n not in answered for n, fix in fixes.items()):
+            return []               # that cause's fix goes on (or was never tried): not a search
         carried: dict[str, Any] = {}
-        held = []
-        for d in findings:
-            if d.name in CAUSES and d.severity != "info" and not spent(ctx.history, d.name):
-                fix = held_at_floor(ctx.history, d.name)
-                if fix is None or set(fix.changes) & set(carried):
-                    return []       # that cause's fix goes on (or was never tried): not a search
-                carried.update(fix.changes)
-                held.append(d.name)
+        held: set[str] = set()
+        back: set[str | None] = set()
+        for fix in {f.id: f for f in fixes.values() if f is not None}.values():
+            if set(fix.changes) & set(carried):
+                return []
+            carried.update(fix.changes)
+            held |= {fix.diagnosis.name, *(fix.diagnosis.evidence.get("answers") or ())}
+            if fix.kind == K.ROLLBACK:
+                back.add(rollback_target(fix))
+        if len(back) > 1:
+            return []               # fixes from two different checkpoints: no one candidate carries both
         done = tried(ctx)
-        every = [c for c in candidates(ctx, str(ctx.get("recipe.algorithm") or "sft")) if not set(c) & set(carried)]
+        algo = str(carried.get("recipe.algorithm") or ctx.get("recipe.algorithm") or "sft")
+        every = [c for c in candidates(ctx, algo) if not set(c) & set(carried)]
         todo = [c for c in every if {**c, **carried} not in done]
         if not todo:
             return []
@@ -176,11 +186,17 @@ class Explorer(Operator):
                f"most sensitive first: candidate {len(every) - len(todo) + 1} of {len(every)}, {field} "
                f"{ctx.get(field)!r} → {value!r} ({len(done)} change(s) tried in this run so far); the backtest "
                "compares it with carrying on")
+        if held:       # the causes whose fixes it carries are its to answer (`Intervention` answers)
+            stuck = stuck.model_copy(update={"evidence": {**stuck.evidence, "answers": sorted(held)}})
         spoilt = worthless_weights(ev, ctx.checkpoints, self.thresholds.not_learning_heldout_max)
         if spoilt is not None and stuck.name == "not_learning":
             return [self._propose(K.ROLLBACK, stuck, change, why + f", both from the untrained checkpoint "
                                   f"{INIT_CHECKPOINT!r}: {spoilt}, so the damage may be in the weights.",
                                   rollback_to=INIT_CHECKPOINT)]
+        if back:       # the carried fix rolls back: so does each candidate, to the same checkpoint
+            (to,) = back
+            return [self._propose(K.ROLLBACK, stuck, change, why + f", from the checkpoint {to!r} the carried fix "
+                                  "rolls back to.", rollback_to=to)]
         kind = next(k for prefix, k in KIND.items() if field.startswith(prefix))
         return [self._propose(kind, stuck, change, why + ".")]
 

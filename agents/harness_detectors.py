@@ -401,9 +401,11 @@ def question_format(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
     export or parser rewrites every question it hands over (a prefix, a delimiter, a spacing, a
     markup); a character the task's probes missed shows in a few. Where the segment's earlier sampled
     steps had their questions in the task's own characters, the evidence names the first step of the
-    newest stretch that has not (`good_before_step`): the data changed there, and its source can be
-    read as it was before (a warning). Written so from the segment's first sample: nothing to go
-    back to (info)."""
+    newest stretch that has not, where that stretch is at least half a window long
+    (`good_before_step`): the data changed there, and its source can be read as it was before (a
+    warning). No such step in the evidence: reported (info, `info_without_onset`), unless an earlier
+    look named one (`Deciding.with_onsets` keeps it, and the finding is a warning again). The newest sampled step in
+    the task's own characters: nothing (the source writes them again)."""
     alphabet = set(known.question_alphabet or "")
     if not alphabet:
         return None
@@ -421,20 +423,24 @@ def question_format(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
         return sum(not set(q) <= alphabet for q in qs) / len(qs)
 
     share = odd(steps[-n:])
-    if share < th.format_share:
+    # the newest sampled step in the task's own characters: the source writes them again (a pin
+    # in force while the window still holds the older questions)
+    if share < th.format_share or odd(steps[-1:]) < th.format_share:
         return None
     new = sorted({c for s in steps[-n:] for q in per_step[s] for c in q} - alphabet)
     i = len(steps)
     while i > 0 and odd([steps[i - 1]]) >= th.format_share:
         i -= 1
-    onset = {"good_before_step": steps[i]} if i > 0 else {}
-    since = f" since step {steps[i]}" if onset else ", from the segment's first sampled step"
+    # named where a sampled step in the task's characters comes before a stretch of at least half
+    # a window in others: a stream that alternates has no step to read the source from before
+    onset = {"good_before_step": steps[i]} if i > 0 and len(steps) - i >= n // 2 else {}
+    since = f" since step {steps[i]}" if onset else ""
     return make_diagnosis(ev, "question_format",
                           f"{share:.0%} of the training questions sampled over the last {n} steps carry characters the "
                           f"task's own questions never use ({''.join(new)!r}){since}: the data source writes its questions "
                           "in another format", "warning" if onset else "info",
                           {"odd_share": share, "new_chars": "".join(new), "steps": n, "threshold_share": th.format_share,
-                           **onset})
+                           **(onset or {"info_without_onset": True})})
 
 
 @detector("repeated_examples")

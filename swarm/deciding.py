@@ -601,13 +601,17 @@ class Deciding:
         """`findings` with the step each names as the first whose data changed (`good_before_step`)
         kept from the looks that named it, for as long as it holds (Store.onsets). A detector reads a
         window of the newest rows and samples: a look that comes after the window moved past the
-        change sees the fault and no longer where it began, and where it began is what undoes it."""
+        change sees the fault and no longer where it began, and where it began is what undoes it.
+        A finding reported (info) only for want of such a step (`info_without_onset`) is a warning with it."""
         def named(d: Any) -> int | None:
             step = d.evidence.get("good_before_step")
             return step if isinstance(step, int) and not isinstance(step, bool) else None
 
         kept = self.store.onsets({d.name: named(d) for d in findings})
-        return [d.model_copy(update={"evidence": {**d.evidence, "good_before_step": kept[d.name]}})
+        # a finding reported only for want of a step to go back to is a fault to answer with one
+        return [d.model_copy(update={"evidence": {**{k: v for k, v in d.evidence.items() if k != "info_without_onset"},
+                                                  "good_before_step": kept[d.name]},
+                                     "severity": "warning" if d.evidence.get("info_without_onset") else d.severity})
                 if d.name in kept and named(d) != kept[d.name] else d for d in findings]
 
     def faults_besides(self, iv: Intervention) -> list[str]:

@@ -97,7 +97,8 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     """Kept only on a measured gain. A restart is kept when the job trained the whole window again
     (the control, a dead or hung job, trains none). Any other intervention: the target after the
     window against the control, with the posterior of `decide` (one observation, binomial noise on
-    a rate, the control's own standard error): P(worse by delta) >= 1 - alpha → RolledBack(undo);
+    a rate, the control's own standard error): P(worse by delta) >= 1 - alpha → RolledBack(undo)
+    (confirmed by a second look unless steep: below);
     P(better by delta) >= 1 - alpha / 2^look → Kept (the error rate spent over the looks: at most
     alpha in all, however many windows are looked at); otherwise Pending until the last look
     (the end of the run), then RolledBack(undo=False): no measured gain is counted as a loss, and
@@ -155,7 +156,8 @@ def judge(window: Window, control: Control, alpha: float = 0.2) -> Judgement:
     p_gain, p_harm = phi((d - delta) / se), phi((-delta - d) / se)
     odds = f"P(gain) = {p_gain:.3f}, P(harm) = {p_harm:.3f}"
     if p_harm >= 1 - alpha:
-        if p_harm >= 1 - alpha / CONFIRM or window.fell or window.last_look:
+        # a fall faults the change does not answer may explain is held by `worse`, never confirmed
+        if p_harm >= 1 - alpha / CONFIRM or window.fell or window.last_look or window.confounded:
             return worse(f"{what}: credibly worse ({odds})" + (" on two looks in a row" if window.fell else ""), window)
         return Pending(f"{what}: worse ({odds}); undone if the next look finds it credibly worse too", fell=True)
     # the answer loss, where measured, is a second signal: the error rate is split between the two

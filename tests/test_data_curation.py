@@ -191,6 +191,15 @@ def test_the_controller_keeps_where_a_data_change_began_while_its_finding_holds(
     assert look(rose_at_step=None) == 250                       # named no longer: kept
     ctrl.with_onsets([])                                         # a look without it
     assert look() is None
+    # a finding reported only for want of a step to go back to is a warning once one is kept for it;
+    # one reported for another reason (a filter already on) stays as reported
+    for extra, want in (({"info_without_onset": True}, "warning"), ({"filter_on": True}, "info")):
+        name = "question_format" if extra.get("info_without_onset") else "labels_fail_check"
+        seen = Diagnosis(name=name, summary="s", operator="detectors", policy="builtin", evidence={"good_before_step": 60})
+        ctrl.with_onsets([seen])
+        d = ctrl.with_onsets([seen.model_copy(update={"severity": "info", "evidence": extra})])[0]
+        assert (d.severity, d.evidence.get("good_before_step")) == (want, 60), extra
+        assert "info_without_onset" not in d.evidence
     close(ctrl)
 
 

@@ -67,6 +67,7 @@ def test_questions_in_another_format_are_found_with_the_step_they_began_at():
     # written so from the segment's first sample: no step to go back to, reported only
     d = DETECTORS["question_format"](make_ev(rows, questions=sums(range(0, 100), prefix="=")), THRESHOLDS, knows)
     assert d is not None and d.severity == "info" and "good_before_step" not in d.evidence
+    assert d.evidence["info_without_onset"] is True
     # the task's own characters, or a rare one in a few questions (a character its probes missed): nothing
     assert DETECTORS["question_format"](make_ev(rows, questions=sums(range(0, 100))), THRESHOLDS, knows) is None
     rare = sums(range(0, 100)) + [{"step": s, "segment": 0, "question": "7-1"} for s in range(80, 100, 4)]
@@ -76,6 +77,14 @@ def test_questions_in_another_format_are_found_with_the_step_they_began_at():
     assert DETECTORS["question_format"](make_ev(rows, questions=old + [{**q, "segment": 1} for q in sums(range(60, 100))]),
                                         THRESHOLDS, knows) is None
     assert DETECTORS["question_format"](make_ev(rows, questions=qs), THRESHOLDS, KNOWN) is None
+    # the source pinned: its newest questions in the task's characters again, the window still mostly
+    # in the other format: nothing (no crash on a stretch that ended)
+    pinned = sums(range(0, 60)) + sums(range(60, 95), prefix="=") + sums(range(95, 100))
+    assert DETECTORS["question_format"](make_ev(rows, questions=pinned), THRESHOLDS, knows) is None
+    # a stream that alternates between the two formats has no step to read the source from before
+    mixed = [q for s in range(0, 100) for q in (sums(range(s, s + 1), prefix="=" if s % 2 and s >= 40 else ""))]
+    d = DETECTORS["question_format"](make_ev(rows, questions=mixed + sums(range(100, 101), prefix="=")), THRESHOLDS, knows)
+    assert d is not None and "good_before_step" not in d.evidence and d.severity == "info", d
     # too few sampled steps to judge
     assert DETECTORS["question_format"](make_ev(rows, questions=sums(range(90, 100), prefix="=")), THRESHOLDS, knows) is None
 

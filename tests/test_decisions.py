@@ -325,9 +325,11 @@ def test_a_fall_credible_only_at_alpha_is_undone_when_the_next_look_finds_it_too
     assert isinstance(last, RolledBack) and last.undo
     steep = judge(Window(K.DATA_CHANGE, 0.38, 100, 100, look=1, last_look=False), ctl)
     assert isinstance(steep, RolledBack) and steep.undo, steep
-    # a fall faults it does not answer explain is held, not confirmed into an undo
+    # a fall faults it does not answer explain is held, not confirmed into an undo, nor counted as a first fall
     held = judge(Window(K.DATA_CHANGE, 0.44, 100, 100, look=2, last_look=False, fell=True, confounded=("harder_data",)), ctl)
     assert isinstance(held, Pending), held
+    first = judge(Window(K.DATA_CHANGE, 0.44, 100, 100, look=1, last_look=False, confounded=("harder_data",)), ctl)
+    assert isinstance(first, Pending) and not first.fell, first
 
 
 def test_judge_reads_the_answer_loss_a_change_was_validated_on_beside_the_target():

@@ -169,3 +169,26 @@ def test_a_fix_that_measured_nothing_is_carried_by_each_candidate_of_the_search(
     again = fix.model_copy(update={"id": "again", "status": Status.BACKTESTING})
     c = ctx(**STUCK_CTX, history=[lost, again])
     assert Explorer().builtin(make_ev(stuck_rows()), c.with_findings(found + [cause])) == []
+
+
+def test_the_carried_fix_is_answered_by_the_candidate_and_keeps_its_checkpoint():
+    """The candidate answers the causes whose fix it carries (the judge does not count them as faults
+    it leaves in force); a rollback fix's checkpoint stays with it; a joint fix answers its parts."""
+    from agents.domain import BacktestResult
+
+    found = run_detectors(make_ev(stuck_rows()), known=ctx(**STUCK_CTX).known())
+    floor = BacktestResult(metric="heldout_acc", candidate=[0.0], control=[0.0], effect=0.0, p_value=1.0,
+                           test="t", horizon_steps=40, seeds=[0], passed=False, harmed=False, eval_size=200)
+
+    def cause(name):
+        return Diagnosis(name=name, summary="s", severity="warning", operator="t", policy="builtin")
+
+    pin = iv_(K.ROLLBACK, {"harness.filters.as_of_step": 40}, "label_noise")
+    pin.diagnosis = pin.diagnosis.model_copy(update={"evidence": {"rollback_to": "step_0000040",
+                                                                  "answers": ["label_noise", "repeated_examples"]}})
+    lost = pin.model_copy(update={"status": Status.REJECTED, "backtest": floor})
+    c = ctx(**STUCK_CTX, history=[lost]).with_findings(found + [cause("label_noise"), cause("repeated_examples")])
+    (iv,) = Explorer().builtin(make_ev(stuck_rows()), c)
+    assert iv.kind == K.ROLLBACK and rollback_target(iv) == "step_0000040"
+    assert iv.changes == {"recipe.lr": 0.03, "harness.filters.as_of_step": 40}
+    assert iv.diagnosis.evidence["answers"] == ["label_noise", "repeated_examples"]
