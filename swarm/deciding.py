@@ -288,7 +288,8 @@ class Deciding:
             held = (persistence([Sighting(*x) for x in self.store.sightings(iv.diagnosis.name)], now, since)
                     if iv.diagnosis.name in findings else None)
             why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
-                                  corroborated_by(iv.diagnosis, self.tick.findings, iv.changes), steps_left)
+                                  corroborated_by(iv.diagnosis, self.tick.findings, iv.changes), steps_left,
+                                  measured=ev.latest_eval(metric) is not None)
             if why is None:
                 keep.append(iv)
                 continue

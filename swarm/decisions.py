@@ -314,7 +314,7 @@ def segment_steps(heartbeat: dict[str, Any]) -> int:
 
 def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,
                     next_eval_in: int | None = None, held_for: tuple[int, int] | None = None,
-                    corroborated: str | None = None, steps_left: int | None = None) -> str | None:
+                    corroborated: str | None = None, steps_left: int | None = None, measured: bool = True) -> str | None:
     """Why an intervention is not worth its cost now (None: it may be), before it is recorded.
     Every change is verified — by a backtest, or by its evaluation window — and `verify_steps` is
     the smaller of the two: the backtest's candidate and control arms over its horizon, in training
@@ -336,9 +336,16 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     either). A run is on course only if it gets there within its
     budget: a projection past `steps_left` (the training steps the budget still pays for at the
     run's CPU per step so far, arms included) holds nothing back. The projection is stretched by
-    OUTLOOK_SLACK before either comparison: near the target a straight line is optimistic."""
+    OUTLOOK_SLACK before either comparison: near the target a straight line is optimistic.
+    A change that skips its backtest (`verify_steps` 0) is judged against the value of the target
+    measured just before applying: with none measured yet (`measured` False) the judge would have
+    nothing to compare it with, and a fix that worked would count as a loss; it waits for the next
+    eval."""
     if iv.kind == K.RESTART or findings & NO_TREND:
         return None
+    if verify_steps == 0 and not measured and next_eval_in is not None:
+        return (f"nothing measured yet to judge it against after applying (it skips its backtest): it waits for the "
+                f"next held-out eval, due in {next_eval_in} steps")
     if corroborated is None and held_for is not None and (held_for[0] < PERSIST_LOOKS or held_for[1] < PERSIST_STEPS):
         return (f"{iv.diagnosis.name} seen on {held_for[0]} look(s) over {held_for[1]} step(s): on healthy runs a "
                 f"detector's false alarm lasts one look, so the fix waits for a look at newer rows")

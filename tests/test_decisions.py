@@ -437,6 +437,21 @@ def test_with_no_trend_yet_a_fix_waits_for_the_next_eval_when_it_comes_sooner_th
     assert worth_verifying(fix, frozenset({"loss_spike"}), falling, verify_steps=160, next_eval_in=10) is None
 
 
+def test_a_fix_that_skips_its_backtest_waits_for_a_value_to_be_judged_against():
+    """A trusted fix applied before the run's first eval would be judged against nothing, and a fix
+    that worked would count as a loss: it waits for the next eval (a backtested one brings its
+    control arms, and does not wait for that)."""
+    from swarm.decisions import TASK_FACT
+    fix = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    none = outlook([], 0.9, True)
+    why = worth_verifying(fix, frozenset({"truncation"}), none, 0, next_eval_in=23, corroborated=TASK_FACT, measured=False)
+    assert why is not None and "due in 23 steps" in why
+    assert worth_verifying(fix, frozenset({"truncation"}), none, 0, next_eval_in=23, corroborated=TASK_FACT) is None
+    assert worth_verifying(fix, frozenset({"truncation"}), none, 80, next_eval_in=23, corroborated=TASK_FACT,
+                           measured=False) is None
+    assert worth_verifying(fix, frozenset({"truncation"}), none, 0, corroborated=TASK_FACT, measured=False) is None
+
+
 @pytest.mark.parametrize("held_for, want_held", [
     ((1, 0), True),        # first look
     ((1, 40), True),       # one look (a fast run: many steps between looks, still one look)
