@@ -50,7 +50,7 @@ from agents.base import Operator, OperatorContext  # noqa: E402  (imports every 
 from agents.detection import DETECTORS, THRESHOLDS, Known, Thresholds, run_detectors  # noqa: E402
 from agents.domain import Diagnosis  # noqa: E402
 from agents.evidence import collect  # noqa: E402
-from swarm.backtest import question_chars  # noqa: E402
+from swarm.backtest import question_alphabet, question_chars  # noqa: E402
 from swarm.goal import Goal  # noqa: E402
 from trainer.config import ConfigError  # noqa: E402
 from trainer.runlog import rotated_parts  # noqa: E402
@@ -112,15 +112,16 @@ def trainer_dirs(run: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p.parent for p in (run / "work").rglob("metrics.jsonl"))
 
 
-_LENGTHS: dict[str, dict[int, float]] = {}
+_FACTS: dict[str, tuple[dict[int, float], str]] = {}
 
 
-def task_lengths(cfg: dict[str, Any]) -> dict[int, float]:
-    """The task's own question lengths per difficulty, as the controller measures them (one per task)."""
+def task_facts(cfg: dict[str, Any]) -> tuple[dict[int, float], str]:
+    """The task's own question lengths per difficulty and its question alphabet, as the controller
+    measures them (once per task)."""
     key = json.dumps([cfg.get("task"), cfg.get("seed")], sort_keys=True, default=str)
-    if key not in _LENGTHS:
-        _LENGTHS[key] = question_chars(cfg)
-    return _LENGTHS[key]
+    if key not in _FACTS:
+        _FACTS[key] = (question_chars(cfg), question_alphabet(cfg))
+    return _FACTS[key]
 
 
 def context(spec: dict[str, Any]) -> tuple[OperatorContext, Known, int]:
@@ -133,7 +134,8 @@ def context(spec: dict[str, Any]) -> tuple[OperatorContext, Known, int]:
     ctx = OperatorContext(goal=g.goal, target=target, recipe=cfg["recipe"], harness=cfg["harness"],
                           start_harness=cfg["harness"], eval_difficulty=cur.get("end") or cur["start"],
                           settled_since=0.0,     # a run without agents: nothing changed by a controller
-                          question_chars=task_lengths(cfg))   # measured by the controller once the run has samples
+                          # measured by the controller once the run has samples
+                          question_chars=task_facts(cfg)[0], question_alphabet=task_facts(cfg)[1])
     known = dataclasses.replace(ctx.known(), stale_heartbeat_s=g.swarm.stale_heartbeat_s, since_launch_s=None)
     return ctx, known, int(cfg["recipe"].get("eval_interval") or 0)
 
