@@ -45,8 +45,12 @@ def test_the_example_goal_is_a_typed_entrypoint(monkeypatch):
     assert Goal.parse({"goal": "x", "run": {"task": {"name": "addition"}}}).entrypoint is None
 
 
-def test_swarm_run_drives_the_example_script_goal_to_its_end(tmp_path, monkeypatch):
-    """`swarm run` on the example goal, scaled down with the script's own flags (a later flag wins):
+@pytest.mark.parametrize("goal_file, script", [("goal_lr_too_high.yaml", "sft_addition.py"),
+                                               ("goal_trl_sft_lr_too_high.yaml", "sft_trl.py")],
+                         ids=["trainer", "trl_sft_trainer"])
+def test_swarm_run_drives_the_example_script_goal_to_its_end(tmp_path, monkeypatch, goal_file, script):
+    """`swarm run` on the example goal (a `transformers.Trainer` script, and TRL's `SFTTrainer` one),
+    scaled down with the script's own flags (a later flag wins):
     the controller launches the script under the relauncher, reads its metrics, stops when the script
     has trained its steps, and writes the final report. At this scale (120 steps of a smaller model)
     the built-in detectors see a held-out plateau (info) only: `not_learning` needs 100 loss rows
@@ -55,7 +59,7 @@ def test_swarm_run_drives_the_example_script_goal_to_its_end(tmp_path, monkeypat
     import yaml
 
     monkeypatch.chdir(ROOT)
-    g = yaml.safe_load(EXAMPLE.read_text())
+    g = yaml.safe_load((EXAMPLE.parent / goal_file).read_text())
     g["run"]["entrypoint"]["args"] += [*TINY, "--max_steps", "120", "--eval_steps", "20", "--save_steps", "40",
                                        "--output_dir", str(tmp_path / "out")]
     g["budget"] = {"wall_s": 600, "worker_cpu_s": 1200}
@@ -77,7 +81,7 @@ def test_swarm_run_drives_the_example_script_goal_to_its_end(tmp_path, monkeypat
     assert (tmp_path / "out" / "checkpoint-120").is_dir()
     # the saved goal holds the script's absolute path and the folder it ran in: a resume works from anywhere
     saved = yaml.safe_load((ws / ".swarm" / "private" / "goal.yaml").read_text())["run"]["entrypoint"]
-    assert saved["script"] == str(ROOT / "examples" / "steer" / "sft_addition.py") and saved["cwd"] == str(ROOT)
+    assert saved["script"] == str(ROOT / "examples" / "steer" / script) and saved["cwd"] == str(ROOT)
     # every change the swarm proposed names a setting the script declares
     from trainer.steer.settings import read_declared
 
