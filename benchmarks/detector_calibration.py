@@ -50,7 +50,7 @@ from agents.base import Operator, OperatorContext  # noqa: E402  (imports every 
 from agents.detection import DETECTORS, THRESHOLDS, Known, Thresholds, run_detectors  # noqa: E402
 from agents.domain import Diagnosis  # noqa: E402
 from agents.evidence import collect  # noqa: E402
-from swarm.backtest import question_alphabet, question_chars  # noqa: E402
+from swarm.backtest import task_facts  # noqa: E402
 from swarm.goal import Goal  # noqa: E402
 from trainer.config import ConfigError  # noqa: E402
 from trainer.runlog import rotated_parts  # noqa: E402
@@ -112,15 +112,15 @@ def trainer_dirs(run: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p.parent for p in (run / "work").rglob("metrics.jsonl"))
 
 
-_FACTS: dict[str, tuple[dict[int, float], str]] = {}
+_FACTS: dict[str, dict[str, Any]] = {}
 
 
-def task_facts(cfg: dict[str, Any]) -> tuple[dict[int, float], str]:
-    """The task's own question lengths per difficulty and its question alphabet, as the controller
-    measures them (once per task)."""
-    key = json.dumps([cfg.get("task"), cfg.get("seed")], sort_keys=True, default=str)
+def facts_of(cfg: dict[str, Any], eval_difficulty: int | None) -> dict[str, Any]:
+    """The task's own facts as the controller measures them (swarm.backtest.task_facts), once per task."""
+    key = json.dumps([cfg.get("task"), cfg.get("seed"), cfg.get("model"), cfg["recipe"].get("eval_size"), eval_difficulty],
+                     sort_keys=True, default=str)
     if key not in _FACTS:
-        _FACTS[key] = (question_chars(cfg), question_alphabet(cfg))
+        _FACTS[key] = task_facts(cfg, eval_difficulty)
     return _FACTS[key]
 
 
@@ -131,11 +131,11 @@ def context(spec: dict[str, Any]) -> tuple[OperatorContext, Known, int]:
     cfg = g.run_config("train", "/nonexistent").model_dump(mode="json")
     target = g.target.model_copy(update={"threshold": float(spec.get("target", g.target.threshold))})
     cur = cfg["harness"]["curriculum"]
+    asked = cur.get("end") or cur["start"]
     ctx = OperatorContext(goal=g.goal, target=target, recipe=cfg["recipe"], harness=cfg["harness"],
-                          start_harness=cfg["harness"], eval_difficulty=cur.get("end") or cur["start"],
+                          start_harness=cfg["harness"], eval_difficulty=asked,
                           settled_since=0.0,     # a run without agents: nothing changed by a controller
-                          # measured by the controller once the run has samples
-                          question_chars=task_facts(cfg)[0], question_alphabet=task_facts(cfg)[1])
+                          **facts_of(cfg, asked))     # measured by the controller at its first look
     known = dataclasses.replace(ctx.known(), stale_heartbeat_s=g.swarm.stale_heartbeat_s, since_launch_s=None)
     return ctx, known, int(cfg["recipe"].get("eval_interval") or 0)
 

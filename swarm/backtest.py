@@ -221,6 +221,15 @@ def answer_chars(base: dict[str, Any]) -> dict[int, dict[int, int]]:
                            task=t)
 
 
+def task_facts(base: dict[str, Any], eval_difficulty: int | None) -> dict[str, Any]:
+    """The task's own facts the detectors hold a run against (`OperatorContext` fields): its question
+    lengths and alphabet, and the lengths of the held-out answers at the difficulty the target is
+    scored at (where those are what a right answer takes)."""
+    answers = answer_chars(base)
+    return {"question_chars": question_chars(base), "question_alphabet": question_alphabet(base),
+            "answer_chars": {eval_difficulty: answers[eval_difficulty]} if eval_difficulty in answers else {}}
+
+
 def nearest_valid(changes: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     """The change with its curriculum difficulties clamped to the task's range [lo, hi]."""
     out = dict(changes)

@@ -36,8 +36,7 @@ from agents.recall import apply_skills, episode_summaries, evidence_view, firing
 from sandboxes.private import private_dir, write_private
 from swarm.agent_run import AgentSteering, agent_jobs, job_config
 from swarm.agent_run import task_name as agent_task
-from swarm.backtest import (ADOPTED, ARM_ONLY, BacktestRunner, adoptable, answer_chars, question_alphabet, question_chars, run_arms,
-                            task_range)
+from swarm.backtest import ADOPTED, ARM_ONLY, BacktestRunner, adoptable, run_arms, task_facts, task_range
 from swarm.deciding import Deciding, in_force, recent_pace
 from swarm.decisions import PERSIST_WITHIN
 from swarm.goal import Goal
@@ -97,9 +96,7 @@ class Memo:
     reported_at: float = float("-inf")   # when status.json was last written (wall clock)
     ckpts: tuple[int, list[dict[str, Any]]] | None = None
     recall: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
-    question_chars: dict[int, float] | None = None   # the task's, measured once at first need
-    question_alphabet: str | None = None              # the same
-    answer_chars: dict[int, dict[int, int]] | None = None   # the task's, measured once
+    task_facts: dict[str, Any] | None = None   # the task's own (swarm.backtest.task_facts), measured once
 
 
 class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
@@ -324,18 +321,10 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
     def node_diagnose(self, s: SwarmState) -> dict[str, Any]:
         ev = self.evidence(s.job_status)
         ctx = self.context(ev)
-        # the task's own question lengths: measured once, when the run has sampled questions to hold
-        # against them (once even when the task yields none)
-        if not self.script and not self.agent and self.memo.question_chars is None and ev.questions:
-            self.memo.question_chars = question_chars(self.base_cfg)
-            self.memo.question_alphabet = question_alphabet(self.base_cfg)
-        if self.memo.question_chars:
-            ctx = ctx.model_copy(update={"question_chars": self.memo.question_chars,
-                                         "question_alphabet": self.memo.question_alphabet or ""})
-        if not self.script and not self.agent and self.memo.answer_chars is None:
-            self.memo.answer_chars = answer_chars(self.base_cfg)
-        if ctx.eval_difficulty in (self.memo.answer_chars or {}):     # what the target is scored at
-            ctx = ctx.model_copy(update={"answer_chars": {ctx.eval_difficulty: self.memo.answer_chars[ctx.eval_difficulty]}})
+        if not self.script and not self.agent:     # the task's own facts: measured once
+            if self.memo.task_facts is None:
+                self.memo.task_facts = task_facts(self.base_cfg, ctx.eval_difficulty)
+            ctx = ctx.model_copy(update=self.memo.task_facts)
         findings = (self.agent_findings(ev, self.known(ctx, s)) if self.agent else
                     run_detectors(Operator.view(ev, ctx), known=self.known(ctx, s)))   # once: the operators reuse them
         findings = self.with_onsets(findings)      # where a data change began, once named, stays named
