@@ -166,7 +166,7 @@ def _worker(rank: int, world: int, port: int, spec: str, out: str) -> None:
     names = json.loads(spec)
     res = {n: run_scenario(n, pathlib.Path(out) / f"rank{rank}" / "runs") for n in names}
     torch.save({"results": res, "listening": listening}, pathlib.Path(out) / f"rank{rank}.pt")
-    torch.distributed.destroy_process_group()
+    gloo_ranks.end_rank()
 
 
 def _close(a: list[torch.Tensor], b: list[torch.Tensor], what: str, rtol: float = 1e-4, atol: float = 1e-6) -> None:

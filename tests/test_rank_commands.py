@@ -156,7 +156,7 @@ def _worker(rank: int, world: int, port: int, spec: str, out: str) -> None:
     res["on_storage"] = sorted(open_storage(s["uri"]).list("checkpoints"))
     pathlib.Path(out).mkdir(parents=True, exist_ok=True)
     pathlib.Path(out, f"rank{rank}.json").write_text(json.dumps(res))
-    torch.distributed.destroy_process_group()
+    gloo_ranks.end_rank()
 
 
 if __name__ == "__main__":

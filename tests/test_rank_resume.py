@@ -139,7 +139,7 @@ def _worker(rank: int, world: int, port: int, spec: str, out: str) -> None:
         res["fork"] = fork_rank(s["fork"], rank)
     pathlib.Path(out).mkdir(parents=True, exist_ok=True)
     pathlib.Path(out, f"rank{rank}.json").write_text(json.dumps(res))
-    torch.distributed.destroy_process_group()
+    gloo_ranks.end_rank()
 
 
 def _run_ranks(tmp_path: pathlib.Path, spec: dict[str, Any], **env: str) -> tuple[dict[str, Any], dict[str, Any]]:
