@@ -28,8 +28,10 @@ from harness.changes import SOURCE_REVISION
 CURRICULUM_RAMP_STEPS = 100     # steps over which a lowered curriculum climbs back to the eval difficulty
 PIN = SOURCE_REVISION
 # the findings that name where the data changed, and whether the steps since learnt something wrong
-# (wrong labels: roll back to before the change) or only learnt less (harder problems: pin from here)
-DATA_ONSET = {"labels_fail_check": True, "label_noise": True, "harder_data": False, "question_format": False}
+# (wrong labels: roll back to before the change) or only learnt less (harder problems, another
+# format, a repeating pool: pin from here)
+DATA_ONSET = {"labels_fail_check": True, "label_noise": True, "harder_data": False, "question_format": False,
+              "repeated_examples": False}
 
 
 class DataCuration(Operator):

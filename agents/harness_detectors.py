@@ -450,7 +450,11 @@ def repeated_examples(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
     least `repeat_share` were already sampled at an earlier step of the window.
     A stream drawn from a large question space almost never repeats within a few hundred samples;
     one stuck on a small pool (a duplicated shard, a loader that restarts its file) repeats most, and
-    the policy memorises the pool instead of the task. Only while the harness does not dedupe."""
+    the policy memorises the pool instead of the task. Only while the harness does not dedupe.
+    Where the segment's sampled steps went from questions sampled at no other step to questions
+    that recur, the evidence names the step the stream began to repeat (`good_before_step`,
+    `repeat_onset`): the data changed there, and its source can be read as it was before. A stream
+    that repeated from its first sampled step names none."""
     if ((ev.harness or {}).get("filters") or {}).get("dedupe"):
         return None
     seg = max((int(q.get("segment") or 0) for q in ev.questions), default=0)
@@ -469,11 +473,36 @@ def repeated_examples(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
     share = repeats / len(items)
     if share < th.repeat_share:
         return None
+    began = repeat_onset(per_step, th.repeat_share, th.shift_rows // 2)
+    since = f" since step {began}" if began is not None else ""
     return make_diagnosis(ev, "repeated_examples",
                           f"{repeats} of the last {len(items)} sampled training questions were sampled before "
-                          f"({len(seen)} distinct): the data stream repeats a small pool", "warning",
+                          f"({len(seen)} distinct){since}: the data stream repeats a small pool", "warning",
                           {"questions": len(items), "distinct": len(seen), "repeated_share": share,
-                           "threshold_share": th.repeat_share, "window": th.repeat_window})
+                           "threshold_share": th.repeat_share, "window": th.repeat_window,
+                           **({"good_before_step": began} if began is not None else {})})
+
+
+def repeat_onset(per_step: dict[int, set[str]], share: float, least: int) -> int | None:
+    """The sampled step a stream began to repeat at: each step scores the share of its distinct
+    questions sampled at some other step too, and the onset is the step after which the scores,
+    less `share`, sum the most (the change point of a shift in their mean). Named only where at
+    least `least` sampled steps come before it and they score below `share` on average: questions
+    that recurred throughout show no step they began at."""
+    steps = sorted(per_step)
+    count: dict[str, int] = {}
+    for s in steps:
+        for q in per_step[s]:
+            count[q] = count.get(q, 0) + 1
+    score = [sum(count[q] > 1 for q in per_step[s]) / len(per_step[s]) - share for s in steps]
+    best, tail, at = -math.inf, 0.0, None
+    for i in range(len(steps) - 1, -1, -1):
+        tail += score[i]
+        if tail > best:
+            best, at = tail, i
+    if at is None or at < least or sum(score[:at]) >= 0:
+        return None
+    return steps[at]
 
 
 def comparable_tail(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -492,7 +521,7 @@ def comparable_tail(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @detector("not_learning")
 def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
-    """The run is not learning at all: over `not_learning_rows` steps whose losses compare
+    """The run is not learning at all: over the newest `not_learning_rows` steps whose losses compare
     (`comparable_tail`: one segment, one training difficulty) the loss's recent median is within
     `not_learning_rel` of its median at their start, and held-out accuracy is
     still ≤ `not_learning_heldout_max`. With no spike to roll back to, the usual cause is a
@@ -504,6 +533,9 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     steps, loss = column(rows, "loss", skip_skipped=True, finite=True)
     if len(loss) < th.not_learning_rows:
         return None
+    # the newest rows only: a loss that fell from a blow-up of its first steps and then sat still
+    # for a window is not learning either
+    steps, loss = steps[-th.not_learning_rows:], loss[-th.not_learning_rows:]
     n = max(5, th.not_learning_rows // 5)
     first, last = median_of(loss[:n]), median_of(loss[-n:])
     rel = (first - last) / max(abs(first), 1e-12)

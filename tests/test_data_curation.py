@@ -121,13 +121,14 @@ def test_data_curation_pins_the_source_before_the_step_its_data_changed():
 
 
 def test_data_curation_fixes_two_faults_of_the_data_together_first():
-    """A stream that got harder and repeats a small pool: each fix alone leaves the other fault in
-    force, so the first proposal makes both (the pin and the dedupe filter); the single ones follow."""
+    """A stream that repeats a small pool from its first sampled step and got harder at step 60:
+    each fix alone leaves the other fault in force, so the first proposal makes both (the pin and
+    the dedupe filter); the single ones follow."""
     from test_detectors import questions
 
     op = DataCuration()
     rows, _ = shifted(60)
-    qs = questions(range(0, 100), lambda s, k: f"{s:03d}+{k}4" if s < 60 else f"{(s * 4 + k) % 8:03d}+{k}4567")
+    qs = questions(range(0, 100), lambda s, k: f"{(s * 4 + k) % 8:03d}+{k}" + ("4" if s < 60 else "4567"))
     ivs = op.builtin(make_ev(rows, questions=qs), ctx())
     assert sorted(iv.diagnosis.name for iv in ivs[1:]) == ["harder_data", "repeated_examples"]
     joint = ivs[0]
@@ -155,6 +156,28 @@ def test_data_curation_turns_dedupe_on_for_a_stream_that_repeats_a_small_pool():
     check_record(iv, op)
     assert iv.kind == K.DATA_CHANGE and iv.diagnosis.name == "repeated_examples"
     assert iv.changes == {"harness.filters.dedupe": True} and iv.risk == Risk.LOW
+
+
+def test_a_stream_that_began_to_repeat_at_a_step_is_read_from_before_it_first():
+    """New questions at every step until step 60, a pool of 16 from there: the source read as it was
+    before step 60 is proposed first, from where the run is (a pool teaches less, nothing wrong),
+    and the dedupe filter follows; with harder problems from the same step, the pin undoes both,
+    so no joint change adds the filter to it."""
+    from test_detectors import questions
+
+    op = DataCuration()
+    qs = questions(range(0, 100), lambda s, k: f"{s * 4 + k}+7" if s < 60 else f"{(s * 4 + k) % 16}+7")
+    ivs = op.builtin(make_ev(sft_rows(), questions=qs), ctx(checkpoints=[{"name": "step_0000040", "step": 40}]))
+    for iv in ivs:
+        check_record(iv, op)
+    assert [(iv.kind, iv.changes) for iv in ivs] == [(K.DATA_CHANGE, {PIN: 60}),
+                                                     (K.DATA_CHANGE, {"harness.filters.dedupe": True})]
+    assert "since step 60" in ivs[0].diagnosis.summary and ivs[0].risk == Risk.LOW
+    rows, _ = shifted(60)
+    qs = questions(range(0, 100), lambda s, k: f"{s:03d}+{k}4" if s < 60 else f"{(s * 4 + k) % 8:03d}+{k}4567")
+    ivs = op.builtin(make_ev(rows, questions=qs), ctx())
+    assert list(ivs[0].changes) == [PIN] and 50 <= ivs[0].changes[PIN] <= 60     # harder_data names its first window
+    assert not any(len(iv.changes) > 1 for iv in ivs), [iv.changes for iv in ivs]
 
 
 def test_data_curation_lowers_the_curriculum_by_the_levels_the_questions_rose():

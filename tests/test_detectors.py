@@ -424,6 +424,28 @@ def test_repeated_examples_fires_on_a_stream_stuck_on_a_small_pool_only():
     assert DETECTORS["repeated_examples"](deduped, THRESHOLDS, KNOWN) is None
 
 
+def test_repeated_examples_names_the_step_a_stream_began_to_repeat_at():
+    """Questions sampled at no other step until the pool began: the first sampled step of the pool
+    is named (its chance repeats before it, a small question space's, do not move it); a pool from
+    the first sampled steps names none."""
+    rows = sft_rows()
+    rng = random.Random(5)
+
+    def stream(began: int, pool: int = 16):
+        return questions(range(0, 100), lambda s, k: f"{rng.randrange(30)}+{rng.randrange(30)}" if s < began
+                         else f"{(s * 4 + k) % pool}+7")
+
+    for began in (30, 60, 70):
+        d = fired(make_ev(rows, questions=stream(began)), "repeated_examples")
+        assert d.evidence["good_before_step"] == began and f"since step {began}" in d.summary
+    for began in (0, 5):
+        d = DETECTORS["repeated_examples"](make_ev(rows, questions=stream(began)), THRESHOLDS, KNOWN)
+        assert d is not None and "good_before_step" not in d.evidence, began
+    # one pool, then another from step 60: the stream repeated before the change too
+    two = questions(range(0, 100), lambda s, k: f"{(s * 4 + k) % 8}+{7 if s < 60 else 9}")
+    assert "good_before_step" not in fired(make_ev(rows, questions=two), "repeated_examples").evidence
+
+
 def shifted(at: int, grow: bool = True, drop: bool = True, key_change: bool = False):
     """SFT rows and sampled questions: from step `at` the questions are 9 characters instead of 5
     (`grow`) and the pass rate falls from 0.9 to 0.3 (`drop`); `key_change`: the curriculum's
@@ -689,6 +711,18 @@ def test_not_learning():
     d = fired(make_ev(stuck_rows()), "not_learning")
     assert d.evidence["lr_now"] == 0.3 and d.evidence["relative_improvement"] < THRESHOLDS.not_learning_rel
     assert DETECTORS["not_learning"](make_ev(sft_rows(n=120)), THRESHOLDS, KNOWN) is None  # healthy: quiet
+
+
+def test_not_learning_reads_the_newest_window_after_an_early_blow_up():
+    """A loss that shot up in the first steps (an lr far too high), fell back from there and then
+    sat still for a window has not learnt over that window: the fall from the blow-up is not
+    learning. A healthy run's loss still falling over the newest window stays quiet."""
+    rows = stuck_rows(n=150)
+    for i, r in enumerate(rows[:30]):
+        r["loss"] = 4.6 if i == 0 else 20.0 - 0.6 * i
+    d = fired(make_ev(rows), "not_learning")
+    assert d.evidence["loss_start_median"] < 2.0 and d.evidence["rows"] == THRESHOLDS.not_learning_rows
+    assert DETECTORS["not_learning"](make_ev(sft_rows(n=150)), THRESHOLDS, KNOWN) is None
 
 
 def test_not_learning_compares_only_losses_that_compare():
