@@ -255,6 +255,8 @@ class Replay:
     fires: dict[str, list[int]]                       # detector -> steps of the ticks it fired at
     first: dict[str, Diagnosis]                       # detector -> its first finding
     reached_at: int | None                            # step of the row that met the target
+    # detector -> the steps it named as where the data changed (good_before_step)
+    onsets: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def replay(run_dir: pathlib.Path, ctx: OperatorContext, known: Known, every: int,
@@ -303,6 +305,9 @@ def replay(run_dir: pathlib.Path, ctx: OperatorContext, known: Known, every: int
             for d in run_detectors(ev, names, th, known):
                 out.fires.setdefault(d.name, []).append(step)
                 out.first.setdefault(d.name, d)
+                began = d.evidence.get("good_before_step")
+                if isinstance(began, int) and began not in out.onsets.get(d.name, []):
+                    out.onsets.setdefault(d.name, []).append(began)
     finally:
         for f in files.values():
             f.close()
@@ -375,7 +380,7 @@ def build_report(invs: list[Inventory], results: list[tuple[BenchRun, Replay]], 
         "examples": examples(results),
         "runs": [{"run": run.name, "work": run.work, "method": run.method, "scenario": run.scenario, "group": run.group,
                   "every": run.every, "ticks": len(rp.ticks), "last_tick": rp.ticks[-1] if rp.ticks else None,
-                  "reached_at_step": rp.reached_at, "fired": rp.fires} for run, rp in results],
+                  "reached_at_step": rp.reached_at, "fired": rp.fires, "onsets": rp.onsets} for run, rp in results],
     }
 
 
@@ -435,7 +440,14 @@ def markdown(rep: dict[str, Any]) -> str:
             lines += [f"- **{n}** ({g['healthy']['detectors'][n]['runs_fired']}/{g['healthy']['runs']} healthy runs), "
                       f"first on `{ex['run']}` at step {ex['step']}: {ex['summary']}. Evidence: `{ev[:600]}`"]
         lines.append("")
-    lines += ["## Left out", ""]
+    named = [r for r in rep["runs"] if r.get("onsets")]
+    lines += ["## Steps named as where the data changed", "",
+              "Each run on which a finding named the step its data changed at (`good_before_step`, which the "
+              "data source is read from before): the steps named, over all ticks.", ""]
+    lines += [f"- `{r['run']}` ({r['group']}): " + "; ".join(f"`{n}` {', '.join(map(str, steps))}"
+                                                          for n, steps in sorted(r["onsets"].items()))
+              for r in named] or ["- none"]
+    lines += ["", "## Left out", ""]
     lines += [f"- `{n}`: {why}." for n, why in rep["left_out"].items()]
     lines += ["", "## Thresholds (agents/detection.py `Thresholds`, defaults)", "",
               ", ".join(f"`{k}`={v}" for k, v in rep["thresholds"].items()), ""]

@@ -58,7 +58,9 @@ def metrics_row(step: int, nonfinite: bool = False, heldout: float | None = None
 
 
 def write_run(work: pathlib.Path, n: int, scenario: str, method: str, perturbations: list, reached: bool,
-              fault_at: int | None) -> pathlib.Path:
+              fault_at: int | None, pool_after: int | None = None) -> pathlib.Path:
+    """A bench run folder; its sampled questions are new at every step, or, after step `pool_after`,
+    drawn from a pool of 16."""
     d = work / "runs" / f"{n:05d}-{scenario}-{method}-s0"
     t = d / "work" / "runs" / "train"
     t.mkdir(parents=True)
@@ -73,7 +75,7 @@ def write_run(work: pathlib.Path, n: int, scenario: str, method: str, perturbati
             held = 0.3     # stuck once the fault is in force
         rows.append(metrics_row(step, bad, held))
         for k in range(4):
-            q = f"{10 + k}+{20 + step % 50}"
+            q = f"{k}+{step % 4}" if pool_after is not None and step > pool_after else f"{10 + k}+{20 + step}"
             samples.append({"step": step - 1, "segment": 0, "uid": f"addition/train/d2/{4 * step + k}", "question": q,
                             "prompt": q + "=", "completion": "1\n", "reward": 0.0, "verdict": "wrong", "truncated": False})
     if reached:
@@ -91,7 +93,7 @@ def bench(tmp_path):
     os.utime(old / "result.json", (1e9, 1e9))
     # a resumed bench numbers its runs from 1 again: the newer finished run of g9000/oracle/s0 counts
     write_run(work, 2, "g9000-addition2-none", "oracle", [], reached=True, fault_at=None)
-    write_run(work, 3, "g9001-addition2-lr", "plain", FAULT, reached=False, fault_at=100)
+    write_run(work, 3, "g9001-addition2-lr", "plain", FAULT, reached=False, fault_at=100, pool_after=150)
     write_run(work, 4, "g9002-addition2-lr", "plain", FAULT, reached=True, fault_at=None)    # a fault that did not hurt: mild
     write_run(work, 5, "g9000-addition2-none", "pbt", [], reached=True, fault_at=None)       # another method: left out
     return work
@@ -133,6 +135,10 @@ def test_report_counts_per_set(dc, bench, tmp_path):
     assert "nonfinite_loss" not in rep["flagged"]
     md = out.with_suffix(".md").read_text()
     assert "| nonfinite_loss | critical | 0/1 (0%) | 0/11 (0.0%) | 0/1 (0%) |" in md
+    # the step the failing run's stream began to repeat at (its samples of step 151 on carry step 150)
+    assert {r["run"][:5]: r["onsets"] for r in rep["runs"]} == {"00002": {}, "00003": {"repeated_examples": [150]},
+                                                                 "00004": {}}
+    assert "- `00003-g9001-addition2-lr-plain-s0` (failing): `repeated_examples` 150" in md
 
 
 def test_a_folder_without_runs_is_one_line_and_exit_2(dc, tmp_path, capsys):
