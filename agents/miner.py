@@ -66,6 +66,7 @@ FINDING_FIELDS: dict[str, tuple[str, ...]] = {
     "reward_hacking": ("harness.reward",),
     "kl_blowup": ("recipe.kl_coef",),
     "small_updates": ("recipe.lr",),
+    "inflated_weights": ("recipe.lr",),
     "strong_decay": ("recipe.weight_decay",),
     "small_batch": ("recipe.batch_size",),
 }

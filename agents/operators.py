@@ -98,8 +98,8 @@ class Diagnostics(Operator):
             "a gradient that is mostly noise gets a larger batch.")
     tools = frozenset({K.ROLLBACK, K.RECIPE_EDIT, K.HARNESS_EDIT})
     detectors = ("nonfinite_loss", "loss_spike", "grad_norm_explosion", "kl_blowup", "entropy_collapse",
-                 "low_temperature", "plateau", "not_learning", "small_updates", "strong_decay", "small_batch",
-                 "lr_drift", "recipe_drift")
+                 "low_temperature", "plateau", "not_learning", "inflated_weights", "small_updates", "strong_decay",
+                 "small_batch", "lr_drift", "recipe_drift")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}
@@ -176,19 +176,23 @@ class Diagnostics(Operator):
                           "lower bound, so a step's gradient is mostly signal (the backtest compares that with carrying "
                           "on; a raise this large is rated high until it is validated on held-out).",
                 expected_effect="the loss falling faster and more steadily; held-out rising within a few evals"))
-        elif "not_learning" in found and not any(
+        elif "inflated_weights" in found or ("not_learning" in found and not any(
                 iv.status in IN_EFFECT and iv.diagnosis.name in ("not_learning", "small_updates") and "recipe.lr" in iv.changes
-                for iv in ctx.history):
-            # a learning rate moved for this finding (or raised for small steps) that left the run not
+                for iv in ctx.history)):
+            # a learning rate moved for not_learning (or raised for small steps) that left the run not
             # learning is no cure to move again by rule: the search (agents/explorer.py) goes on from
-            # there, bracketed by the old lr
-            d = found["not_learning"]
+            # there, bracketed by the old lr. Weights inflated again name their cause again: the lr
+            # in force is still far too high, and comes down again from the untrained start
+            d = found.get("inflated_weights") or found["not_learning"]
             # the larger of the schedule's peak and the lr logged now: during a warm-up the logged lr
             # is a small share of the peak the run will train at
             lr = max((x for x in (_f(ctx.get("recipe.lr")), _f(d.evidence.get("lr_now"))) if x), default=None)
             # Adam above ~1e-2 almost never trains a transformer: go at least to 1e-3 there
             new_lr = float(f"{min(lr * LR_FACTOR, 1e-3) if lr > 1e-2 else lr * LR_FACTOR:.6g}") if lr else None
             why = worthless_weights(ev, ctx.checkpoints, self.thresholds.not_learning_heldout_max)
+            if why is None and d.name == "inflated_weights" and any(c.get("name") == INIT_CHECKPOINT
+                                                                     for c in ctx.checkpoints):
+                why = f"its weights grew to {d.evidence['weight_growth']:.3g}× their untrained size"
             if new_lr and why is not None:
                 # the weights trained at this lr are no better than the start (often worse: saturated
                 # units, inflated weights, Adam moments sized for the wrong lr), so start over

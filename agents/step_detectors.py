@@ -2,6 +2,8 @@
 learning rate, the weight decay and the batch size, which a loss curve does not.
 
     small_updates   the steps barely move the weights: the lr is far too low (raise it)
+    inflated_weights the weights grew far past their untrained size and the run learnt nothing: the
+                    lr is far too high (start over from the untrained weights at a lower one)
     strong_decay    the weights' norm falls as fast as the decay pulls: the weight decay is too strong
     small_batch     a step's gradient is mostly noise: the batch is far below the noise scale
 
@@ -130,6 +132,48 @@ def held_out_stuck(ev: Evidence, th: Thresholds, known: Known, seg: Any, start: 
 DECAY_PULL_FLAT = 3e-4
 DECAY_STRONG = 5.0   # a decay pulling less than this many times that is not judged (wd 0.5 at lr 3e-3 is 5x)
 DECAY_CUT = 10.0     # the least a lowering divides the weight decay by
+
+
+@detector("inflated_weights")
+def inflated_weights(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """A learning rate far too high inflated the weights, and the run has learnt nothing: they are
+    more than NORM_GROWN× their untrained size (`weights_grown`) and the newest held-out eval of the
+    current segment written since the controller's latest change is at the not-learning level
+    (≤ `not_learning_heldout_max`), as every one before it in the segment is, or the one before it
+    too. SFT and distill, where the growth was measured
+    (benchmarks/weight_growth.py), and only where they grew that far within the segment's first
+    `not_learning_rows` steps. Weights grow this far in the first few steps at such an lr and stay
+    grown, while the loss may fall back from its blow-up to a level it then holds: this names the
+    cause at the first eval, where `not_learning` waits for `not_learning_rows` rows of a loss that
+    does not move."""
+    if algorithm(ev) not in ("sft", "distill") or known.target_metric != "heldout_acc":
+        return None
+    grown = weights_grown(ev)
+    rows = current_rows(ev)
+    if grown is None or not rows:
+        return None
+    seg = rows[-1].get("segment")
+    # grown that far within the segment's first `not_learning_rows` steps, its start in the window
+    # (its first step, or a row of an earlier segment before it): a long run at a sane lr grows
+    # its weights slowly, and one stuck for other reasons gets there after thousands of steps
+    i = next(k for k in range(len(rows) - 1, -1, -1) if k == 0 or rows[k - 1].get("segment") != seg)
+    first = int(rows[i].get("step", 0))
+    if not (first <= 1 or i > 0) or not any(
+            (to_float(r.get("weight_growth")) or 0.0) > NORM_GROWN
+            for r in rows[i:] if int(r.get("step", 0)) < first + th.not_learning_rows):
+        return None
+    held = [v for v in (to_float(r.get("heldout_acc")) for r in ev.evals
+                        if r.get("segment", seg) == seg and since(r, known)) if is_finite(v)]
+    low = th.not_learning_heldout_max
+    # never above the not-learning level in this segment, or back at it on its last two evals (one
+    # low eval after a good one is not a run that stopped learning)
+    if not held or held[-1] > low or (max(held) > low and (len(held) < 2 or held[-2] > low)):
+        return None
+    lr = to_float((ev.recipe or {}).get("lr")) or to_float(rows[-1].get("lr"))
+    return make_diagnosis(ev, "inflated_weights",
+                          f"the weights are {grown:.3g}× their untrained size and held-out is {held[-1]:.3g}: a learning "
+                          "rate far too high inflated them", "warning",
+                          {"weight_growth": grown, "threshold_growth": NORM_GROWN, "heldout_acc": held[-1], "lr_now": lr})
 
 
 @detector("strong_decay")
