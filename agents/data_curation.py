@@ -3,10 +3,10 @@ revision of the data source it reads.
 
 | finding                                             | intervention                                                  | risk   |
 |-----------------------------------------------------|---------------------------------------------------------------|--------|
-| a data change with an onset (labels that went wrong, harder problems, questions in another format): the config unchanged | the source pinned to its revision before the onset (`harness.filters.as_of_step`); ROLLBACK to the newest checkpoint before it where the weights learnt wrong labels since | low / medium |
+| a data change with an onset (labels that went wrong, harder problems, questions in another format, a stream that began to repeat a pool): the config unchanged | the source pinned to its revision before the onset (`harness.filters.as_of_step`); ROLLBACK to the newest checkpoint before it where the weights learnt wrong labels since | low / medium |
 | too-hard curriculum                                 | DATA_CHANGE curriculum back to the eval difficulty            | low    |
 | harder problems than the curriculum asks for        | DATA_CHANGE curriculum lowered by the levels they rose        | low    |
-| a stream repeating a small pool                     | DATA_CHANGE filters.dedupe on                                 | low    |
+| a stream repeating a small pool (after the pin, or with no onset) | DATA_CHANGE filters.dedupe on                   | low    |
 | SFT labels the task's verifier rejects (some pass)  | DATA_CHANGE filters.check_labels on                           | low    |
 | SFT labels the task's verifier rejects (none passes) | ROLLBACK to before the onset with DISTILL's change (DISTILL without such a checkpoint) | medium |
 | label noise                                         | DISTILL (SFT on the policy's verified successes)              | medium |

@@ -483,10 +483,14 @@ def repeated_examples(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
                            **({"good_before_step": began} if began is not None else {})})
 
 
+LEAN = 2   # steps a repeating stream's onset may be named before its change point (never after)
+
+
 def repeat_onset(per_step: dict[int, set[str]], share: float, least: int) -> int | None:
     """The sampled step a stream began to repeat at: each step scores the share of its distinct
-    questions sampled at some other step too, and the onset is the step after which the scores,
-    less `share`, sum the most (the change point of a shift in their mean). Named only where at
+    questions sampled at some other step too, and the onset is the step from which the scores,
+    less `share`, sum the most (the change point of a shift in their mean), or the earliest of the
+    LEAN steps before it whose sum comes within one step's range (1) of that. Named only where at
     least `least` sampled steps come before it and they score below `share` on average: questions
     that recurred throughout show no step they began at."""
     steps = sorted(per_step)
@@ -495,14 +499,21 @@ def repeat_onset(per_step: dict[int, set[str]], share: float, least: int) -> int
         for q in per_step[s]:
             count[q] = count.get(q, 0) + 1
     score = [sum(count[q] > 1 for q in per_step[s]) / len(per_step[s]) - share for s in steps]
-    best, tail, at = -math.inf, 0.0, None
+    tails, tail = [], 0.0
     for i in range(len(steps) - 1, -1, -1):
         tail += score[i]
-        if tail > best:
-            best, at = tail, i
-    if at is None or at < least or sum(score[:at]) >= 0:
+        tails.append(tail)
+    tails.reverse()               # tails[i]: the sum of the scores from step i on
+    if not tails:
         return None
-    return steps[at]
+    best = max(tails)
+    top = tails.index(best)
+    if top < least or sum(score[:top]) >= 0:
+        return None
+    # up to LEAN steps earlier, the earliest whose sum is within one step's score range of the
+    # best: a first pool step that drew fresh questions must not move the onset past it (a pin
+    # after the change reads the changed source); a step early reads the source a step sooner
+    return steps[next(i for i in range(max(0, top - LEAN), top + 1) if tails[i] >= best - 1.0)]
 
 
 def comparable_tail(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -521,8 +532,9 @@ def comparable_tail(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @detector("not_learning")
 def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
-    """The run is not learning at all: over the newest `not_learning_rows` steps whose losses compare
-    (`comparable_tail`: one segment, one training difficulty) the loss's recent median is within
+    """The run is not learning at all: over at least `not_learning_rows` steps whose losses compare
+    (`comparable_tail`: one segment, one training difficulty; the newest `not_learning_rows` of them
+    where the loss rose `spike_ratio`× above its first row's, a blow-up it fell back from) the loss's recent median is within
     `not_learning_rel` of its median at their start, and held-out accuracy is
     still ≤ `not_learning_heldout_max`. With no spike to roll back to, the usual cause is a
     learning rate far too high (Adam bouncing) or far too low; the evidence carries the lr. SFT and
@@ -533,15 +545,16 @@ def not_learning(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     steps, loss = column(rows, "loss", skip_skipped=True, finite=True)
     if len(loss) < th.not_learning_rows:
         return None
-    # the newest rows only: a loss that fell from a blow-up of its first steps and then sat still
-    # for a window is not learning either
-    steps, loss = steps[-th.not_learning_rows:], loss[-th.not_learning_rows:]
-    n = max(5, th.not_learning_rows // 5)
-    first, last = median_of(loss[:n]), median_of(loss[-n:])
-    rel = (first - last) / max(abs(first), 1e-12)
     # held-out accuracy measured in this segment: an eval from before a harness change (e.g. the
     # truncation just fixed) says nothing about whether the run learns now
     seg_start, seg = (steps[0] if steps else 0), rows[-1].get("segment")
+    # a loss that rose above where it started (a blow-up of its first steps, an lr far too high)
+    # and fell back from there: that fall is no learning, so the newest rows alone are judged
+    if max(loss) >= th.spike_ratio * loss[0] and max(loss) - loss[0] >= th.spike_abs:
+        loss = loss[-th.not_learning_rows:]
+    n = max(5, th.not_learning_rows // 5)
+    first, last = median_of(loss[:n]), median_of(loss[-n:])
+    rel = (first - last) / max(abs(first), 1e-12)
     held = next((float(r["heldout_acc"]) for r in reversed(ev.evals) if r.get("step", -1) >= seg_start
                  and r.get("segment", seg) == seg
                  and isinstance(r.get("heldout_acc"), (int, float)) and math.isfinite(r["heldout_acc"])), None)

@@ -141,8 +141,8 @@ def inflated_weights(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = N
     current segment written since the controller's latest change is at the not-learning level
     (≤ `not_learning_heldout_max`), as every one before it in the segment is, or the one before it
     too. SFT and distill, where the growth was measured
-    (benchmarks/weight_growth.py), and only where they grew that far within the segment's first
-    `not_learning_rows` steps. Weights grow this far in the first few steps at such an lr and stay
+    (benchmarks/weight_growth.py), and only where a row of the segment shows them grown that far by
+    step `not_learning_rows` of training. Weights grow this far in the first few steps at such an lr and stay
     grown, while the loss may fall back from its blow-up to a level it then holds: this names the
     cause at the first eval, where `not_learning` waits for `not_learning_rows` rows of a loss that
     does not move."""
@@ -153,14 +153,11 @@ def inflated_weights(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = N
     if grown is None or not rows:
         return None
     seg = rows[-1].get("segment")
-    # grown that far within the segment's first `not_learning_rows` steps, its start in the window
-    # (its first step, or a row of an earlier segment before it): a long run at a sane lr grows
-    # its weights slowly, and one stuck for other reasons gets there after thousands of steps
-    i = next(k for k in range(len(rows) - 1, -1, -1) if k == 0 or rows[k - 1].get("segment") != seg)
-    first = int(rows[i].get("step", 0))
-    if not (first <= 1 or i > 0) or not any(
-            (to_float(r.get("weight_growth")) or 0.0) > NORM_GROWN
-            for r in rows[i:] if int(r.get("step", 0)) < first + th.not_learning_rows):
+    # grown that far by step `not_learning_rows` of training (steps count from the untrained start,
+    # as the growth does; a rollback or a resume restores both): a long run at a sane lr grows its
+    # weights slowly, and one stuck for another reason gets there after thousands of steps
+    if not any((to_float(r.get("weight_growth")) or 0.0) > NORM_GROWN
+               for r in rows if r.get("segment") == seg and int(r.get("step", 0)) <= th.not_learning_rows):
         return None
     held = [v for v in (to_float(r.get("heldout_acc")) for r in ev.evals
                         if r.get("segment", seg) == seg and since(r, known)) if is_finite(v)]

@@ -135,10 +135,11 @@ def test_report_counts_per_set(dc, bench, tmp_path):
     assert "nonfinite_loss" not in rep["flagged"]
     md = out.with_suffix(".md").read_text()
     assert "| nonfinite_loss | critical | 0/1 (0%) | 0/11 (0.0%) | 0/1 (0%) |" in md
-    # the step the failing run's stream began to repeat at (its samples of step 151 on carry step 150)
-    assert {r["run"][:5]: r["onsets"] for r in rep["runs"]} == {"00002": {}, "00003": {"repeated_examples": [150]},
+    # where the failing run's stream began to repeat (its samples of step 151 on carry step 150):
+    # named a step early, never after
+    assert {r["run"][:5]: r["onsets"] for r in rep["runs"]} == {"00002": {}, "00003": {"repeated_examples": [149]},
                                                                  "00004": {}}
-    assert "- `00003-g9001-addition2-lr-plain-s0` (failing): `repeated_examples` 150" in md
+    assert "- `00003-g9001-addition2-lr-plain-s0` (failing): `repeated_examples` 149" in md
 
 
 def test_a_folder_without_runs_is_one_line_and_exit_2(dc, tmp_path, capsys):

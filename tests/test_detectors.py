@@ -437,7 +437,14 @@ def test_repeated_examples_names_the_step_a_stream_began_to_repeat_at():
 
     for began in (30, 60, 70):
         d = fired(make_ev(rows, questions=stream(began)), "repeated_examples")
-        assert d.evidence["good_before_step"] == began and f"since step {began}" in d.summary
+        # never after it (a pin there would read the changed source), at most two steps before
+        assert began - 2 <= d.evidence["good_before_step"] <= began, (began, d.evidence)
+        assert f"since step {d.evidence['good_before_step']}" in d.summary
+    # one question a step (a GRPO group's completions share it), 90% of them from the pool
+    grpo = [{"step": s, "segment": 0, "question": f"{s % 16}+7" if s >= 60 and rng.random() < 0.9 else f"{s}+{s}"}
+            for s in range(0, 200)]
+    began = fired(make_ev(rows, questions=grpo), "repeated_examples").evidence["good_before_step"]
+    assert 58 <= began <= 60, began
     for began in (0, 5):
         d = DETECTORS["repeated_examples"](make_ev(rows, questions=stream(began)), THRESHOLDS, KNOWN)
         assert d is not None and "good_before_step" not in d.evidence, began
@@ -716,13 +723,20 @@ def test_not_learning():
 def test_not_learning_reads_the_newest_window_after_an_early_blow_up():
     """A loss that shot up in the first steps (an lr far too high), fell back from there and then
     sat still for a window has not learnt over that window: the fall from the blow-up is not
-    learning. A healthy run's loss still falling over the newest window stays quiet."""
+    learning. A healthy run's loss still falling over the newest window stays quiet, and so does
+    one that fell from where it started without a blow-up."""
     rows = stuck_rows(n=150)
     for i, r in enumerate(rows[:30]):
         r["loss"] = 4.6 if i == 0 else 20.0 - 0.6 * i
     d = fired(make_ev(rows), "not_learning")
     assert d.evidence["loss_start_median"] < 2.0 and d.evidence["rows"] == THRESHOLDS.not_learning_rows
     assert DETECTORS["not_learning"](make_ev(sft_rows(n=150)), THRESHOLDS, KNOWN) is None
+    # a loss that fell from where it started (no blow-up) and has flattened since, held-out still
+    # at 0: judged over the whole stretch, which learnt (a task slow to score)
+    slow = stuck_rows(n=150)
+    for i, r in enumerate(slow[:50]):
+        r["loss"] = 4.6 - 0.054 * i
+    assert DETECTORS["not_learning"](make_ev(slow), THRESHOLDS, KNOWN) is None
 
 
 def test_not_learning_compares_only_losses_that_compare():

@@ -46,17 +46,16 @@ def test_weights_grown_far_past_their_start_with_nothing_learnt_are_found_at_the
     assert detect(blown(5)) is None                       # no eval yet
     grpo = [dict(r, weight_growth=9.0) for r in grpo_rows()]
     assert DETECTORS["inflated_weights"](make_ev(grpo), THRESHOLDS, KNOWN) is None   # measured on SFT only
-    # grown slowly (after the segment's first 100 steps), or a window that shows no start of its
-    # segment: a long run at a sane lr, or one stuck for another reason
+    # grown slowly (past step 100 of training), or a window of a later stretch: a long run at a
+    # sane lr, or one stuck for another reason (a resumed segment that starts past step 100 too)
     slow = blown(150)
     for r in slow:
         r["weight_growth"] = 1.0 if r["step"] <= 100 else 1.6
     assert detect(slow) is None
     late = [dict(r, step=r["step"] + 2200) for r in blown()]
     assert detect(late) is None
-    # after a rollback (a new segment, the old one's rows before it): judged from its own start
-    back = ([dict(r, segment=0, weight_growth=1.1) for r in sft_rows(30)]
-            + [dict(r, segment=1, step=r["step"] + 30) for r in blown(20)])
+    # a rollback to a checkpoint of step 40: the segment's steps go on from there, grown by step 100
+    back = [dict(r, segment=1, step=r["step"] + 40) for r in blown(40)]
     assert detect(back) is not None
     # one low eval after a good one is not a run that stopped learning; two are
     rows = blown()
