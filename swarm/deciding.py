@@ -20,7 +20,7 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import is_eval_row
-from agents.explorer import CAUSES, spent
+from agents.explorer import CAUSES, held_at_floor, spent
 from agents.operators import inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import (arm_name, check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
@@ -241,7 +241,48 @@ class Deciding:
                 iv = iv.model_copy(update={"changes": variant, "rationale": iv.rationale + (
                     f" (difficulties clamped to the task's range {self.task_range[0]}-{self.task_range[1]}: the trainer "
                     "refuses a curriculum outside it)")})
-        return self.assess(self.from_the_start(iv))
+        return self.assess(self.from_the_start(self.carrying(iv)))
+
+    def carrying(self, iv: Intervention) -> Intervention:
+        """`iv` carrying the fixes of the other causes named now whose backtests measured nothing
+        (`agents.explorer.held_at_floor`: every arm at the same bound of the target), where their
+        fields differ from its own and from each other's and at most one checkpoint is rolled back
+        to. Arms that cannot leave the floor with a fix show that something else holds the run there
+        too: two faults that each hold it there are each measured at nothing alone, and fixed only
+        together. The causes carried are the change's to answer (`answers`); a carried rollback
+        makes the change one, to the same checkpoint. A restart, or a change that carries them
+        already, is kept as it is."""
+        if not iv.changes or iv.kind == InterventionKind.RESTART:
+            return iv
+        answered = {iv.diagnosis.name, *(iv.diagnosis.evidence.get("answers") or ())}
+        named = {d.name for d in self.tick.findings if d.severity != "info"}
+        history = self.store.list()
+        extra: dict[str, Any] = {}
+        held: set[str] = set()
+        to = {rollback_target(iv)} if iv.kind == InterventionKind.ROLLBACK else set()
+        for name in sorted(named & CAUSES - answered):
+            fix = held_at_floor(history, name)
+            if fix is None or not fix.changes or set(fix.changes) & (set(iv.changes) | set(extra)):
+                continue
+            if fix.kind == InterventionKind.ROLLBACK and to and to != {rollback_target(fix)}:
+                continue
+            extra.update(fix.changes)
+            held |= {name, *(fix.diagnosis.evidence.get("answers") or ())}
+            if fix.kind == InterventionKind.ROLLBACK:
+                to = {rollback_target(fix)}
+        if not extra:
+            return iv
+        evidence = {**iv.diagnosis.evidence, "answers": sorted(answered - {iv.diagnosis.name} | held)}
+        update: dict[str, Any] = {"changes": {**extra, **iv.changes}, "rationale": iv.rationale + (
+            f" The fix for {', '.join(sorted(held))} ({', '.join(f'{k}={v!r}' for k, v in extra.items())}) measured "
+            "nothing: every arm of its backtest stayed at the same bound, so something else held the run there too. "
+            "This change carries it.")}
+        if to and iv.kind != InterventionKind.ROLLBACK:
+            (target,) = to
+            evidence["rollback_to"] = target
+            update["kind"] = InterventionKind.ROLLBACK
+        update["diagnosis"] = iv.diagnosis.model_copy(update={"evidence": evidence})
+        return iv.model_copy(update=update)
 
     def from_the_start(self, iv: Intervention) -> Intervention:
         """The fix as a rollback to the untrained checkpoint carrying its change, when

@@ -1,0 +1,72 @@
+"""A fix whose backtest measured nothing (every arm at the floor) is carried by the next cause's
+fix (`Deciding.carrying`, run on every proposal the controller prepares): two faults that each hold
+the run at the floor are each measured at nothing alone, and fixed only together. A real controller
+and its sqlite store."""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from agents.base import rollback_target  # noqa: E402
+from agents.domain import BacktestResult, Diagnosis, Intervention, InterventionKind as K, Status  # noqa: E402
+from test_claims import close, controller  # noqa: E402
+
+FLOOR = BacktestResult(metric="heldout_acc", candidate=[0.0, 0.0], control=[0.0, 0.0], effect=0.0, p_value=1.0,
+                       test="t", horizon_steps=40, seeds=[0, 1], passed=False, harmed=False, eval_size=200)
+
+
+def iv(kind: K, changes: dict, name: str, **evidence) -> Intervention:
+    d = Diagnosis(name=name, summary=f"{name} found", severity="warning", operator="o", policy="builtin",
+                  evidence=evidence)
+    return Intervention(kind=kind, changes=changes, diagnosis=d, rationale="r", operator="o", policy="builtin")
+
+
+def named(ctrl, *names: str) -> None:
+    ctrl.tick.findings = [Diagnosis(name=n, summary="s", severity="warning", operator="detectors", policy="builtin")
+                          for n in names]
+
+
+def test_the_next_causes_fix_carries_one_that_measured_nothing(tmp_path):
+    ctrl = controller(tmp_path)
+    try:
+        limit = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 6}, "truncation")
+        ctrl.store.put(limit.model_copy(update={"status": Status.REJECTED, "backtest": FLOOR}))
+        named(ctrl, "truncation", "too_hard_curriculum")
+        ease = iv(K.DATA_CHANGE, {"harness.curriculum.start": 2}, "too_hard_curriculum")
+        out = ctrl.carrying(ease)
+        assert out.kind == K.DATA_CHANGE
+        assert out.changes == {"harness.sampling.max_new_tokens": 6, "harness.curriculum.start": 2}
+        assert out.diagnosis.evidence["answers"] == ["truncation"] and "measured nothing" in out.rationale
+        # the cause no longer named, or a change of the same field: as proposed
+        named(ctrl, "too_hard_curriculum")
+        assert ctrl.carrying(ease) == ease
+        named(ctrl, "truncation", "too_hard_curriculum")
+        other = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 12}, "too_hard_curriculum")
+        assert ctrl.carrying(other) == other
+        # a fix whose arms left the floor measured itself: nothing carried
+        moved = FLOOR.model_copy(update={"candidate": [0.3, 0.35], "control": [0.3, 0.4], "effect": -0.025})
+        ctrl.store.put(limit.model_copy(update={"id": "moved", "status": Status.REJECTED, "backtest": moved}))
+        assert ctrl.carrying(ease) == ease
+    finally:
+        close(ctrl)
+
+
+def test_a_carried_rollback_makes_the_change_one_to_its_checkpoint(tmp_path):
+    ctrl = controller(tmp_path)
+    try:
+        start_over = iv(K.ROLLBACK, {"harness.sampling.max_new_tokens": 6}, "truncation", rollback_to="init")
+        ctrl.store.put(start_over.model_copy(update={"status": Status.REJECTED, "backtest": FLOOR}))
+        named(ctrl, "truncation", "too_hard_curriculum")
+        out = ctrl.carrying(iv(K.DATA_CHANGE, {"harness.curriculum.start": 2}, "too_hard_curriculum"))
+        assert out.kind == K.ROLLBACK and rollback_target(out) == "init"
+        assert out.changes == {"harness.sampling.max_new_tokens": 6, "harness.curriculum.start": 2}
+        # a rollback to another checkpoint cannot carry it
+        mine = iv(K.ROLLBACK, {"harness.curriculum.start": 2}, "too_hard_curriculum", rollback_to="step_0000040")
+        assert ctrl.carrying(mine) == mine
+        # a restart carries nothing
+        restart = iv(K.RESTART, {}, "crashed_job")
+        assert ctrl.carrying(restart) == restart
+    finally:
+        close(ctrl)
