@@ -131,6 +131,21 @@ def held_at_floor(history: list[Intervention], finding: str) -> Intervention | N
     return last if last is not None and last.backtest is not None and last.backtest.measured_nothing() else None
 
 
+def take_fix(fix: Intervention, changes: dict[str, Any], held: set[str], to: set[str | None],
+             taken: set[str] = frozenset()) -> bool:
+    """Add a fix held at the floor (`held_at_floor`) to a change being built: its fields to `changes`,
+    the causes it answers to `held`, the checkpoint it rolls back to to `to`. False, with nothing
+    added, where its fields clash with `changes` or `taken`, or it rolls back to another checkpoint
+    than the one `to` holds: no one change carries both."""
+    target = {rollback_target(fix)} if fix.kind == K.ROLLBACK else set()
+    if set(fix.changes) & (set(changes) | set(taken)) or (target and to and to != target):
+        return False
+    changes.update(fix.changes)
+    held |= {fix.diagnosis.name, *(fix.diagnosis.evidence.get("answers") or ())}
+    to |= target
+    return True
+
+
 def tried(ctx: OperatorContext) -> list[dict[str, Any]]:
     return [iv.changes for iv in ctx.history if iv.changes]
 
@@ -166,14 +181,8 @@ class Explorer(Operator):
         held: set[str] = set()
         back: set[str | None] = set()
         for fix in {f.id: f for f in fixes.values() if f is not None}.values():
-            if set(fix.changes) & set(carried):
-                return []
-            carried.update(fix.changes)
-            held |= {fix.diagnosis.name, *(fix.diagnosis.evidence.get("answers") or ())}
-            if fix.kind == K.ROLLBACK:
-                back.add(rollback_target(fix))
-        if len(back) > 1:
-            return []               # fixes from two different checkpoints: no one candidate carries both
+            if not take_fix(fix, carried, held, back):
+                return []           # fields that clash, or two checkpoints: no one candidate carries both
         done = tried(ctx)
         algo = str(carried.get("recipe.algorithm") or ctx.get("recipe.algorithm") or "sft")
         every = [c for c in candidates(ctx, algo) if not set(c) & set(carried)]

@@ -20,7 +20,7 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import is_eval_row
-from agents.explorer import CAUSES, held_at_floor, spent
+from agents.explorer import CAUSES, held_at_floor, spent, take_fix
 from agents.operators import inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import (arm_name, check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
@@ -262,14 +262,8 @@ class Deciding:
         to = {rollback_target(iv)} if iv.kind == InterventionKind.ROLLBACK else set()
         for name in sorted(named & CAUSES - answered):
             fix = held_at_floor(history, name)
-            if fix is None or not fix.changes or set(fix.changes) & (set(iv.changes) | set(extra)):
-                continue
-            if fix.kind == InterventionKind.ROLLBACK and to and to != {rollback_target(fix)}:
-                continue
-            extra.update(fix.changes)
-            held |= {name, *(fix.diagnosis.evidence.get("answers") or ())}
-            if fix.kind == InterventionKind.ROLLBACK:
-                to = {rollback_target(fix)}
+            if fix is not None and fix.changes:
+                take_fix(fix, extra, held, to, taken=set(iv.changes))    # a fix that clashes stays out
         if not extra:
             return iv
         evidence = {**iv.diagnosis.evidence, "answers": sorted(answered - {iv.diagnosis.name} | held)}
