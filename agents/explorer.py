@@ -26,11 +26,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
+from agents.base import IN_EFFECT, Operator, OperatorContext, rollback_target
 from agents.detection import run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
-from agents.operators import ClusterOps, DataCuration, Diagnostics, HarnessCritic, inconclusive, worthless_weights
+from agents.operators import (ClusterOps, DataCuration, Diagnostics, HarnessCritic, held_at_floor, inconclusive,
+                              settled_fix, worthless_weights)
 from trainer.config import TUNABLE, Tunable
 from trainer.runlog import INIT_CHECKPOINT
 
@@ -105,30 +106,12 @@ def candidates(ctx: OperatorContext, algorithm: str) -> list[dict[str, Any]]:
     return out
 
 
-def settled_fix(history: list[Intervention], finding: str) -> Intervention | None:
-    """The newest fix proposed in this run (`history`) for `finding`, when it failed (rejected or
-    rolled back) and none of its fixes is pending or in effect."""
-    fixes = [iv for iv in history if iv.diagnosis.name == finding]
-    if not fixes or fixes[-1].status not in FAILED or any(iv.status in PENDING or iv.status in IN_EFFECT for iv in fixes):
-        return None
-    return fixes[-1]
-
-
 def spent(history: list[Intervention], finding: str) -> bool:
     """Whether the newest fix for `finding` failed for good (`settled_fix`, with evidence against it
     or out of retries): the cause it names is then no reason to hold the search back, or one false
     finding would stop it for good. A fix waiting for its retry over a longer horizon is not spent."""
     last = settled_fix(history, finding)
     return last is not None and not inconclusive(last)
-
-
-def held_at_floor(history: list[Intervention], finding: str) -> Intervention | None:
-    """The newest fix for `finding` (`settled_fix`), when its backtest measured nothing (every arm at
-    the same bound of the target: `BacktestResult.measured_nothing`). Arms that cannot leave the
-    floor with the fix show that something else holds the run there too: the fix may be right and
-    wait for the other fault's."""
-    last = settled_fix(history, finding)
-    return last if last is not None and last.backtest is not None and last.backtest.measured_nothing() else None
 
 
 def take_fix(fix: Intervention, changes: dict[str, Any], held: set[str], to: set[str | None],

@@ -20,8 +20,8 @@ from agents.base import rollback_target
 from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import is_eval_row
-from agents.explorer import CAUSES, held_at_floor, spent, take_fix
-from agents.operators import inconclusive, worthless_weights
+from agents.explorer import CAUSES, spent, take_fix
+from agents.operators import held_at_floor, inconclusive, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import (arm_name, check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
                             start_over)

@@ -70,3 +70,31 @@ def test_a_carried_rollback_makes_the_change_one_to_its_checkpoint(tmp_path):
         assert ctrl.carrying(restart) == restart
     finally:
         close(ctrl)
+
+
+def test_a_cause_whose_fix_measured_nothing_waits_for_another_named_cause_untried(tmp_path):
+    """The lead's order: a retry of a fix that measured nothing goes after the first try of another
+    named cause's fix (which carries it), whatever the severities; with no such history, the most
+    severe first."""
+    from agents.base import OperatorContext
+    from agents.operators import Lead
+    from swarm.goal import Target
+
+    def ctx(history):
+        return OperatorContext(goal="g", target=Target(threshold=0.9), recipe={"algorithm": "sft", "lr": 1e-5},
+                               harness={}, start_harness={}, eval_difficulty=2, history=history)
+
+    def critical(x: Intervention) -> Intervention:
+        return x.model_copy(update={"diagnosis": x.diagnosis.model_copy(update={"severity": "critical"})})
+
+    ease = critical(iv(K.DATA_CHANGE, {"harness.curriculum.start": 2}, "too_hard_curriculum"))
+    retry = critical(iv(K.ROLLBACK, {"harness.curriculum.start": 2}, "too_hard_curriculum", rollback_to="init"))
+    raise_lr = iv(K.RECIPE_EDIT, {"recipe.lr": 3e-3, "harness.curriculum.start": 2}, "small_updates",
+                  answers=["too_hard_curriculum"])
+    assert Lead().arbitrate([retry, raise_lr], ctx([]))[0] is retry        # the most severe first
+    measured_nothing = ease.model_copy(update={"status": Status.REJECTED, "backtest": FLOOR})
+    assert Lead().arbitrate([retry, raise_lr], ctx([measured_nothing]))[0] is raise_lr
+    # a fix whose arms left the floor measured itself: severity decides again
+    moved = FLOOR.model_copy(update={"candidate": [0.3, 0.35], "control": [0.3, 0.4], "effect": -0.025})
+    lost = ease.model_copy(update={"status": Status.REJECTED, "backtest": moved})
+    assert Lead().arbitrate([retry, raise_lr], ctx([lost]))[0] is retry
