@@ -57,6 +57,8 @@ class OperatorContext(BaseModel):
                                              "length in characters of a training question at each difficulty")
     question_alphabet: str = Field("", description="the task's own fact: every character its training questions "
                                    "use at any difficulty (empty: not known)")
+    answer_alphabet: str = Field("", description="the task's own fact: every character its training answers (or "
+                                 "solutions) use at any difficulty, where a built-in model writes them (empty: not known)")
     answer_chars: dict[int, dict[int, int]] = Field(default_factory=dict, description="the task's own fact: at each "
                                                     "difficulty, how many of its held-out answers have each length, where "
                                                     "that is the fewest tokens a right answer takes (empty: not known)")
@@ -102,7 +104,7 @@ class OperatorContext(BaseModel):
                      harness_version=version, recipe_version=r.version if r is not None else None,
                      lr_bounds=bounds, warmup_steps=warmup, settled_since=self.settled_since,
                      question_chars=dict(self.question_chars) or None, answer_chars=dict(self.answer_chars) or None,
-                     question_alphabet=self.question_alphabet or None)
+                     question_alphabet=self.question_alphabet or None, answer_alphabet=self.answer_alphabet or None)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """A known field by its dotted name (`recipe.lr`, `harness.sampling.max_new_tokens`)."""

@@ -30,15 +30,15 @@ PIN = SOURCE_REVISION
 # the findings that name where the data changed, and whether the steps since learnt something wrong
 # (wrong labels: roll back to before the change) or only learnt less (harder problems, another
 # format, a repeating pool: pin from here)
-DATA_ONSET = {"labels_fail_check": True, "label_noise": True, "harder_data": False, "question_format": False,
-              "repeated_examples": False}
+DATA_ONSET = {"labels_fail_check": True, "label_noise": True, "answer_format": True, "harder_data": False,
+              "question_format": False, "repeated_examples": False}
 
 
 class DataCuration(Operator):
     name = "data_curation"
     role = ("Data curation: watches per-step pass rates, the training difficulty against the eval difficulty, "
-            "the SFT loss floor and whether the stream repeats itself, got harder or writes its questions in another "
-            "format than the task's own. A curriculum nothing can be "
+            "the SFT loss floor and whether the stream repeats itself, got harder or writes its questions, or its labels "
+            "(as the policy writes them back), in another format than the task's own. A curriculum nothing can be "
             "learnt from goes back to the eval difficulty (one lower first, ramping up); SFT on noisy labels "
             "switches to distillation on the policy's own verified successes; a stream that repeats a small pool "
             "of questions gets the dedupe filter; a stream that draws harder problems than the curriculum asks "
@@ -49,7 +49,7 @@ class DataCuration(Operator):
             "the data that come together are tried together.")
     tools = frozenset({K.DATA_CHANGE, K.DISTILL, K.ROLLBACK})
     detectors = ("too_hard_curriculum", "label_noise", "labels_fail_check", "repeated_examples", "harder_data",
-                 "question_format")
+                 "question_format", "answer_format")
 
     def builtin(self, ev: Evidence, ctx: OperatorContext) -> list[Intervention]:
         found = {d.name: d for d in self.diagnose(ev, ctx)}

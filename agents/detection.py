@@ -207,6 +207,7 @@ class Known:
     question_chars: dict[int, float] | None = None   # the task's own median question length per difficulty
                                            # (measured by the controller once the run has samples; None: not known)
     question_alphabet: str | None = None   # every character the task's own questions use (None: not known)
+    answer_alphabet: str | None = None     # every character the task's own answers use (None: not known)
     answer_chars: dict[int, dict[int, int]] | None = None  # per difficulty, how many of the task's own held-out
                                            # answers have each length, where that is the fewest tokens a right answer
                                            # takes (None: not known)

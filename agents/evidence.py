@@ -41,7 +41,7 @@ class Evidence(BaseModel):
     metrics: list[dict[str, Any]] = Field(default_factory=list)   # newest last, current segment only
     evals: list[dict[str, Any]] = Field(default_factory=list)     # rows with the target metric
     samples: list[dict[str, Any]] = Field(default_factory=list)   # newest last; untrusted text
-    questions: list[dict[str, Any]] = Field(default_factory=list) # step, segment, question of more samples; newest last
+    questions: list[dict[str, Any]] = Field(default_factory=list) # step, segment, question, completion of more samples; newest last
     events: list[dict[str, Any]] = Field(default_factory=list)
     acks: list[dict[str, Any]] = Field(default_factory=list)
     heartbeat_age_s: float | None = None
@@ -205,8 +205,8 @@ def collect(run_dir: str | pathlib.Path, job_status: str = "UNKNOWN", window: in
     sampled = _TAIL.rows(p / "samples.jsonl")
     samples = sampled[-n_samples:]
     # only the questions of a longer stretch: what the data stream repeats shows over hundreds of samples
-    questions = [{"step": r.get("step"), "segment": r.get("segment", 0), "question": r.get("question")}
-                 for r in sampled[-n_questions:]]
+    questions = [{"step": r.get("step"), "segment": r.get("segment", 0), "question": r.get("question"),
+                  "completion": r.get("completion")} for r in sampled[-n_questions:]]
     hb = read_heartbeat(p)
     # built from our own parser's lists and dicts: no validation pass (it copied every row per tick)
     return Evidence.model_construct(

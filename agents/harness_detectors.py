@@ -392,6 +392,44 @@ def harder_data(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
                            "threshold_len_ratio": th.shift_len_ratio, **rose_from(task[asked], 0)})
 
 
+def _sampled(ev: Evidence, field: str) -> dict[int, set[str]]:
+    """The distinct `field` texts (question, completion) of each sampled step of the newest segment
+    of `ev.questions` (a GRPO group's completions share one question: counted once)."""
+    seg = max((int(q.get("segment") or 0) for q in ev.questions), default=0)
+    per_step: dict[int, set[str]] = {}
+    for q in ev.questions:
+        if int(q.get("segment") or 0) == seg and isinstance(q.get(field), str) and isinstance(q.get("step"), int):
+            per_step.setdefault(q["step"], set()).add(q[field])
+    return per_step
+
+
+def _foreign(per_step: dict[int, set[str]], alphabet: set[str], th: Thresholds) -> dict[str, Any] | None:
+    """Texts written in characters outside `alphabet`: of the distinct texts of the newest
+    `shift_rows` sampled steps, at least `format_share` carry such a character, and so do the newest
+    step's. The share, the characters, and where the segment's earlier sampled steps were in the
+    alphabet, the first step of the newest stretch that is not (`good_before_step`), where that
+    stretch is at least half a window long: a stream that alternates has no step to go back to.
+    None otherwise."""
+    steps, n = sorted(per_step), th.shift_rows
+    if not alphabet or len(steps) < n:
+        return None
+
+    def odd(ss: list[int]) -> float:
+        texts = [t for s in ss for t in per_step[s]]
+        return sum(not set(t) <= alphabet for t in texts) / len(texts)
+
+    share = odd(steps[-n:])
+    # the newest sampled step in the alphabet: the source writes it again (a pin in force while the
+    # window still holds the older texts)
+    if share < th.format_share or odd(steps[-1:]) < th.format_share:
+        return None
+    i = len(steps)
+    while i > 0 and odd([steps[i - 1]]) >= th.format_share:
+        i -= 1
+    return {"share": share, "chars": "".join(sorted({c for s in steps[-n:] for t in per_step[s] for c in t} - alphabet)),
+            **({"good_before_step": steps[i]} if i > 0 and len(steps) - i >= n // 2 else {})}
+
+
 @detector("question_format")
 def question_format(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
     """The training questions are written in another format than the task's own: of the distinct
@@ -406,41 +444,61 @@ def question_format(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NO
     warning). No such step in the evidence: reported (info, `info_without_onset`), unless an earlier
     look named one (`Deciding.with_onsets` keeps it, and the finding is a warning again). The newest sampled step in
     the task's own characters: nothing (the source writes them again)."""
-    alphabet = set(known.question_alphabet or "")
-    if not alphabet:
+    found = _foreign(_sampled(ev, "question"), set(known.question_alphabet or ""), th)
+    if found is None:
         return None
-    seg = max((int(q.get("segment") or 0) for q in ev.questions), default=0)
-    per_step: dict[int, set[str]] = {}        # a GRPO group's completions share one question: counted once
-    for q in ev.questions:
-        if int(q.get("segment") or 0) == seg and isinstance(q.get("question"), str) and isinstance(q.get("step"), int):
-            per_step.setdefault(q["step"], set()).add(q["question"])
-    steps, n = sorted(per_step), th.shift_rows
-    if len(steps) < n:
-        return None
-
-    def odd(ss: list[int]) -> float:
-        qs = [q for s in ss for q in per_step[s]]
-        return sum(not set(q) <= alphabet for q in qs) / len(qs)
-
-    share = odd(steps[-n:])
-    # the newest sampled step in the task's own characters: the source writes them again (a pin
-    # in force while the window still holds the older questions)
-    if share < th.format_share or odd(steps[-1:]) < th.format_share:
-        return None
-    new = sorted({c for s in steps[-n:] for q in per_step[s] for c in q} - alphabet)
-    i = len(steps)
-    while i > 0 and odd([steps[i - 1]]) >= th.format_share:
-        i -= 1
-    # named where a sampled step in the task's characters comes before a stretch of at least half
-    # a window in others: a stream that alternates has no step to read the source from before
-    onset = {"good_before_step": steps[i]} if i > 0 and len(steps) - i >= n // 2 else {}
-    since = f" since step {steps[i]}" if onset else ""
+    onset = {k: found[k] for k in ("good_before_step",) if k in found}
+    since = f" since step {onset['good_before_step']}" if onset else ""
     return make_diagnosis(ev, "question_format",
-                          f"{share:.0%} of the training questions sampled over the last {n} steps carry characters the "
-                          f"task's own questions never use ({''.join(new)!r}){since}: the data source writes its questions "
-                          "in another format", "warning" if onset else "info",
-                          {"odd_share": share, "new_chars": "".join(new), "steps": n, "threshold_share": th.format_share,
-                           **(onset or {"info_without_onset": True})})
+                          f"{found['share']:.0%} of the training questions sampled over the last {th.shift_rows} steps carry "
+                          f"characters the task's own questions never use ({found['chars']!r}){since}: the data source "
+                          "writes its questions in another format", "warning" if onset else "info",
+                          {"odd_share": found["share"], "new_chars": found["chars"], "steps": th.shift_rows,
+                           "threshold_share": th.format_share, **(onset or {"info_without_onset": True})})
+
+
+@detector("answer_format")
+def answer_format(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHING) -> Diagnosis | None:
+    """The SFT labels are written in another format than the task's answers, seen in what the
+    policy learnt from them: of the distinct completions sampled over the newest `shift_rows`
+    sampled steps of the current segment, at least `format_share` carry a character that no answer
+    of the task (`known.answer_alphabet`, measured from the task by the controller) nor the live
+    harness's answer prefix and stop use, and the segment's earlier sampled steps were written in
+    those characters. A policy imitates its labels: a data source that writes them with a prefix, a
+    delimiter or a spacing is written back by the policy within steps, which the task's scorer then
+    rejects. The policy writes them back some steps after they changed: where the SFT loss jumped
+    (`spike_ratio` × the rows before) within `scan` rows before the first step of the newest stretch
+    written otherwise, the evidence names the step of the jump (`good_before_step`: unfamiliar
+    targets raise the loss at once), else that first step; the steps since learnt them. A policy that
+    never wrote in the task's characters (an untrained one writes any of its alphabet) names no
+    step and is not judged. SFT only: an RL policy explores, and distillation reads no label."""
+    if algorithm(ev) != "sft" or not known.answer_alphabet:
+        return None
+    fmt = (ev.harness or {}).get("answer") or {}
+    alphabet = set(known.answer_alphabet) | set(str(fmt.get("prefix") or "")) | set(str(fmt.get("stop") or ""))
+    found = _foreign(_sampled(ev, "completion"), alphabet, th)
+    if found is None or "good_before_step" not in found:
+        return None
+    written = found["good_before_step"]
+    # the policy writes a new format back some steps after its labels changed; where the labels
+    # changed, the loss jumped (unfamiliar targets): the largest jump over the `scan` rows before
+    # the completions changed, if it is one (`spike_ratio` × the median of the `recent` rows
+    # before it), names the first step whose labels changed (row s is the update on step s - 1's data)
+    rows = [r for r in current_rows(ev) if not r.get("skipped") and is_finite(to_float(r.get("loss")))
+            and int(r.get("step", 0)) <= written]
+    jumps = [(float(rows[k]["loss"]) / base, int(rows[k]["step"]) - 1)
+             for k in range(max(th.recent, len(rows) - th.scan), len(rows))
+             if (base := median_of([float(r["loss"]) for r in rows[k - th.recent:k]])) > 0]
+    ratio, jumped = max(jumps, default=(0.0, None))
+    onset = jumped if jumped is not None and ratio >= th.spike_ratio and jumped >= 1 else written
+    return make_diagnosis(ev, "answer_format",
+                          f"{found['share']:.0%} of the policy's completions sampled over the last {th.shift_rows} steps carry "
+                          f"characters the task's answers never use ({found['chars']!r}) since step {written}"
+                          + (f", after the loss jumped {ratio:.1f}x at step {onset + 1}" if onset != written else "")
+                          + ": the labels it trains on are written in another format", "warning",
+                          {"odd_share": found["share"], "new_chars": found["chars"], "steps": th.shift_rows,
+                           "threshold_share": th.format_share, "written_since_step": written,
+                           "loss_jump": ratio if onset != written else None, "good_before_step": onset})
 
 
 @detector("repeated_examples")
@@ -457,11 +515,7 @@ def repeated_examples(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = 
     that repeated from its first sampled step names none."""
     if ((ev.harness or {}).get("filters") or {}).get("dedupe"):
         return None
-    seg = max((int(q.get("segment") or 0) for q in ev.questions), default=0)
-    per_step: dict[int, set[str]] = {}
-    for q in ev.questions:
-        if int(q.get("segment") or 0) == seg and isinstance(q.get("question"), str) and isinstance(q.get("step"), int):
-            per_step.setdefault(q["step"], set()).add(q["question"])
+    per_step = _sampled(ev, "question")
     items = [q for step in sorted(per_step) for q in sorted(per_step[step])][-th.repeat_window:]
     if len(items) < th.repeat_window:
         return None

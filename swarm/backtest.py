@@ -199,6 +199,16 @@ def question_alphabet(base: dict[str, Any], probes: int = 64) -> str:
                                                        lambda exs: set("".join(e.question for e in exs))).values())))
 
 
+def answer_alphabet(base: dict[str, Any], probes: int = 64) -> str:
+    """Every character the task's own training answers (or solutions, where the SFT label is one)
+    use, at any of its difficulties (sorted), where the run's model is the built-in one, which
+    writes only what it learnt; empty for another model (a pretrained one writes any text)."""
+    if (base.get("model") or {}).get("kind", "builtin") != "builtin":
+        return ""
+    return "".join(sorted(set().union(*_per_difficulty(base, "train", probes,
+                                                       lambda exs: set("".join(e.solution or e.answer for e in exs))).values())))
+
+
 def answer_chars(base: dict[str, Any]) -> dict[int, dict[int, int]]:
     """How many answers of the held-out set the trainer evaluates (its first `recipe.eval_size`
     held-out examples, at each of the task's difficulties) have each length, where their lengths are
@@ -227,6 +237,7 @@ def task_facts(base: dict[str, Any], eval_difficulty: int | None) -> dict[str, A
     scored at (where those are what a right answer takes)."""
     answers = answer_chars(base)
     return {"question_chars": question_chars(base), "question_alphabet": question_alphabet(base),
+            "answer_alphabet": answer_alphabet(base),
             "answer_chars": {eval_difficulty: answers[eval_difficulty]} if eval_difficulty in answers else {}}
 
 

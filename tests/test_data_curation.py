@@ -6,6 +6,8 @@ Evidence windows are the hand-built ones of test_detectors.py.
 """
 from __future__ import annotations
 
+import math
+
 from agents.base import rollback_target
 from agents.data_curation import PIN, DataCuration
 from agents.domain import InterventionKind as K, Risk
@@ -241,3 +243,21 @@ def test_questions_in_another_format_get_the_source_as_it_was_before_they_began(
     assert iv.risk == Risk.LOW and "step 60" in iv.rationale
     always = make_ev(rows_of(100), questions=sums(range(0, 100), prefix="="))
     assert op.builtin(always, ctx(question_alphabet=ALPHABET, question_chars={3: 4.0})) == []
+
+
+def test_labels_in_another_format_roll_back_to_before_they_changed_and_pin_the_source_there():
+    """The policy writes a character the task's answers never use from step 68, after its loss jumped
+    on step 60's labels: the steps since learnt the other format, so the run rolls back to the
+    newest checkpoint before step 60 and reads the source as it was before it."""
+    from test_data_shift import completions
+    from test_detectors import sft_rows as rows_of
+
+    rows = rows_of(100)
+    for r in rows:
+        if r["step"] >= 61:           # the new targets' loss jumps, and falls as the policy learns them
+            r["loss"] = 0.1 + 4.0 * math.exp(-(r["step"] - 61) / 5)
+    ev = make_ev(rows, questions=completions(range(0, 68)) + completions(range(68, 100), suffix="="))
+    c = ctx(answer_alphabet="0123456789", checkpoints=[{"name": f"step_{s:07d}", "step": s} for s in (40, 60, 80)])
+    (iv,) = [iv for iv in DataCuration().builtin(ev, c) if iv.diagnosis.name == "answer_format"]
+    check_record(iv, DataCuration())
+    assert iv.kind == K.ROLLBACK and rollback_target(iv) == "step_0000060" and iv.changes == {PIN: 60}

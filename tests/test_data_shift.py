@@ -3,13 +3,14 @@ each step's training questions): the step the stream changed at is named whereve
 metrics' window, also when every sampled question the evidence holds is from after it, and a stream
 long from its first step names none. (The trainer's own logging of the field:
 tests/test_trainer_perturb.py.) `question_format`: questions carrying characters none of the task's own
-questions uses, and the step that began."""
+questions uses, and the step that began. `answer_format`: the policy's completions carrying characters none of
+the task's answers uses, dated by the loss's jump on the changed labels."""
 from __future__ import annotations
 
 import dataclasses
 
 from agents.detection import DETECTORS, THRESHOLDS
-from test_detectors import KNOWN, make_ev, questions, sft_rows
+from test_detectors import HARNESS, KNOWN, make_ev, questions, sft_rows
 
 
 def logged(at: int, n: int = 150, short: float = 5.0, long: float = 9.0) -> list[dict]:
@@ -99,3 +100,37 @@ def test_the_tasks_question_alphabet_covers_its_questions_at_every_difficulty():
         assert all(set(t.example(Split.TRAIN, i, d).question) <= a
                    for d in range(t.min_difficulty, t.max_difficulty + 1) for i in range(500, 540)), name
     assert "=" not in question_alphabet({"task": {"name": "countdown"}, "seed": 0})
+
+
+def completions(steps: range, suffix: str = "") -> list[dict]:
+    """The policy's sampled completions, 4 per step: numbers as the task answers them, then `suffix`
+    and the stop."""
+    return [{"step": s, "segment": 0, "question": f"{s}+{k}", "completion": f"{(s + k) % 97}{suffix}\n"}
+            for s in range(steps.start, steps.stop) for k in range(4)]
+
+
+def test_labels_in_another_format_are_found_from_the_completions_and_dated_by_the_loss_jump():
+    knows = dataclasses.replace(KNOWN, answer_alphabet="0123456789")
+    rows = sft_rows(100)
+    for r in rows:
+        if r["step"] >= 61:                      # row 61 is the update on step 60's data: the new labels
+            r["loss"] = 4.0 - 0.05 * (r["step"] - 61)
+    # the policy writes '=' after its answers from step 68 on, 8 steps after its labels changed
+    cs = completions(range(0, 68)) + completions(range(68, 100), suffix="=")
+    d = DETECTORS["answer_format"](make_ev(rows, questions=cs), THRESHOLDS, knows)
+    assert d is not None and d.severity == "warning" and d.evidence["new_chars"] == "="
+    assert d.evidence["written_since_step"] == 68 and d.evidence["good_before_step"] == 60
+    assert d.evidence["loss_jump"] > THRESHOLDS.spike_ratio
+    # no jump in the loss: the first step written otherwise is the step named
+    flat = sft_rows(100)
+    d = DETECTORS["answer_format"](make_ev(flat, questions=cs), THRESHOLDS, knows)
+    assert d is not None and d.evidence["good_before_step"] == 68 and d.evidence["loss_jump"] is None
+    # written so from the first sample (an untrained policy writes any of its characters): not judged
+    assert DETECTORS["answer_format"](make_ev(rows, questions=completions(range(0, 100), "=")), THRESHOLDS, knows) is None
+    # the task's own characters; a prefix or a stop the live harness writes; an unknown alphabet; GRPO: nothing
+    assert DETECTORS["answer_format"](make_ev(rows, questions=completions(range(0, 100))), THRESHOLDS, knows) is None
+    marked = {**HARNESS, "answer": {**HARNESS.get("answer", {}), "prefix": "=", "stop": "\n"}}
+    assert DETECTORS["answer_format"](make_ev(rows, questions=cs, harness=marked), THRESHOLDS, knows) is None
+    assert DETECTORS["answer_format"](make_ev(rows, questions=cs), THRESHOLDS, KNOWN) is None
+    grpo = [{**r, "algorithm": "grpo"} for r in rows]
+    assert DETECTORS["answer_format"](make_ev(grpo, questions=cs), THRESHOLDS, knows) is None
