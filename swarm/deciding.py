@@ -27,7 +27,7 @@ from swarm.backtest import (arm_name, check_change, heldout_comparable, nearest_
                             start_over)
 from swarm.decisions import (HELDOUT_LOSS_SIGNAL, PERSIST_LOOKS, BacktestSpec, Facts, Look, Pair, Refuse, Rule, Sighting, Skip,
                              arm_step_cost, assign_risk, corroborated_by, outlook, persistence, plan, rate_var, retry_horizon,
-                             run_looks, schedule, segment_steps, smaller_step, try_share, worth_verifying)
+                             run_looks, schedule, segment_steps, smaller_step, too_new, try_share, worth_verifying)
 from swarm.judging import AnswerLoss, Control, Kept, Pending, RolledBack, Window, judge, restart_hold, wasted
 from trainer.config import get_dotted
 from trainer.runlog import INIT_CHECKPOINT, read_heartbeat
@@ -316,23 +316,40 @@ class Deciding:
         steps_left = max(0, self.last_step() - ev.step)
         if per_step > 0:
             steps_left = min(steps_left, max(0, int((b.worker_cpu_s - self.meter.total) / per_step)))
-        keep = []
+        keep, newer = [], set()
         for iv in proposals:
             # a change plan lets skip its backtest trains no arms: its window is the live run's own steps
             cost = 0 if isinstance(plan(iv, self.facts(iv, s.job_status)), Skip) else verify
             held = (persistence([Sighting(*x) for x in self.store.sightings(iv.diagnosis.name)], now, since)
                     if iv.diagnosis.name in findings else None)
-            why = worth_verifying(iv, findings, view, cost, next_eval_in, held,
-                                  corroborated_by(iv.diagnosis, self.tick.findings, iv.changes), steps_left,
+            corroborated = corroborated_by(iv.diagnosis, self.tick.findings, iv.changes)
+            why = worth_verifying(iv, findings, view, cost, next_eval_in, held, corroborated, steps_left,
                                   measured=ev.latest_eval(metric) is not None)
             if why is None:
                 keep.append(iv)
                 continue
-            if (iv.signature(), len(pts)) not in self.memo.deferred:
-                self.memo.deferred.add((iv.signature(), len(pts)))
-                self.store.log("deferred", operator=iv.operator, iv_kind=iv.kind.value, diagnosis=iv.diagnosis.name,
-                               reason=why, step=ev.step)
+            if too_new(held, corroborated):
+                newer.add(iv.diagnosis.name)
+            self.defer(iv, why, len(pts), ev.step)
+        # a retry of a fix that measured nothing waits for a cause named too recently to act on: its
+        # fix, carrying the first (`carrying`), tests both where the retry would test the first alone
+        # (the lead's order, agents.operators.Lead.arbitrate); a look or two, until it is seen again
+        history = self.store.list()
+        floor = {iv.diagnosis.name for iv in keep if held_at_floor(history, iv.diagnosis.name) is not None}
+        untried = sorted(n for n in newer - floor if held_at_floor(history, n) is None)
+        if floor and untried:
+            for iv in [iv for iv in keep if iv.diagnosis.name in floor]:
+                keep.remove(iv)
+                self.defer(iv, f"its last fix measured nothing, and {', '.join(untried)} was named too recently to act on: "
+                               "that cause's fix, carrying this one, goes first", len(pts), ev.step)
         return keep
+
+    def defer(self, iv: Intervention, why: str, evals: int, step: int) -> None:
+        """Log that `iv` waits (`why`), once per fix and count of evals."""
+        if (iv.signature(), evals) not in self.memo.deferred:
+            self.memo.deferred.add((iv.signature(), evals))
+            self.store.log("deferred", operator=iv.operator, iv_kind=iv.kind.value, diagnosis=iv.diagnosis.name,
+                           reason=why, step=step)
 
     # ---- backtest -------------------------------------------------------------------------------
     def node_backtest(self, s: Any) -> dict[str, Any]:

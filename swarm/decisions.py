@@ -312,6 +312,13 @@ def segment_steps(heartbeat: dict[str, Any]) -> int:
     return max(0, int(step) - int(since)) if isinstance(step, int) and isinstance(since, int) else 0
 
 
+def too_new(held_for: tuple[int, int] | None, corroborated: str | None = None) -> bool:
+    """Whether a finding seen `held_for` (looks, steps: `persistence`) is too new to act on: on fewer
+    than PERSIST_LOOKS looks spanning PERSIST_STEPS steps, and no departure or task fact corroborates
+    it (`worth_verifying`)."""
+    return corroborated is None and held_for is not None and (held_for[0] < PERSIST_LOOKS or held_for[1] < PERSIST_STEPS)
+
+
 def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, verify_steps: int,
                     next_eval_in: int | None = None, held_for: tuple[int, int] | None = None,
                     corroborated: str | None = None, steps_left: int | None = None, measured: bool = True) -> str | None:
@@ -346,7 +353,7 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
     if verify_steps == 0 and not measured and next_eval_in is not None:
         return (f"nothing measured yet to judge it against after applying (it skips its backtest): it waits for the "
                 f"next held-out eval, due in {next_eval_in} steps")
-    if corroborated is None and held_for is not None and (held_for[0] < PERSIST_LOOKS or held_for[1] < PERSIST_STEPS):
+    if too_new(held_for, corroborated):
         return (f"{iv.diagnosis.name} seen on {held_for[0]} look(s) over {held_for[1]} step(s): on healthy runs a "
                 f"detector's false alarm lasts one look, so the fix waits for a look at newer rows")
     if view.evals < 2 and next_eval_in is not None and next_eval_in < verify_steps and corroborated != TASK_FACT:

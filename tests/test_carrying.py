@@ -98,3 +98,37 @@ def test_a_cause_whose_fix_measured_nothing_waits_for_another_named_cause_untrie
     moved = FLOOR.model_copy(update={"candidate": [0.3, 0.35], "control": [0.3, 0.4], "effect": -0.025})
     lost = ease.model_copy(update={"status": Status.REJECTED, "backtest": moved})
     assert Lead().arbitrate([retry, raise_lr], ctx([lost]))[0] is retry
+
+
+def test_a_retry_of_a_fix_that_measured_nothing_waits_a_look_for_a_cause_named_too_recently(tmp_path):
+    """The truncation fix measured nothing; the curriculum is named on one look only, so its fix
+    waits for a second (a one-look false alarm). The retry waits with it instead of taking the turn:
+    once the curriculum is seen again, both go to the lead, whose order puts the curriculum's fix,
+    carrying the limit's, first."""
+    from swarm.graph import SwarmState
+
+    ctrl = controller(tmp_path)
+    try:
+        limit = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 6}, "truncation")
+        ctrl.store.put(limit.model_copy(update={"status": Status.REJECTED, "backtest": FLOOR}))
+        for n, step in ((1, 10), (2, 30)):
+            ctrl.store.record_look(n, step, ["truncation"], keep=10)
+        ctrl.store.record_look(3, 50, ["truncation", "too_hard_curriculum"], keep=10)
+        ctrl.memo.looks = 3
+        named(ctrl, "truncation", "too_hard_curriculum")
+        retry = iv(K.ROLLBACK, {"harness.sampling.max_new_tokens": 6}, "truncation", rollback_to="init")
+        ease = iv(K.DATA_CHANGE, {"harness.curriculum.start": 2}, "too_hard_curriculum")
+        state = SwarmState(job_status="RUNNING", tick=3, step=60)
+        assert ctrl.worth_it([retry, ease], state) == []
+        waits = [r for r in ctrl.store.timeline("deferred") if r.get("diagnosis") == "truncation"]
+        assert waits and "too_hard_curriculum" in waits[-1]["reason"]
+        # without the newly named cause the retry goes on its own
+        named(ctrl, "truncation")
+        assert ctrl.worth_it([retry], state) == [retry]
+        # seen again on a later look: both go, the lead's order decides
+        named(ctrl, "truncation", "too_hard_curriculum")
+        ctrl.store.record_look(4, 60, ["truncation", "too_hard_curriculum"], keep=10)
+        ctrl.memo.looks = 4
+        assert ctrl.worth_it([retry, ease], state) == [retry, ease]
+    finally:
+        close(ctrl)
