@@ -75,6 +75,7 @@ class OperatorContext(BaseModel):
                                         "so the recipe and harness here are not known to be the ones in force")
 
     _findings: list[Diagnosis] | None = PrivateAttr(None)   # not data for prompts: a per-tick cache
+    _proposed: frozenset[str] | None = PrivateAttr(None)    # likewise
 
     @property
     def findings(self) -> list[Diagnosis] | None:
@@ -83,6 +84,16 @@ class OperatorContext(BaseModel):
 
     def with_findings(self, findings: list[Diagnosis]) -> "OperatorContext":
         self._findings = list(findings)
+        return self
+
+    @property
+    def proposed(self) -> frozenset[str] | None:
+        """The findings the operators before this one proposed a fix for on this tick (a joint
+        change's parts too), when the controller tracks them; None: not known."""
+        return self._proposed
+
+    def with_proposed(self, proposals: list[Intervention]) -> "OperatorContext":
+        self._proposed = frozenset(n for iv in proposals for n in (iv.diagnosis.name, *(iv.diagnosis.evidence.get("answers") or ())))
         return self
 
     def known(self) -> Known:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agents.base import IN_EFFECT, Operator, OperatorContext, rollback_target
+from agents.base import IN_EFFECT, PENDING, Operator, OperatorContext, rollback_target
 from agents.detection import run_detectors
 from agents.domain import Diagnosis, Intervention, InterventionKind as K, Risk
 from agents.evidence import Evidence
@@ -129,6 +129,17 @@ def take_fix(fix: Intervention, changes: dict[str, Any], held: set[str], to: set
     return True
 
 
+def has_fix(ctx: OperatorContext, finding: str) -> bool:
+    """Whether a fix for `finding` goes on: one proposed on this tick by the operators before the
+    search (`ctx.proposed`), or one pending or in effect. A finding no operator answers (its
+    operator proposes nothing for it in this state) holds no search back, or a symptom named for
+    hundreds of steps would stop the search for good. Where the tick's proposals are not known,
+    every named cause is taken to have one."""
+    if ctx.proposed is None or finding in ctx.proposed:
+        return True
+    return any(iv.diagnosis.name == finding and (iv.status in PENDING or iv.status in IN_EFFECT) for iv in ctx.history)
+
+
 def tried(ctx: OperatorContext) -> list[dict[str, Any]]:
     return [iv.changes for iv in ctx.history if iv.changes]
 
@@ -158,7 +169,7 @@ class Explorer(Operator):
         fixes = {n: held_at_floor(ctx.history, n) for n in causes}
         # a joint fix answers each of its parts: they are held at the floor with it
         answered = {a for fix in fixes.values() if fix is not None for a in fix.diagnosis.evidence.get("answers") or ()}
-        if any(fix is None and n not in answered for n, fix in fixes.items()):
+        if any(fix is None and n not in answered and has_fix(ctx, n) for n, fix in fixes.items()):
             return []               # that cause's fix goes on (or was never tried): not a search
         carried: dict[str, Any] = {}
         held: set[str] = set()

@@ -351,7 +351,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
             ctx = ctx.model_copy(update={"skills": m.recall[0], "episodes": m.recall[1]}).with_findings(findings)
         proposals: list[Intervention] = []
         for op in self.operators:
-            proposals += op.propose(ev, ctx, llm=self.llm)
+            proposals += op.propose(ev, ctx.with_proposed(proposals), llm=self.llm)
         view = evidence_view(ev, findings, ctx, task=self.knowledge.task) if (proposals or ranked) else {}
         if ranked:
             fired = firing_skills([sk for sk, _ in ranked], view, self.knowledge.sandbox, self.goal.memory.program_timeout_s,

@@ -192,3 +192,29 @@ def test_the_carried_fix_is_answered_by_the_candidate_and_keeps_its_checkpoint()
     assert iv.kind == K.ROLLBACK and rollback_target(iv) == "step_0000040"
     assert iv.changes == {"recipe.lr": 0.03, "harness.filters.as_of_step": 40}
     assert iv.diagnosis.evidence["answers"] == ["label_noise", "repeated_examples"]
+
+
+def test_a_named_cause_no_operator_answers_holds_no_search_back():
+    """A finding whose operator proposes nothing for it in this state (a symptom like malformed
+    answers on a run that learns nothing) would hold the search back for good: where the tick's
+    proposals are known, only a cause with a fix proposed on this tick, or one pending or in
+    effect, holds it back."""
+    c = ctx(**STUCK_CTX)
+    found = run_detectors(make_ev(stuck_rows()), known=c.known())
+    cause = Diagnosis(name="malformed_rate", summary="answers malformed", severity="warning", operator="t", policy="builtin")
+    assert "malformed_rate" in CAUSES
+
+    def search(history=(), proposed=None):
+        c = ctx(**STUCK_CTX, history=list(history)).with_findings(found + [cause])
+        if proposed is not None:
+            c = c.with_proposed(proposed)
+        return Explorer().builtin(make_ev(stuck_rows()), c)
+
+    assert search() == []                                      # the tick's proposals not known: held back
+    assert search(proposed=[])                                  # nobody answers it: searched
+    fix = iv_(K.HARNESS_EDIT, {"harness.template": "{question}="}, "malformed_rate")
+    assert search(proposed=[fix]) == []                         # answered on this tick
+    joint = iv_(K.DATA_CHANGE, {"harness.curriculum.start": 2}, "too_hard_curriculum")
+    joint = joint.model_copy(update={"diagnosis": joint.diagnosis.model_copy(update={"evidence": {"answers": ["malformed_rate"]}})})
+    assert search(proposed=[joint]) == []                       # a joint change's part
+    assert search(history=[fix.model_copy(update={"status": Status.EVALUATING})], proposed=[]) == []   # in effect
