@@ -181,9 +181,11 @@ def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     - the decay in force pulls at least `DECAY_STRONG`× `DECAY_PULL_FLAT` per step at the recipe's
       lr (what a healthy run's updates offset: a decay below that is not judged);
     - the weights' norm (the trainer's `weight_norm`) fell by at least `decay_fall` in log and is
-      not growing again (its newest value at most the window's middle one);
-    - the decoupled decay alone pulled at least that much (Σ −log(1 − lr·wd) over the same steps):
-      the fall is the decay's doing, not something else shrinking the weights;
+      not growing again (its newest value at most the window's middle one), and the decoupled decay
+      alone pulled at least that much (Σ −log(1 − lr·wd) over the same steps): the fall is the
+      decay's doing, not something else shrinking the weights; or the weights are held at least
+      `decay_fall` in log below their untrained size (the trainer's `weight_growth`), where the
+      decay and the updates balance and the norm no longer falls (a window after a change);
     - of the held-out evals since the change, at least two, the newest is short of the target and
       no better than the best of the two before it (the harm is shown, not assumed: a run that
       learns under a strong decay is left to learn).
@@ -206,20 +208,26 @@ def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     first, mid, last = (float(rows[i]["weight_norm"]) for i in (0, len(rows) // 2, -1))
     fall = math.log(first / last)
     pull = -sum(math.log1p(-float(r["lr"]) * wd) for r in rows[1:])
-    if fall < th.decay_fall or pull < fall or last > mid:
+    # held down: the weights already at `decay_fall` (in log) below their untrained size, where the
+    # decay and the updates balance and the norm no longer falls within the window
+    growth = to_float(rows[-1].get("weight_growth"))
+    below = -math.log(growth) if is_finite(growth) and growth > 0 else 0.0
+    if not (fall >= th.decay_fall and pull >= fall and last <= mid) and below < th.decay_fall:
         return None
     start, seg = int(rows[0].get("step", 0)), rows[-1].get("segment")
     held = held_out_stuck(ev, th, known, seg, start)
     if held is None:
         return None
     suggested = float(f"{min(wd / DECAY_CUT, DECAY_PULL_FLAT / lr):.2g}")
-    return make_diagnosis(ev, "strong_decay",
-                          f"the weights' norm fell from {first:.3g} to {last:.3g} over {len(rows)} steps, which the "
-                          f"weight decay {wd:g} alone accounts for (it pulled {pull:.2g} in log), and held-out is "
-                          f"{held[-1]:.3g}: the decay undoes what the steps learn",
+    how = (f"the weights' norm fell from {first:.3g} to {last:.3g} over {len(rows)} steps, which the weight decay "
+           f"{wd:g} alone accounts for (it pulled {pull:.2g} in log)" if below < th.decay_fall else
+           f"the weights are held at {growth:.2f} of their untrained size under a weight decay of {wd:g} "
+           f"(it pulls {lr * wd:.2g} per step at the lr)")
+    return make_diagnosis(ev, "strong_decay", f"{how}, and held-out is {held[-1]:.3g}: the decay undoes what the steps learn",
                           "warning",
                           {"weight_decay": wd, "weight_decay_suggested": suggested, "lr": lr,
                            "norm_first": first, "norm_last": last, "log_fall": fall, "decay_pull": pull,
+                           "log_below_untrained": below,
                            "rows": len(rows), "from_step": start, "heldout": held[-3:],
                            "threshold_fall": th.decay_fall})
 

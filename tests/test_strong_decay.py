@@ -136,3 +136,27 @@ def test_the_fix_lowers_the_weight_decay_and_the_search_stays_quiet():
     assert iv.kind == K.RECIPE_EDIT and iv.diagnosis.name == "strong_decay"
     assert set(iv.changes) == {"recipe.weight_decay"} and iv.changes["recipe.weight_decay"] < 5.0 / DECAY_CUT * 1.01
     assert Explorer().builtin(ev, c) == []            # a cause is named: no search
+
+
+def test_weights_held_far_below_their_untrained_size_by_a_strong_decay_are_named_after_a_change():
+    """A window after another change (an answer limit raised): the decay and the updates balance,
+    the norm no longer falls, and the weights sit at a quarter of their untrained size (the trainer's
+    `weight_growth`). The decay holds them there; a mild one, or weights near their size, is not named."""
+    recipe = {"algorithm": "sft", "lr": 3e-3, "weight_decay": 4.37}
+    rows = decay_rows(share=0.0)                       # flat within the window
+    for r in rows:
+        r["weight_growth"] = 0.23
+    d = detect(make_ev(rows, recipe=recipe), THRESHOLDS, KNOWN)
+    assert d is not None and "0.23 of their untrained size" in d.summary
+    assert d.evidence["log_below_untrained"] == pytest.approx(-math.log(0.23), rel=1e-4)
+    assert d.evidence["weight_decay_suggested"] < 4.37 / DECAY_CUT * 1.01
+    for r in rows:
+        r["weight_growth"] = 0.9                       # near their untrained size: nothing held down
+    assert detect(make_ev(rows, recipe=recipe), THRESHOLDS, KNOWN) is None
+    for r in rows:
+        r["weight_growth"] = 0.23
+    assert detect(make_ev(rows, recipe=dict(recipe, weight_decay=0.1)), THRESHOLDS, KNOWN) is None   # a usual decay
+    learning = copy.deepcopy(rows)
+    for i, r in enumerate(r for r in learning if "heldout_acc" in r):
+        r["heldout_acc"] = 0.1 * i                     # it learns there: left to learn
+    assert detect(make_ev(learning, recipe=recipe), THRESHOLDS, KNOWN) is None
