@@ -92,8 +92,9 @@ class OperatorContext(BaseModel):
         change's parts too), when the controller tracks them; None: not known."""
         return self._proposed
 
-    def with_proposed(self, proposals: list[Intervention]) -> "OperatorContext":
-        self._proposed = frozenset(n for iv in proposals for n in (iv.diagnosis.name, *(iv.diagnosis.evidence.get("answers") or ())))
+    def with_proposed(self, proposals: list[Intervention] | None) -> "OperatorContext":
+        self._proposed = None if proposals is None else frozenset(
+            n for iv in proposals for n in (iv.diagnosis.name, *(iv.diagnosis.evidence.get("answers") or ())))
         return self
 
     def known(self) -> Known:

@@ -469,36 +469,43 @@ def answer_format(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTH
     rejects. The policy writes them back some steps after they changed: where the SFT loss jumped
     (`spike_ratio` × the rows before) within `scan` rows before the first step of the newest stretch
     written otherwise, the evidence names the step of the jump (`good_before_step`: unfamiliar
-    targets raise the loss at once), else that first step; the steps since learnt them. A policy that
-    never wrote in the task's characters (an untrained one writes any of its alphabet) names no
-    step and is not judged. SFT only: an RL policy explores, and distillation reads no label."""
+    targets raise the loss at once), and the steps since learnt them (a warning). With no jump, or
+    a policy that never wrote in the task's characters (an untrained one writes any of its
+    alphabet), no step is named: reported (info, `info_without_onset`), unless an earlier look
+    named one (`Deciding.with_onsets` keeps it once the samples have moved past the change). SFT
+    only: an RL policy explores, and distillation reads no label."""
     if algorithm(ev) != "sft" or not known.answer_alphabet:
         return None
     fmt = (ev.harness or {}).get("answer") or {}
     alphabet = set(known.answer_alphabet) | set(str(fmt.get("prefix") or "")) | set(str(fmt.get("stop") or ""))
     found = _foreign(_sampled(ev, "completion"), alphabet, th)
-    if found is None or "good_before_step" not in found:
+    if found is None:
         return None
-    written = found["good_before_step"]
-    # the policy writes a new format back some steps after its labels changed; where the labels
-    # changed, the loss jumped (unfamiliar targets): the largest jump over the `scan` rows before
-    # the completions changed, if it is one (`spike_ratio` × the median of the `recent` rows
-    # before it), names the first step whose labels changed (row s is the update on step s - 1's data)
-    rows = [r for r in current_rows(ev) if not r.get("skipped") and is_finite(to_float(r.get("loss")))
-            and int(r.get("step", 0)) <= written]
-    jumps = [(float(rows[k]["loss"]) / base, int(rows[k]["step"]) - 1)
-             for k in range(max(th.recent, len(rows) - th.scan), len(rows))
-             if (base := median_of([float(r["loss"]) for r in rows[k - th.recent:k]])) > 0]
-    ratio, jumped = max(jumps, default=(0.0, None))
-    onset = jumped if jumped is not None and ratio >= th.spike_ratio and jumped >= 1 else written
+    written, ratio, onset = found.get("good_before_step"), 0.0, None
+    if written is not None:
+        # the policy writes a new format back some steps after its labels changed; where they
+        # changed, the loss jumped (unfamiliar targets): the largest jump over the `scan` rows up
+        # to the completions' change (a sample of step k is written after step k's update, row
+        # k + 1), if it is one (`spike_ratio` × the median of the `recent` rows before it), names
+        # the first step whose labels changed (row s is the update on step s - 1's data)
+        rows = [r for r in current_rows(ev) if not r.get("skipped") and is_finite(to_float(r.get("loss")))
+                and int(r.get("step", 0)) <= written + 1]
+        jumps = [(float(rows[k]["loss"]) / base, int(rows[k]["step"]) - 1)
+                 for k in range(max(th.recent, len(rows) - th.scan), len(rows))
+                 if (base := median_of([float(r["loss"]) for r in rows[k - th.recent:k]])) > 0]
+        ratio, jumped = max(jumps, default=(0.0, None))
+        onset = jumped if jumped is not None and ratio >= th.spike_ratio and jumped >= 1 else None
+    since = (f" since step {written}, after the loss jumped {ratio:.1f}x at step {onset + 1}" if onset is not None
+             else f" since step {written}, with no jump of the loss to say when the labels changed" if written is not None
+             else "")
     return make_diagnosis(ev, "answer_format",
                           f"{found['share']:.0%} of the policy's completions sampled over the last {th.shift_rows} steps carry "
-                          f"characters the task's answers never use ({found['chars']!r}) since step {written}"
-                          + (f", after the loss jumped {ratio:.1f}x at step {onset + 1}" if onset != written else "")
-                          + ": the labels it trains on are written in another format", "warning",
+                          f"characters the task's answers never use ({found['chars']!r}){since}: the labels it trains on are "
+                          "written in another format", "warning" if onset is not None else "info",
                           {"odd_share": found["share"], "new_chars": found["chars"], "steps": th.shift_rows,
                            "threshold_share": th.format_share, "written_since_step": written,
-                           "loss_jump": ratio if onset != written else None, "good_before_step": onset})
+                           "loss_jump": ratio if onset is not None else None,
+                           **({"good_before_step": onset} if onset is not None else {"info_without_onset": True})})
 
 
 @detector("repeated_examples")

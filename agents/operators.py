@@ -42,8 +42,7 @@ import yaml
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, finite as _f, rollback_target
 from agents.cluster_ops import ClusterOps
 from agents.data_curation import DataCuration
-from agents.domain import (DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, SEVERITY_RANK, Diagnosis, Intervention, InterventionKind as K,
-                           Risk, Status, cannot_wait)
+from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, SEVERITY_RANK, Diagnosis, Intervention, InterventionKind as K, Risk, Status
 from agents.evidence import Evidence
 from agents.progress import config_fields, departure_harmed, eval_series, rollback_stake
 from agents.recall import avoid_reason
@@ -558,6 +557,15 @@ def held_at_floor(history: list[Intervention], finding: str) -> Intervention | N
     return last if last is not None and last.backtest is not None and last.backtest.measured_nothing() else None
 
 
+def retries_floor(history: list[Intervention], iv: Intervention) -> bool:
+    """Whether `iv` tries again the last fix for its finding whose backtest measured nothing
+    (`held_at_floor`): its changes include that fix's (from the live weights again, over a longer
+    horizon, or from another checkpoint). Another change for the same finding (the search's next
+    candidate) is no retry."""
+    fix = held_at_floor(history, iv.diagnosis.name)
+    return fix is not None and all(k in iv.changes and iv.changes[k] == v for k, v in fix.changes.items())
+
+
 class Lead:
     """Turns the goal into a plan and arbitrates between the operators' proposals."""
 
@@ -573,21 +581,22 @@ class Lead:
 
     def arbitrate(self, proposals: list[Intervention], ctx: OperatorContext) -> list[Intervention]:
         """The proposals to go ahead with, most urgent first:
-        - a job action on a critical finding that cannot wait (`cannot_wait`: a crashed or stalled job
-          restarted, a divergence rolled back; not a rollback that retries a fix, however severe its
-          finding) first; then a departure's fix (DEPARTURE: the live config left what was set) before
-          the others, whose evidence comes from a config nobody chose, whatever their severity; then
-          a cause whose last fix measured nothing (`held_at_floor`) after one not yet tried that way:
-          something else holds the run at the floor too, and the other cause's fix, carrying the first
-          (swarm.deciding `carrying`), tests both where a retry of the first alone would not; then
-          the most severe diagnosis first; then job actions, data, harness, recipe;
+        - a job action on a critical finding (a crashed or stalled job restarted, a divergence rolled
+          back) first, unless it retries a fix that measured nothing (`retries_floor`); then a
+          departure's fix (DEPARTURE: the live config left what was set) before the others, whose
+          evidence comes from a config nobody chose, whatever their severity; then a retry of a fix
+          that measured nothing after the fixes of other causes: something else holds the run at the
+          floor too, and the other cause's fix, carrying the first (swarm.deciding `carrying`), tests
+          both where a retry of the first alone would not; then the most severe diagnosis first; then
+          job actions, data, harness, recipe;
         - one per signature (diagnosis|kind|fields), one per kind, one job action (restart or rollback);
         - none identical to a recent rejected or rolled-back one (unless its backtest was only
           inconclusive: the longer retry is the decision model's), to one still pending however old,
           or to one in effect (a restart may repeat: a job can crash twice);
         - none touching a field that a chosen or pending intervention sets to another value;
         - with a rollback chosen, no non-critical edit ranked after it (its evidence comes from the
-          damaged run), and no rollback ranked after a non-critical edit (the edit goes first);
+          damaged run), and no non-critical rollback ranked after a non-critical edit (the edit goes
+          first);
         - none whose fix lost in past episodes (ctx.episodes) `avoid_after_losses` times and never won;
         - among equals, one for a named cause before one for the bare symptom of a dead or hung job
           (JOB_FINDINGS: a restart for `out_of_memory` before a restart for `crashed_job`), then a
@@ -599,10 +608,11 @@ class Lead:
         for h in ctx.history:             # pending however old: one waiting for a human may be far back
             if h.status in PENDING:
                 pending_fields.update(h.changes)
-        floor = {iv.diagnosis.name for iv in proposals if held_at_floor(ctx.history, iv.diagnosis.name) is not None}
-        order = sorted(enumerate(proposals), key=lambda p: (not (cannot_wait(p[1]) and p[1].diagnosis.severity == "critical"),
+        floor = {i for i, iv in enumerate(proposals) if retries_floor(ctx.history, iv)}
+        order = sorted(enumerate(proposals), key=lambda p: (not (p[1].kind in JOB_ACTIONS and p[1].diagnosis.severity == "critical"
+                                                                  and p[0] not in floor),
                                                              p[1].diagnosis.name not in DEPARTURE,
-                                                             p[1].diagnosis.name in floor,
+                                                             p[0] in floor,
                                                              SEVERITY_RANK.get(p[1].diagnosis.severity, 3),
                                                              KIND_RANK.get(p[1].kind, 9), p[1].diagnosis.name in JOB_FINDINGS,
                                                              not p[1].skills_used, p[0]))
@@ -638,7 +648,8 @@ class Lead:
             if iv.kind in JOB_ACTIONS and any(c.kind in JOB_ACTIONS for c in chosen):
                 drop(iv, "another restart/rollback goes first")
                 continue
-            if iv.kind == K.ROLLBACK and any(c.kind != K.ROLLBACK and c.diagnosis.severity != "critical" for c in chosen):
+            if (iv.kind == K.ROLLBACK and iv.diagnosis.severity != "critical"
+                    and any(c.kind != K.ROLLBACK and c.diagnosis.severity != "critical" for c in chosen)):
                 drop(iv, "deferred: a fix ranked ahead of it changes the run it would roll back")
                 continue
             clash = next((k for k, v in iv.changes.items()
@@ -649,9 +660,10 @@ class Lead:
             chosen.append(iv)
             sigs.add(iv.signature())
             fields.update(iv.changes)
-        if any(c.kind == K.ROLLBACK for c in chosen):
+        first = next((i for i, c in enumerate(chosen) if c.kind == K.ROLLBACK), None)
+        if first is not None:
             # what the damaged weights show after the onset is no evidence for the rolled-back run
-            for c in [c for c in chosen if c.kind != K.ROLLBACK and c.diagnosis.severity != "critical"]:
+            for c in [c for c in chosen[first + 1:] if c.kind != K.ROLLBACK and c.diagnosis.severity != "critical"]:
                 chosen.remove(c)
                 drop(c, "deferred: its evidence comes from the run being rolled back")
         return chosen

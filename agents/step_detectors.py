@@ -185,7 +185,8 @@ def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
       alone pulled at least that much (Σ −log(1 − lr·wd) over the same steps): the fall is the
       decay's doing, not something else shrinking the weights; or the weights are held at least
       `decay_fall` in log below their untrained size (the trainer's `weight_growth`), where the
-      decay and the updates balance and the norm no longer falls (a window after a change);
+      decay and the updates balance and the norm no longer falls (a window after a change), and
+      the decay pulled at least that much over the rows of this recipe version the evidence holds;
     - of the held-out evals since the change, at least two, the newest is short of the target and
       no better than the best of the two before it (the harm is shown, not assumed: a run that
       learns under a strong decay is left to learn).
@@ -209,10 +210,15 @@ def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     fall = math.log(first / last)
     pull = -sum(math.log1p(-float(r["lr"]) * wd) for r in rows[1:])
     # held down: the weights already at `decay_fall` (in log) below their untrained size, where the
-    # decay and the updates balance and the norm no longer falls within the window
+    # decay and the updates balance and the norm no longer falls within the window, and the decay
+    # pulled at least that much over the rows the evidence holds of this recipe version (it can
+    # account for the shrink)
     growth = to_float(rows[-1].get("weight_growth"))
     below = -math.log(growth) if is_finite(growth) and growth > 0 else 0.0
-    if not (fall >= th.decay_fall and pull >= fall and last <= mid) and below < th.decay_fall:
+    pulled = -sum(math.log1p(-float(r["lr"]) * wd) for r in ev.metrics
+                  if r.get("recipe_version") == version and is_finite(to_float(r.get("lr"))) and not r.get("skipped"))
+    held_down = below >= th.decay_fall and pulled >= below
+    if not (fall >= th.decay_fall and pull >= fall and last <= mid) and not held_down:
         return None
     start, seg = int(rows[0].get("step", 0)), rows[-1].get("segment")
     held = held_out_stuck(ev, th, known, seg, start)
@@ -220,7 +226,7 @@ def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
         return None
     suggested = float(f"{min(wd / DECAY_CUT, DECAY_PULL_FLAT / lr):.2g}")
     how = (f"the weights' norm fell from {first:.3g} to {last:.3g} over {len(rows)} steps, which the weight decay "
-           f"{wd:g} alone accounts for (it pulled {pull:.2g} in log)" if below < th.decay_fall else
+           f"{wd:g} alone accounts for (it pulled {pull:.2g} in log)" if not held_down else
            f"the weights are held at {growth:.2f} of their untrained size under a weight decay of {wd:g} "
            f"(it pulls {lr * wd:.2g} per step at the lr)")
     return make_diagnosis(ev, "strong_decay", f"{how}, and held-out is {held[-1]:.3g}: the decay undoes what the steps learn",

@@ -86,7 +86,7 @@ class Memo:
     avoided: set[str] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)
     held: set[float] = field(default_factory=set)  # launches whose restart hold was logged
-    deferred: set[tuple[str, int]] = field(default_factory=set)  # (fix, evals seen) whose deferral was logged
+    deferred: set[tuple[str, int, str]] = field(default_factory=set)  # (fix, evals seen, kind of wait) whose deferral was logged
     looks: int = 0                                  # the controller's looks so far (the store keeps those that saw a finding)
     # the timeline's last seq when this process's last full pass began (rows logged during or
     # after it, a human decision included, make the next tick a full pass)
@@ -352,6 +352,7 @@ class Controller(AgentSteering, JobControl, ScriptSteering, Deciding):
         proposals: list[Intervention] = []
         for op in self.operators:
             proposals += op.propose(ev, ctx.with_proposed(proposals), llm=self.llm)
+        ctx.with_proposed(None)      # a per-loop view: nothing after the operators reads a stale one
         view = evidence_view(ev, findings, ctx, task=self.knowledge.task) if (proposals or ranked) else {}
         if ranked:
             fired = firing_skills([sk for sk, _ in ranked], view, self.knowledge.sandbox, self.goal.memory.program_timeout_s,

@@ -21,7 +21,7 @@ from agents.detection import THRESHOLDS
 from agents.domain import DEPARTURE, JOB_ACTIONS, SLOW_WORKER, Intervention, InterventionKind, JobStatus, Status
 from agents.evidence import is_eval_row
 from agents.explorer import CAUSES, spent, take_fix
-from agents.operators import held_at_floor, inconclusive, worthless_weights
+from agents.operators import held_at_floor, inconclusive, retries_floor, worthless_weights
 from agents.progress import config_fields, eval_series, progress_since, rollback_stake
 from swarm.backtest import (arm_name, check_change, heldout_comparable, nearest_valid, noop_edit, result, rollback_horizon, rule_for,
                             start_over)
@@ -328,26 +328,28 @@ class Deciding:
             if why is None:
                 keep.append(iv)
                 continue
-            if too_new(held, corroborated):
-                newer.add(iv.diagnosis.name)
+            if too_new(held, corroborated) and worth_verifying(iv, findings, view, cost, next_eval_in, None, corroborated,
+                                                              steps_left, measured=ev.latest_eval(metric) is not None) is None:
+                newer.add(iv.diagnosis.name)     # waiting for nothing but a second look
             self.defer(iv, why, len(pts), ev.step)
         # a retry of a fix that measured nothing waits for a cause named too recently to act on: its
         # fix, carrying the first (`carrying`), tests both where the retry would test the first alone
         # (the lead's order, agents.operators.Lead.arbitrate); a look or two, until it is seen again
         history = self.store.list()
-        floor = {iv.diagnosis.name for iv in keep if held_at_floor(history, iv.diagnosis.name) is not None}
-        untried = sorted(n for n in newer - floor if held_at_floor(history, n) is None)
-        if floor and untried:
-            for iv in [iv for iv in keep if iv.diagnosis.name in floor]:
+        retries = [iv for iv in keep if retries_floor(history, iv)]
+        untried = sorted(n for n in newer - {iv.diagnosis.name for iv in retries}
+                         if held_at_floor(history, n) is None and not spent(history, n))
+        if retries and untried:
+            for iv in retries:
                 keep.remove(iv)
                 self.defer(iv, f"its last fix measured nothing, and {', '.join(untried)} was named too recently to act on: "
-                               "that cause's fix, carrying this one, goes first", len(pts), ev.step)
+                               "that cause's fix, carrying this one, goes first", len(pts), ev.step, "floor")
         return keep
 
-    def defer(self, iv: Intervention, why: str, evals: int, step: int) -> None:
-        """Log that `iv` waits (`why`), once per fix and count of evals."""
-        if (iv.signature(), evals) not in self.memo.deferred:
-            self.memo.deferred.add((iv.signature(), evals))
+    def defer(self, iv: Intervention, why: str, evals: int, step: int, tag: str = "") -> None:
+        """Log that `iv` waits (`why`), once per fix, count of evals and kind of wait (`tag`)."""
+        if (iv.signature(), evals, tag) not in self.memo.deferred:
+            self.memo.deferred.add((iv.signature(), evals, tag))
             self.store.log("deferred", operator=iv.operator, iv_kind=iv.kind.value, diagnosis=iv.diagnosis.name,
                            reason=why, step=step)
 

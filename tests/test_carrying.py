@@ -98,6 +98,14 @@ def test_a_cause_whose_fix_measured_nothing_waits_for_another_named_cause_untrie
     moved = FLOOR.model_copy(update={"candidate": [0.3, 0.35], "control": [0.3, 0.4], "effect": -0.025})
     lost = ease.model_copy(update={"status": Status.REJECTED, "backtest": moved})
     assert Lead().arbitrate([retry, raise_lr], ctx([lost]))[0] is retry
+    # a critical rollback that retries nothing keeps its place ahead of a departure's edit, which
+    # waits for the rolled-back run
+    template = critical(iv(K.ROLLBACK, {"harness.template": "{question}="}, "template_mismatch", rollback_to="step_40"))
+    drift = iv(K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, "harness_drift")
+    assert Lead().arbitrate([drift, template], ctx([measured_nothing])) == [template]
+    # the search's next candidate for a finding is another change, not a retry of the one that measured nothing
+    search = iv(K.RECIPE_EDIT, {"recipe.lr": 1e-4}, "too_hard_curriculum")
+    assert Lead().arbitrate([raise_lr, critical(search)], ctx([measured_nothing]))[0].diagnosis.name == "too_hard_curriculum"
 
 
 def test_a_retry_of_a_fix_that_measured_nothing_waits_a_look_for_a_cause_named_too_recently(tmp_path):

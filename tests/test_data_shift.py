@@ -121,12 +121,15 @@ def test_labels_in_another_format_are_found_from_the_completions_and_dated_by_th
     assert d is not None and d.severity == "warning" and d.evidence["new_chars"] == "="
     assert d.evidence["written_since_step"] == 68 and d.evidence["good_before_step"] == 60
     assert d.evidence["loss_jump"] > THRESHOLDS.spike_ratio
-    # no jump in the loss: the first step written otherwise is the step named
+    # no jump in the loss: no step to say when the labels changed (the step written otherwise comes
+    # after it, and a pin there reads the changed labels), reported only
     flat = sft_rows(100)
     d = DETECTORS["answer_format"](make_ev(flat, questions=cs), THRESHOLDS, knows)
-    assert d is not None and d.evidence["good_before_step"] == 68 and d.evidence["loss_jump"] is None
-    # written so from the first sample (an untrained policy writes any of its characters): not judged
-    assert DETECTORS["answer_format"](make_ev(rows, questions=completions(range(0, 100), "=")), THRESHOLDS, knows) is None
+    assert d is not None and d.severity == "info" and "good_before_step" not in d.evidence
+    assert d.evidence["written_since_step"] == 68 and d.evidence["info_without_onset"] is True
+    # written so from the first sample (an untrained policy writes any of its characters): reported only
+    d = DETECTORS["answer_format"](make_ev(rows, questions=completions(range(0, 100), "=")), THRESHOLDS, knows)
+    assert d is not None and d.severity == "info" and "good_before_step" not in d.evidence
     # the task's own characters; a prefix or a stop the live harness writes; an unknown alphabet; GRPO: nothing
     assert DETECTORS["answer_format"](make_ev(rows, questions=completions(range(0, 100))), THRESHOLDS, knows) is None
     marked = {**HARNESS, "answer": {**HARNESS.get("answer", {}), "prefix": "=", "stop": "\n"}}

@@ -143,9 +143,11 @@ def test_weights_held_far_below_their_untrained_size_by_a_strong_decay_are_named
     the norm no longer falls, and the weights sit at a quarter of their untrained size (the trainer's
     `weight_growth`). The decay holds them there; a mild one, or weights near their size, is not named."""
     recipe = {"algorithm": "sft", "lr": 3e-3, "weight_decay": 4.37}
-    rows = decay_rows(share=0.0)                       # flat within the window
+    rows = decay_rows(n=200, share=0.0)                # flat within the window
     for r in rows:
         r["weight_growth"] = 0.23
+    # 60 rows of this decay pull 0.77 in log: too little to account for weights at 0.23 (1.47)
+    assert detect(make_ev(rows[-60:], recipe=recipe), THRESHOLDS, KNOWN) is None
     d = detect(make_ev(rows, recipe=recipe), THRESHOLDS, KNOWN)
     assert d is not None and "0.23 of their untrained size" in d.summary
     assert d.evidence["log_below_untrained"] == pytest.approx(-math.log(0.23), rel=1e-4)
