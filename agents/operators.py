@@ -42,7 +42,8 @@ import yaml
 from agents.base import FAILED, IN_EFFECT, PENDING, Operator, OperatorContext, finite as _f, rollback_target
 from agents.cluster_ops import ClusterOps
 from agents.data_curation import DataCuration
-from agents.domain import DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, SEVERITY_RANK, Diagnosis, Intervention, InterventionKind as K, Risk, Status
+from agents.domain import (DEPARTURE, JOB_ACTIONS, JOB_FINDINGS, SEVERITY_RANK, Diagnosis, Intervention, InterventionKind as K,
+                           Risk, Status, cannot_wait)
 from agents.evidence import Evidence
 from agents.progress import config_fields, departure_harmed, eval_series, rollback_stake
 from agents.recall import avoid_reason
@@ -563,7 +564,7 @@ def retries_floor(history: list[Intervention], iv: Intervention) -> bool:
     horizon, or from another checkpoint). Another change for the same finding (the search's next
     candidate) is no retry."""
     fix = held_at_floor(history, iv.diagnosis.name)
-    return fix is not None and all(k in iv.changes and iv.changes[k] == v for k, v in fix.changes.items())
+    return fix is not None and bool(fix.changes) and all(k in iv.changes and iv.changes[k] == v for k, v in fix.changes.items())
 
 
 class Lead:
@@ -582,7 +583,8 @@ class Lead:
     def arbitrate(self, proposals: list[Intervention], ctx: OperatorContext) -> list[Intervention]:
         """The proposals to go ahead with, most urgent first:
         - a job action on a critical finding (a crashed or stalled job restarted, a divergence rolled
-          back) first, unless it retries a fix that measured nothing (`retries_floor`); then a
+          back) first, unless it retries a fix that measured nothing (`retries_floor`) and can wait
+          (`cannot_wait`); then a
           departure's fix (DEPARTURE: the live config left what was set) before the others, whose
           evidence comes from a config nobody chose, whatever their severity; then a retry of a fix
           that measured nothing after the fixes of other causes: something else holds the run at the
@@ -610,7 +612,7 @@ class Lead:
                 pending_fields.update(h.changes)
         floor = {i for i, iv in enumerate(proposals) if retries_floor(ctx.history, iv)}
         order = sorted(enumerate(proposals), key=lambda p: (not (p[1].kind in JOB_ACTIONS and p[1].diagnosis.severity == "critical"
-                                                                  and p[0] not in floor),
+                                                                  and (cannot_wait(p[1]) or p[0] not in floor)),
                                                              p[1].diagnosis.name not in DEPARTURE,
                                                              p[0] in floor,
                                                              SEVERITY_RANK.get(p[1].diagnosis.severity, 3),

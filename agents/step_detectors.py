@@ -186,7 +186,7 @@ def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
       decay's doing, not something else shrinking the weights; or the weights are held at least
       `decay_fall` in log below their untrained size (the trainer's `weight_growth`), where the
       decay and the updates balance and the norm no longer falls (a window after a change), and
-      the decay pulled at least that much over the rows of this recipe version the evidence holds;
+      the decay pulled at least that much over the rows of this recipe version in the latest segment;
     - of the held-out evals since the change, at least two, the newest is short of the target and
       no better than the best of the two before it (the harm is shown, not assumed: a run that
       learns under a strong decay is left to learn).
@@ -211,11 +211,11 @@ def strong_decay(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHI
     pull = -sum(math.log1p(-float(r["lr"]) * wd) for r in rows[1:])
     # held down: the weights already at `decay_fall` (in log) below their untrained size, where the
     # decay and the updates balance and the norm no longer falls within the window, and the decay
-    # pulled at least that much over the rows the evidence holds of this recipe version (it can
-    # account for the shrink)
+    # pulled at least that much over the rows of this recipe version in the run's latest segment (it
+    # can account for the shrink; rows of an abandoned timeline or replayed after a resume do not count)
     growth = to_float(rows[-1].get("weight_growth"))
     below = -math.log(growth) if is_finite(growth) and growth > 0 else 0.0
-    pulled = -sum(math.log1p(-float(r["lr"]) * wd) for r in ev.metrics
+    pulled = -sum(math.log1p(-float(r["lr"]) * wd) for r in current_rows(ev)
                   if r.get("recipe_version") == version and is_finite(to_float(r.get("lr"))) and not r.get("skipped"))
     held_down = below >= th.decay_fall and pulled >= below
     if not (fall >= th.decay_fall and pull >= fall and last <= mid) and not held_down:

@@ -103,6 +103,12 @@ def test_a_cause_whose_fix_measured_nothing_waits_for_another_named_cause_untrie
     template = critical(iv(K.ROLLBACK, {"harness.template": "{question}="}, "template_mismatch", rollback_to="step_40"))
     drift = iv(K.HARNESS_EDIT, {"harness.sampling.temperature": 1.0}, "harness_drift")
     assert Lead().arbitrate([drift, template], ctx([measured_nothing])) == [template]
+    # a rollback out of a divergence cannot wait, retry or not: the edit waits for the rolled-back run
+    spike_fix = iv(K.RECIPE_EDIT, {"recipe.lr": 1e-6}, "loss_spike").model_copy(
+        update={"status": Status.REJECTED, "backtest": FLOOR})
+    out_of_spike = critical(iv(K.ROLLBACK, {"recipe.lr": 1e-6}, "loss_spike", rollback_to="step_40"))
+    limit = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 8}, "truncation")
+    assert Lead().arbitrate([limit, out_of_spike], ctx([spike_fix])) == [out_of_spike]
     # the search's next candidate for a finding is another change, not a retry of the one that measured nothing
     search = iv(K.RECIPE_EDIT, {"recipe.lr": 1e-4}, "too_hard_curriculum")
     assert Lead().arbitrate([raise_lr, critical(search)], ctx([measured_nothing]))[0].diagnosis.name == "too_hard_curriculum"
