@@ -584,9 +584,9 @@ class Lead:
         """The proposals to go ahead with, most urgent first:
         - a job action on a critical finding (a crashed or stalled job restarted, a divergence rolled
           back) first, unless it retries a fix that measured nothing (`retries_floor`) and can wait
-          (`cannot_wait`); then a
-          departure's fix (DEPARTURE: the live config left what was set) before the others, whose
-          evidence comes from a config nobody chose, whatever their severity; then a retry of a fix
+          (`cannot_wait`); then a departure's fix (DEPARTURE: the live config left what was set)
+          before the others, whose evidence comes from a config nobody chose, whatever their
+          severity; then a retry of a fix
           that measured nothing after the fixes of other causes: something else holds the run at the
           floor too, and the other cause's fix, carrying the first (swarm.deciding `carrying`), tests
           both where a retry of the first alone would not; then the most severe diagnosis first; then
