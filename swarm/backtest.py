@@ -193,10 +193,16 @@ def question_chars(base: dict[str, Any], probes: int = 24) -> dict[int, float]:
     return _per_difficulty(base, "train", probes, lambda exs: float(statistics.median(len(e.question) for e in exs)))
 
 
+def _alphabet(base: dict[str, Any], probes: int, text: Any) -> str:
+    """Every character `text(example)` uses over `probes` training examples at each of the task's
+    difficulties (sorted)."""
+    return "".join(sorted(set().union(*_per_difficulty(base, "train", probes,
+                                                       lambda exs: set("".join(text(e) for e in exs))).values())))
+
+
 def question_alphabet(base: dict[str, Any], probes: int = 64) -> str:
     """Every character the task's own training questions use, at any of its difficulties (sorted)."""
-    return "".join(sorted(set().union(*_per_difficulty(base, "train", probes,
-                                                       lambda exs: set("".join(e.question for e in exs))).values())))
+    return _alphabet(base, probes, lambda e: e.question)
 
 
 def answer_alphabet(base: dict[str, Any], probes: int = 64) -> str:
@@ -205,8 +211,7 @@ def answer_alphabet(base: dict[str, Any], probes: int = 64) -> str:
     writes only what it learnt; empty for another model (a pretrained one writes any text)."""
     if (base.get("model") or {}).get("kind", "builtin") != "builtin":
         return ""
-    return "".join(sorted(set().union(*_per_difficulty(base, "train", probes,
-                                                       lambda exs: set("".join(e.solution or e.answer for e in exs))).values())))
+    return _alphabet(base, probes, lambda e: e.solution or e.answer)
 
 
 def answer_chars(base: dict[str, Any]) -> dict[int, dict[int, int]]:

@@ -245,7 +245,7 @@ class Deciding:
 
     def carrying(self, iv: Intervention) -> Intervention:
         """`iv` carrying the fixes of the other causes named now whose backtests measured nothing
-        (`agents.explorer.held_at_floor`: every arm at the same bound of the target), where their
+        (`agents.operators.held_at_floor`: every arm at the same bound of the target), where their
         fields differ from its own and from each other's and at most one checkpoint is rolled back
         to. Arms that cannot leave the floor with a fix show that something else holds the run there
         too: two faults that each hold it there are each measured at nothing alone, and fixed only
