@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Protocol
 import psutil
 import yaml
 
-from agents.domain import BacktestResult, Intervention, JobStatus
+from agents.domain import BacktestResult, Intervention, InterventionKind, JobStatus
 from harness import changes as hc
 from swarm.decisions import RETRY_DOUBLINGS, ArmScore, Decision, Pair, Rejected, Rule, Validated, retry_horizon
 from swarm.jobs import Jobs
@@ -132,6 +132,17 @@ def heldout_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
     evals of SFT steps write the loss; a pair of arms without it on both sides is not read."""
     return not any(k == "recipe.algorithm" or k == f"{hc.PREFIX}template" or k.startswith(f"{hc.PREFIX}answer")
                    for k in changes)
+
+
+def anneals(iv: Intervention, recipe: dict[str, Any]) -> bool:
+    """The change lowers the lr in force (`recipe`'s) and its arms go on from the state the control
+    goes on from (not a rollback's earlier checkpoint). Within a backtest's horizon a lower lr lowers
+    the loss whatever it does to the run (the noise the larger steps kept in the weights settles:
+    the short-horizon bias of lr decay), so its arms' losses, training or held-out, say nothing
+    about the run's outcome; the target and the format failures still do."""
+    lr, now = iv.changes.get("recipe.lr"), recipe.get("lr")
+    return (iv.kind != InterventionKind.ROLLBACK and isinstance(lr, (int, float)) and isinstance(now, (int, float))
+            and not isinstance(lr, bool) and lr < now)
 
 
 def same_data(changes: dict[str, Any]) -> bool:
@@ -418,11 +429,14 @@ def adoptable(res: BacktestResult | None, backtests_dir: pathlib.Path, resume_st
 
 
 def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_better: bool, metric: str,
-             eval_size: int, looks: int, look: int, share: float = 1.0) -> Rule:
-    """The decision rule's settings for this intervention's arms."""
+             eval_size: int, looks: int, look: int, share: float = 1.0, recipe: dict[str, Any] | None = None) -> Rule:
+    """The decision rule's settings for this intervention's arms. `recipe`: the recipe in force
+    (default the base config's): a change that lowers its lr is judged without the losses (`anneals`)."""
+    losses = not anneals(iv, recipe if recipe is not None else (base.get("recipe") or {}))
     return Rule(alpha=alpha, higher_is_better=higher_is_better, eval_size=eval_size,
                 target_is_rate=metric in HELDOUT_METRICS,
-                losses_compare=sft_comparable(base, iv.changes), heldout_compares=heldout_comparable(base, iv.changes),
+                losses_compare=losses and sft_comparable(base, iv.changes),
+                heldout_compares=losses and heldout_comparable(base, iv.changes),
                 same_data=same_data(iv.changes),
                 looks=looks, look=look, share=share)
 

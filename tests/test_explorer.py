@@ -218,3 +218,41 @@ def test_a_named_cause_no_operator_answers_holds_no_search_back():
     joint = joint.model_copy(update={"diagnosis": joint.diagnosis.model_copy(update={"evidence": {"answers": ["malformed_rate"]}})})
     assert search(proposed=[joint]) == []                       # a joint change's part
     assert search(history=[fix.model_copy(update={"status": Status.EVALUATING})], proposed=[]) == []   # in effect
+
+
+def test_an_lr_lowered_from_the_live_state_is_judged_on_the_target_not_on_the_losses():
+    """Within a backtest's horizon a lower lr lowers the loss whatever it does to the run (the noise
+    of the larger steps settles: the short-horizon bias of lr decay). A search move down from the
+    live state whose arms differ only in their losses measured nothing: rejected. The same change
+    from a rollback's earlier checkpoint, and an lr raise, keep the losses; a gain on the target
+    still validates a lower lr."""
+    from swarm.backtest import anneals, rule_for
+    from swarm.decisions import TARGET_SIGNAL, ArmScore, Pair, Rejected, Validated, decide
+
+    base, recipe = {"recipe": {"algorithm": "sft", "lr": 3e-3}}, {"algorithm": "sft", "lr": 4.65e-3}
+
+    def rule(kind, lr):
+        return rule_for(iv_(kind, {"recipe.lr": lr}), base, alpha=0.2, higher_is_better=True, metric="heldout_acc",
+                        eval_size=200, looks=1, look=1, recipe=recipe)
+
+    down = rule(K.RECIPE_EDIT, 4.65e-4)
+    assert anneals(iv_(K.RECIPE_EDIT, {"recipe.lr": 4.65e-4}), recipe)
+    assert (down.losses_compare, down.heldout_compares) == (False, False)
+    for kept in (rule(K.ROLLBACK, 4.65e-4), rule(K.RECIPE_EDIT, 1.4e-2)):
+        assert (kept.losses_compare, kept.heldout_compares) == (True, True)
+    # the recipe in force decides, not the start config's: 3e-3 is below 4.65e-3, above the start's 3e-3 it is not
+    assert rule(K.RECIPE_EDIT, 3e-3).losses_compare is False
+    assert rule_for(iv_(K.RECIPE_EDIT, {"recipe.lr": 3e-3}), base, alpha=0.2, higher_is_better=True,
+                    metric="heldout_acc", eval_size=200, looks=1, look=1).losses_compare is True
+
+    def pairs(target_gain: float):
+        return [Pair(s, ArmScore(target=0.21 + target_gain, format_fail=0.0, loss=0.50, loss_se=0.005,
+                                 heldout_loss=0.78, heldout_loss_se=0.02),
+                     ArmScore(target=0.21, format_fail=0.0, loss=0.55, loss_se=0.005, heldout_loss=0.86,
+                              heldout_loss_se=0.02)) for s in (0, 1)]
+
+    assert isinstance(decide(pairs(0.0), rule(K.ROLLBACK, 4.65e-4)), Validated)     # the losses read
+    flat = decide(pairs(0.0), down)
+    assert isinstance(flat, Rejected) and not flat.harmed, flat
+    won = decide(pairs(0.2), down)
+    assert isinstance(won, Validated) and won.signal.name == TARGET_SIGNAL, won
