@@ -188,7 +188,10 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     - **a high flat floor**: the loss sits flat at ≥ `label_noise_floor` nats/token (<
       `label_noise_rel` relative improvement over `label_noise_rows` rows) and held-out accuracy
       has stopped improving over the last `label_noise_heldout_evals` evals (a healthy run whose
-      loss pauses while accuracy still climbs is not noisy): labels noisy from the start.
+      loss pauses while accuracy still climbs is not noisy), and above the policy's loss on the
+      task's own answers to the held-out questions (`heldout_loss`, where evals write it): labels
+      noisy from the start. A policy that fits its training targets no worse than the task's
+      answers learns slowly; its targets do not disagree with the answers.
     Where the trainer checks its labels (`label_ok`, `labels_fail_check`) and the task's verifier
     accepts at least `label_ok_min` of the newest `recent` rows' labels, the labels are right: a
     high loss has another cause (a memorised pool, questions the policy reads wrongly), and no
@@ -219,12 +222,13 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     evals = [v for v in (to_float(r.get("heldout_acc")) for r in ev.evals) if is_finite(v)]
     k = th.label_noise_heldout_evals
     stalled = len(evals) > k and max(evals[-k:]) - max(evals[:-k]) < th.plateau_min_delta
-    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled:
+    answers = ev.latest_eval("heldout_loss")
+    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled and (answers is None or b > answers):
         return make_diagnosis(ev, "label_noise",
                               f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
                               "warning",
                               {"loss_first_half_median": a, "loss_second_half_median": b, "relative_improvement": rel,
-                               "pass_rate_recent": pr[-th.recent :], "heldout_acc": held,
+                               "pass_rate_recent": pr[-th.recent :], "heldout_acc": held, "heldout_loss": answers,
                                "threshold_floor": th.label_noise_floor, "threshold_rel": th.label_noise_rel,
                                "threshold_pass": th.label_noise_pass_min})
     return None

@@ -558,6 +558,15 @@ def test_label_noise():
             r["heldout_acc"] = 0.6  # ... held-out stalled below its earlier best
     d = fired(make_ev(rows), "label_noise")
     assert d.evidence["loss_second_half_median"] > THRESHOLDS.label_noise_floor
+    # the policy's loss on the task's own held-out answers: below its training floor, the targets
+    # disagree with the answers; at or above it, the run fits its targets as well as the answers
+    # (a slow learner whose loss is high everywhere), and nothing says the labels are wrong
+    last = max(i for i, r in enumerate(rows) if "heldout_acc" in r)
+    d = fired(make_ev([dict(r, heldout_loss=0.2) if i == last else r for i, r in enumerate(rows)]), "label_noise")
+    assert d.evidence["heldout_loss"] == 0.2
+    for answers in (0.45, 0.8):
+        slow = [dict(r, heldout_loss=answers) if i == last else r for i, r in enumerate(rows)]
+        assert DETECTORS["label_noise"](make_ev(slow), THRESHOLDS, KNOWN) is None, answers
     # the trainer checks its labels and the task's verifier accepts them: a high loss has another cause
     checked = [dict(r, label_ok=1.0) for r in rows]
     assert DETECTORS["label_noise"](make_ev(checked), THRESHOLDS, KNOWN) is None
