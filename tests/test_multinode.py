@@ -24,7 +24,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -32,10 +31,8 @@ from typing import Any
 import psutil
 import pytest
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # read when ray is imported: servers on loopback
-
-from trainer.launch import _free_port, new_token  # noqa: E402
-from trainer.runlog import read_jsonl  # noqa: E402
+from trainer.loopback_cluster import loopback_cluster  # before ray: its servers on loopback
+from trainer.runlog import read_jsonl
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_swarm import merge, tiny_goal, truncated_goal  # noqa: E402
@@ -63,38 +60,8 @@ sys.addaudithook(_audit)   # an audit hook cannot be removed: it does nothing wh
 @pytest.fixture(scope="module")
 def cluster():
     """The three nodes, their scratch folders and the token; shut down by the fixture."""
-    root = pathlib.Path(tempfile.mkdtemp(prefix="mn", dir="/tmp"))   # short: unix socket paths under it
-    (root / "ray").mkdir()
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
-    os.environ["RAY_TMPDIR"] = str(root)
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(new_token(root / "token"))
-    from ray.cluster_utils import Cluster
-
-    scratch = {n: root / f"scratch-{n}" for n in ("head", "b", "c")}
-    dash = _free_port()
-    c = Cluster(initialize_head=True, head_node_args={
-        "node_ip_address": "127.0.0.1", "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-        "dashboard_port": dash, "dashboard_agent_listen_port": _free_port(), "temp_dir": str(root / "t"),
-        "env_vars": {"SWARMLAB_SCRATCH_DIR": str(scratch["head"])}})
-    try:
-        nodes = {n: c.add_node(node_ip_address="127.0.0.1", num_cpus=4, resources={"trainer": 3},
-                               dashboard_agent_listen_port=_free_port(),
-                               env_vars={"SWARMLAB_SCRATCH_DIR": str(scratch[n])}) for n in ("b", "c")}
-        c.wait_for_nodes()
-        yield {"cluster": c, "url": f"http://127.0.0.1:{dash}", "scratch": scratch, "nodes": nodes, "root": root}
-    finally:
-        kids = psutil.Process().children(recursive=True)
-        c.shutdown()
-        psutil.wait_procs(kids, timeout=15)   # a late writer would leave files in the folder removed below
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
+    with loopback_cluster({n: {"num_cpus": 4, "resources": {"trainer": 3}} for n in ("b", "c")}, head_cpus=1) as lc:
+        yield {"cluster": lc.cluster, "url": lc.url, "scratch": lc.scratch, "nodes": lc.nodes, "root": lc.root}
 
 
 def _ray_pids() -> set[int]:
