@@ -96,6 +96,8 @@ class Thresholds:
     label_noise_heldout_evals: int = 3  # ... and held-out accuracy has stopped improving over this many evals
     label_shift_ratio: float = 2.0     # or: the loss of the latest `label_noise_rows` rows at least this multiple
     label_shift_abs: float = 0.1       # (and this much above) the lowest it reached on the same data and config
+    label_answers_z: float = 2.0       # a floor more than this many standard errors below the policy's loss on the
+                                       # task's held-out answers fits the targets better than the answers: not noise
     # labels the task rejects: the mean share of a step's SFT labels that the task's own verifier
     # accepts (`label_ok`, written as a target and read back as a completion) over the recent rows
     # is below this; labels made from the task's answers pass every time

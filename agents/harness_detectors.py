@@ -188,10 +188,10 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     - **a high flat floor**: the loss sits flat at ≥ `label_noise_floor` nats/token (<
       `label_noise_rel` relative improvement over `label_noise_rows` rows) and held-out accuracy
       has stopped improving over the last `label_noise_heldout_evals` evals (a healthy run whose
-      loss pauses while accuracy still climbs is not noisy), and above the policy's loss on the
-      task's own answers to the held-out questions (`heldout_loss`, where evals write it): labels
-      noisy from the start. A policy that fits its training targets no worse than the task's
-      answers learns slowly; its targets do not disagree with the answers.
+      loss pauses while accuracy still climbs is not noisy), and not credibly below the policy's
+      loss on the task's own answers to the held-out questions (`answer_loss`, where evals write it
+      at the training difficulty): labels noisy from the start. A policy that fits its training
+      targets better than the task's answers learns slowly; its targets do not disagree with them.
     Where the trainer checks its labels (`label_ok`, `labels_fail_check`) and the task's verifier
     accepts at least `label_ok_min` of the newest `recent` rows' labels, the labels are right: a
     high loss has another cause (a memorised pool, questions the policy reads wrongly), and no
@@ -218,20 +218,45 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     halves = loss_halves(ev, th.label_noise_rows)
     if halves is None:
         return None
-    _, a, b, rel = halves
+    loss, a, b, rel = halves
     evals = [v for v in (to_float(r.get("heldout_acc")) for r in ev.evals) if is_finite(v)]
     k = th.label_noise_heldout_evals
     stalled = len(evals) > k and max(evals[-k:]) - max(evals[:-k]) < th.plateau_min_delta
-    answers = ev.latest_eval("heldout_loss")
-    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled and (answers is None or b > answers):
+    answers = answer_loss(ev, known, th, loss[len(loss) // 2 :])
+    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled and not (answers and answers["fits"]):
         return make_diagnosis(ev, "label_noise",
                               f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
                               "warning",
                               {"loss_first_half_median": a, "loss_second_half_median": b, "relative_improvement": rel,
-                               "pass_rate_recent": pr[-th.recent :], "heldout_acc": held, "heldout_loss": answers,
+                               "pass_rate_recent": pr[-th.recent :], "heldout_acc": held,
+                               "heldout_loss": answers and answers["heldout_loss"],
                                "threshold_floor": th.label_noise_floor, "threshold_rel": th.label_noise_rel,
                                "threshold_pass": th.label_noise_pass_min})
     return None
+
+
+def answer_loss(ev: Evidence, known: Known, th: Thresholds, floor: list[float]) -> dict[str, Any] | None:
+    """The policy's loss on the task's own answers to the held-out questions (`heldout_loss`) at the
+    newest eval of the current segment, where the training rows (`floor`: their latest losses) train
+    at the difficulty held-out evals run at, so both losses are of the same answers' kind; None
+    where no such eval is. `fits`: the training floor lies more than `label_answers_z` standard
+    errors (the eval's and the floor median's) below it — the policy fits its targets better than
+    the task's answers, so they do not disagree."""
+    rows = current_rows(ev)
+    if not rows or not floor:
+        return None
+    ed = eval_difficulty(ev, known)
+    if ed is not None and rows[-1].get("difficulty") not in (None, ed):
+        return None
+    seg = rows[-1].get("segment")
+    row = next((r for r in reversed(ev.evals) if r.get("segment") == seg and is_finite(to_float(r.get("heldout_loss")))), None)
+    if row is None:
+        return None
+    h, h_se = float(row["heldout_loss"]), to_float(row.get("heldout_loss_se"))
+    b = median_of(floor)
+    spread = math.sqrt(sum((x - sum(floor) / len(floor)) ** 2 for x in floor) / max(len(floor) - 1, 1))
+    se = math.sqrt((h_se if is_finite(h_se) else 0.0) ** 2 + spread ** 2 / len(floor))
+    return {"heldout_loss": h, "se": se, "fits": b + th.label_answers_z * se < h}
 
 
 @detector("labels_fail_check")

@@ -134,15 +134,19 @@ def heldout_comparable(base: dict[str, Any], changes: dict[str, Any]) -> bool:
                    for k in changes)
 
 
-def anneals(iv: Intervention, recipe: dict[str, Any]) -> bool:
-    """The change lowers the lr in force (`recipe`'s) and its arms go on from the state the control
-    goes on from (not a rollback's earlier checkpoint). Within a backtest's horizon a lower lr lowers
-    the loss whatever it does to the run (the noise the larger steps kept in the weights settles:
-    the short-horizon bias of lr decay), so its arms' losses, training or held-out, say nothing
-    about the run's outcome; the target and the format failures still do."""
-    lr, now = iv.changes.get("recipe.lr"), recipe.get("lr")
-    return (iv.kind != InterventionKind.ROLLBACK and isinstance(lr, (int, float)) and isinstance(now, (int, float))
-            and not isinstance(lr, bool) and lr < now)
+def anneals(iv: Intervention, recipe: dict[str, Any], shared: bool | None = None) -> bool:
+    """The change lowers the lr in force (`recipe`'s) and both arms go on from one trained state
+    (`shared`; by default, unless the change is a rollback: its candidate starts from its own
+    checkpoint). Within a backtest's horizon a lower lr lowers the loss whatever it does to the run
+    (the noise the larger steps kept in the trained weights settles: the short-horizon bias of lr
+    decay), so its arms' losses, training or held-out, say nothing about the run's outcome; the
+    target and the format failures still do. From an untrained start no such noise is there to settle."""
+    shared = iv.kind != InterventionKind.ROLLBACK if shared is None else shared
+    try:
+        lr, now = float(iv.changes.get("recipe.lr")), float(recipe.get("lr"))   # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return shared and lr < now
 
 
 def same_data(changes: dict[str, Any]) -> bool:
@@ -429,10 +433,12 @@ def adoptable(res: BacktestResult | None, backtests_dir: pathlib.Path, resume_st
 
 
 def rule_for(iv: Intervention, base: dict[str, Any], *, alpha: float, higher_is_better: bool, metric: str,
-             eval_size: int, looks: int, look: int, share: float = 1.0, recipe: dict[str, Any] | None = None) -> Rule:
+             eval_size: int, looks: int, look: int, share: float = 1.0, recipe: dict[str, Any] | None = None,
+             shared: bool | None = None) -> Rule:
     """The decision rule's settings for this intervention's arms. `recipe`: the recipe in force
-    (default the base config's): a change that lowers its lr is judged without the losses (`anneals`)."""
-    losses = not anneals(iv, recipe if recipe is not None else (base.get("recipe") or {}))
+    (default the base config's); `shared`: whether both arms go on from one trained state (see
+    `anneals`, which judges a change that lowers the lr without the losses)."""
+    losses = not anneals(iv, recipe if recipe is not None else (base.get("recipe") or {}), shared)
     return Rule(alpha=alpha, higher_is_better=higher_is_better, eval_size=eval_size,
                 target_is_rate=metric in HELDOUT_METRICS,
                 losses_compare=losses and sft_comparable(base, iv.changes),

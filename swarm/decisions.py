@@ -34,9 +34,9 @@ The statistical rule (`decide`, and `judge` with the same posterior):
   targets, so the answers are rendered alike), (3) the held-out format-failure rate (truncated +
   malformed), (4) the mean SFT training loss over the horizon's second half (the same
   condition), (5) the mean training pass rate over the second half (only when both arms train on
-  the same data). Neither loss is read for a change that lowers the lr in force from the state the
-  control goes on from (`swarm.backtest.anneals`): within a horizon a lower lr lowers the loss
-  whatever it does to the run. The first conclusive signal decides: P(harm) >= 1 - alpha →
+  the same data). Neither loss is read for a change that lowers the lr in force with both arms
+  going on from one trained state (`swarm.backtest.anneals`): within a horizon a lower lr lowers
+  the loss whatever it does to the run. The first conclusive signal decides: P(harm) >= 1 - alpha →
   Rejected; P(gain) >= 1 - share x alpha/m → Validated, unless it is a secondary signal and a held-out
   signal later in the order is credibly worse (conflicting held-out evidence: Extend while a look
   remains, else Rejected) (share: 1/2 at a fix's first try, `try_share`), with m = (signals available) x (looks planned: a

@@ -559,14 +559,23 @@ def test_label_noise():
     d = fired(make_ev(rows), "label_noise")
     assert d.evidence["loss_second_half_median"] > THRESHOLDS.label_noise_floor
     # the policy's loss on the task's own held-out answers: below its training floor, the targets
-    # disagree with the answers; at or above it, the run fits its targets as well as the answers
+    # disagree with the answers; credibly above it, the run fits its targets better than the answers
     # (a slow learner whose loss is high everywhere), and nothing says the labels are wrong
     last = max(i for i, r in enumerate(rows) if "heldout_acc" in r)
-    d = fired(make_ev([dict(r, heldout_loss=0.2) if i == last else r for i, r in enumerate(rows)]), "label_noise")
-    assert d.evidence["heldout_loss"] == 0.2
-    for answers in (0.45, 0.8):
-        slow = [dict(r, heldout_loss=answers) if i == last else r for i, r in enumerate(rows)]
-        assert DETECTORS["label_noise"](make_ev(slow), THRESHOLDS, KNOWN) is None, answers
+
+    def answered(loss: float, se: float = 0.02, **row):
+        return make_ev([dict(r, heldout_loss=loss, heldout_loss_se=se, **row) if i == last else r
+                        for i, r in enumerate(rows)])
+
+    assert fired(answered(0.2), "label_noise").evidence["heldout_loss"] == 0.2
+    assert fired(answered(0.44), "label_noise")                  # within two standard errors: not told apart
+    for loss in (0.5, 0.8):
+        assert DETECTORS["label_noise"](answered(loss), THRESHOLDS, KNOWN) is None, loss
+    # an eval of an earlier segment, or at another difficulty than the training rows, says nothing of this floor
+    before = [dict(r, segment=int(i > 29), **({"heldout_loss": 0.8, "heldout_loss_se": 0.02} if i == 29 else {}))
+              for i, r in enumerate(rows)]                       # step 30's eval, then a rollback
+    assert fired(make_ev(before), "label_noise")
+    assert fired(make_ev([dict(r, difficulty=2) for r in answered(0.8).metrics]), "label_noise")
     # the trainer checks its labels and the task's verifier accepts them: a high loss has another cause
     checked = [dict(r, label_ok=1.0) for r in rows]
     assert DETECTORS["label_noise"](make_ev(checked), THRESHOLDS, KNOWN) is None

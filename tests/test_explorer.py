@@ -240,6 +240,14 @@ def test_an_lr_lowered_from_the_live_state_is_judged_on_the_target_not_on_the_lo
     assert (down.losses_compare, down.heldout_compares) == (False, False)
     for kept in (rule(K.ROLLBACK, 4.65e-4), rule(K.RECIPE_EDIT, 1.4e-2)):
         assert (kept.losses_compare, kept.heldout_compares) == (True, True)
+    # a rollback whose arms both start from its trained checkpoint settles the same noise; from the
+    # untrained one there is none to settle
+    for shared, losses in ((True, False), (False, True)):
+        r = rule_for(iv_(K.ROLLBACK, {"recipe.lr": 4.65e-4}), base, alpha=0.2, higher_is_better=True,
+                     metric="heldout_acc", eval_size=200, looks=1, look=1, recipe=recipe, shared=shared)
+        assert (r.losses_compare, r.heldout_compares) == (losses, losses), shared
+    assert anneals(iv_(K.RECIPE_EDIT, {"recipe.lr": "4.65e-4"}), {"lr": "4.65e-3"})   # read as numbers
+    assert not anneals(iv_(K.RECIPE_EDIT, {"recipe.lr": 4.65e-4}), {})                # no lr in force: not told
     # the recipe in force decides, not the start config's: 3e-3 is below 4.65e-3, above the start's 3e-3 it is not
     assert rule(K.RECIPE_EDIT, 3e-3).losses_compare is False
     assert rule_for(iv_(K.RECIPE_EDIT, {"recipe.lr": 3e-3}), base, alpha=0.2, higher_is_better=True,
