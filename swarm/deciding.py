@@ -149,7 +149,8 @@ class Deciding:
         """The intervention with the controller's risk (the proposer's is kept in its outcome), and no
         skipped backtest yet: whether it skips one is plan's decision, not the proposer's."""
         keys = list(iv.changes)
-        call = assign_risk(iv, self.values_in_force(keys), self.start_values(keys))
+        call = assign_risk(iv, self.values_in_force(keys), self.start_values(keys),
+                           algorithm=self.ws.current_recipe().get("algorithm"))
         return iv.model_copy(update={"risk": call.risk, "backtest_skipped": None,
                                      "outcome": iv.outcome.model_copy(update={"proposed_risk": iv.risk.value, "risk_reason": call.why,
                                                                                       "risk_cause": call.cause})})
@@ -161,7 +162,8 @@ class Deciding:
         if iv.backtest is None or not iv.backtest.passed or iv.backtest_skipped:
             return iv
         keys = list(iv.changes)
-        call = assign_risk(iv, self.values_in_force(keys), self.start_values(keys), validated_on=iv.backtest.signal)
+        call = assign_risk(iv, self.values_in_force(keys), self.start_values(keys), validated_on=iv.backtest.signal,
+                           algorithm=self.ws.current_recipe().get("algorithm"))
         if call.risk == iv.risk:
             return iv
         self.store.log("risk_reassessed", id=iv.id, before=iv.risk.value, after=call.risk.value, reason=call.why)

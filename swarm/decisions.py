@@ -388,11 +388,14 @@ def worth_verifying(iv: Intervention, findings: frozenset[str], view: Outlook, v
 # more than RAISE_HIGH× up or LOWER_HIGH× down from its value in force with no gain measured on
 # held-out behaviour behind it (before its backtest, after a skipped one, or validated only on a
 # training loss or pass rate, which such a move can improve while held-out answers do not), since
-# damage of such a move may build up past the judge's window — except a raise of a field that only
-# says how many samples an update averages over (SAMPLE_SIZE) once a backtest validated it: the
+# damage of such a move may build up past the judge's window — except, once a backtest validated
+# it, a raise of a field that only says how many samples an update averages over (SAMPLE_SIZE): the
 # update's expected direction stays the same with less noise, so it cannot teach the weights what
-# the examples do not, its cost is compute, which the budget counts, and its arm ran it on this
-# machine, so its memory fits; (3) a numeric field with no value in force to compare with. A rollback discards the steps since its checkpoint: the controller caps
+# the examples do not; and any move of a field the run's updates never read (SFT_UNREAD under
+# `algorithm` sft, which trains on the targets whole: what the policy writes when sampled): it
+# changes what the evals and samples show, which the judge measures and undoes, and no weights.
+# Either costs compute, which the budget counts, and its arm ran it on this machine, so its memory
+# fits; (3) a numeric field with no value in force to compare with. A rollback discards the steps since its checkpoint: the controller caps
 # that at the backtest's stake when it applies one (`too_far_back`). The proposer's risk is ignored.
 # Stated as a table in docs/decisions.md and tested row by row in tests/test_decisions.py.
 
@@ -400,6 +403,7 @@ RAISE_HIGH = 3.0        # a numeric field raised more than this factor is a larg
 # fields that say how many examples one update averages over (not GRPO's group size: advantages are
 # normalised within a group and the pass-rate filter reads it, so the expected update changes with it)
 SAMPLE_SIZE = ("recipe.batch_size", "recipe.sft_warmup_batch_size")
+SFT_UNREAD = ("harness.sampling.",)    # what an SFT update never reads: it trains on the targets whole
 LOWER_HIGH = 1000.0     # or lowered more than this factor
 # fields whose value says what counts as correct (the harness says which of its own do), or how
 # the run is trained
@@ -418,10 +422,11 @@ class RiskCall(NamedTuple):
 
 
 def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any],
-                validated_on: str | None = None) -> RiskCall:
+                validated_on: str | None = None, algorithm: str | None = None) -> RiskCall:
     """The risk of a change by the model above: `current` holds the dotted fields' values in force
     (the live run's where it reports them), `start` the goal's starting values, `validated_on` the
-    signal a passed backtest validated it on (None before one, or when it skipped one)."""
+    signal a passed backtest validated it on (None before one, or when it skipped one), `algorithm`
+    the recipe's in force."""
     if iv.kind == K.RESTART and not iv.changes:
         return RiskCall(Risk.LOW, "a restart changes no field")
     risk = Risk.LOW if iv.kind == K.DATA_CHANGE else Risk.MEDIUM
@@ -456,6 +461,8 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
             move = f"raises it {new / cur:.3g}×" if new > cur else f"lowers it {cur / new:.3g}×"
             if k in SAMPLE_SIZE and new > cur and validated_on is not None:
                 why += f"; {k} {cur:g} → {new:g} {move}: more samples per update, validated on the {validated_on}"
+            elif not measured and algorithm == "sft" and k.startswith(SFT_UNREAD) and validated_on is not None:
+                why += f"; {k} {cur:g} → {new:g} {move}: no SFT update reads it, validated on the {validated_on}"
             elif not measured:
                 return RiskCall(Risk.HIGH, f"{k} {cur:g} → {new:g} {move} with no held-out gain measured", "size")
             else:

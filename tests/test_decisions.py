@@ -163,6 +163,25 @@ def test_risk_of_fixing_a_wrong_starting_config(changes, validated_on, want, cau
     assert (got.risk, got.cause) == (want, cause), got.why
 
 
+@pytest.mark.parametrize("algorithm, validated_on, want", [
+    ("sft", "training pass rate", Risk.MEDIUM),     # no SFT update reads what the policy writes when sampled
+    ("sft", "SFT training loss", Risk.MEDIUM),
+    ("sft", None, Risk.HIGH),                      # before a backtest: its cost (evals, samples) not seen yet
+    ("grpo", "training pass rate", Risk.HIGH),     # GRPO updates on what it samples
+    ("distill", "training pass rate", Risk.HIGH),  # distillation trains on its verified samples
+    (None, "training pass rate", Risk.HIGH),
+])
+def test_a_large_move_of_a_field_the_updates_never_read_is_not_high_once_validated(algorithm, validated_on, want):
+    """An answer limit of 1 raised to 7 (7x) where the task's answers need 5 tokens: under SFT the
+    updates train on the targets whole, so the limit changes what the evals and samples show, which
+    the judge measures and undoes, and nothing in the weights."""
+    proposal = iv(K.HARNESS_EDIT, {"harness.sampling.max_new_tokens": 7})
+    got = assign_risk(proposal, {"harness.sampling.max_new_tokens": 1}, {"harness.sampling.max_new_tokens": 1},
+                      validated_on=validated_on, algorithm=algorithm)
+    assert got.risk == want, got.why
+    assert (got.cause == "size") == (want == Risk.HIGH)
+
+
 @pytest.mark.parametrize("changes, current, want", [
     ({"harness.sampling.temperature": 1.0}, {"harness.sampling.temperature": 0.05}, {"harness.sampling.temperature": 0.15}),
     ({"harness.sampling.max_new_tokens": 64}, {"harness.sampling.max_new_tokens": 5}, {"harness.sampling.max_new_tokens": 15}),

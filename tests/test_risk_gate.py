@@ -25,6 +25,7 @@ def ctrl(tmp_path, clean_git_home):
     goal = yaml.safe_load((ROOT / "examples" / "goals" / "truncation.yaml").read_text())
     goal.pop("perturbations", None)
     goal["run"].setdefault("harness", {}).setdefault("sampling", {})["temperature"] = 0.05
+    goal["run"].setdefault("recipe", {})["algorithm"] = "grpo"      # its updates read what it samples
     c = Controller.create(tmp_path / "w", Goal.parse(goal), jobs="process")
     yield c
     c._conn.close()
