@@ -191,7 +191,10 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
       loss pauses while accuracy still climbs is not noisy), and not credibly below the policy's
       loss on the task's own answers to the held-out questions (`answer_loss`, where evals write it
       at the training difficulty): labels noisy from the start. A policy that fits its training
-      targets better than the task's answers learns slowly; its targets do not disagree with them.
+      targets credibly better than the task's answers has not carried what it learnt to new
+      questions (a slow learner, a memorised pool) or has learnt a systematic error of its labels:
+      the floor cannot tell these apart, so it names none of them (`labels_fail_check` names the
+      last where the task checks its labels).
     Where the trainer checks its labels (`label_ok`, `labels_fail_check`) and the task's verifier
     accepts at least `label_ok_min` of the newest `recent` rows' labels, the labels are right: a
     high loss has another cause (a memorised pool, questions the policy reads wrongly), and no
