@@ -190,7 +190,8 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
       has stopped improving over the last `label_noise_heldout_evals` evals (a healthy run whose
       loss pauses while accuracy still climbs is not noisy), and not credibly below the policy's
       loss on the task's own answers to the held-out questions (`answer_loss`, where evals write it
-      at the training difficulty): labels noisy from the start. A policy that fits its training
+      at the training difficulty; a run that writes it waits for an eval of the current segment and
+      harness version): labels noisy from the start. A policy that fits its training
       targets credibly better than the task's answers has not carried what it learnt to new
       questions (a slow learner, a memorised pool) or has learnt a systematic error of its labels:
       the floor cannot tell these apart, so it names none of them (`labels_fail_check` names the
@@ -226,7 +227,7 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     k = th.label_noise_heldout_evals
     stalled = len(evals) > k and max(evals[-k:]) - max(evals[:-k]) < th.plateau_min_delta
     answers = answer_loss(ev, known, th, loss[len(loss) // 2 :])
-    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled and not (answers and answers["fits"]):
+    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled and not (answers and answers["fits"] is not False):
         return make_diagnosis(ev, "label_noise",
                               f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
                               "warning",
@@ -240,21 +241,24 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
 
 def answer_loss(ev: Evidence, known: Known, th: Thresholds, floor: list[float]) -> dict[str, Any] | None:
     """The policy's loss on the task's own answers to the held-out questions (`heldout_loss`) at the
-    newest eval of the current segment, where the training rows (`floor`: their latest losses) train
-    at the difficulty held-out evals run at, so both losses are of the same answers' kind; None
-    where no such eval is. `fits`: the training floor lies more than `label_answers_z` standard
-    errors (the eval's and the floor median's) below it — the policy fits its targets better than
-    the task's answers, so they do not disagree."""
+    newest eval of the current segment and harness version, where the training rows of the floor
+    (`floor`: their latest losses) train at the difficulty held-out evals run at, so both losses are
+    of the same answers rendered alike. None where they are of other answers (another difficulty) or
+    the run writes no such loss. `fits`: the training floor lies more than `label_answers_z`
+    standard errors (the eval's and the floor's) below it — the policy fits its targets better than
+    the task's answers; None while the run writes the loss but no eval of these rows has yet (a
+    segment or a harness version just begun): nothing to compare with until the next one."""
     rows = current_rows(ev)
-    if not rows or not floor:
+    if not rows or not floor or not any(is_finite(to_float(r.get("heldout_loss"))) for r in ev.evals):
         return None
     ed = eval_difficulty(ev, known)
-    if ed is not None and rows[-1].get("difficulty") not in (None, ed):
+    if ed is not None and any(r.get("difficulty") not in (None, ed) for r in rows[-len(floor):]):
         return None
-    seg = rows[-1].get("segment")
-    row = next((r for r in reversed(ev.evals) if r.get("segment") == seg and is_finite(to_float(r.get("heldout_loss")))), None)
+    seg, hv = rows[-1].get("segment", 0), rows[-1].get("harness_version")
+    row = next((r for r in reversed(ev.evals) if r.get("segment", 0) == seg and r.get("harness_version") == hv
+                and is_finite(to_float(r.get("heldout_loss")))), None)
     if row is None:
-        return None
+        return {"heldout_loss": None, "se": None, "fits": None}
     h, h_se = float(row["heldout_loss"]), to_float(row.get("heldout_loss_se"))
     b = median_of(floor)
     spread = math.sqrt(sum((x - sum(floor) / len(floor)) ** 2 for x in floor) / max(len(floor) - 1, 1))

@@ -477,7 +477,7 @@ class Deciding:
             return rule_for(iv, self.base_cfg, alpha=bt.alpha, share=try_share(before), higher_is_better=self.goal.target.op == ">=",
                             metric=self.goal.target.metric, eval_size=bt.eval_size, looks=len(looks), look=n,
                             recipe=self.ws.current_recipe(),
-                            shared=iv.kind != InterventionKind.ROLLBACK or (common and target != INIT_CHECKPOINT))
+                            shared=cand is None or (common and target != INIT_CHECKPOINT))
 
         d, pairs, look, extended = run_looks(looks, measure, rule_at)
         label = f"-x{look.horizon_factor}" if look.horizon_factor > 1 else ""

@@ -426,11 +426,12 @@ def assign_risk(iv: Intervention, current: dict[str, Any], start: dict[str, Any]
     """The risk of a change by the model above: `current` holds the dotted fields' values in force
     (the live run's where it reports them), `start` the goal's starting values, `validated_on` the
     signal a passed backtest validated it on (None before one, or when it skipped one), `algorithm`
-    the recipe's in force."""
+    the recipe's in force (the change's own, where it sets one)."""
     if iv.kind == K.RESTART and not iv.changes:
         return RiskCall(Risk.LOW, "a restart changes no field")
     risk = Risk.LOW if iv.kind == K.DATA_CHANGE else Risk.MEDIUM
     why = f"{iv.kind.value} of {', '.join(sorted(iv.changes)) or 'no field'}"
+    algorithm = iv.changes.get("recipe.algorithm", algorithm)    # what the run trains with once it is applied
     measured = validated_on in HELD_OUT_SIGNALS
     for k, v in iv.changes.items():
         if k in start and start[k] == v:

@@ -180,6 +180,11 @@ def test_a_large_move_of_a_field_the_updates_never_read_is_not_high_once_validat
                       validated_on=validated_on, algorithm=algorithm)
     assert got.risk == want, got.why
     assert (got.cause == "size") == (want == Risk.HIGH)
+    # the same move carried by a switch to distillation, which trains on the samples: read as the change trains
+    both = iv(K.DISTILL, {"recipe.algorithm": "distill", "harness.sampling.max_new_tokens": 7})
+    got = assign_risk(both, {"harness.sampling.max_new_tokens": 1, "recipe.algorithm": algorithm},
+                      {"harness.sampling.max_new_tokens": 1}, validated_on=validated_on, algorithm=algorithm)
+    assert (got.risk, got.cause) == (Risk.HIGH, "size"), got.why
 
 
 @pytest.mark.parametrize("changes, current, want", [

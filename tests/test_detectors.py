@@ -572,9 +572,21 @@ def test_label_noise():
     for loss in (0.5, 0.8):
         assert DETECTORS["label_noise"](answered(loss), THRESHOLDS, KNOWN) is None, loss
     # an eval of an earlier segment, or at another difficulty than the training rows, says nothing of this floor
+    # step 30's eval, then a rollback: nothing to compare this floor with until an eval of the new
+    # segment, which then decides; the same for a harness version begun within the segment
     before = [dict(r, segment=int(i > 29), **({"heldout_loss": 0.8, "heldout_loss_se": 0.02} if i == 29 else {}))
-              for i, r in enumerate(rows)]                       # step 30's eval, then a rollback
-    assert fired(make_ev(before), "label_noise")
+              for i, r in enumerate(rows)]
+    assert DETECTORS["label_noise"](make_ev(before), THRESHOLDS, KNOWN) is None
+    for loss, fires in ((0.8, False), (0.2, True)):
+        after = [dict(r, heldout_loss=loss, heldout_loss_se=0.02) if i == last else r for i, r in enumerate(before)]
+        assert (DETECTORS["label_noise"](make_ev(after), THRESHOLDS, KNOWN) is not None) == fires, loss
+    edited = [dict(r, harness_version="bbbb" if i >= 40 else "aaaa",
+                   **({"heldout_loss": 0.8, "heldout_loss_se": 0.02} if i == 39 else {})) for i, r in enumerate(rows)]
+    assert DETECTORS["label_noise"](make_ev(edited), THRESHOLDS, KNOWN) is None    # step 40's eval: the old harness
+    edited[last] = dict(edited[last], heldout_loss=0.2, heldout_loss_se=0.02)
+    assert fired(make_ev(edited), "label_noise")
+    # a run that writes no answer loss (an agent or script trainer): the floor alone, as before
+    assert fired(make_ev(rows), "label_noise")
     assert fired(make_ev([dict(r, difficulty=2) for r in answered(0.8).metrics]), "label_noise")
     # the trainer checks its labels and the task's verifier accepts them: a high loss has another cause
     checked = [dict(r, label_ok=1.0) for r in rows]
