@@ -6,6 +6,7 @@ functions over Evidence that read the shape of sample text, never copy it.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from agents.detection import (NOTHING, THRESHOLDS, Known, Thresholds, algorithm, column, current_rows, detector,
@@ -227,7 +228,8 @@ def label_noise(ev: Evidence, th: Thresholds = THRESHOLDS, known: Known = NOTHIN
     k = th.label_noise_heldout_evals
     stalled = len(evals) > k and max(evals[-k:]) - max(evals[:-k]) < th.plateau_min_delta
     answers = answer_loss(ev, known, th, loss[len(loss) // 2 :])
-    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled and not (answers and answers["fits"] is not False):
+    fits = answers is not None and answers["fits"] is not False     # fits the answers, or no eval to tell yet
+    if b >= th.label_noise_floor and rel < th.label_noise_rel and stalled and not fits:
         return make_diagnosis(ev, "label_noise",
                               f"SFT loss flat at {b:.3g} nats/token while the policy answers {right:.0%} correctly: targets disagree with right answers",
                               "warning",
@@ -261,7 +263,7 @@ def answer_loss(ev: Evidence, known: Known, th: Thresholds, floor: list[float]) 
         return {"heldout_loss": None, "se": None, "fits": None}
     h, h_se = float(row["heldout_loss"]), to_float(row.get("heldout_loss_se"))
     b = median_of(floor)
-    spread = math.sqrt(sum((x - sum(floor) / len(floor)) ** 2 for x in floor) / max(len(floor) - 1, 1))
+    spread = statistics.stdev(floor) if len(floor) > 1 else 0.0
     se = math.sqrt((h_se if is_finite(h_se) else 0.0) ** 2 + spread ** 2 / len(floor))
     return {"heldout_loss": h, "se": se, "fits": b + th.label_answers_z * se < h}
 

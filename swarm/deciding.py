@@ -473,11 +473,12 @@ class Deciding:
             cpu += c
             return ps
 
+        in_force = self.ws.current_recipe()     # the lr the arms go on from (`anneals`), read once
+
         def rule_at(n: int) -> Rule:
             return rule_for(iv, self.base_cfg, alpha=bt.alpha, share=try_share(before), higher_is_better=self.goal.target.op == ">=",
                             metric=self.goal.target.metric, eval_size=bt.eval_size, looks=len(looks), look=n,
-                            recipe=self.ws.current_recipe(),
-                            shared=cand is None or (common and target != INIT_CHECKPOINT))
+                            recipe=in_force, shared=cand is None or (common and target != INIT_CHECKPOINT))
 
         d, pairs, look, extended = run_looks(looks, measure, rule_at)
         label = f"-x{look.horizon_factor}" if look.horizon_factor > 1 else ""
